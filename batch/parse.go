@@ -1,0 +1,350 @@
+package batch
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"net/url"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/caddy-batch/caddy-batch/policy"
+	"github.com/caddy-batch/caddy-batch/problem"
+)
+
+// Plan is a batch that passed every input rule, ready to run: nothing in
+// it can make a sub-request go anywhere but an item of its collection.
+type Plan struct {
+	Op        policy.Op
+	Match     policy.Match
+	Atomicity policy.Atomicity
+	// PreferenceApplied is the Preference-Applied answer when the client
+	// chose the atomicity; empty otherwise.
+	PreferenceApplied string
+	Items             []Item
+
+	collectionPath string
+	query          string // the client's query without the ids parameter
+	header         http.Header
+	key            idempotencyKey
+}
+
+// Item is one element of a batch.
+type Item struct {
+	Index int
+	// ID is the item's id; for a create, the element's own id field if it
+	// has one, else empty until the upstream names the created item.
+	ID string
+	// Body is a create's element as the client sent it, or an update's
+	// element without its id field.
+	Body []byte
+	// fields are an update's member names, whose old values a PATCH
+	// restore puts back.
+	fields []string
+	// first is the index of the first item with the same id: a batch GET
+	// fetches a repeated id once.
+	first int
+}
+
+// Parse applies SPEC section 5's input rules to a batch request on the
+// collection m matched, reading the body once; it returns the plan, or the
+// problem to answer with before any sub-request is sent.
+func Parse(r *http.Request, m policy.Match, op policy.Op) (*Plan, *problem.Details) {
+	s := m.Resource.Settings
+	p := &Plan{
+		Op:             op,
+		Match:          m,
+		Atomicity:      s.Atomicity[op],
+		collectionPath: m.CollectionPath(),
+		header:         forwardHeader(r.Header),
+	}
+	if a, ok := preferredAtomicity(r.Header); ok && s.AllowOverride {
+		p.Atomicity, p.PreferenceApplied = a, preferenceApplied(a)
+	}
+	if op.Writes() {
+		p.key = newIdempotencyKey(r.Header.Get("Idempotency-Key"))
+	}
+	var prob *problem.Details
+	switch op {
+	case policy.OpGet, policy.OpDelete:
+		var ids []string
+		ids, p.query, prob = idsFromQuery(r.URL.RawQuery, s)
+		if prob == nil {
+			p.Items, prob = itemsFromIDs(ids, op)
+		}
+	default:
+		p.query = r.URL.RawQuery
+		var elems []json.RawMessage
+		elems, prob = readElements(r, s)
+		if prob == nil {
+			p.Items, prob = itemsFromElements(elems, op, s.IDField)
+		}
+	}
+	if prob != nil {
+		return nil, prob
+	}
+	return p, nil
+}
+
+func invalid(format string, args ...any) *problem.Details {
+	d := problem.New(http.StatusBadRequest, "invalid-batch", fmt.Sprintf(format, args...))
+	return &d
+}
+
+func tooMany(n int, s policy.Settings) *problem.Details {
+	d := problem.New(http.StatusRequestEntityTooLarge, "too-many-items",
+		fmt.Sprintf("the batch has %d items; max_items allows at most %d", n, s.MaxItems))
+	return &d
+}
+
+// eachParam calls f with every key=value pair of a raw query, the key
+// unescaped and the value as sent.
+func eachParam(rawQuery string, f func(pair, key, value string) error) error {
+	for rawQuery != "" {
+		var pair string
+		pair, rawQuery, _ = strings.Cut(rawQuery, "&")
+		if pair == "" {
+			continue
+		}
+		key, value, _ := strings.Cut(pair, "=")
+		if strings.ContainsAny(key, "%+") {
+			k, err := url.QueryUnescape(key)
+			if err != nil {
+				return err
+			}
+			key = k
+		}
+		if err := f(pair, key, value); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// hasParam reports whether the raw query names the parameter.
+func hasParam(rawQuery, name string) bool {
+	found := errors.New("found")
+	return eachParam(rawQuery, func(_, key, _ string) error {
+		if key == name {
+			return found
+		}
+		return nil
+	}) == found
+}
+
+// idsFromQuery takes the ids out of the query, and returns the rest of it
+// for the sub-requests. Ids are split on literal commas before they are
+// unescaped, so an id may hold a comma as %2C; repeated ids parameters
+// add up.
+func idsFromQuery(rawQuery string, s policy.Settings) ([]string, string, *problem.Details) {
+	var ids, rest []string
+	err := eachParam(rawQuery, func(pair, key, value string) error {
+		if key != s.IDsParam {
+			rest = append(rest, pair)
+			return nil
+		}
+		for _, raw := range strings.Split(value, ",") {
+			id, err := url.QueryUnescape(raw)
+			if err != nil {
+				return fmt.Errorf("id %q: %w", raw, err)
+			}
+			ids = append(ids, id)
+		}
+		return nil
+	})
+	switch {
+	case err != nil:
+		return nil, "", invalid("the query is not valid percent-encoding: %v", err)
+	case len(ids) == 1 && ids[0] == "":
+		return nil, "", invalid("the %s parameter is empty: give one or more ids, separated by commas", s.IDsParam)
+	case len(ids) > s.MaxItems:
+		return nil, "", tooMany(len(ids), s)
+	}
+	return ids, strings.Join(rest, "&"), nil
+}
+
+func itemsFromIDs(ids []string, op policy.Op) ([]Item, *problem.Details) {
+	items := make([]Item, len(ids))
+	seen := make(map[string]int, len(ids))
+	for i, id := range ids {
+		if reason := badID(id); reason != "" {
+			return nil, invalid("item %d: id %q %s", i, id, reason)
+		}
+		items[i] = Item{Index: i, ID: id, first: i}
+		if j, dup := seen[id]; dup {
+			if op != policy.OpGet {
+				return nil, invalid("items %d and %d both have id %q: each id may appear once in a batch %s", j, i, id, op)
+			}
+			items[i].first = j
+			continue
+		}
+		seen[id] = i
+	}
+	return items, nil
+}
+
+// badID says why an id could reach a path other than its item's, or
+// cannot be reported back faithfully; empty means the id is fine. Ids are
+// also escaped into the path, so this is a second lock, not the only one.
+func badID(id string) string {
+	switch {
+	case id == "":
+		return "is empty"
+	case id == "." || id == "..":
+		return "is a dot segment"
+	case strings.ContainsRune(id, '/'):
+		return "contains '/'"
+	case strings.ContainsRune(id, '\\'):
+		return `contains '\'`
+	case !utf8.ValidString(id):
+		return "is not valid UTF-8"
+	case strings.IndexFunc(id, unicode.IsControl) >= 0:
+		return "contains a control character"
+	}
+	return ""
+}
+
+func readElements(r *http.Request, s policy.Settings) ([]json.RawMessage, *problem.Details) {
+	tooLarge := func() *problem.Details {
+		d := problem.New(http.StatusRequestEntityTooLarge, "body-too-large",
+			fmt.Sprintf("the body is larger than max_body_size (%d bytes)", s.MaxBodySize))
+		return &d
+	}
+	if r.ContentLength > s.MaxBodySize {
+		return nil, tooLarge()
+	}
+	if ct := r.Header.Get("Content-Type"); ct != "" && !isJSON(ct) {
+		d := problem.New(http.StatusUnsupportedMediaType, "unsupported-media-type",
+			fmt.Sprintf("a batch body must be JSON (application/json), not %q", ct))
+		return nil, &d
+	}
+	if ce := r.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+		d := problem.New(http.StatusUnsupportedMediaType, "unsupported-media-type",
+			fmt.Sprintf("a batch body must not be encoded (Content-Encoding %q)", ce))
+		return nil, &d
+	}
+	var body []byte
+	if r.Body != nil {
+		var err error
+		body, err = io.ReadAll(io.LimitReader(r.Body, s.MaxBodySize+1))
+		var tooBig *http.MaxBytesError
+		switch {
+		case errors.As(err, &tooBig):
+			return nil, tooLarge()
+		case err != nil:
+			return nil, invalid("reading the body: %v", err)
+		}
+	}
+	if int64(len(body)) > s.MaxBodySize {
+		return nil, tooLarge()
+	}
+	trimmed := bytes.TrimLeft(body, " \t\r\n")
+	if len(trimmed) == 0 || trimmed[0] != '[' {
+		if !json.Valid(body) {
+			return nil, invalid("the body is not valid JSON; a batch body is a JSON array of objects")
+		}
+		return nil, invalid("the body is a JSON %s; a batch body is a JSON array of objects", jsonKind(trimmed))
+	}
+	var elems []json.RawMessage
+	if err := json.Unmarshal(body, &elems); err != nil {
+		return nil, invalid("the body is not valid JSON: %v", err)
+	}
+	switch {
+	case len(elems) == 0:
+		return nil, invalid("the batch is empty: send one or more items")
+	case len(elems) > s.MaxItems:
+		return nil, tooMany(len(elems), s)
+	}
+	return elems, nil
+}
+
+func isJSON(contentType string) bool {
+	mt, _, err := mime.ParseMediaType(contentType)
+	return err == nil && (mt == "application/json" || strings.HasPrefix(mt, "application/") && strings.HasSuffix(mt, "+json"))
+}
+
+// jsonKind names the kind of a JSON value from its first byte.
+func jsonKind(v []byte) string {
+	if len(v) == 0 {
+		return "nothing"
+	}
+	switch v[0] {
+	case '{':
+		return "object"
+	case '[':
+		return "array"
+	case '"':
+		return "string"
+	case 't', 'f':
+		return "boolean"
+	case 'n':
+		return "null"
+	}
+	return "number"
+}
+
+func itemsFromElements(elems []json.RawMessage, op policy.Op, idField string) ([]Item, *problem.Details) {
+	items := make([]Item, len(elems))
+	seen := make(map[string]int, len(elems))
+	for i, elem := range elems {
+		elem = bytes.TrimSpace(elem)
+		if kind := jsonKind(elem); kind != "object" {
+			return nil, invalid("item %d: must be a JSON object, not a JSON %s", i, kind)
+		}
+		var members map[string]json.RawMessage
+		if err := json.Unmarshal(elem, &members); err != nil {
+			return nil, invalid("item %d: %v", i, err)
+		}
+		it := Item{Index: i, Body: elem, first: i}
+		rawID, hasID := members[idField]
+		if hasID && string(rawID) == "null" {
+			hasID = false
+		}
+		if !hasID {
+			if op == policy.OpUpdate {
+				return nil, invalid("item %d: has no %q field, so there is no item to update", i, idField)
+			}
+			items[i] = it
+			continue
+		}
+		id, ok := idFromJSON(rawID)
+		if !ok {
+			return nil, invalid("item %d: field %q must be a string or a number, not a JSON %s", i, idField, jsonKind(rawID))
+		}
+		if reason := badID(id); reason != "" {
+			return nil, invalid("item %d: id %q %s", i, id, reason)
+		}
+		it.ID = id
+		if op == policy.OpUpdate {
+			if j, dup := seen[id]; dup {
+				return nil, invalid("items %d and %d both have id %q: each id may appear once in a batch update", j, i, id)
+			}
+			seen[id] = i
+			delete(members, idField)
+			for name := range members {
+				it.fields = append(it.fields, name)
+			}
+			it.Body, _ = json.Marshal(members) // re-encoding decoded JSON cannot fail
+		}
+		items[i] = it
+	}
+	return items, nil
+}
+
+// idFromJSON returns the text of a string or number id: 7 and "7" name
+// the same item.
+func idFromJSON(raw json.RawMessage) (string, bool) {
+	switch jsonKind(raw) {
+	case "string":
+		var s string
+		return s, json.Unmarshal(raw, &s) == nil
+	case "number":
+		return string(raw), true
+	}
+	return "", false
+}

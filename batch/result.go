@@ -1,0 +1,220 @@
+package batch
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/caddy-batch/caddy-batch/policy"
+	"github.com/caddy-batch/caddy-batch/problem"
+)
+
+// Outcome is what became of one item, or of a whole batch.
+type Outcome string
+
+// Item outcomes; a batch's outcome is Succeeded, Partial, Failed,
+// RolledBack or RollbackFailed.
+const (
+	Succeeded      Outcome = "succeeded"
+	Failed         Outcome = "failed"
+	NotAttempted   Outcome = "not_attempted"
+	RolledBack     Outcome = "rolled_back"
+	RollbackFailed Outcome = "rollback_failed"
+	// Unknown is a write that was sent but never answered: it may have
+	// been applied.
+	Unknown Outcome = "unknown"
+	// Partial is a partial-mode batch in which some items succeeded and
+	// some did not.
+	Partial Outcome = "partial"
+)
+
+// ItemResult is one item of a batch response, as the client reads it.
+type ItemResult struct {
+	Index   int     `json:"index"`
+	ID      string  `json:"id,omitempty"`
+	Status  int     `json:"status,omitempty"`
+	Outcome Outcome `json:"outcome"`
+	// Body is the upstream's JSON body; BodyText any other body, cut at
+	// bodyTextLimit bytes.
+	Body     json.RawMessage   `json:"body,omitempty"`
+	BodyText string            `json:"body_text,omitempty"`
+	Headers  map[string]string `json:"headers,omitempty"`
+	// Error says what went wrong where the upstream's answer does not: no
+	// answer, a timeout, a pre-image that could not be read.
+	Error        string        `json:"error,omitempty"`
+	Compensation *Compensation `json:"compensation,omitempty"`
+}
+
+// Compensation is the request that undid an item, or tried to.
+type Compensation struct {
+	Method   string `json:"method"`
+	Path     string `json:"path"`
+	Status   int    `json:"status,omitempty"`
+	Attempts int    `json:"attempts"`
+	Error    string `json:"error,omitempty"`
+}
+
+// bodyTextLimit cuts a non-JSON body (an HTML error page, say): enough to
+// read the message, not enough to bloat a batch of a hundred.
+const bodyTextLimit = 4 << 10
+
+// keptHeaders are the item response headers a client may need: where a
+// created item lives, its validators, and when to retry.
+var keptHeaders = []string{"Location", "ETag", "Last-Modified", "Retry-After"}
+
+// Result is a finished batch.
+type Result struct {
+	Op        policy.Op
+	Atomicity policy.Atomicity
+	Outcome   Outcome
+	Status    int
+	Items     []ItemResult
+	// Succeeded counts items whose outcome is succeeded; Failed, items
+	// whose own request failed or went unanswered.
+	Succeeded, Failed int
+	// Compensations counts the compensating requests sent, retries
+	// included.
+	Compensations int
+	// LeftBehind names the items a rollback_failed batch could not undo.
+	LeftBehind []string
+	// Detail explains a failed batch in one sentence.
+	Detail            string
+	PreferenceApplied string
+	RetryAfter        string
+}
+
+type envelope struct {
+	Atomicity string       `json:"atomicity"`
+	Outcome   Outcome      `json:"outcome"`
+	Succeeded int          `json:"succeeded"`
+	Failed    int          `json:"failed"`
+	Items     []ItemResult `json:"items"`
+}
+
+// Write answers the client: the envelope as JSON, or, for a failed
+// all-or-nothing batch, as RFC 9457 problem details with the envelope's
+// members added.
+func (r *Result) Write(w http.ResponseWriter) error {
+	h := w.Header()
+	if r.PreferenceApplied != "" {
+		h.Set("Preference-Applied", r.PreferenceApplied)
+	}
+	if r.RetryAfter != "" {
+		h.Set("Retry-After", r.RetryAfter)
+	}
+	env := envelope{
+		Atomicity: r.Atomicity.String(),
+		Outcome:   r.Outcome,
+		Succeeded: r.Succeeded,
+		Failed:    r.Failed,
+		Items:     r.Items,
+	}
+	if r.Atomicity == policy.Partial || r.Outcome == Succeeded {
+		return problem.WriteJSON(w, r.Status, "application/json", env)
+	}
+	kind := "batch-failed"
+	switch r.Outcome {
+	case RolledBack:
+		kind = "batch-rolled-back"
+	case RollbackFailed:
+		kind = "rollback-failed"
+	}
+	return problem.WriteJSON(w, r.Status, problem.ContentType, struct {
+		problem.Details
+		envelope
+	}{problem.New(r.Status, kind, r.Detail), env})
+}
+
+// setResponse records the upstream's answer on the item.
+func (it *ItemResult) setResponse(resp *SubResponse) {
+	it.Status = resp.Status
+	it.Body, it.BodyText = nil, ""
+	switch {
+	case len(resp.Body) == 0:
+	case json.Valid(resp.Body):
+		it.Body = resp.Body
+	default:
+		it.BodyText = cutText(resp.Body, bodyTextLimit)
+	}
+	it.Headers = nil
+	for _, name := range keptHeaders {
+		if v := resp.Header.Get(name); v != "" {
+			if it.Headers == nil {
+				it.Headers = map[string]string{}
+			}
+			it.Headers[name] = v
+		}
+	}
+}
+
+// clearResponse forgets an answer that no longer describes the item.
+func (it *ItemResult) clearResponse() {
+	it.Status, it.Body, it.BodyText, it.Headers, it.Error = 0, nil, "", nil, ""
+}
+
+// cutText returns at most limit bytes of b as valid UTF-8, cut on a rune
+// boundary.
+func cutText(b []byte, limit int) string {
+	if len(b) > limit {
+		b = b[:limit]
+		for i := len(b) - 1; i >= 0 && i >= len(b)-utf8.UTFMax; i-- {
+			if utf8.RuneStart(b[i]) {
+				if !utf8.FullRune(b[i:]) {
+					b = b[:i]
+				}
+				break
+			}
+		}
+	}
+	return strings.ToValidUTF8(string(b), "\uFFFD")
+}
+
+// describe names an item in a sentence: its index, and its id if known.
+func (it *ItemResult) describe() string {
+	if it.ID == "" {
+		return "item " + strconv.Itoa(it.Index)
+	}
+	return fmt.Sprintf("item %d (id %q)", it.Index, it.ID)
+}
+
+// retryAfter returns the Retry-After among the items that asks the client
+// to wait longest, as the item sent it.
+func retryAfter(items []ItemResult, now time.Time) string {
+	var best string
+	var longest time.Duration = -1
+	for _, it := range items {
+		v := it.Headers["Retry-After"]
+		if v == "" {
+			continue
+		}
+		var d time.Duration
+		if secs, err := strconv.ParseInt(v, 10, 64); err == nil {
+			d = time.Duration(secs) * time.Second
+		} else if t, err := http.ParseTime(v); err == nil {
+			d = t.Sub(now)
+		} else {
+			continue
+		}
+		if d > longest {
+			best, longest = v, d
+		}
+	}
+	return best
+}
+
+// batchStatus maps the first failing item's status to the batch's: its
+// own 4xx, 504 for a timeout, and 502 for anything else the upstream or
+// the way to it did wrong.
+func batchStatus(item int) int {
+	switch {
+	case item >= 400 && item < 500:
+		return item
+	case item == http.StatusGatewayTimeout:
+		return http.StatusGatewayTimeout
+	}
+	return http.StatusBadGateway
+}

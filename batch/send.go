@@ -1,0 +1,44 @@
+package batch
+
+import (
+	"context"
+	"errors"
+	"net/http"
+)
+
+// SubRequest is one single-resource request a batch fans out, or one that
+// reads or restores an item for the saga.
+type SubRequest struct {
+	Method   string
+	Path     string // escaped
+	RawQuery string
+	Header   http.Header // the request's own copy: the sender may change it
+	Body     []byte      // nil for none
+}
+
+// SubResponse is the upstream's answer to a SubRequest.
+type SubResponse struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+// Sender sends one sub-request and returns the upstream's answer. It
+// returns both a response and an error when the upstream answered with a
+// status but the body could not be read whole; the status then stands.
+// An error that wraps ErrNotSent promises the request never left the
+// gateway (a refused dial, say), so a write it carried did not happen.
+type Sender interface {
+	Send(ctx context.Context, req *SubRequest) (*SubResponse, error)
+}
+
+// SenderFunc adapts a function to Sender.
+type SenderFunc func(ctx context.Context, req *SubRequest) (*SubResponse, error)
+
+// Send calls f.
+func (f SenderFunc) Send(ctx context.Context, req *SubRequest) (*SubResponse, error) {
+	return f(ctx, req)
+}
+
+// ErrNotSent marks a sub-request that never reached the upstream.
+var ErrNotSent = errors.New("sub-request not sent")

@@ -1,0 +1,258 @@
+// Package caddymodule is the Caddy glue of caddy-batch: the
+// http.handlers.batch module, its JSON and Caddyfile configuration, and
+// the sub-requests it sends through the rest of the handler chain. The
+// engine (package batch) and the method map (package policy) know
+// nothing of Caddy; this package stays thin.
+package caddymodule
+
+import (
+	"bytes"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/policy"
+	"github.com/caddy-batch/caddy-batch/problem"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+}
+
+// Handler gives a legacy REST API batch operations (GET, create, update
+// and delete of many items in one request, all-or-nothing or partial)
+// and a per-route method map (OPTIONS, 405 and 501 answered by the
+// gateway). Put it before reverse_proxy: batches are fanned out as
+// single-item requests through the rest of the handler chain.
+type Handler struct {
+	// The defaults of every resource's options.
+	Options
+
+	// The resources of the legacy API: each a collection path with the
+	// methods it and its items support. Requests to other paths pass
+	// through untouched. Required.
+	Resources []Resource `json:"resources,omitempty"`
+
+	policy *policy.Policy
+	logger *zap.Logger
+}
+
+// Resource is one collection of the legacy API and its items.
+type Resource struct {
+	// The collection's path template, e.g. "/api/users/{user}/posts":
+	// literal segments and whole-segment {name} variables. A request path
+	// matches with or without a trailing slash. Required.
+	Path string `json:"path"`
+
+	// The methods the collection supports, e.g. ["GET", "POST"]. HEAD is
+	// implied by GET, and OPTIONS is always answered. Default: none.
+	Collection []string `json:"collection,omitempty"`
+
+	// The methods one item supports, e.g. ["GET", "PUT", "DELETE"].
+	// Default: none.
+	Item []string `json:"item,omitempty"`
+
+	// The item's path template; it must contain {id} and may use the
+	// collection's variables. Default: the collection's path + "/{id}".
+	ItemPath string `json:"item_path,omitempty"`
+
+	// The batch operations that are on: any of "get", "create",
+	// "update", "delete"; an empty list turns every one off. Default:
+	// every one the methods allow.
+	Batch *[]string `json:"batch,omitempty"`
+
+	// Options for this resource alone, over the handler's.
+	Options
+}
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.batch",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// Provision resolves every resource's settings and builds the method map
+// once, so that ServeHTTP only reads.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	h.logger = ctx.Logger()
+	if len(h.Resources) == 0 {
+		return fmt.Errorf("batch: no resources: declare at least one resource")
+	}
+	defaults, err := h.Options.apply(policy.Defaults())
+	if err != nil {
+		return fmt.Errorf("batch: %w", err)
+	}
+	specs := make([]policy.ResourceSpec, len(h.Resources))
+	for i, r := range h.Resources {
+		settings, err := r.Options.apply(defaults)
+		if err != nil {
+			return fmt.Errorf("batch: resource %q: %w", r.Path, err)
+		}
+		var ops []string // nil: every operation the methods allow
+		if r.Batch != nil {
+			ops = append([]string{}, *r.Batch...)
+		}
+		specs[i] = policy.ResourceSpec{
+			Path:              r.Path,
+			CollectionMethods: r.Collection,
+			ItemMethods:       r.Item,
+			ItemPath:          r.ItemPath,
+			Batch:             ops,
+			Settings:          settings,
+		}
+	}
+	h.policy, err = policy.New(specs)
+	if err != nil {
+		return fmt.Errorf("batch: %w", err)
+	}
+	return nil
+}
+
+// ServeHTTP answers OPTIONS and refused methods for configured paths,
+// runs batches, and passes everything else on.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	m, ok := h.policy.Lookup(r.URL.EscapedPath())
+	if !ok {
+		return next.ServeHTTP(w, r)
+	}
+	if r.Method == http.MethodOptions {
+		if r.Header.Get("Origin") != "" && r.Header.Get("Access-Control-Request-Method") != "" {
+			return next.ServeHTTP(w, r) // a CORS preflight is the CORS handler's to answer
+		}
+		w.Header().Set("Allow", m.Allow())
+		if m.Methods().Has(policy.MethodPatch) {
+			w.Header().Set("Accept-Patch", "application/json, application/merge-patch+json")
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	}
+	method, standard := policy.ParseMethod(r.Method)
+	if !standard {
+		return problem.New(http.StatusNotImplemented, "method-not-implemented",
+			fmt.Sprintf("the gateway does not implement the method %s", r.Method)).Write(w)
+	}
+	if !m.Methods().Has(method) {
+		return refuseMethod(w, m, fmt.Sprintf("%s is not allowed on %s; allowed: %s", r.Method, r.URL.EscapedPath(), m.Allow()))
+	}
+	if m.Item {
+		if r.Method == http.MethodDelete && m.Resource.Settings.DeleteSemantics == policy.Declarative {
+			return serveDeclarativeDelete(w, r, next)
+		}
+		return next.ServeHTTP(w, r)
+	}
+	op, isBatch, err := batch.Detect(r, m.Resource)
+	if err != nil {
+		return problem.New(http.StatusBadRequest, "invalid-batch", "reading the body: "+err.Error()).Write(w)
+	}
+	if !isBatch {
+		return next.ServeHTTP(w, r)
+	}
+	return h.serveBatch(w, r, m, op, next)
+}
+
+func refuseMethod(w http.ResponseWriter, m policy.Match, detail string) error {
+	w.Header().Set("Allow", m.Allow())
+	return problem.New(http.StatusMethodNotAllowed, "method-not-allowed", detail).Write(w)
+}
+
+// serveDeclarativeDelete turns the upstream's 404 to a single-item DELETE
+// into 204: under declarative semantics "the item must not exist" holds.
+// Only a 404 is held back; any other answer streams through as it comes.
+func serveDeclarativeDelete(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	rec := caddyhttp.NewResponseRecorder(w, new(bytes.Buffer), func(status int, _ http.Header) bool {
+		return status == http.StatusNotFound
+	})
+	if err := next.ServeHTTP(rec, r); err != nil {
+		return err
+	}
+	if !rec.Buffered() {
+		return nil
+	}
+	h := w.Header()
+	for _, name := range []string{"Content-Type", "Content-Length", "Content-Encoding", "Transfer-Encoding"} {
+		h.Del(name)
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (h *Handler) serveBatch(w http.ResponseWriter, r *http.Request, m policy.Match, op policy.Op, next caddyhttp.Handler) error {
+	start := time.Now()
+	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if repl != nil {
+		repl.Set("http.batch.op", op.String())
+	}
+	if !m.Resource.BatchEnabled(op) {
+		h.setOutcome(repl, 0, "rejected")
+		return refuseMethod(w, m, fmt.Sprintf("batch %s is not enabled for %s", op, m.Resource.Collection))
+	}
+	plan, prob := batch.Parse(r, m, op)
+	if prob != nil {
+		h.setOutcome(repl, 0, "rejected")
+		h.logger.Debug("batch rejected",
+			zap.String("op", op.String()),
+			zap.String("resource", m.Resource.Collection.String()),
+			zap.Int("status", prob.Status),
+			zap.String("detail", prob.Detail))
+		return prob.Write(w)
+	}
+	send := newSubrequests(r, next, m.Resource.Settings.MaxBodySize)
+	result := batch.Run(r.Context(), plan, send)
+	h.setOutcome(repl, len(plan.Items), string(result.Outcome))
+	h.log(plan, result, time.Since(start))
+	return result.Write(w)
+}
+
+// setOutcome sets the placeholders an access log can use.
+func (h *Handler) setOutcome(repl *caddy.Replacer, items int, outcome string) {
+	if repl == nil {
+		return
+	}
+	repl.Set("http.batch.items", strconv.Itoa(items))
+	repl.Set("http.batch.outcome", outcome)
+}
+
+// log writes the batch's one log line: ERROR when the rollback left
+// items behind, naming them, and INFO otherwise.
+func (h *Handler) log(plan *batch.Plan, res *batch.Result, took time.Duration) {
+	level, msg := zapcore.InfoLevel, "batch"
+	if res.Outcome == batch.RollbackFailed {
+		level, msg = zapcore.ErrorLevel, "batch rollback failed: items left behind"
+	}
+	ce := h.logger.Check(level, msg)
+	if ce == nil {
+		return
+	}
+	fields := []zap.Field{
+		zap.String("op", plan.Op.String()),
+		zap.String("resource", plan.Match.Resource.Collection.String()),
+		zap.Int("items", len(plan.Items)),
+		zap.String("atomicity", res.Atomicity.String()),
+		zap.String("outcome", string(res.Outcome)),
+		zap.Int("status", res.Status),
+		zap.Duration("duration", took),
+		zap.Int("compensations", res.Compensations),
+	}
+	if res.Detail != "" {
+		fields = append(fields, zap.String("detail", res.Detail))
+	}
+	if len(res.LeftBehind) > 0 {
+		fields = append(fields, zap.Strings("left_behind", res.LeftBehind))
+	}
+	ce.Write(fields...)
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+)

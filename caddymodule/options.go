@@ -1,0 +1,162 @@
+package caddymodule
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-batch/caddy-batch/policy"
+)
+
+// Options are the tunables of batch handling. Set on the handler, they
+// apply to every resource; set on a resource, they override the
+// handler's for that resource alone. An option left out (zero) inherits.
+type Options struct {
+	// What a batch promises when one of its items fails: "all_or_nothing"
+	// undoes what the batch already did; "partial" lets every item stand
+	// on its own. Default: all_or_nothing.
+	Atomicity string `json:"atomicity,omitempty"`
+
+	// Atomicity for single operations, keyed by "get", "create", "update"
+	// or "delete"; it wins over Atomicity. Default: none.
+	OperationAtomicity map[string]string `json:"operation_atomicity,omitempty"`
+
+	// Whether a client may choose the atomicity of its batch with
+	// "Prefer: atomicity=partial" or "atomicity=all-or-nothing"; the
+	// answer then carries Preference-Applied. Default: false.
+	AllowOverride *bool `json:"allow_override,omitempty"`
+
+	// The most ids or elements one batch may hold; more is answered 413.
+	// Default: 100.
+	MaxItems int `json:"max_items,omitempty"`
+
+	// The largest batch body, in bytes; larger is answered 413. It also
+	// bounds each item's answer from the upstream. Default: 1048576 (1MiB).
+	MaxBodySize int64 `json:"max_body_size,omitempty"`
+
+	// How many sub-requests of one batch may be in flight at once.
+	// Default: 8.
+	Concurrency int `json:"concurrency,omitempty"`
+
+	// How long one sub-request may take before its item fails with 504.
+	// Default: 10s.
+	ItemTimeout caddy.Duration `json:"item_timeout,omitempty"`
+
+	// How long a whole batch may take, preflight and execution; the
+	// compensations of a failed batch have their own timeout.
+	// Default: 30s.
+	BatchTimeout caddy.Duration `json:"batch_timeout,omitempty"`
+
+	// The query parameter that carries the ids of a batch GET or DELETE.
+	// Default: ids.
+	IDsParam string `json:"ids_param,omitempty"`
+
+	// The member of an element that holds its id (batch update), and of
+	// an upstream answer that holds a created item's id when there is no
+	// Location header. Default: id.
+	IDField string `json:"id_field,omitempty"`
+
+	// What a DELETE of a missing item means: "imperative" lets the
+	// upstream's 404 stand; "declarative" ("the item must not exist")
+	// answers 204 for a single DELETE and counts a batch item as
+	// succeeded. Default: imperative.
+	DeleteSemantics string `json:"delete_semantics,omitempty"`
+
+	// How a compensation re-creates an item a failed batch deleted: "put"
+	// sends PUT <item path> with the pre-image; "post" sends POST
+	// <collection> with the pre-image, id included, for APIs whose PUT
+	// cannot create. Default: put.
+	RestoreDeleted string `json:"restore_deleted,omitempty"`
+
+	// How a compensation puts back an item a failed batch updated: "put"
+	// sends the whole pre-image; "patch" sends the changed fields' old
+	// values. Default: put.
+	RestoreUpdated string `json:"restore_updated,omitempty"`
+
+	// How many times a failed compensation is sent again (after 100ms,
+	// 200ms, 400ms…, at most 2s apart). Default: 3.
+	CompensationRetries *int `json:"compensation_retries,omitempty"`
+
+	// How long one compensation attempt may take. Default: 30s.
+	CompensationTimeout caddy.Duration `json:"compensation_timeout,omitempty"`
+}
+
+// apply lays the options that are set over s, refusing values that
+// cannot work, with the option's name in the error.
+func (o Options) apply(s policy.Settings) (policy.Settings, error) {
+	var errs []error
+	check := func(err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	parse := func(value string, parse func(string) error) {
+		if value != "" {
+			check(parse(value))
+		}
+	}
+	parse(o.Atomicity, func(v string) error {
+		a, err := policy.ParseAtomicity(v)
+		if err == nil {
+			s.SetAtomicity(a)
+		}
+		return err
+	})
+	for name, mode := range o.OperationAtomicity {
+		op, err := policy.ParseOp(name)
+		if err != nil {
+			check(fmt.Errorf("operation_atomicity: %w", err))
+			continue
+		}
+		a, err := policy.ParseAtomicity(mode)
+		if err != nil {
+			check(fmt.Errorf("operation_atomicity %s: %w", name, err))
+			continue
+		}
+		s.Atomicity[op] = a
+	}
+	if o.AllowOverride != nil {
+		s.AllowOverride = *o.AllowOverride
+	}
+	positive := func(name string, v int64, set func()) {
+		switch {
+		case v < 0:
+			check(fmt.Errorf("%s must be greater than zero, not %d", name, v))
+		case v > 0:
+			set()
+		}
+	}
+	positive("max_items", int64(o.MaxItems), func() { s.MaxItems = o.MaxItems })
+	positive("max_body_size", o.MaxBodySize, func() { s.MaxBodySize = o.MaxBodySize })
+	positive("concurrency", int64(o.Concurrency), func() { s.Concurrency = o.Concurrency })
+	positive("item_timeout", int64(o.ItemTimeout), func() { s.ItemTimeout = time.Duration(o.ItemTimeout) })
+	positive("batch_timeout", int64(o.BatchTimeout), func() { s.BatchTimeout = time.Duration(o.BatchTimeout) })
+	positive("compensation_timeout", int64(o.CompensationTimeout), func() { s.CompensationTimeout = time.Duration(o.CompensationTimeout) })
+	if o.IDsParam != "" {
+		s.IDsParam = o.IDsParam
+	}
+	if o.IDField != "" {
+		s.IDField = o.IDField
+	}
+	parse(o.DeleteSemantics, func(v string) (err error) {
+		s.DeleteSemantics, err = policy.ParseDeleteSemantics(v)
+		return err
+	})
+	parse(o.RestoreDeleted, func(v string) (err error) {
+		s.RestoreDeleted, err = policy.ParseRestoreDeleted(v)
+		return err
+	})
+	parse(o.RestoreUpdated, func(v string) (err error) {
+		s.RestoreUpdated, err = policy.ParseRestoreUpdated(v)
+		return err
+	})
+	if o.CompensationRetries != nil {
+		s.CompensationRetries = *o.CompensationRetries
+	}
+	if err := errors.Join(errs...); err != nil {
+		return s, err
+	}
+	return s, s.Validate()
+}

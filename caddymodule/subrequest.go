@@ -1,0 +1,145 @@
+package caddymodule
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"net/url"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+
+	"github.com/caddy-batch/caddy-batch/batch"
+)
+
+// routeGroupCtxKey is caddyhttp's own (unexported) key for the route
+// groups a request has satisfied; see subrequests.Send.
+const routeGroupCtxKey caddy.CtxKey = "route_group"
+
+// subrequests sends a batch's sub-requests through the rest of the
+// handler chain (normally reverse_proxy), each as if it were a request of
+// its own. Everything Caddy keeps per request is made anew for each, so
+// that concurrent sub-requests share nothing they write: vars, replacer,
+// log fields, route groups, response writer.
+type subrequests struct {
+	parent      *http.Request
+	next        caddyhttp.Handler
+	server      *caddyhttp.Server
+	parentRepl  *caddy.Replacer
+	vars        map[string]any
+	routeGroups map[string]struct{}
+	maxBody     int64
+}
+
+// newSubrequests captures what every sub-request of r inherits. It runs
+// before the fan-out, on the client's goroutine, so reading r's maps here
+// races with nothing.
+func newSubrequests(r *http.Request, next caddyhttp.Handler, maxBody int64) *subrequests {
+	ctx := r.Context()
+	repl, _ := ctx.Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if repl == nil {
+		repl = caddy.NewReplacer()
+	}
+	// The request's UUID is made on first use, by writing to the vars map
+	// and log fields; make it now, so that sub-requests only read it.
+	repl.Get("http.request.uuid")
+	server, _ := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
+	vars, _ := ctx.Value(caddyhttp.VarsCtxKey).(map[string]any)
+	groups, _ := ctx.Value(routeGroupCtxKey).(map[string]struct{})
+	return &subrequests{
+		parent:      r,
+		next:        next,
+		server:      server,
+		parentRepl:  repl,
+		vars:        maps.Clone(vars),
+		routeGroups: maps.Clone(groups),
+		maxBody:     maxBody,
+	}
+}
+
+// Send runs one sub-request through the handler chain and returns what
+// the chain answered.
+func (s *subrequests) Send(ctx context.Context, sr *batch.SubRequest) (resp *batch.SubResponse, err error) {
+	path, err := url.PathUnescape(sr.Path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: bad sub-request path %q: %w", batch.ErrNotSent, sr.Path, err)
+	}
+	u := *s.parent.URL
+	u.Path, u.RawPath, u.RawQuery, u.Fragment, u.RawFragment = path, sr.Path, sr.RawQuery, "", ""
+	req := &http.Request{
+		Method:     sr.Method,
+		URL:        &u,
+		Proto:      "HTTP/1.1",
+		ProtoMajor: 1,
+		ProtoMinor: 1,
+		Header:     sr.Header,
+		Host:       s.parent.Host,
+		RemoteAddr: s.parent.RemoteAddr,
+		TLS:        s.parent.TLS,
+		RequestURI: u.RequestURI(),
+		Body:       http.NoBody,
+	}
+	if sr.Body != nil {
+		body := sr.Body
+		req.ContentLength = int64(len(body))
+		req.Body = io.NopCloser(bytes.NewReader(body))
+		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	}
+	rec := newRecorder(s.maxBody)
+	repl := caddy.NewReplacer()
+	req = caddyhttp.PrepareRequest(req.WithContext(ctx), repl, rec, s.server)
+	// Placeholders the sub-request cannot answer itself (an authenticated
+	// user, say) fall back to the batch request's.
+	repl.Map(s.parentRepl.Get)
+	subCtx := req.Context()
+	maps.Copy(subCtx.Value(caddyhttp.VarsCtxKey).(map[string]any), s.vars)
+	// Routes in a group with the batch handler's own route must be
+	// skipped, as they are for the batch request itself.
+	if groups, ok := subCtx.Value(routeGroupCtxKey).(map[string]struct{}); ok {
+		maps.Copy(groups, s.routeGroups)
+	}
+
+	defer func() {
+		// The chain runs on a goroutine Caddy did not start, where a panic
+		// would end the process; http.ErrAbortHandler is how a handler
+		// says the answer was cut off.
+		if p := recover(); p != nil {
+			resp, err = nil, fmt.Errorf("the handler chain panicked: %v", p)
+		}
+	}()
+	err = s.next.ServeHTTP(rec, req)
+	return answer(rec, err)
+}
+
+// answer turns what the chain did into the sub-request's answer. A
+// handler error that carries a client error status (401 from an auth
+// handler, say), or 503 (reverse_proxy's "no upstreams available"), is
+// an answer of the chain that never reached the upstream; other handler
+// errors are a failure to get an answer.
+func answer(rec *recorder, err error) (*batch.SubResponse, error) {
+	if rec.status == 0 && err != nil {
+		var dial reverseproxy.DialError
+		if errors.As(err, &dial) {
+			return nil, fmt.Errorf("%w: %w", batch.ErrNotSent, err)
+		}
+		var herr caddyhttp.HandlerError
+		if errors.As(err, &herr) && (herr.StatusCode >= 400 && herr.StatusCode < 499 || herr.StatusCode == http.StatusServiceUnavailable) {
+			return &batch.SubResponse{Status: herr.StatusCode, Header: http.Header{}}, nil
+		}
+		return nil, err
+	}
+	resp := &batch.SubResponse{Status: rec.status, Header: rec.header, Body: rec.body.Bytes()}
+	if resp.Status == 0 {
+		resp.Status = http.StatusOK // as net/http answers a handler that wrote nothing
+	}
+	if rec.overflow {
+		resp.Body = nil
+		return resp, fmt.Errorf("the answer's body is larger than max_body_size (%d bytes) and is left out", rec.limit)
+	}
+	return resp, err
+}

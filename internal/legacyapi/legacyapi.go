@@ -1,0 +1,700 @@
+// Package legacyapi is an in-memory REST server that imitates a crude,
+// real-world legacy API. It is the upstream that end-to-end tests of the
+// batch gateway run against, and the demo API of the README quick start.
+//
+// It deliberately keeps the habits the gateway has to cope with in the wild:
+// DELETE answers 200 with "{}" instead of 204, errors come as HTML pages or
+// plain text rather than JSON, PUT may refuse to create, Location headers are
+// absolute, and validation failures are 422 pages. Faults can be injected per
+// request so tests can exercise the gateway's undo logic, including the case
+// "the change happened but the answer never arrived".
+package legacyapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"html"
+	"io"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Collection declares one collection the API serves, by its concrete path.
+// Nested resources are declared by their concrete parent path (for example
+// "/api/users/1/posts") because the legacy APIs being imitated have no notion
+// of relations: each path is simply its own table.
+type Collection struct {
+	// Path is the escaped path of the collection, e.g. "/api/users" or
+	// "/api/users/1/posts", without a trailing slash.
+	Path string
+	// PutCreates makes PUT on a missing id create it (201). When false, PUT
+	// on a missing id answers 404, as many legacy APIs do, so the gateway
+	// cannot assume PUT is a valid undo for DELETE.
+	PutCreates bool
+	// Seed holds the initial records. Each must have an "id" that is a number
+	// (e.g. 1) or a non-empty string.
+	Seed []map[string]any
+}
+
+// Request is one request as the API received it, so tests can assert what
+// the gateway actually sent upstream (including requests that were faulted).
+type Request struct {
+	Method string
+	// Path is the escaped path exactly as received (r.URL.EscapedPath()),
+	// e.g. "/gadgets/a%20b", because escaping mistakes are what tests look for.
+	Path     string
+	RawQuery string
+	Header   http.Header // a clone, safe to keep
+	Body     []byte
+}
+
+// Fault replaces or disturbs the normal answer of matching requests, to
+// simulate the failures a gateway meets in production.
+type Fault struct {
+	// Method restricts the fault to one method; "" matches any method.
+	Method string
+	// Path is the escaped request path the fault applies to (exact match).
+	Path string
+	// Status, when non-zero, is sent instead of the normal answer.
+	Status int
+	// ContentType of the injected answer; default "text/html; charset=utf-8",
+	// because failing proxies and legacy stacks answer with error pages.
+	ContentType string
+	// Body of the injected answer.
+	Body string
+	// Delay waits this long before answering; the wait ends early if the
+	// client goes away (nothing is sent then) or Close is called.
+	Delay time.Duration
+	// Hang never answers: the handler blocks until the client gives up or
+	// Close is called. On Close the connection is dropped, so the client
+	// never sees an answer.
+	Hang bool
+	// Drop closes the TCP connection without any answer.
+	Drop bool
+	// AfterApply applies the request to the state first and only then
+	// delays, hangs, drops or answers the fault: "it happened but you never
+	// heard". Without it the state is left untouched.
+	AfterApply bool
+	// Times is how many matching requests the fault hits; 0 means every one.
+	Times int
+}
+
+// API is the fake legacy server. It is an http.Handler; the zero value is not
+// usable, call New.
+type API struct {
+	// mu guards everything below; it is never held while a request sleeps,
+	// hangs or writes to the network, so slow faults cannot stall others.
+	mu     sync.Mutex
+	cols   map[string]*collection
+	faults []*armedFault
+	log    []Request
+
+	closed    chan struct{}
+	closeOnce sync.Once
+}
+
+type collection struct {
+	path       string
+	putCreates bool
+	records    map[string]map[string]any // keyed by the id's string form
+	nextID     int                       // auto-increment for POST without id
+}
+
+type armedFault struct {
+	Fault
+	left int // remaining hits; only meaningful when Times > 0
+}
+
+// response is a computed answer, kept apart from writing so that AfterApply
+// faults can change the state and still decide not to send it.
+type response struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+// firstAutoID is where POST without an id starts numbering, high enough to
+// never collide with small hand-written seed ids.
+const firstAutoID = 1000
+
+// New builds an API serving the given collections. It panics on a malformed
+// declaration because it is test and demo setup, where failing loudly beats
+// returning an error nobody checks.
+func New(cols ...Collection) *API {
+	a := &API{cols: map[string]*collection{}, closed: make(chan struct{})}
+	for _, c := range cols {
+		if err := checkCollectionPath(c.Path); err != nil {
+			panic(fmt.Sprintf("legacyapi: collection %q: %v", c.Path, err))
+		}
+		if _, dup := a.cols[c.Path]; dup {
+			panic(fmt.Sprintf("legacyapi: collection %q declared twice", c.Path))
+		}
+		col := &collection{path: c.Path, putCreates: c.PutCreates, records: map[string]map[string]any{}, nextID: firstAutoID}
+		for i, seed := range c.Seed {
+			rec, err := normalize(seed)
+			if err != nil {
+				panic(fmt.Sprintf("legacyapi: collection %q seed %d: %v", c.Path, i, err))
+			}
+			key, ok := idKey(rec["id"])
+			if !ok {
+				panic(fmt.Sprintf("legacyapi: collection %q seed %d: \"id\" must be a number or a non-empty string", c.Path, i))
+			}
+			if _, dup := col.records[key]; dup {
+				panic(fmt.Sprintf("legacyapi: collection %q seed %d: duplicate id %q", c.Path, i, key))
+			}
+			col.records[key] = rec
+		}
+		a.cols[c.Path] = col
+	}
+	return a
+}
+
+func checkCollectionPath(p string) error {
+	switch {
+	case !strings.HasPrefix(p, "/"):
+		return fmt.Errorf("path must start with /")
+	case strings.HasSuffix(p, "/"):
+		return fmt.Errorf("path must not end with /")
+	case strings.Contains(p, "//"):
+		return fmt.Errorf("path must not contain empty segments")
+	case strings.ContainsAny(p, "?#"):
+		return fmt.Errorf("path must not contain a query or fragment")
+	}
+	if _, err := url.PathUnescape(p); err != nil {
+		return err
+	}
+	return nil
+}
+
+// normalize turns a Go value into what a JSON body would have decoded to
+// (json.Number for numbers), which also makes it a private deep copy.
+func normalize(v map[string]any) (map[string]any, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	return decodeObject(b)
+}
+
+// Close releases every hanging request and cuts running delays short; it is
+// needed before httptest.Server.Close, which otherwise waits for hanging
+// handlers forever. It is idempotent.
+func (a *API) Close() {
+	a.closeOnce.Do(func() { close(a.closed) })
+}
+
+// Inject adds a fault. Faults are matched in injection order and the first
+// one that matches and has hits left is used. It panics on a fault that could
+// never work, since that is a mistake in the test.
+func (a *API) Inject(f Fault) {
+	if f.Path == "" || f.Times < 0 || (f.Status != 0 && (f.Status < 200 || f.Status > 999)) {
+		panic(fmt.Sprintf("legacyapi: bad fault %+v", f))
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.faults = append(a.faults, &armedFault{Fault: f, left: f.Times})
+}
+
+// ClearFaults removes every injected fault, so one API can serve several
+// test phases.
+func (a *API) ClearFaults() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.faults = nil
+}
+
+// Item returns a deep copy of one record, looked up by collection path and
+// by the id's string form (the unescaped path segment, e.g. "7" or "a b").
+func (a *API) Item(collection, id string) (map[string]any, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	c := a.cols[collection]
+	if c == nil {
+		return nil, false
+	}
+	rec, ok := c.records[id]
+	if !ok {
+		return nil, false
+	}
+	return deepCopy(rec).(map[string]any), true
+}
+
+// Items returns a deep copy of every record of a collection keyed by the id's
+// string form, or nil for an undeclared collection.
+func (a *API) Items(collection string) map[string]map[string]any {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	c := a.cols[collection]
+	if c == nil {
+		return nil
+	}
+	out := make(map[string]map[string]any, len(c.records))
+	for k, rec := range c.records {
+		out[k] = deepCopy(rec).(map[string]any)
+	}
+	return out
+}
+
+// Requests returns a copy of every request received since creation or the
+// last ResetLog, in arrival order.
+func (a *API) Requests() []Request {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]Request, len(a.log))
+	for i, r := range a.log {
+		out[i] = Request{Method: r.Method, Path: r.Path, RawQuery: r.RawQuery, Header: r.Header.Clone(), Body: bytes.Clone(r.Body)}
+	}
+	return out
+}
+
+// ResetLog forgets the requests received so far, so a test can look only at
+// what one step sent.
+func (a *API) ResetLog() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.log = nil
+}
+
+// ServeHTTP serves the API. Every request is logged before anything else so
+// tests see even the ones that were faulted.
+func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, readErr := io.ReadAll(r.Body)
+	path := r.URL.EscapedPath()
+	normal := func() response {
+		if readErr != nil {
+			return plain(http.StatusBadRequest, "cannot read request body")
+		}
+		return a.handle(r, path, body)
+	}
+
+	a.mu.Lock()
+	a.log = append(a.log, Request{Method: r.Method, Path: path, RawQuery: r.URL.RawQuery, Header: r.Header.Clone(), Body: bytes.Clone(body)})
+	f := a.takeFault(r.Method, path)
+	var res response
+	applied := f == nil || f.AfterApply
+	if applied {
+		res = normal()
+	}
+	a.mu.Unlock()
+
+	if f == nil {
+		write(w, r, res)
+		return
+	}
+	if f.Delay > 0 && !a.wait(r.Context(), f.Delay) {
+		return // the client is gone; there is nobody to answer
+	}
+	switch {
+	case f.Hang:
+		select {
+		case <-r.Context().Done():
+		case <-a.closed:
+			drop(w)
+		}
+	case f.Drop:
+		drop(w)
+	case f.Status != 0:
+		ct := f.ContentType
+		if ct == "" {
+			ct = "text/html; charset=utf-8"
+		}
+		write(w, r, response{status: f.Status, header: http.Header{"Content-Type": {ct}}, body: []byte(f.Body)})
+	default:
+		if !applied {
+			a.mu.Lock()
+			res = normal()
+			a.mu.Unlock()
+		}
+		write(w, r, res)
+	}
+}
+
+// takeFault consumes the first matching fault with hits left. Callers hold mu.
+func (a *API) takeFault(method, path string) *Fault {
+	for i, af := range a.faults {
+		if (af.Method != "" && af.Method != method) || af.Path != path {
+			continue
+		}
+		f := af.Fault
+		if af.Times > 0 {
+			af.left--
+			if af.left == 0 {
+				a.faults = slices.Delete(a.faults, i, i+1)
+			}
+		}
+		return &f
+	}
+	return nil
+}
+
+// wait sleeps for d and reports whether the request should still be
+// answered: false if the client went away, true if d elapsed or Close cut
+// the wait short.
+func (a *API) wait(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-a.closed:
+		return true
+	case <-t.C:
+		return true
+	}
+}
+
+// drop closes the connection without an answer. Hijacking is not possible on
+// HTTP/2, where aborting the handler resets the stream instead.
+func drop(w http.ResponseWriter) {
+	conn, _, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		panic(http.ErrAbortHandler)
+	}
+	conn.Close()
+}
+
+func write(w http.ResponseWriter, r *http.Request, res response) {
+	h := w.Header()
+	for k, v := range res.header {
+		h[k] = v
+	}
+	h.Set("Content-Length", strconv.Itoa(len(res.body)))
+	w.WriteHeader(res.status)
+	if r.Method != http.MethodHead {
+		w.Write(res.body)
+	}
+}
+
+// handle computes the normal answer and applies the request to the state.
+// Callers hold mu.
+func (a *API) handle(r *http.Request, path string, body []byte) response {
+	if c := a.cols[strings.TrimSuffix(path, "/")]; c != nil {
+		return a.handleCollection(c, r, body)
+	}
+	i := strings.LastIndexByte(path, '/')
+	if c := a.cols[path[:max(i, 0)]]; c != nil && i+1 < len(path) {
+		id, err := url.PathUnescape(path[i+1:])
+		if err == nil && id != "" {
+			return a.handleItem(c, id, r, body)
+		}
+	}
+	return notFound(path)
+}
+
+func (a *API) handleCollection(c *collection, r *http.Request, body []byte) response {
+	switch r.Method {
+	case http.MethodGet, http.MethodHead:
+		q := r.URL.Query()
+		offset, ok1 := queryInt(q, "offset", 0)
+		limit, ok2 := queryInt(q, "limit", -1)
+		if !ok1 || !ok2 {
+			return plain(http.StatusBadRequest, "offset and limit must be non-negative integers")
+		}
+		keys := make([]string, 0, len(c.records))
+		for k := range c.records {
+			keys = append(keys, k)
+		}
+		slices.SortFunc(keys, compareIDs)
+		keys = keys[min(offset, len(keys)):]
+		if limit >= 0 {
+			keys = keys[:min(limit, len(keys))]
+		}
+		list := make([]any, len(keys))
+		for i, k := range keys {
+			list[i] = c.records[k]
+		}
+		return jsonAnswer(http.StatusOK, list)
+
+	case http.MethodPost:
+		rec, err := decodeObject(body)
+		if err != nil {
+			return plain(http.StatusBadRequest, "body must be a JSON object")
+		}
+		if res, bad := checkName(rec); bad {
+			return res
+		}
+		// A null id is what ORMs send for "not saved yet", so it means
+		// "assign one" rather than an error.
+		if v, has := rec["id"]; has && v == nil {
+			delete(rec, "id")
+		}
+		var key string
+		if v, has := rec["id"]; has {
+			k, ok := idKey(v)
+			if !ok {
+				return plain(http.StatusBadRequest, "id must be a number or a non-empty string")
+			}
+			if _, dup := c.records[k]; dup {
+				return plain(http.StatusConflict, "duplicate id")
+			}
+			key = k
+		} else {
+			for {
+				key = strconv.Itoa(c.nextID)
+				c.nextID++
+				if _, taken := c.records[key]; !taken {
+					break
+				}
+			}
+			rec["id"] = json.Number(key)
+		}
+		c.records[key] = rec
+		res := jsonAnswer(http.StatusCreated, rec)
+		res.header.Set("Location", location(r, c, key))
+		return res
+
+	default:
+		return methodNotAllowed(r.Method, "GET, HEAD, POST")
+	}
+}
+
+func (a *API) handleItem(c *collection, id string, r *http.Request, body []byte) response {
+	old, exists := c.records[id]
+	switch r.Method {
+	case http.MethodGet, http.MethodHead:
+		if !exists {
+			return notFound(r.URL.EscapedPath())
+		}
+		return jsonAnswer(http.StatusOK, old)
+
+	case http.MethodPut:
+		rec, err := decodeObject(body)
+		if err != nil {
+			return plain(http.StatusBadRequest, "body must be a JSON object")
+		}
+		if res, bad := checkName(rec); bad {
+			return res
+		}
+		if exists {
+			rec["id"] = old["id"]
+			c.records[id] = rec
+			return jsonAnswer(http.StatusOK, rec)
+		}
+		if !c.putCreates {
+			return notFound(r.URL.EscapedPath())
+		}
+		// The body's id only decides the type ("7" vs 7) when it names the
+		// same record; the path is what identifies the record.
+		if k, ok := idKey(rec["id"]); !ok || k != id {
+			rec["id"] = pathIDValue(id)
+		}
+		c.records[id] = rec
+		res := jsonAnswer(http.StatusCreated, rec)
+		res.header.Set("Location", location(r, c, id))
+		return res
+
+	case http.MethodPatch:
+		if !exists {
+			return notFound(r.URL.EscapedPath())
+		}
+		patch, err := decodeObject(body)
+		if err != nil {
+			return plain(http.StatusBadRequest, "body must be a JSON object")
+		}
+		merged := make(map[string]any, len(old)+len(patch))
+		for k, v := range old {
+			merged[k] = v
+		}
+		for k, v := range patch {
+			switch {
+			case k == "id":
+			case v == nil:
+				delete(merged, k)
+			default:
+				merged[k] = v
+			}
+		}
+		if res, bad := checkName(merged); bad {
+			return res
+		}
+		c.records[id] = merged
+		return jsonAnswer(http.StatusOK, merged)
+
+	case http.MethodDelete:
+		if !exists {
+			return notFound(r.URL.EscapedPath())
+		}
+		delete(c.records, id)
+		return response{status: http.StatusOK, header: jsonHeader(), body: []byte("{}")}
+
+	default:
+		return methodNotAllowed(r.Method, "GET, HEAD, PUT, PATCH, DELETE")
+	}
+}
+
+// location builds an absolute URL from the request's Host, as legacy
+// frameworks do, so the gateway has to cope with absolute Location headers.
+func location(r *http.Request, c *collection, id string) string {
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	return scheme + "://" + r.Host + c.path + "/" + url.PathEscape(id)
+}
+
+func queryInt(q url.Values, name string, def int) (int, bool) {
+	if !q.Has(name) {
+		return def, true
+	}
+	n, err := strconv.Atoi(q.Get(name))
+	return n, err == nil && n >= 0
+}
+
+// decodeObject decodes exactly one JSON object, keeping numbers as
+// json.Number so ids and values round-trip without becoming floats.
+func decodeObject(b []byte) (map[string]any, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, err
+	}
+	if dec.Decode(new(any)) != io.EOF {
+		return nil, fmt.Errorf("trailing data after JSON value")
+	}
+	m, ok := v.(map[string]any)
+	if !ok {
+		return nil, fmt.Errorf("not a JSON object")
+	}
+	return m, nil
+}
+
+// checkName is the API's only validation rule, enough to provoke a 422.
+func checkName(rec map[string]any) (response, bool) {
+	v, has := rec["name"]
+	if !has {
+		return response{}, false
+	}
+	if s, ok := v.(string); ok && s != "" {
+		return response{}, false
+	}
+	return htmlPage(http.StatusUnprocessableEntity, "Validation failed: name must be a non-empty string."), true
+}
+
+// idKey is the string form an id is stored under.
+func idKey(v any) (string, bool) {
+	switch id := v.(type) {
+	case json.Number:
+		return id.String(), true
+	case string:
+		return id, id != ""
+	}
+	return "", false
+}
+
+// pathIDValue is the id value of a record created from its path: a JSON
+// number when the segment is a canonical non-negative integer (so "007"
+// stays a string and round-trips unchanged), else the string itself.
+func pathIDValue(id string) any {
+	if isDigits(id) && (id == "0" || id[0] != '0') {
+		return json.Number(id)
+	}
+	return id
+}
+
+func isDigits(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// compareIDs orders numerically when both ids are numbers and lexically
+// otherwise, so "10" sorts after "9" as a legacy "ORDER BY id" would.
+func compareIDs(x, y string) int {
+	if isDigits(x) && isDigits(y) {
+		tx, ty := strings.TrimLeft(x, "0"), strings.TrimLeft(y, "0")
+		if c := len(tx) - len(ty); c != 0 {
+			return c
+		}
+		if c := strings.Compare(tx, ty); c != 0 {
+			return c
+		}
+		return strings.Compare(x, y)
+	}
+	fx, errx := parseNumber(x)
+	fy, erry := parseNumber(y)
+	if errx == nil && erry == nil && fx != fy {
+		if fx < fy {
+			return -1
+		}
+		return 1
+	}
+	return strings.Compare(x, y)
+}
+
+// parseNumber accepts only JSON number syntax, so ids like "inf" or "0x10"
+// count as strings.
+func parseNumber(s string) (float64, error) {
+	if s == "" || !(s[0] == '-' || (s[0] >= '0' && s[0] <= '9')) || !json.Valid([]byte(s)) {
+		return 0, fmt.Errorf("not a number")
+	}
+	return strconv.ParseFloat(s, 64)
+}
+
+func deepCopy(v any) any {
+	switch v := v.(type) {
+	case map[string]any:
+		m := make(map[string]any, len(v))
+		for k, e := range v {
+			m[k] = deepCopy(e)
+		}
+		return m
+	case []any:
+		s := make([]any, len(v))
+		for i, e := range v {
+			s[i] = deepCopy(e)
+		}
+		return s
+	}
+	return v
+}
+
+func jsonHeader() http.Header {
+	return http.Header{"Content-Type": {"application/json; charset=utf-8"}}
+}
+
+func jsonAnswer(status int, v any) response {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return plain(http.StatusInternalServerError, "cannot encode record")
+	}
+	return response{status: status, header: jsonHeader(), body: bytes.TrimSuffix(buf.Bytes(), []byte("\n"))}
+}
+
+func plain(status int, msg string) response {
+	return response{status: status, header: http.Header{"Content-Type": {"text/plain; charset=utf-8"}}, body: []byte(msg)}
+}
+
+// htmlPage renders the kind of error page a legacy web stack emits, which a
+// gateway must not try to parse as JSON.
+func htmlPage(status int, msg string) response {
+	text := http.StatusText(status)
+	page := fmt.Sprintf("<!DOCTYPE html><html><head><title>%d %s</title></head><body><h1>%s</h1><p>%s</p></body></html>",
+		status, text, text, html.EscapeString(msg))
+	return response{status: status, header: http.Header{"Content-Type": {"text/html; charset=utf-8"}}, body: []byte(page)}
+}
+
+func notFound(path string) response {
+	return htmlPage(http.StatusNotFound, "The requested URL "+path+" was not found on this server.")
+}
+
+func methodNotAllowed(method, allow string) response {
+	res := htmlPage(http.StatusMethodNotAllowed, "The method "+method+" is not allowed for the requested URL.")
+	res.header.Set("Allow", allow)
+	return res
+}

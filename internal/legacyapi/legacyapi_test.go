@@ -1,0 +1,479 @@
+package legacyapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fixture declares a strict collection (PUT cannot create), a lenient one
+// with string ids, and a nested one.
+func fixture() []Collection {
+	return []Collection{
+		{Path: "/api/users", Seed: []map[string]any{
+			{"id": 1, "name": "Ada"}, {"id": 2, "name": "Bob"}, {"id": 10, "name": "Cy", "role": "admin"},
+		}},
+		{Path: "/gadgets", PutCreates: true, Seed: []map[string]any{{"id": "a b", "name": "Spanner"}}},
+		{Path: "/api/users/1/posts", Seed: []map[string]any{{"id": 1, "title": "hello"}}},
+	}
+}
+
+// start serves a fresh API; API.Close runs before the server's Close so
+// hanging handlers cannot block the cleanup.
+func start(t *testing.T) (*API, *httptest.Server) {
+	t.Helper()
+	api := New(fixture()...)
+	srv := httptest.NewServer(api)
+	t.Cleanup(srv.Close)
+	t.Cleanup(api.Close)
+	return api, srv
+}
+
+type answer struct {
+	status int
+	header http.Header
+	body   string
+}
+
+// fresh returns a client that never reuses connections, so the transport
+// cannot silently retry a dropped idempotent request on a new connection.
+func fresh(timeout time.Duration) *http.Client {
+	return &http.Client{Timeout: timeout, Transport: &http.Transport{DisableKeepAlives: true}}
+}
+
+func send(c *http.Client, method, url, body string, hdr http.Header) (answer, error) {
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		return answer{}, err
+	}
+	for k, v := range hdr {
+		req.Header[k] = v
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return answer{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return answer{resp.StatusCode, resp.Header, string(b)}, err
+}
+
+func do(t *testing.T, method, url, body string) answer {
+	t.Helper()
+	a, err := send(http.DefaultClient, method, url, body, nil)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	return a
+}
+
+func decode(t *testing.T, s string) any {
+	t.Helper()
+	dec := json.NewDecoder(strings.NewReader(s))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		t.Fatalf("decode %q: %v", s, err)
+	}
+	return v
+}
+
+func mustJSON(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+const (
+	ctJSON  = "application/json; charset=utf-8"
+	ctHTML  = "text/html; charset=utf-8"
+	ctPlain = "text/plain; charset=utf-8"
+)
+
+func TestAnswers(t *testing.T) {
+	users := func(api *API) string { return mustJSON(api.Items("/api/users")) }
+	seedUsers := mustJSON(New(fixture()...).Items("/api/users"))
+
+	tests := []struct {
+		name, method, path, body string
+		status                   int
+		ct                       string
+		wantBody                 string // exact, if set
+		contains                 string // substring, if set
+		allow                    string
+		check                    func(t *testing.T, api *API, a answer)
+	}{
+		{name: "list ordered numerically", method: "GET", path: "/api/users", status: 200, ct: ctJSON,
+			wantBody: `[{"id":1,"name":"Ada"},{"id":2,"name":"Bob"},{"id":10,"name":"Cy","role":"admin"}]`},
+		{name: "list trailing slash", method: "GET", path: "/api/users/", status: 200, ct: ctJSON, contains: `"Ada"`},
+		{name: "list nested", method: "GET", path: "/api/users/1/posts", status: 200, ct: ctJSON, wantBody: `[{"id":1,"title":"hello"}]`},
+		{name: "page", method: "GET", path: "/api/users?offset=1&limit=1", status: 200, ct: ctJSON, wantBody: `[{"id":2,"name":"Bob"}]`},
+		{name: "page past end", method: "GET", path: "/api/users?offset=9", status: 200, ct: ctJSON, wantBody: `[]`},
+		{name: "page bad limit", method: "GET", path: "/api/users?limit=x", status: 400, ct: ctPlain},
+		{name: "page negative offset", method: "GET", path: "/api/users?offset=-1", status: 400, ct: ctPlain},
+		{name: "head list", method: "HEAD", path: "/api/users", status: 200, ct: ctJSON, wantBody: "",
+			check: func(t *testing.T, _ *API, a answer) {
+				if a.header.Get("Content-Length") == "0" || a.header.Get("Content-Length") == "" {
+					t.Errorf("HEAD Content-Length = %q, want the GET length", a.header.Get("Content-Length"))
+				}
+			}},
+		{name: "get item", method: "GET", path: "/api/users/1", status: 200, ct: ctJSON, wantBody: `{"id":1,"name":"Ada"}`},
+		{name: "get escaped string id", method: "GET", path: "/gadgets/a%20b", status: 200, ct: ctJSON, wantBody: `{"id":"a b","name":"Spanner"}`},
+		{name: "get missing item", method: "GET", path: "/api/users/7", status: 404, ct: ctHTML, contains: "<title>404 Not Found</title>"},
+		{name: "head missing item", method: "HEAD", path: "/api/users/7", status: 404, ct: ctHTML, wantBody: ""},
+		{name: "unknown path", method: "GET", path: "/nope", status: 404, ct: ctHTML, contains: "<h1>Not Found</h1>"},
+		{name: "two segments deep", method: "GET", path: "/api/users/1/2", status: 404, ct: ctHTML},
+		{name: "item trailing slash", method: "GET", path: "/api/users/1/", status: 404, ct: ctHTML},
+
+		{name: "post assigns numeric id", method: "POST", path: "/api/users", body: `{"name":"Dee","age":42}`, status: 201, ct: ctJSON,
+			wantBody: `{"age":42,"id":1000,"name":"Dee"}`,
+			check: func(t *testing.T, api *API, a answer) {
+				if rec, ok := api.Item("/api/users", "1000"); !ok || rec["id"] != json.Number("1000") {
+					t.Errorf("stored %v, %v; want id json.Number 1000", rec, ok)
+				}
+			}},
+		{name: "post with string id", method: "POST", path: "/gadgets", body: `{"id":"x/y","name":"Bolt"}`, status: 201, ct: ctJSON, wantBody: `{"id":"x/y","name":"Bolt"}`},
+		{name: "post not object", method: "POST", path: "/api/users", body: `[1]`, status: 400, ct: ctPlain, wantBody: "body must be a JSON object"},
+		{name: "post bad json", method: "POST", path: "/api/users", body: `{"name":`, status: 400, ct: ctPlain},
+		{name: "post empty name", method: "POST", path: "/api/users", body: `{"name":""}`, status: 422, ct: ctHTML, contains: "<!DOCTYPE html>",
+			check: func(t *testing.T, api *API, _ answer) {
+				if got := users(api); got != seedUsers {
+					t.Errorf("state changed: %s", got)
+				}
+			}},
+		{name: "post name not string", method: "POST", path: "/api/users", body: `{"name":5}`, status: 422, ct: ctHTML},
+		{name: "post duplicate id", method: "POST", path: "/api/users", body: `{"id":1,"name":"Eve"}`, status: 409, ct: ctPlain, wantBody: "duplicate id"},
+		{name: "delete collection", method: "DELETE", path: "/api/users", status: 405, ct: ctHTML, allow: "GET, HEAD, POST"},
+
+		{name: "put replaces keeping id", method: "PUT", path: "/api/users/2", body: `{"id":"2","name":"Bobby"}`, status: 200, ct: ctJSON,
+			wantBody: `{"id":2,"name":"Bobby"}`},
+		{name: "put cannot create", method: "PUT", path: "/api/users/7", body: `{"name":"Gus"}`, status: 404, ct: ctHTML,
+			check: func(t *testing.T, api *API, _ answer) {
+				if _, ok := api.Item("/api/users", "7"); ok {
+					t.Error("PUT created a record on a collection without PutCreates")
+				}
+			}},
+		{name: "put creates numeric", method: "PUT", path: "/gadgets/42", body: `{"name":"Gear"}`, status: 201, ct: ctJSON, wantBody: `{"id":42,"name":"Gear"}`},
+		{name: "put creates string", method: "PUT", path: "/gadgets/c%20d", body: `{"name":"Cog"}`, status: 201, ct: ctJSON, wantBody: `{"id":"c d","name":"Cog"}`},
+		{name: "put creates with body id type", method: "PUT", path: "/gadgets/7", body: `{"id":"7"}`, status: 201, ct: ctJSON, wantBody: `{"id":"7"}`},
+		{name: "put not object", method: "PUT", path: "/api/users/1", body: `"x"`, status: 400, ct: ctPlain},
+		{name: "put null name", method: "PUT", path: "/api/users/1", body: `{"name":null}`, status: 422, ct: ctHTML,
+			check: func(t *testing.T, api *API, _ answer) {
+				if got := users(api); got != seedUsers {
+					t.Errorf("state changed: %s", got)
+				}
+			}},
+
+		{name: "patch merges and removes null", method: "PATCH", path: "/api/users/10", body: `{"id":99,"role":null,"age":30}`, status: 200, ct: ctJSON,
+			wantBody: `{"age":30,"id":10,"name":"Cy"}`,
+			check: func(t *testing.T, api *API, _ answer) {
+				if rec, _ := api.Item("/api/users", "10"); mustJSON(rec) != `{"age":30,"id":10,"name":"Cy"}` {
+					t.Errorf("stored %v", rec)
+				}
+			}},
+		{name: "patch missing", method: "PATCH", path: "/api/users/7", body: `{}`, status: 404, ct: ctHTML},
+		{name: "patch not object", method: "PATCH", path: "/api/users/1", body: `null`, status: 400, ct: ctPlain},
+		{name: "patch empty name", method: "PATCH", path: "/api/users/10", body: `{"name":"","age":1}`, status: 422, ct: ctHTML,
+			check: func(t *testing.T, api *API, _ answer) {
+				if got := users(api); got != seedUsers {
+					t.Errorf("state changed: %s", got)
+				}
+			}},
+
+		{name: "delete answers 200 {}", method: "DELETE", path: "/api/users/1", status: 200, ct: ctJSON, wantBody: `{}`,
+			check: func(t *testing.T, api *API, _ answer) {
+				if _, ok := api.Item("/api/users", "1"); ok {
+					t.Error("record still there")
+				}
+			}},
+		{name: "delete missing", method: "DELETE", path: "/api/users/7", status: 404, ct: ctHTML},
+		{name: "post on item", method: "POST", path: "/api/users/1", body: `{}`, status: 405, ct: ctHTML, allow: "GET, HEAD, PUT, PATCH, DELETE"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			api, srv := start(t)
+			a := do(t, tc.method, srv.URL+tc.path, tc.body)
+			if a.status != tc.status {
+				t.Errorf("status = %d, want %d (body %q)", a.status, tc.status, a.body)
+			}
+			if ct := a.header.Get("Content-Type"); ct != tc.ct {
+				t.Errorf("Content-Type = %q, want %q", ct, tc.ct)
+			}
+			if tc.method != "HEAD" && a.header.Get("Content-Length") != fmt.Sprint(len(a.body)) {
+				t.Errorf("Content-Length = %q, body has %d bytes", a.header.Get("Content-Length"), len(a.body))
+			}
+			if (tc.wantBody != "" || tc.method == "HEAD") && a.body != tc.wantBody {
+				t.Errorf("body = %q, want %q", a.body, tc.wantBody)
+			}
+			if !strings.Contains(a.body, tc.contains) {
+				t.Errorf("body = %q, want it to contain %q", a.body, tc.contains)
+			}
+			if got := a.header.Get("Allow"); got != tc.allow {
+				t.Errorf("Allow = %q, want %q", got, tc.allow)
+			}
+			if tc.check != nil {
+				tc.check(t, api, a)
+			}
+		})
+	}
+}
+
+func TestNumericIDsAndLocation(t *testing.T) {
+	api, srv := start(t)
+	a := do(t, "POST", srv.URL+"/api/users", `{"name":"Dee"}`)
+	if a.status != 201 || a.header.Get("Location") != srv.URL+"/api/users/1000" {
+		t.Fatalf("POST: %d, Location %q", a.status, a.header.Get("Location"))
+	}
+	if id := decode(t, a.body).(map[string]any)["id"]; id != json.Number("1000") {
+		t.Errorf("id = %#v, want a JSON number", id)
+	}
+	if a := do(t, "POST", srv.URL+"/api/users", `{"name":"Eve"}`); !strings.Contains(a.body, `"id":1001`) {
+		t.Errorf("second POST = %s, want id 1001", a.body)
+	}
+	// An absolute Location escapes the id and leads back to the record.
+	a = do(t, "POST", srv.URL+"/gadgets", `{"id":"x y/z","name":"Nut"}`)
+	loc := a.header.Get("Location")
+	if loc != srv.URL+"/gadgets/x%20y%2Fz" {
+		t.Fatalf("Location = %q", loc)
+	}
+	if a := do(t, "GET", loc, ""); a.status != 200 || a.body != `{"id":"x y/z","name":"Nut"}` {
+		t.Errorf("GET Location: %d %s", a.status, a.body)
+	}
+	for _, id := range []string{"1", "2", "10"} {
+		if rec, _ := api.Item("/api/users", id); rec["id"] != json.Number(id) {
+			t.Errorf("seed %s id = %#v, want json.Number", id, rec["id"])
+		}
+	}
+	// Mixed ids: numbers numerically among themselves, otherwise lexically.
+	mixed := New(Collection{Path: "/m", Seed: []map[string]any{{"id": "b"}, {"id": 10}, {"id": 9}, {"id": "a"}}})
+	s := httptest.NewServer(mixed)
+	defer s.Close()
+	if a := do(t, "GET", s.URL+"/m", ""); a.body != `[{"id":9},{"id":10},{"id":"a"},{"id":"b"}]` {
+		t.Errorf("order = %s", a.body)
+	}
+}
+
+func TestNewPanicsOnMalformedDeclaration(t *testing.T) {
+	for _, c := range []Collection{
+		{Path: "api"}, {Path: "/api/"}, {Path: "/a//b"},
+		{Path: "/a", Seed: []map[string]any{{"name": "no id"}}},
+		{Path: "/a", Seed: []map[string]any{{"id": 1}, {"id": 1}}},
+		{Path: "/a", Seed: []map[string]any{{"id": true}}},
+	} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("New(%+v) did not panic", c)
+				}
+			}()
+			New(c)
+		}()
+	}
+}
+
+func TestFaults(t *testing.T) {
+	t.Run("status without state change", func(t *testing.T) {
+		api, srv := start(t)
+		api.Inject(Fault{Method: "DELETE", Path: "/api/users/1", Status: 503, Body: "<h1>down</h1>", Times: 1})
+		a := do(t, "DELETE", srv.URL+"/api/users/1", "")
+		if a.status != 503 || a.header.Get("Content-Type") != ctHTML || a.body != "<h1>down</h1>" {
+			t.Errorf("got %d %q %q", a.status, a.header.Get("Content-Type"), a.body)
+		}
+		if _, ok := api.Item("/api/users", "1"); !ok {
+			t.Error("faulted DELETE changed the state")
+		}
+		if a := do(t, "DELETE", srv.URL+"/api/users/1", ""); a.status != 200 {
+			t.Errorf("after Times ran out: %d, want 200", a.status)
+		}
+	})
+
+	t.Run("after apply then fault answer", func(t *testing.T) {
+		api, srv := start(t)
+		api.Inject(Fault{Path: "/api/users", AfterApply: true, Status: 502, ContentType: "application/json", Body: `{"error":"bad gateway"}`})
+		a := do(t, "POST", srv.URL+"/api/users", `{"name":"Dee"}`)
+		if a.status != 502 || a.header.Get("Content-Type") != "application/json" {
+			t.Errorf("got %d %q", a.status, a.header.Get("Content-Type"))
+		}
+		if _, ok := api.Item("/api/users", "1000"); !ok {
+			t.Error("AfterApply POST did not create the record")
+		}
+	})
+
+	t.Run("drop", func(t *testing.T) {
+		for _, after := range []bool{false, true} {
+			api, srv := start(t)
+			api.Inject(Fault{Method: "POST", Path: "/api/users", Drop: true, AfterApply: after})
+			_, err := send(fresh(5*time.Second), "POST", srv.URL+"/api/users", `{"name":"Dee"}`, nil)
+			if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
+				t.Errorf("AfterApply=%v: err = %v, want an EOF", after, err)
+			}
+			if _, ok := api.Item("/api/users", "1000"); ok != after {
+				t.Errorf("AfterApply=%v: record created = %v", after, ok)
+			}
+		}
+	})
+
+	t.Run("hang ends on client timeout", func(t *testing.T) {
+		api := New(fixture()...)
+		defer api.Close()
+		srv := httptest.NewServer(api)
+		api.Inject(Fault{Path: "/api/users/1", Hang: true, AfterApply: true})
+		_, err := send(fresh(100*time.Millisecond), "DELETE", srv.URL+"/api/users/1", "", nil)
+		if err == nil {
+			t.Fatal("hanging request got an answer")
+		}
+		if _, ok := api.Item("/api/users", "1"); ok {
+			t.Error("AfterApply DELETE did not apply")
+		}
+		// srv.Close waits for running handlers, so it returning proves the
+		// hanging handler ended without Close.
+		closeWithin(t, srv.Close, 2*time.Second)
+	})
+
+	t.Run("hang released by Close", func(t *testing.T) {
+		api, srv := start(t)
+		api.Inject(Fault{Path: "/api/users/1", Hang: true})
+		errc := make(chan error, 1)
+		go func() {
+			_, err := send(fresh(0), "GET", srv.URL+"/api/users/1", "", nil)
+			errc <- err
+		}()
+		for len(api.Requests()) == 0 {
+			time.Sleep(5 * time.Millisecond)
+		}
+		api.Close()
+		api.Close() // idempotent
+		select {
+		case err := <-errc:
+			if err == nil {
+				t.Error("released hang sent an answer, want a dropped connection")
+			}
+		case <-time.After(2 * time.Second):
+			t.Fatal("Close did not release the hanging request")
+		}
+		if _, err := send(fresh(2*time.Second), "GET", srv.URL+"/api/users/1", "", nil); err == nil {
+			t.Error("hang after Close answered")
+		}
+	})
+
+	t.Run("delay", func(t *testing.T) {
+		api, srv := start(t)
+		api.Inject(Fault{Method: "GET", Path: "/api/users/1", Delay: 150 * time.Millisecond})
+		t0 := time.Now()
+		a := do(t, "GET", srv.URL+"/api/users/1", "")
+		if el := time.Since(t0); el < 150*time.Millisecond || a.status != 200 || a.body != `{"id":1,"name":"Ada"}` {
+			t.Errorf("after %v: %d %s", el, a.status, a.body)
+		}
+		// A client that gives up during the delay frees the handler.
+		api.Inject(Fault{Method: "GET", Path: "/api/users/2", Delay: time.Hour})
+		if _, err := send(fresh(50*time.Millisecond), "GET", srv.URL+"/api/users/2", "", nil); err == nil {
+			t.Error("want a client timeout")
+		}
+	})
+
+	t.Run("times and order", func(t *testing.T) {
+		api, srv := start(t)
+		api.Inject(Fault{Method: "GET", Path: "/api/users/1", Status: 500, Times: 2})
+		api.Inject(Fault{Method: "GET", Path: "/api/users/1", Status: 502, Times: 1})
+		api.Inject(Fault{Method: "PUT", Path: "/api/users/1", Status: 503})
+		var got []int
+		for range 4 {
+			got = append(got, do(t, "GET", srv.URL+"/api/users/1", "").status)
+		}
+		if fmt.Sprint(got) != "[500 500 502 200]" {
+			t.Errorf("statuses = %v", got)
+		}
+		if a := do(t, "PUT", srv.URL+"/api/users/1", `{}`); a.status != 503 {
+			t.Errorf("PUT = %d, want 503 every time", a.status)
+		}
+		api.ClearFaults()
+		if a := do(t, "PUT", srv.URL+"/api/users/1", `{}`); a.status != 200 {
+			t.Errorf("PUT after ClearFaults = %d", a.status)
+		}
+	})
+}
+
+func closeWithin(t *testing.T, f func(), d time.Duration) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { f(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d):
+		t.Fatal("handler still running")
+	}
+}
+
+func TestRequestLog(t *testing.T) {
+	api, srv := start(t)
+	api.Inject(Fault{Method: "PATCH", Path: "/gadgets/a%20b", Status: 500})
+	hdr := http.Header{"X-Trace": {"t1"}}
+	if _, err := send(http.DefaultClient, "PATCH", srv.URL+"/gadgets/a%20b?dry=1&x=%20", `{"name":"N"}`, hdr); err != nil {
+		t.Fatal(err)
+	}
+	do(t, "GET", srv.URL+"/api/users", "")
+	log := api.Requests()
+	if len(log) != 2 {
+		t.Fatalf("log has %d entries, want 2", len(log))
+	}
+	r := log[0]
+	if r.Method != "PATCH" || r.Path != "/gadgets/a%20b" || r.RawQuery != "dry=1&x=%20" ||
+		r.Header.Get("X-Trace") != "t1" || !bytes.Equal(r.Body, []byte(`{"name":"N"}`)) {
+		t.Errorf("faulted request logged as %+v", r)
+	}
+	if log[1].Method != "GET" || log[1].Path != "/api/users" || len(log[1].Body) != 0 {
+		t.Errorf("second entry %+v", log[1])
+	}
+	log[0].Header.Set("X-Trace", "changed") // copies must not alias the log
+	if api.Requests()[0].Header.Get("X-Trace") != "t1" {
+		t.Error("Requests returned an aliased header")
+	}
+	api.ResetLog()
+	if n := len(api.Requests()); n != 0 {
+		t.Errorf("after ResetLog: %d entries", n)
+	}
+}
+
+func TestConcurrentClients(t *testing.T) {
+	api, srv := start(t)
+	const n = 50
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id := fmt.Sprintf("g%d", i)
+			steps := []struct {
+				method, path, body string
+				status             int
+			}{
+				{"POST", "/gadgets", `{"id":"` + id + `","name":"x"}`, 201},
+				{"PATCH", "/gadgets/" + id, `{"n":` + fmt.Sprint(i) + `}`, 200},
+				{"GET", "/gadgets", "", 200},
+				{"DELETE", "/gadgets/" + id, "", 200},
+			}
+			for _, s := range steps {
+				a, err := send(http.DefaultClient, s.method, srv.URL+s.path, s.body, nil)
+				if err != nil || a.status != s.status {
+					t.Errorf("%s %s: %v %d", s.method, s.path, err, a.status)
+				}
+				api.Items("/gadgets") // readers race with writers
+				api.Requests()
+			}
+		}()
+	}
+	wg.Wait()
+	if items := api.Items("/gadgets"); len(items) != 1 {
+		t.Errorf("%d gadgets left, want only the seed", len(items))
+	}
+	if got := len(api.Requests()); got != 4*n {
+		t.Errorf("%d requests logged, want %d", got, 4*n)
+	}
+}

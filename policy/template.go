@@ -1,0 +1,184 @@
+package policy
+
+import (
+	"fmt"
+	"net/url"
+	"strings"
+)
+
+// Template is a path template such as /api/users/{user}/posts: literal
+// segments and whole-segment {name} variables.
+type Template struct {
+	raw  string
+	segs []segment
+	// trailingSlash keeps the operator's trailing slash when a path is
+	// built from the template: some APIs (Django's, for one) answer only
+	// on /users/1/, and matching ignores it anyway.
+	trailingSlash bool
+}
+
+type segment struct {
+	literal string // unescaped; empty for a variable
+	name    string // the variable's name; empty for a literal
+}
+
+// maxSegments bounds the depth of a template, and so the stack buffer a
+// lookup splits a request path into.
+const maxSegments = 32
+
+// ParseTemplate parses a path template. Variables are whole segments,
+// named with letters, digits and underscores; repeated slashes, dot
+// segments and partial-segment braces are refused, since they would make
+// a template that matches something other than what it reads as.
+func ParseTemplate(s string) (Template, error) {
+	t := Template{raw: s}
+	if !strings.HasPrefix(s, "/") {
+		return t, fmt.Errorf("template %q must start with /", s)
+	}
+	body := strings.TrimPrefix(s, "/")
+	if strings.HasSuffix(body, "/") {
+		t.trailingSlash = true
+		body = strings.TrimSuffix(body, "/")
+	}
+	if body == "" {
+		return t, fmt.Errorf("template %q has no segment", s)
+	}
+	seen := map[string]bool{}
+	for _, part := range strings.Split(body, "/") {
+		switch {
+		case part == "":
+			return t, fmt.Errorf("template %q has an empty segment", s)
+		case part == "." || part == "..":
+			return t, fmt.Errorf("template %q has a dot segment", s)
+		case strings.HasPrefix(part, "{") && strings.HasSuffix(part, "}"):
+			name := part[1 : len(part)-1]
+			if !validName(name) {
+				return t, fmt.Errorf("template %q: variable %q must be a name of letters, digits and underscores", s, part)
+			}
+			if seen[name] {
+				return t, fmt.Errorf("template %q uses variable {%s} twice", s, name)
+			}
+			seen[name] = true
+			t.segs = append(t.segs, segment{name: name})
+		case strings.ContainsAny(part, "{}*"):
+			return t, fmt.Errorf("template %q: segment %q mixes a variable with text (a variable is a whole segment: {name})", s, part)
+		default:
+			lit, err := url.PathUnescape(part)
+			if err != nil {
+				return t, fmt.Errorf("template %q: segment %q: %v", s, part, err)
+			}
+			t.segs = append(t.segs, segment{literal: lit})
+		}
+	}
+	if len(t.segs) > maxSegments {
+		return t, fmt.Errorf("template %q has more than %d segments", s, maxSegments)
+	}
+	return t, nil
+}
+
+func validName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i, c := range s {
+		switch {
+		case c == '_', 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z':
+		case '0' <= c && c <= '9' && i > 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// String returns the template as written.
+func (t Template) String() string { return t.raw }
+
+// variables returns the names of the template's variables, in order.
+func (t Template) variables() []string {
+	var names []string
+	for _, s := range t.segs {
+		if s.name != "" {
+			names = append(names, s.name)
+		}
+	}
+	return names
+}
+
+// bind matches segs (as splitPath returns them) against t and returns the
+// variables' values.
+func (t Template) bind(segs []string) (map[string]string, bool) {
+	if len(segs) != len(t.segs) {
+		return nil, false
+	}
+	vars := make(map[string]string, len(t.segs))
+	for i, s := range t.segs {
+		switch {
+		case s.name != "":
+			vars[s.name] = segs[i]
+		case s.literal != segs[i]:
+			return nil, false
+		}
+	}
+	return vars, true
+}
+
+// expand builds an escaped path from t, taking each variable's value from
+// vars. Every value is escaped as one segment, so no value can add a
+// segment or climb out of the template's path.
+func (t Template) expand(vars map[string]string) string {
+	var b strings.Builder
+	for _, s := range t.segs {
+		b.WriteByte('/')
+		if s.name != "" {
+			b.WriteString(url.PathEscape(vars[s.name]))
+		} else {
+			b.WriteString(url.PathEscape(s.literal))
+		}
+	}
+	if t.trailingSlash {
+		b.WriteByte('/')
+	}
+	return b.String()
+}
+
+// splitPath splits an escaped request path into unescaped segments,
+// appending to buf. Empty segments are dropped and dot segments resolved,
+// as Caddy's own path matching does, so that neither "/a//b" nor
+// "/a/x/../b" slips past a method map that covers "/a/b". A segment is
+// unescaped only when it holds a '%', so the common case allocates
+// nothing. It reports false for a path that cannot be a resource's: a bad
+// escape, a climb above the root, or more segments than any template has.
+func splitPath(path string, buf []string) ([]string, bool) {
+	segs := buf[:0]
+	for len(path) > 0 {
+		var seg string
+		if i := strings.IndexByte(path, '/'); i >= 0 {
+			seg, path = path[:i], path[i+1:]
+		} else {
+			seg, path = path, ""
+		}
+		if strings.IndexByte(seg, '%') >= 0 {
+			u, err := url.PathUnescape(seg)
+			if err != nil {
+				return nil, false
+			}
+			seg = u
+		}
+		switch seg {
+		case "", ".":
+			continue
+		case "..":
+			if len(segs) == 0 {
+				return nil, false
+			}
+			segs = segs[:len(segs)-1]
+			continue
+		}
+		if len(segs) == maxSegments {
+			return nil, false
+		}
+		segs = append(segs, seg)
+	}
+	return segs, true
+}

@@ -1,0 +1,52 @@
+// Package problem writes the RFC 9457 problem details that every error the
+// gateway itself produces is answered with.
+package problem
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+)
+
+// ContentType is the media type of a problem details body.
+const ContentType = "application/problem+json"
+
+// typeBase prefixes each problem type's slug; the README documents every
+// slug under this anchor, so a client that follows the type finds what it
+// means.
+const typeBase = "https://github.com/caddy-batch/caddy-batch#problem-"
+
+// Details is a problem details object (RFC 9457, section 3).
+type Details struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail"`
+}
+
+// New returns the details of a problem of the given kind (a slug such as
+// "invalid-batch") and status, with the standard status text as its title.
+func New(status int, kind, detail string) Details {
+	return Details{Type: typeBase + kind, Title: http.StatusText(status), Status: status, Detail: detail}
+}
+
+// Write answers with the problem.
+func (d Details) Write(w http.ResponseWriter) error {
+	return WriteJSON(w, d.Status, ContentType, d)
+}
+
+// WriteJSON answers with body marshalled as JSON, under the given media
+// type: the one writer of the gateway's own answers, problems or not.
+func WriteJSON(w http.ResponseWriter, status int, contentType string, body any) error {
+	raw, err := json.Marshal(body)
+	if err != nil {
+		return err
+	}
+	h := w.Header()
+	h.Set("Content-Type", contentType)
+	h.Set("Content-Length", strconv.Itoa(len(raw)))
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_, err = w.Write(raw)
+	return err
+}
