@@ -47,6 +47,8 @@ type ItemResult struct {
 	// answer, a timeout, a pre-image that could not be read.
 	Error        string        `json:"error,omitempty"`
 	Compensation *Compensation `json:"compensation,omitempty"`
+
+	cause error // why there was no answer, for the log only
 }
 
 // Compensation is the request that undid an item, or tried to.
@@ -56,6 +58,8 @@ type Compensation struct {
 	Status   int    `json:"status,omitempty"`
 	Attempts int    `json:"attempts"`
 	Error    string `json:"error,omitempty"`
+
+	cause error // why the last attempt got no answer, for the log only
 }
 
 // bodyTextLimit cuts a non-JSON body (an HTML error page, say): enough to
@@ -81,6 +85,10 @@ type Result struct {
 	Compensations int
 	// LeftBehind names the items a rollback_failed batch could not undo.
 	LeftBehind []string
+	// Errors are the underlying errors of the sub-requests that got no
+	// answer, for the log: the client is told only what they mean, since
+	// they can name internal addresses.
+	Errors []string
 	// Detail explains a failed batch in one sentence.
 	Detail            string
 	PreferenceApplied string
@@ -153,7 +161,7 @@ func (it *ItemResult) setResponse(resp *SubResponse) {
 
 // clearResponse forgets an answer that no longer describes the item.
 func (it *ItemResult) clearResponse() {
-	it.Status, it.Body, it.BodyText, it.Headers, it.Error = 0, nil, "", nil, ""
+	it.Status, it.Body, it.BodyText, it.Headers, it.Error, it.cause = 0, nil, "", nil, "", nil
 }
 
 // cutText returns at most limit bytes of b as valid UTF-8, cut on a rune

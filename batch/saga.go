@@ -261,21 +261,44 @@ func (sg *saga) apply(ctx context.Context, i int) {
 // it as applied.
 func (sg *saga) recordNoAnswer(i int, err error, write bool) {
 	it, st := &sg.items[i], &sg.state[i]
+	na := asNoAnswer(err)
 	it.clearResponse()
-	it.Status, it.Outcome, st.failure = http.StatusBadGateway, Failed, true
-	if errors.Is(err, context.DeadlineExceeded) {
-		it.Status = http.StatusGatewayTimeout
-	}
-	it.Error = "no answer from the upstream: " + err.Error()
+	it.Status, it.Error, it.cause = na.status, na.reason, na.err
+	it.Outcome, st.failure = Failed, true
 	if write && !errors.Is(err, ErrNotSent) {
 		it.Outcome, st.applied = Unknown, true
 	}
 }
 
-// sendItem sends one request of the batch under item_timeout. A nil
-// response comes with the error that explains it.
+// noAnswer is a sub-request that got no answer. The client is told the
+// status and the reason, which name no internal address; the underlying
+// error goes only to the log.
+type noAnswer struct {
+	status int
+	reason string
+	err    error
+}
+
+func (e *noAnswer) Error() string { return e.reason + ": " + e.err.Error() }
+func (e *noAnswer) Unwrap() error { return e.err }
+
+func asNoAnswer(err error) *noAnswer {
+	var na *noAnswer
+	if errors.As(err, &na) {
+		return na
+	}
+	return &noAnswer{http.StatusBadGateway, "the upstream did not answer", err}
+}
+
+// sendItem sends one request of the batch under item_timeout.
 func (sg *saga) sendItem(ctx context.Context, req *SubRequest) (*SubResponse, error) {
-	ctx, cancel := context.WithTimeout(ctx, sg.s.ItemTimeout)
+	return sg.sendWithin(ctx, sg.s.ItemTimeout, "item_timeout", req)
+}
+
+// sendWithin sends req, giving up after timeout (the option named
+// timeoutOption). A nil response comes with a *noAnswer.
+func (sg *saga) sendWithin(parent context.Context, timeout time.Duration, timeoutOption string, req *SubRequest) (*SubResponse, error) {
+	ctx, cancel := context.WithTimeout(parent, timeout)
 	defer cancel()
 	resp, err := sg.send.Send(ctx, req)
 	if resp != nil && resp.Status != 0 {
@@ -284,10 +307,18 @@ func (sg *saga) sendItem(ctx context.Context, req *SubRequest) (*SubResponse, er
 	if err == nil {
 		err = errors.New("the handler chain wrote no response")
 	}
-	if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
-		err = fmt.Errorf("%w: %w", ctx.Err(), err)
+	na := &noAnswer{http.StatusBadGateway, "the upstream did not answer", err}
+	switch {
+	case errors.Is(parent.Err(), context.DeadlineExceeded):
+		na.status, na.reason = http.StatusGatewayTimeout, fmt.Sprintf("no answer within batch_timeout (%s)", sg.s.BatchTimeout)
+	case parent.Err() != nil:
+		na.reason = "the client went away before the answer came"
+	case errors.Is(ctx.Err(), context.DeadlineExceeded), errors.Is(err, context.DeadlineExceeded):
+		na.status, na.reason = http.StatusGatewayTimeout, fmt.Sprintf("no answer within %s (%s)", timeoutOption, timeout)
+	case errors.Is(err, ErrNotSent):
+		na.reason = "the upstream could not be reached"
 	}
-	return nil, err
+	return nil, na
 }
 
 // nameCreated finds the id of a created item: the last segment of its
@@ -369,7 +400,8 @@ func (sg *saga) undo(ctx context.Context, i int) {
 				break
 			}
 		} else {
-			c.Status, c.Error = 0, err.Error()
+			na := asNoAnswer(err)
+			c.Status, c.Error, c.cause = 0, na.reason, na.err
 		}
 		if c.Attempts > sg.s.CompensationRetries {
 			break
@@ -380,17 +412,8 @@ func (sg *saga) undo(ctx context.Context, i int) {
 }
 
 func (sg *saga) attemptUndo(ctx context.Context, req *SubRequest) (*SubResponse, error) {
-	ctx, cancel := context.WithTimeout(ctx, sg.s.CompensationTimeout)
-	defer cancel()
 	sg.sentUndo++
-	resp, err := sg.send.Send(ctx, req)
-	if resp == nil || resp.Status == 0 {
-		if err == nil {
-			err = errors.New("the handler chain wrote no response")
-		}
-		return nil, err
-	}
-	return resp, nil
+	return sg.sendWithin(ctx, sg.s.CompensationTimeout, "compensation_timeout", req)
 }
 
 // undoRequest builds the request that undoes item i, or says why there
@@ -509,6 +532,12 @@ func (sg *saga) report(clientCtx, batchCtx context.Context) *Result {
 				r.LeftBehind = append(r.LeftBehind, it.describe())
 			}
 		}
+		if it.cause != nil {
+			r.Errors = append(r.Errors, fmt.Sprintf("%s: %v", it.describe(), it.cause))
+		}
+		if c := it.Compensation; c != nil && c.cause != nil {
+			r.Errors = append(r.Errors, fmt.Sprintf("undoing %s: %v", it.describe(), c.cause))
+		}
 		if sg.state[i].failure {
 			r.Failed++
 			if firstFailure < 0 {
@@ -534,7 +563,7 @@ func (sg *saga) report(clientCtx, batchCtx context.Context) *Result {
 			cause, plural(len(r.LeftBehind), "item"), strings.Join(r.LeftBehind, ", "))
 	case rolledBack > 0:
 		r.Outcome, r.Status = RolledBack, sg.failureStatus(firstFailure, batchCtx)
-		r.Detail = fmt.Sprintf("%s; the %s that had taken effect were undone", cause, plural(rolledBack, "item"))
+		r.Detail = fmt.Sprintf("%s; the %s that had taken effect %s undone", cause, plural(rolledBack, "item"), wasWere(rolledBack))
 	default:
 		r.Outcome, r.Status = Failed, sg.failureStatus(firstFailure, batchCtx)
 		r.Detail = cause
@@ -574,6 +603,13 @@ func (sg *saga) failureStatus(firstFailure int, batchCtx context.Context) int {
 		return http.StatusGatewayTimeout
 	}
 	return 499
+}
+
+func wasWere(n int) string {
+	if n == 1 {
+		return "was"
+	}
+	return "were"
 }
 
 func plural(n int, noun string) string {

@@ -60,7 +60,8 @@ type Resource struct {
 	Item []string `json:"item,omitempty"`
 
 	// The item's path template; it must contain {id} and may use the
-	// collection's variables. Default: the collection's path + "/{id}".
+	// collection's variables. Default: the collection's path + "/{id}",
+	// or + "{id}/" when the collection's path ends with a slash.
 	ItemPath string `json:"item_path,omitempty"`
 
 	// The batch operations that are on: any of "get", "create",
@@ -192,12 +193,12 @@ func (h *Handler) serveBatch(w http.ResponseWriter, r *http.Request, m policy.Ma
 		repl.Set("http.batch.op", op.String())
 	}
 	if !m.Resource.BatchEnabled(op) {
-		h.setOutcome(repl, 0, "rejected")
+		setOutcome(repl, 0, "rejected")
 		return refuseMethod(w, m, fmt.Sprintf("batch %s is not enabled for %s", op, m.Resource.Collection))
 	}
 	plan, prob := batch.Parse(r, m, op)
 	if prob != nil {
-		h.setOutcome(repl, 0, "rejected")
+		setOutcome(repl, 0, "rejected")
 		h.logger.Debug("batch rejected",
 			zap.String("op", op.String()),
 			zap.String("resource", m.Resource.Collection.String()),
@@ -207,13 +208,13 @@ func (h *Handler) serveBatch(w http.ResponseWriter, r *http.Request, m policy.Ma
 	}
 	send := newSubrequests(r, next, m.Resource.Settings.MaxBodySize)
 	result := batch.Run(r.Context(), plan, send)
-	h.setOutcome(repl, len(plan.Items), string(result.Outcome))
+	setOutcome(repl, len(plan.Items), string(result.Outcome))
 	h.log(plan, result, time.Since(start))
 	return result.Write(w)
 }
 
 // setOutcome sets the placeholders an access log can use.
-func (h *Handler) setOutcome(repl *caddy.Replacer, items int, outcome string) {
+func setOutcome(repl *caddy.Replacer, items int, outcome string) {
 	if repl == nil {
 		return
 	}
@@ -247,6 +248,9 @@ func (h *Handler) log(plan *batch.Plan, res *batch.Result, took time.Duration) {
 	}
 	if len(res.LeftBehind) > 0 {
 		fields = append(fields, zap.Strings("left_behind", res.LeftBehind))
+	}
+	if len(res.Errors) > 0 {
+		fields = append(fields, zap.Strings("errors", res.Errors))
 	}
 	ce.Write(fields...)
 }

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 )
 
 // ResourceSpec declares one resource as an operator configures it.
@@ -20,7 +21,7 @@ type ResourceSpec struct {
 	CollectionMethods []string
 	ItemMethods       []string
 	// ItemPath is the item's path template; it must hold {id}. Empty
-	// means Path + "/{id}".
+	// means Path + "/{id}", or Path + "{id}/" when Path ends with a slash.
 	ItemPath string
 	// Batch names the batch operations that are on; nil means every one
 	// the methods allow.
@@ -105,7 +106,12 @@ func newResource(spec ResourceSpec) (*Resource, error) {
 	}
 	itemPath := spec.ItemPath
 	if itemPath == "" {
+		// A collection written with a trailing slash is of an API that
+		// wants one (Django's, for one) on its items too.
 		itemPath = spec.Path + "/{" + idVariable + "}"
+		if strings.HasSuffix(spec.Path, "/") {
+			itemPath = spec.Path + "{" + idVariable + "}/"
+		}
 	}
 	item, err := ParseTemplate(itemPath)
 	if err != nil {

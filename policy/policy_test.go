@@ -14,6 +14,7 @@ func specs() []ResourceSpec {
 		{Path: "/api/users/me/posts", CollectionMethods: []string{"GET"}, ItemMethods: []string{"GET"}, Settings: Defaults()},
 		{Path: "/api/reports", CollectionMethods: []string{"get"}, ItemMethods: []string{"get"}, Settings: Defaults()},
 		{Path: "/v1/things/", ItemPath: "/v1/thing/{id}/", CollectionMethods: []string{"GET"}, ItemMethods: []string{"GET"}, Settings: Defaults()},
+		{Path: "/v2/things/", CollectionMethods: []string{"GET"}, ItemMethods: []string{"GET"}, Settings: Defaults()},
 	}
 }
 
@@ -105,6 +106,8 @@ func TestItemPath(t *testing.T) {
 		{"/api/users/42/posts", "3", "/api/users/42/posts/3"},
 		{"/api/users/x%2Fy/posts", "3", "/api/users/x%2Fy/posts/3"},
 		{"/v1/things", "9", "/v1/thing/9/"},
+		{"/v2/things", "9", "/v2/things/9/"},
+		{"/v2/things/", "9", "/v2/things/9/"},
 	}
 	for _, tt := range tests {
 		m, ok := p.Lookup(tt.collection)

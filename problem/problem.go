@@ -3,6 +3,7 @@
 package problem
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/http"
 	"strconv"
@@ -38,15 +39,20 @@ func (d Details) Write(w http.ResponseWriter) error {
 // WriteJSON answers with body marshalled as JSON, under the given media
 // type: the one writer of the gateway's own answers, problems or not.
 func WriteJSON(w http.ResponseWriter, status int, contentType string, body any) error {
-	raw, err := json.Marshal(body)
-	if err != nil {
+	// HTML stays unescaped (an upstream's error page in body_text reads as
+	// sent): the media type is JSON and nosniff keeps browsers to it.
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(body); err != nil {
 		return err
 	}
+	raw := buf.Bytes()
 	h := w.Header()
 	h.Set("Content-Type", contentType)
 	h.Set("Content-Length", strconv.Itoa(len(raw)))
 	h.Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(status)
-	_, err = w.Write(raw)
+	_, err := w.Write(raw)
 	return err
 }
