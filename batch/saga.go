@@ -163,7 +163,7 @@ func (sg *saga) readPreimage(ctx context.Context, i int) bool {
 	switch {
 	case resp == nil:
 		sg.recordNoAnswer(i, err, false)
-		it.Error = "reading the item before the write: " + it.Error
+		it.Error = "the item could not be read before the write: " + it.Error
 		return false
 	case resp.Status == http.StatusNotFound && sg.plan.Op == policy.OpDelete && sg.s.DeleteSemantics == policy.Declarative:
 		it.Status, it.Outcome, st.settled = http.StatusNoContent, Succeeded, true
@@ -171,7 +171,7 @@ func (sg *saga) readPreimage(ctx context.Context, i int) bool {
 	case !is2xx(resp.Status):
 		it.setResponse(resp)
 		it.Outcome, st.failure = Failed, true
-		it.Error = fmt.Sprintf("reading the item before the write: GET %s answered %d", req.Path, resp.Status)
+		it.Error = "the item could not be read before the write (GET " + req.Path + ")"
 		return false
 	case jsonKind(bytes.TrimSpace(resp.Body)) != "object" || !json.Valid(resp.Body):
 		it.setResponse(resp)

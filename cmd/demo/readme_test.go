@@ -1,0 +1,267 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// TestReadmeSession runs every curl command of the README's console
+// blocks, in order, against the demo (Caddyfile.example in front of the
+// demo legacy API), and checks that the answer is the one the README
+// shows: the status line and headers shown for curl -i, and the body,
+// compared as JSON. The README's demo cannot drift from what it does.
+func TestReadmeSession(t *testing.T) {
+	steps := readmeSession(t, "../../README.md")
+	if len(steps) < 10 {
+		t.Fatalf("found %d curl steps in the README; its demo session is missing", len(steps))
+	}
+	gateway := startDemo(t)
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	for _, s := range steps {
+		t.Run(s.command, func(t *testing.T) {
+			req := s.request(t, gateway)
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			s.check(t, resp, body)
+		})
+	}
+}
+
+// startDemo serves Caddyfile.example as the demo does, on free ports.
+func startDemo(t *testing.T) string {
+	raw, err := os.ReadFile("../../Caddyfile.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gateway := freeAddr(t)
+	_, port, _ := net.SplitHostPort(gateway)
+	if !bytes.Contains(raw, []byte("\n:8080 {")) {
+		t.Fatal("Caddyfile.example no longer serves :8080, as the README says")
+	}
+	config := filepath.Join(t.TempDir(), "Caddyfile")
+	if err := os.WriteFile(config, bytes.Replace(raw, []byte("\n:8080 {"), []byte("\n:"+port+" {"), 1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	stop, err := start(config, freeAddr(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	return gateway
+}
+
+func freeAddr(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// step is one "$ curl ..." of the README and the output it shows.
+type step struct {
+	command string
+	output  string
+}
+
+// readmeSession collects the steps of every ```console block.
+func readmeSession(t *testing.T, path string) []step {
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var steps []step
+	inBlock, continued := false, false
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case line == "```console":
+			inBlock = true
+		case inBlock && line == "```":
+			inBlock = false
+		case !inBlock:
+		case continued:
+			steps[len(steps)-1].command += " " + strings.TrimSuffix(strings.TrimSpace(line), `\`)
+			continued = strings.HasSuffix(line, `\`)
+		case strings.HasPrefix(line, "$ "):
+			steps = append(steps, step{command: strings.TrimSuffix(line[2:], `\`)})
+			continued = strings.HasSuffix(line, `\`)
+		case len(steps) == 0:
+			t.Fatalf("README: output before any command in a console block: %q", line)
+		default:
+			steps[len(steps)-1].output += line + "\n"
+		}
+	}
+	return steps
+}
+
+// request builds the request a step's curl command sends, to the gateway
+// in place of localhost:8080 (the Host header stays localhost:8080, so
+// absolute Location headers read as in the README).
+func (s step) request(t *testing.T, gateway string) *http.Request {
+	args := shellWords(t, s.command)
+	if len(args) == 0 || args[0] != "curl" {
+		t.Fatalf("README console blocks hold only curl commands, not %q", s.command)
+	}
+	method, target, data := "", "", ""
+	var header []string
+	for i := 1; i < len(args); i++ {
+		switch a := args[i]; a {
+		case "-s", "-i", "-si":
+		case "-X", "-H", "-d":
+			if i+1 == len(args) {
+				t.Fatalf("%s without a value", a)
+			}
+			i++
+			switch a {
+			case "-X":
+				method = args[i]
+			case "-H":
+				header = append(header, args[i])
+			case "-d":
+				data = args[i]
+			}
+		default:
+			if strings.HasPrefix(a, "-") || target != "" {
+				t.Fatalf("the README test does not know the curl argument %q", a)
+			}
+			target = a
+		}
+	}
+	if method == "" {
+		method = http.MethodGet
+		if data != "" {
+			method = http.MethodPost
+		}
+	}
+	u, err := url.Parse("http://" + target)
+	if err != nil || u.Host != "localhost:8080" {
+		t.Fatalf("curl target %q is not on localhost:8080", target)
+	}
+	u.Host = gateway
+	var body io.Reader
+	if data != "" {
+		body = strings.NewReader(data)
+	}
+	req, err := http.NewRequest(method, u.String(), body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Host = "localhost:8080"
+	for _, h := range header {
+		name, value, _ := strings.Cut(h, ":")
+		req.Header.Set(name, strings.TrimSpace(value))
+	}
+	if data != "" && req.Header.Get("Content-Type") == "" {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded") // as curl -d sends
+	}
+	return req
+}
+
+// check compares the answer with the step's output.
+func (s step) check(t *testing.T, resp *http.Response, body []byte) {
+	want := s.output
+	if strings.HasPrefix(want, "HTTP/") {
+		head, rest, _ := strings.Cut(want, "\n\n")
+		lines := strings.Split(head, "\n")
+		fields := strings.Fields(lines[0])
+		if len(fields) < 2 || fields[1] != strconv.Itoa(resp.StatusCode) {
+			t.Errorf("status %d, the README shows %q", resp.StatusCode, lines[0])
+		}
+		for _, l := range lines[1:] {
+			name, value, _ := strings.Cut(l, ":")
+			if got := resp.Header.Get(name); got != strings.TrimSpace(value) {
+				t.Errorf("header %s: %q, the README shows %q", name, got, strings.TrimSpace(value))
+			}
+		}
+		want = rest
+	}
+	want = strings.TrimSpace(want)
+	if want == "" {
+		if len(body) != 0 {
+			t.Errorf("body %s, the README shows none", body)
+		}
+		return
+	}
+	var gotJSON, wantJSON any
+	if err := decode([]byte(want), &wantJSON); err != nil {
+		if got := strings.TrimSpace(string(body)); got != want {
+			t.Errorf("body\n%s\nthe README shows\n%s", got, want)
+		}
+		return
+	}
+	if err := decode(body, &gotJSON); err != nil || !reflect.DeepEqual(gotJSON, wantJSON) {
+		t.Errorf("body\n%s\nthe README shows\n%s", body, want)
+	}
+}
+
+func decode(b []byte, v any) error {
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	return d.Decode(v)
+}
+
+// shellWords splits a command line as a POSIX shell would, for the
+// quoting the README uses: single quotes, double quotes, backslashes.
+func shellWords(t *testing.T, s string) []string {
+	var words []string
+	var cur strings.Builder
+	inWord := false
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '\'':
+			j := strings.IndexByte(s[i+1:], '\'')
+			if j < 0 {
+				t.Fatalf("unclosed quote in %q", s)
+			}
+			cur.WriteString(s[i+1 : i+1+j])
+			i += j + 1
+			inWord = true
+		case c == '"':
+			i++
+			for ; i < len(s) && s[i] != '"'; i++ {
+				if s[i] == '\\' && i+1 < len(s) {
+					i++
+				}
+				cur.WriteByte(s[i])
+			}
+			inWord = true
+		case c == ' ' || c == '\t':
+			if inWord {
+				words = append(words, cur.String())
+				cur.Reset()
+				inWord = false
+			}
+		default:
+			cur.WriteByte(c)
+			inWord = true
+		}
+	}
+	if inWord {
+		words = append(words, cur.String())
+	}
+	return words
+}
