@@ -103,7 +103,9 @@ func tooMany(n int, s policy.Settings) *problem.Details {
 }
 
 // eachParam calls f with every key=value pair of a raw query, the key
-// unescaped and the value as sent.
+// unescaped and the value as sent. A key that is not valid
+// percent-encoding is passed as sent: it is some other parameter, which
+// must neither hide the ids parameter nor fail the batch.
 func eachParam(rawQuery string, f func(pair, key, value string) error) error {
 	for rawQuery != "" {
 		var pair string
@@ -113,11 +115,9 @@ func eachParam(rawQuery string, f func(pair, key, value string) error) error {
 		}
 		key, value, _ := strings.Cut(pair, "=")
 		if strings.ContainsAny(key, "%+") {
-			k, err := url.QueryUnescape(key)
-			if err != nil {
-				return err
+			if k, err := url.QueryUnescape(key); err == nil {
+				key = k
 			}
-			key = k
 		}
 		if err := f(pair, key, value); err != nil {
 			return err
@@ -159,7 +159,7 @@ func idsFromQuery(rawQuery string, s policy.Settings) ([]string, string, *proble
 	})
 	switch {
 	case err != nil:
-		return nil, "", invalid("the query is not valid percent-encoding: %v", err)
+		return nil, "", invalid("the %s parameter is not valid percent-encoding: %v", s.IDsParam, err)
 	case len(ids) == 1 && ids[0] == "":
 		return nil, "", invalid("the %s parameter is empty: give one or more ids, separated by commas", s.IDsParam)
 	case len(ids) > s.MaxItems:
@@ -190,8 +190,24 @@ func itemsFromIDs(ids []string, op policy.Op) ([]Item, *problem.Details) {
 
 // badID says why an id could reach a path other than its item's, or
 // cannot be reported back faithfully; empty means the id is fine. Ids are
-// also escaped into the path, so this is a second lock, not the only one.
+// escaped into the path, so this is a second lock, not the only one; it
+// also holds for an upstream (or a proxy before it) that decodes a path
+// more than once, since an id is refused when any of its percent-decodings
+// breaks a rule: "%2e%2e" in a JSON element is as refused as ".." is.
 func badID(id string) string {
+	for {
+		if reason := badDecodedID(id); reason != "" {
+			return reason
+		}
+		decoded, err := url.PathUnescape(id)
+		if err != nil || decoded == id {
+			return ""
+		}
+		id = decoded
+	}
+}
+
+func badDecodedID(id string) string {
 	switch {
 	case id == "":
 		return "is empty"

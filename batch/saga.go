@@ -87,15 +87,17 @@ func (sg *saga) run(ctx context.Context) *Result {
 			return sg.report(ctx, readCtx)
 		}
 	}
+	// Writes are not cut by the client's cancellation, only by the
+	// deadline; report then asks the context that stopped the batch.
+	execCtx := readCtx
 	if op.Writes() {
-		sg.execute(writeCtx, ctx)
-	} else {
-		sg.execute(readCtx, ctx)
+		execCtx = writeCtx
 	}
+	sg.execute(execCtx, ctx)
 	if sg.allOrNothing() && op.Writes() && !sg.allSucceeded() {
 		sg.compensate(ctx)
 	}
-	return sg.report(ctx, readCtx)
+	return sg.report(ctx, execCtx)
 }
 
 // fanOut runs work on each index in order, at most Concurrency at once.
@@ -238,7 +240,10 @@ func (sg *saga) apply(ctx context.Context, i int) {
 	}
 	it.setResponse(resp)
 	if err != nil {
-		it.Error = "reading the answer: " + err.Error()
+		it.Error, it.cause = "the answer's body was cut short", err
+		if errors.Is(err, ErrBodyTooLarge) {
+			it.Error = "the answer's body is larger than max_body_size and is left out"
+		}
 	}
 	switch {
 	case is2xx(resp.Status):

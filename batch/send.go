@@ -42,3 +42,7 @@ func (f SenderFunc) Send(ctx context.Context, req *SubRequest) (*SubResponse, er
 
 // ErrNotSent marks a sub-request that never reached the upstream.
 var ErrNotSent = errors.New("sub-request not sent")
+
+// ErrBodyTooLarge marks an answer whose body was larger than the sender
+// keeps; the answer comes without its body, and its status stands.
+var ErrBodyTooLarge = errors.New("the answer's body is larger than max_body_size")

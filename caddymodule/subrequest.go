@@ -139,7 +139,7 @@ func answer(rec *recorder, err error) (*batch.SubResponse, error) {
 	}
 	if rec.overflow {
 		resp.Body = nil
-		return resp, fmt.Errorf("the answer's body is larger than max_body_size (%d bytes) and is left out", rec.limit)
+		return resp, fmt.Errorf("%w (%d bytes)", batch.ErrBodyTooLarge, rec.limit)
 	}
 	return resp, err
 }
