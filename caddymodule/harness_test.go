@@ -46,6 +46,8 @@ type gateway struct {
 	URL    string
 	API    *legacyapi.API
 	client *http.Client
+
+	addr, upstream string // host:port of the site and of the fake API
 }
 
 // startGateway serves the site body (Caddyfile directives, with UPSTREAM
@@ -57,20 +59,38 @@ func startGateway(t testing.TB, api *legacyapi.API, site string) *gateway {
 		api.Close()
 		upstream.Close()
 	})
-	addr := freeAddr(t)
-	config := globalOptions + "http://" + addr + " {\n" +
-		strings.ReplaceAll(site, "UPSTREAM", upstream.Listener.Addr().String()) + "\n}\n"
-	loadCaddyfile(t, config)
+	return startGatewayTo(t, api, upstream.Listener.Addr().String(), site)
+}
+
+// startGatewayTo is startGateway for a fake API the test serves itself at
+// upstream (host:port), e.g. to take it down and bring it back.
+func startGatewayTo(t testing.TB, api *legacyapi.API, upstream, site string) *gateway {
+	t.Helper()
+	g := &gateway{API: api, client: &http.Client{Timeout: 60 * time.Second}, addr: freeAddr(t), upstream: upstream}
+	g.URL = "http://" + g.addr
+	loadCaddyfile(t, g.config(site))
 	t.Cleanup(func() {
 		if err := caddy.Stop(); err != nil {
 			t.Errorf("stopping caddy: %v", err)
 		}
 	})
 	testLogs.reset()
-	return &gateway{URL: "http://" + addr, API: api, client: &http.Client{Timeout: 60 * time.Second}}
+	return g
+}
+
+// config is the whole Caddyfile that serves site on g's address.
+func (g *gateway) config(site string) string {
+	return globalOptions + "http://" + g.addr + " {\n" + strings.ReplaceAll(site, "UPSTREAM", g.upstream) + "\n}\n"
 }
 
 func loadCaddyfile(t testing.TB, config string) {
+	t.Helper()
+	if err := caddy.Load(adaptCaddyfile(t, config), true); err != nil {
+		t.Fatalf("loading the config: %v", err)
+	}
+}
+
+func adaptCaddyfile(t testing.TB, config string) []byte {
 	t.Helper()
 	cfgJSON, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(config), nil)
 	if err != nil {
@@ -81,9 +101,7 @@ func loadCaddyfile(t testing.TB, config string) {
 			t.Logf("caddyfile warning: %s", w)
 		}
 	}
-	if err := caddy.Load(cfgJSON, true); err != nil {
-		t.Fatalf("loading the config: %v", err)
-	}
+	return cfgJSON
 }
 
 func freeAddr(t testing.TB) string {
