@@ -41,6 +41,10 @@ type answer struct {
 	// effectThenErr lets the store apply the request, then loses the
 	// answer: the write happened, the gateway cannot know.
 	effectThenErr error
+	// resent lets the store apply the request twice and answers the
+	// second copy, marked Resent: an HTTP client that resent the request
+	// after its first connection died.
+	resent bool
 	// readErr comes back with the scripted response: the status arrived,
 	// the body could not be read whole.
 	readErr error
@@ -225,6 +229,10 @@ func (f *fakeSender) Send(ctx context.Context, req *SubRequest) (*SubResponse, e
 		return &SubResponse{Status: a.status, Header: h, Body: []byte(a.body)}, a.readErr
 	}
 	resp := f.store(req)
+	if a.resent {
+		resp = f.store(req)
+		resp.Resent = true
+	}
 	if a.effectThenErr != nil {
 		return nil, a.effectThenErr
 	}

@@ -252,9 +252,15 @@ func (sg *saga) apply(ctx context.Context, i int) {
 			sg.nameCreated(i, resp)
 		}
 	case resp.Status == http.StatusNotFound && p.Op == policy.OpDelete && sg.s.DeleteSemantics == policy.Declarative:
-		// "It must not exist" holds, and nothing was deleted to undo.
+		// "It must not exist" holds. Nothing was deleted to undo, unless
+		// an earlier copy of a resent request deleted it.
 		it.clearResponse()
-		it.Status, it.Outcome = http.StatusNoContent, Succeeded
+		it.Status, it.Outcome, st.applied = http.StatusNoContent, Succeeded, resp.Resent
+	case resp.Resent && p.Op.Writes():
+		// The answer is to a second copy (a 404 to a DELETE, a 409 to a
+		// create): the first may well have done what was asked.
+		it.Outcome, st.applied, st.failure = Unknown, true, true
+		it.Error = "the request was sent twice (a connection dropped) and an earlier copy may have taken effect"
 	default:
 		it.Outcome, st.failure = Failed, true
 	}

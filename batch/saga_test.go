@@ -710,6 +710,43 @@ func TestUnknown(t *testing.T) {
 	})
 }
 
+// TestResentWrite holds the engine to what a resent write means: the
+// answer is to the second copy, and the first may have done the work.
+func TestResentWrite(t *testing.T) {
+	t.Run("a resent delete answered 404 is unknown, and undone", func(t *testing.T) {
+		f := newFake().seed("1", "2").on("DELETE", "/widgets/2", answer{resent: true})
+		before := f.state()
+		w := write(t, run1(t, "DELETE", "/widgets?ids=1,2", "", f, concurrency(1)))
+		equalSlices(t, "outcomes", w.outcomes(), []string{"rolled_back", "rolled_back"})
+		equalSlices(t, "statuses", w.statuses(), []int{204, 404})
+		equal(t, "outcome", w.Outcome, "rolled_back")
+		if !strings.Contains(w.Items[1].Error, "sent twice") {
+			t.Errorf("item 1 error %q does not say it was sent twice", w.Items[1].Error)
+		}
+		if !maps.Equal(f.state(), before) {
+			t.Errorf("store after rollback %v, want %v", f.state(), before)
+		}
+	})
+	t.Run("declarative: a resent delete answered 404 succeeds, and is undone with the batch", func(t *testing.T) {
+		f := newFake().seed("1", "2", "3").
+			on("DELETE", "/widgets/1", answer{resent: true}).
+			on("DELETE", "/widgets/3", reply(500, "down"))
+		before := f.state()
+		w := write(t, run1(t, "DELETE", "/widgets?ids=1,2,3", "", f, concurrency(1), declarative))
+		equalSlices(t, "outcomes", w.outcomes(), []string{"rolled_back", "rolled_back", "failed"})
+		equalSlices(t, "compensations", pathsOf(f.sentWith("PUT")), []string{"/widgets/2", "/widgets/1"})
+		if !maps.Equal(f.state(), before) {
+			t.Errorf("store after rollback %v, want %v", f.state(), before)
+		}
+	})
+	t.Run("a resent write answered 2xx stands", func(t *testing.T) {
+		f := newFake().seed("1", "2").on("PATCH", "/widgets/1", answer{resent: true})
+		w := write(t, run1(t, "PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":2}]`, f))
+		equalSlices(t, "outcomes", w.outcomes(), []string{"succeeded", "succeeded"})
+		equal(t, "status", w.Code, 200)
+	})
+}
+
 // ---------------------------------------------------------------------
 // batch_timeout.
 

@@ -21,6 +21,11 @@ type SubResponse struct {
 	Status int
 	Header http.Header
 	Body   []byte
+	// Resent is true when the request went out more than once: an HTTP
+	// client may resend a request on a fresh connection when a kept-alive
+	// one dies under it. The answer is to the last copy; an earlier copy
+	// may have taken effect all the same.
+	Resent bool
 }
 
 // Sender sends one sub-request and returns the upstream's answer. It

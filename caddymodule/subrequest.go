@@ -8,7 +8,9 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
+	"sync/atomic"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -85,11 +87,18 @@ func (s *subrequests) Send(ctx context.Context, sr *batch.SubRequest) (resp *bat
 		Body:       http.NoBody,
 	}
 	if sr.Body != nil {
-		body := sr.Body
-		req.ContentLength = int64(len(body))
-		req.Body = io.NopCloser(bytes.NewReader(body))
-		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+		// No GetBody: with it and an Idempotency-Key, Go's transport
+		// resends a write whose kept-alive connection died after sending
+		// it, to an upstream that may ignore the key and apply it twice.
+		// Without it a write with a body is never resent; a DELETE (no
+		// body) still can be, which the trace below tells the engine.
+		req.ContentLength = int64(len(sr.Body))
+		req.Body = io.NopCloser(bytes.NewReader(sr.Body))
 	}
+	var writes atomic.Int32
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		WroteRequest: func(httptrace.WroteRequestInfo) { writes.Add(1) },
+	})
 	rec := newRecorder(s.maxBody)
 	repl := caddy.NewReplacer()
 	req = caddyhttp.PrepareRequest(req.WithContext(ctx), repl, rec, s.server)
@@ -113,7 +122,11 @@ func (s *subrequests) Send(ctx context.Context, sr *batch.SubRequest) (resp *bat
 		}
 	}()
 	err = s.next.ServeHTTP(rec, req)
-	return answer(rec, err)
+	resp, err = answer(rec, err)
+	if resp != nil {
+		resp.Resent = writes.Load() > 1
+	}
+	return resp, err
 }
 
 // answer turns what the chain did into the sub-request's answer. A
