@@ -81,15 +81,21 @@ http://%[2]s {
 		}
 		perItem(b)
 	})
-	b.Run("path=single-sequential", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			for _, id := range ids {
-				get(b, "http://"+plainAddr+"/api/widgets/"+id)
+	singles := func(addr string) func(b *testing.B) {
+		return func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				for _, id := range ids {
+					get(b, "http://"+addr+"/api/widgets/"+id)
+				}
 			}
+			perItem(b)
 		}
-		perItem(b)
-	})
+	}
+	b.Run("path=single-sequential", singles(plainAddr))
+	// What the module costs a request it only passes through: the same
+	// single GETs, through a route that has the batch handler in front.
+	b.Run("path=single-through-module", singles(batchAddr))
 	// The fairer rival: a client that sends the 100 GETs itself, as many
 	// at once as the batch does (concurrency 8).
 	b.Run("path=single-parallel8", func(b *testing.B) {
