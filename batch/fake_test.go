@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-batch/caddy-batch/internal/batchwire"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
@@ -465,43 +466,13 @@ func decodeProblem(t testing.TB, rec *httptest.ResponseRecorder) *problemView {
 	return &pv
 }
 
-type wireCompensation struct {
-	Method   string `json:"method"`
-	Path     string `json:"path"`
-	Status   int    `json:"status"`
-	Attempts int    `json:"attempts"`
-	Error    string `json:"error"`
-}
-
-type wireItem struct {
-	Index        int               `json:"index"`
-	ID           string            `json:"id"`
-	Status       int               `json:"status"`
-	Outcome      string            `json:"outcome"`
-	Body         json.RawMessage   `json:"body"`
-	BodyText     string            `json:"body_text"`
-	Headers      map[string]string `json:"headers"`
-	Error        string            `json:"error"`
-	Compensation *wireCompensation `json:"compensation"`
-}
-
-// wire is a batch response as the client decodes it.
+// wire is a batch response as the client decodes it, with what the
+// client sees of the HTTP answer.
 type wire struct {
 	Code        int
 	ContentType string
 	Header      http.Header
-
-	// problem details members, on a failed all-or-nothing batch
-	Type   string `json:"type"`
-	Title  string `json:"title"`
-	Status int    `json:"status"`
-	Detail string `json:"detail"`
-
-	Atomicity string     `json:"atomicity"`
-	Outcome   string     `json:"outcome"`
-	Succeeded int        `json:"succeeded"`
-	Failed    int        `json:"failed"`
-	Items     []wireItem `json:"items"`
+	batchwire.Response
 }
 
 // write answers the client with res and decodes what it would read.
@@ -517,31 +488,6 @@ func write(t testing.TB, res *Result) *wire {
 		t.Fatalf("batch response %q: %v", raw, err)
 	}
 	return w
-}
-
-// outcomes lists the items' outcomes in response order.
-func (w *wire) outcomes() []string {
-	var out []string
-	for _, it := range w.Items {
-		out = append(out, it.Outcome)
-	}
-	return out
-}
-
-func (w *wire) statuses() []int {
-	var out []int
-	for _, it := range w.Items {
-		out = append(out, it.Status)
-	}
-	return out
-}
-
-func (w *wire) ids() []string {
-	var out []string
-	for _, it := range w.Items {
-		out = append(out, it.ID)
-	}
-	return out
 }
 
 // checkIndices asserts that the items are in request order, 0..n-1.

@@ -237,9 +237,9 @@ func TestBatchGetFetchesDuplicatesOnce(t *testing.T) {
 	slices.Sort(got)
 	equalSlices(t, "sent", got, []string{"GET /widgets/1", "GET /widgets/2"})
 	w.checkIndices(t, 4)
-	equalSlices(t, "ids", w.ids(), []string{"1", "2", "1", "1"})
-	equalSlices(t, "outcomes", w.outcomes(), []string{"succeeded", "succeeded", "succeeded", "succeeded"})
-	equalSlices(t, "statuses", w.statuses(), []int{200, 200, 200, 200})
+	equalSlices(t, "ids", w.IDs(), []string{"1", "2", "1", "1"})
+	equalSlices(t, "outcomes", w.Outcomes(), []string{"succeeded", "succeeded", "succeeded", "succeeded"})
+	equalSlices(t, "statuses", w.Statuses(), []int{200, 200, 200, 200})
 	for _, i := range []int{2, 3} {
 		equal(t, fmt.Sprintf("items[%d].body", i), string(w.Items[i].Body), string(w.Items[0].Body))
 	}
@@ -253,8 +253,8 @@ func TestBatchGetDuplicateFailure(t *testing.T) {
 	w := write(t, run(mustPlan(t, newRequest("GET", "/widgets?ids=9,1,9", ""), partial), f))
 	equal(t, "GETs of /widgets/9", len(slices.DeleteFunc(f.sent(), func(s string) bool { return s != "GET /widgets/9" })), 1)
 	w.checkIndices(t, 3)
-	equalSlices(t, "outcomes", w.outcomes(), []string{"failed", "succeeded", "failed"})
-	equalSlices(t, "statuses", w.statuses(), []int{404, 200, 404})
+	equalSlices(t, "outcomes", w.Outcomes(), []string{"failed", "succeeded", "failed"})
+	equalSlices(t, "statuses", w.Statuses(), []int{404, 200, 404})
 }
 
 // "%2C" inside an id is a comma of the id, not a separator; repeated ids

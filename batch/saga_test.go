@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-batch/caddy-batch/internal/batchwire"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
@@ -34,7 +35,7 @@ func TestItemsInRequestOrder(t *testing.T) {
 		}
 		w := write(t, runCtx(context.Background(), mustPlan(t, newRequest("GET", "/widgets?ids="+ids(n, 0), ""), partial), f))
 		w.checkIndices(t, n)
-		equalSlices(t, fmt.Sprintf("run %d: ids", attempt), w.ids(), want)
+		equalSlices(t, fmt.Sprintf("run %d: ids", attempt), w.IDs(), want)
 		for i, it := range w.Items {
 			wantStatus := 200
 			if i%3 == 0 {
@@ -122,7 +123,7 @@ func TestConcurrencyBound(t *testing.T) {
 func TestAllOrNothingStartsNothingAfterFailure(t *testing.T) {
 	f := newFake().on("POST", "/widgets", answer{}, answer{}, reply(409, `{"error":"dup"}`))
 	w := write(t, run1(t, "POST", "/widgets", elements(5), f, concurrency(1)))
-	equalSlices(t, "outcomes", w.outcomes(), []string{"rolled_back", "rolled_back", "failed", "not_attempted", "not_attempted"})
+	equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "rolled_back", "failed", "not_attempted", "not_attempted"})
 	equal(t, "POSTs sent", len(f.sentWith("POST")), 3)
 	equalSlices(t, "sent", f.sent(), []string{
 		"POST /widgets", "POST /widgets", "POST /widgets",
@@ -146,8 +147,8 @@ func TestAllOrNothingLetsInFlightFinish(t *testing.T) {
 	}})
 	before := f.state()
 	w := write(t, run1(t, "PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":2},{"id":"3","v":3}]`, f, concurrency(3)))
-	equalSlices(t, "outcomes", w.outcomes(), []string{"failed", "rolled_back", "rolled_back"})
-	equalSlices(t, "statuses", w.statuses(), []int{409, 200, 200})
+	equalSlices(t, "outcomes", w.Outcomes(), []string{"failed", "rolled_back", "rolled_back"})
+	equalSlices(t, "statuses", w.Statuses(), []int{409, 200, 200})
 	for _, c := range f.sentWith("PATCH") {
 		if c.CtxErr != nil {
 			t.Errorf("%s was cancelled while in flight: %v", c, c.CtxErr)
@@ -258,9 +259,9 @@ func TestCompensateCreateFindsTheCreatedID(t *testing.T) {
 			w := write(t, res)
 			equal(t, "item 0 id", w.Items[0].ID, tt.id)
 			equalSlices(t, "compensations", pathsOf(f.sentWith("DELETE")), []string{tt.path})
-			equalSlices(t, "outcomes", w.outcomes(), []string{"rolled_back", "failed"})
+			equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "failed"})
 			c := w.Items[0].Compensation
-			if c == nil || *c != (wireCompensation{Method: "DELETE", Path: tt.path, Status: 204, Attempts: 1}) {
+			if c == nil || *c != (batchwire.Compensation{Method: "DELETE", Path: tt.path, Status: 204, Attempts: 1}) {
 				t.Errorf("compensation = %+v", c)
 			}
 			equal(t, "status", w.Code, 409)
@@ -276,7 +277,7 @@ func TestCompensateCreateRefusesAHostileCreatedID(t *testing.T) {
 	f := newFake().on("POST", "/widgets", reply(201, `{"id":"7"}`, "Location", "http://h/widgets/%2e%2e"), reply(409, `{}`))
 	w := write(t, run1(t, "POST", "/widgets", elements(2), f, concurrency(1)))
 	equalSlices(t, "sent", f.sent(), []string{"POST /widgets", "POST /widgets"})
-	equalSlices(t, "outcomes", w.outcomes(), []string{"rollback_failed", "failed"})
+	equalSlices(t, "outcomes", w.Outcomes(), []string{"rollback_failed", "failed"})
 	equal(t, "status", w.Code, 500)
 	equal(t, "outcome", w.Outcome, "rollback_failed")
 }
@@ -316,7 +317,7 @@ func TestCompensateUpdate(t *testing.T) {
 				t.Errorf("PUT body %s is not the pre-image byte for byte: %s", undo.Body, preimage)
 			}
 			equal(t, "compensation Content-Type", undo.Header.Get("Content-Type"), "application/json")
-			equalSlices(t, "outcomes", w.outcomes(), []string{"rolled_back", "failed"})
+			equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "failed"})
 			if !maps.Equal(f.state(), before) {
 				t.Errorf("store after rollback\n\t%v\nwant\n\t%v", f.state(), before)
 			}
@@ -347,7 +348,7 @@ func TestCompensateDelete(t *testing.T) {
 			equal(t, "compensation body", undo.Body, before["1"])
 			jsonEqual(t, "compensation body", undo.Body, `{"id":"1","name":"widget 1","color":"red"}`)
 			equal(t, "compensation query", undo.RawQuery, "")
-			equalSlices(t, "outcomes", w.outcomes(), []string{"rolled_back", "failed"})
+			equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "failed"})
 			equal(t, "status", w.Code, 409)
 			if !maps.Equal(f.state(), before) {
 				t.Errorf("store after rollback\n\t%v\nwant\n\t%v", f.state(), before)
@@ -476,8 +477,8 @@ func TestClientGoneStillUndoes(t *testing.T) {
 			t.Errorf("an in-flight write was cancelled: %v", c.CtxErr)
 		}
 	}
-	equalSlices(t, "outcomes", w.outcomes(), []string{"rolled_back", "rolled_back", "not_attempted", "not_attempted"})
-	equalSlices(t, "statuses", w.statuses(), []int{201, 201, 0, 0})
+	equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "rolled_back", "not_attempted", "not_attempted"})
+	equalSlices(t, "statuses", w.Statuses(), []int{201, 201, 0, 0})
 	equalSlices(t, "compensations", pathsOf(f.sentWith("DELETE")), []string{"/widgets/1001", "/widgets/1000"})
 	for _, c := range f.sentWith("DELETE") {
 		if c.CtxErr != nil {
@@ -550,7 +551,7 @@ func TestPreflight(t *testing.T) {
 			equal(t, "status", w.Code, tt.status)
 			equal(t, "outcome", w.Outcome, "failed")
 			equal(t, "Content-Type", w.ContentType, "application/problem+json")
-			equalSlices(t, "outcomes", w.outcomes(), tt.items)
+			equalSlices(t, "outcomes", w.Outcomes(), tt.items)
 			for _, s := range tt.detail {
 				if !strings.Contains(w.Detail, s) {
 					t.Errorf("detail %q does not contain %q", w.Detail, s)
@@ -609,8 +610,8 @@ func TestUnknown(t *testing.T) {
 	t.Run("partial: no answer is 502, a hang past item_timeout is 504", func(t *testing.T) {
 		f := newFake().on("POST", "/widgets", answer{err: errLost}, answer{hang: true}, answer{})
 		w := write(t, run1(t, "POST", "/widgets", elements(3), f, partial, concurrency(1), itemTimeout(50*time.Millisecond)))
-		equalSlices(t, "outcomes", w.outcomes(), []string{"unknown", "unknown", "succeeded"})
-		equalSlices(t, "statuses", w.statuses(), []int{502, 504, 201})
+		equalSlices(t, "outcomes", w.Outcomes(), []string{"unknown", "unknown", "succeeded"})
+		equalSlices(t, "statuses", w.Statuses(), []int{502, 504, 201})
 		equal(t, "status", w.Code, 207)
 		equal(t, "outcome", w.Outcome, "partial")
 		equal(t, "sub-requests", len(f.log()), 3)
@@ -627,8 +628,8 @@ func TestUnknown(t *testing.T) {
 		f := newFake().seed("1", "2").on("PATCH", "/widgets/2", answer{effectThenErr: errLost})
 		before := f.state()
 		w := write(t, run1(t, "PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":2}]`, f, concurrency(1)))
-		equalSlices(t, "outcomes", w.outcomes(), []string{"rolled_back", "rolled_back"})
-		equalSlices(t, "statuses", w.statuses(), []int{200, 502})
+		equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "rolled_back"})
+		equalSlices(t, "statuses", w.Statuses(), []int{200, 502})
 		equalSlices(t, "compensations", pathsOf(f.sentWith("PUT")), []string{"/widgets/2", "/widgets/1"})
 		equal(t, "status", w.Code, 502)
 		equal(t, "outcome", w.Outcome, "rolled_back")
@@ -641,7 +642,7 @@ func TestUnknown(t *testing.T) {
 		before := f.state()
 		w := write(t, run1(t, "DELETE", "/widgets?ids=1,2", "", f, concurrency(1)))
 		equalSlices(t, "sent", f.sent(), []string{"GET /widgets/1", "GET /widgets/2", "DELETE /widgets/1", "PUT /widgets/1"})
-		equalSlices(t, "outcomes", w.outcomes(), []string{"rolled_back", "not_attempted"})
+		equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "not_attempted"})
 		equal(t, "status", w.Code, 502)
 		if !maps.Equal(f.state(), before) {
 			t.Errorf("store after rollback %v, want %v", f.state(), before)
@@ -652,7 +653,7 @@ func TestUnknown(t *testing.T) {
 		before := f.state()
 		w := write(t, run1(t, "DELETE", "/widgets?ids=1,2", "", f, concurrency(1), restoreByPost))
 		equalSlices(t, "sent", f.sent(), []string{"GET /widgets/1", "GET /widgets/2", "DELETE /widgets/1", "GET /widgets/1"})
-		equalSlices(t, "outcomes", w.outcomes(), []string{"rolled_back", "not_attempted"})
+		equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "not_attempted"})
 		equal(t, "status", w.Code, 502)
 		equal(t, "outcome", w.Outcome, "rolled_back")
 		if !maps.Equal(f.state(), before) {
@@ -664,7 +665,7 @@ func TestUnknown(t *testing.T) {
 		before := f.state()
 		w := write(t, run1(t, "DELETE", "/widgets?ids=1,2", "", f, concurrency(1), restoreByPost))
 		equalSlices(t, "sent", f.sent(), []string{"GET /widgets/1", "GET /widgets/2", "DELETE /widgets/1", "GET /widgets/1", "POST /widgets"})
-		equalSlices(t, "outcomes", w.outcomes(), []string{"rolled_back", "not_attempted"})
+		equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "not_attempted"})
 		if !maps.Equal(f.state(), before) {
 			t.Errorf("store after rollback %v, want %v", f.state(), before)
 		}
@@ -673,7 +674,7 @@ func TestUnknown(t *testing.T) {
 		f := newFake().on("POST", "/widgets", answer{effectThenErr: errLost})
 		w := write(t, run1(t, "POST", "/widgets", `[{"id":"e1","name":"a"}]`, f))
 		equalSlices(t, "sent", f.sent(), []string{"POST /widgets", "DELETE /widgets/e1"})
-		equalSlices(t, "outcomes", w.outcomes(), []string{"rolled_back"})
+		equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back"})
 		equal(t, "status", w.Code, 502)
 		equal(t, "store after", len(f.state()), 0)
 	})
@@ -682,7 +683,7 @@ func TestUnknown(t *testing.T) {
 		res := run1(t, "POST", "/widgets", elements(3), f, concurrency(1))
 		w := write(t, res)
 		equalSlices(t, "sent", f.sent(), []string{"POST /widgets", "POST /widgets", "DELETE /widgets/1000"})
-		equalSlices(t, "outcomes", w.outcomes(), []string{"rolled_back", "unknown", "not_attempted"})
+		equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "unknown", "not_attempted"})
 		equal(t, "status", w.Code, 500)
 		equal(t, "outcome", w.Outcome, "rollback_failed")
 		equalSlices(t, "LeftBehind", res.LeftBehind, []string{"item 1"})
@@ -694,8 +695,8 @@ func TestUnknown(t *testing.T) {
 		f := newFake().on("POST", "/widgets", answer{}, answer{err: notSent()})
 		w := write(t, run1(t, "POST", "/widgets", `[{"name":"a"},{"id":"b","name":"b"},{"name":"c"}]`, f, concurrency(1)))
 		equalSlices(t, "sent", f.sent(), []string{"POST /widgets", "POST /widgets", "DELETE /widgets/1000"})
-		equalSlices(t, "outcomes", w.outcomes(), []string{"rolled_back", "failed", "not_attempted"})
-		equalSlices(t, "statuses", w.statuses(), []int{201, 502, 0})
+		equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "failed", "not_attempted"})
+		equalSlices(t, "statuses", w.Statuses(), []int{201, 502, 0})
 		equal(t, "status", w.Code, 502)
 		if strings.Contains(w.Items[1].Error, "10.0.0.1") {
 			t.Errorf("the client is told an internal address: %q", w.Items[1].Error)
@@ -704,8 +705,8 @@ func TestUnknown(t *testing.T) {
 	t.Run("ErrNotSent in partial mode", func(t *testing.T) {
 		f := newFake().seed("1", "2").on("DELETE", "/widgets/2", answer{err: notSent()})
 		w := write(t, run1(t, "DELETE", "/widgets?ids=1,2", "", f, partial))
-		equalSlices(t, "outcomes", w.outcomes(), []string{"succeeded", "failed"})
-		equalSlices(t, "statuses", w.statuses(), []int{204, 502})
+		equalSlices(t, "outcomes", w.Outcomes(), []string{"succeeded", "failed"})
+		equalSlices(t, "statuses", w.Statuses(), []int{204, 502})
 		equal(t, "status", w.Code, 207)
 	})
 }
@@ -717,8 +718,8 @@ func TestResentWrite(t *testing.T) {
 		f := newFake().seed("1", "2").on("DELETE", "/widgets/2", answer{resent: true})
 		before := f.state()
 		w := write(t, run1(t, "DELETE", "/widgets?ids=1,2", "", f, concurrency(1)))
-		equalSlices(t, "outcomes", w.outcomes(), []string{"rolled_back", "rolled_back"})
-		equalSlices(t, "statuses", w.statuses(), []int{204, 404})
+		equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "rolled_back"})
+		equalSlices(t, "statuses", w.Statuses(), []int{204, 404})
 		equal(t, "outcome", w.Outcome, "rolled_back")
 		if !strings.Contains(w.Items[1].Error, "sent twice") {
 			t.Errorf("item 1 error %q does not say it was sent twice", w.Items[1].Error)
@@ -733,7 +734,7 @@ func TestResentWrite(t *testing.T) {
 			on("DELETE", "/widgets/3", reply(500, "down"))
 		before := f.state()
 		w := write(t, run1(t, "DELETE", "/widgets?ids=1,2,3", "", f, concurrency(1), declarative))
-		equalSlices(t, "outcomes", w.outcomes(), []string{"rolled_back", "rolled_back", "failed"})
+		equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "rolled_back", "failed"})
 		equalSlices(t, "compensations", pathsOf(f.sentWith("PUT")), []string{"/widgets/2", "/widgets/1"})
 		if !maps.Equal(f.state(), before) {
 			t.Errorf("store after rollback %v, want %v", f.state(), before)
@@ -742,7 +743,7 @@ func TestResentWrite(t *testing.T) {
 	t.Run("a resent write answered 2xx stands", func(t *testing.T) {
 		f := newFake().seed("1", "2").on("PATCH", "/widgets/1", answer{resent: true})
 		w := write(t, run1(t, "PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":2}]`, f))
-		equalSlices(t, "outcomes", w.outcomes(), []string{"succeeded", "succeeded"})
+		equalSlices(t, "outcomes", w.Outcomes(), []string{"succeeded", "succeeded"})
 		equal(t, "status", w.Code, 200)
 	})
 }
@@ -761,7 +762,7 @@ func TestBatchTimeout(t *testing.T) {
 			res := run1(t, "POST", "/widgets", elements(3), f, concurrency(1), batchTimeout(20*time.Millisecond))
 			w := write(t, res)
 			equalSlices(t, "sent", f.sent(), []string{"POST /widgets", "DELETE /widgets/1000"})
-			equalSlices(t, "outcomes", w.outcomes(), []string{"rolled_back", "not_attempted", "not_attempted"})
+			equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "not_attempted", "not_attempted"})
 			equal(t, "outcome", w.Outcome, "rolled_back")
 			if w.Code != 504 || !strings.Contains(w.Detail, "batch_timeout") {
 				t.Fatalf("run %d: status %d, detail %q; want 504 and a detail that says batch_timeout", attempt, w.Code, w.Detail)
@@ -772,15 +773,15 @@ func TestBatchTimeout(t *testing.T) {
 		f := newFake().on("POST", "/widgets", answer{}, answer{hang: true})
 		w := write(t, run1(t, "POST", "/widgets", `[{"name":"a"},{"id":"b"},{"name":"c"}]`, f, concurrency(1), bt))
 		equalSlices(t, "sent", f.sent(), []string{"POST /widgets", "POST /widgets", "DELETE /widgets/b", "DELETE /widgets/1000"})
-		equalSlices(t, "outcomes", w.outcomes(), []string{"rolled_back", "rolled_back", "not_attempted"})
-		equalSlices(t, "statuses", w.statuses(), []int{201, 504, 0})
+		equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "rolled_back", "not_attempted"})
+		equalSlices(t, "statuses", w.Statuses(), []int{201, 504, 0})
 		equal(t, "status", w.Code, 504)
 	})
 	t.Run("all_or_nothing update: batch_timeout during the preflight", func(t *testing.T) {
 		f := newFake().seed("1", "2").on("GET", "/widgets/1", answer{lateAnswer: true})
 		w := write(t, run1(t, "PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":1}]`, f, concurrency(1), bt))
 		equalSlices(t, "sent", f.sent(), []string{"GET /widgets/1"})
-		equalSlices(t, "outcomes", w.outcomes(), []string{"not_attempted", "not_attempted"})
+		equalSlices(t, "outcomes", w.Outcomes(), []string{"not_attempted", "not_attempted"})
 		equal(t, "status", w.Code, 504)
 		equal(t, "outcome", w.Outcome, "failed")
 	})
@@ -788,7 +789,7 @@ func TestBatchTimeout(t *testing.T) {
 		f := newFake().seed("1", "2", "3").on("GET", "/widgets/1", answer{lateAnswer: true})
 		w := write(t, run1(t, "GET", "/widgets?ids=1,2,3", "", f, concurrency(1), bt))
 		equalSlices(t, "sent", f.sent(), []string{"GET /widgets/1"})
-		equalSlices(t, "outcomes", w.outcomes(), []string{"succeeded", "not_attempted", "not_attempted"})
+		equalSlices(t, "outcomes", w.Outcomes(), []string{"succeeded", "not_attempted", "not_attempted"})
 		equal(t, "status", w.Code, 504)
 		equal(t, "outcome", w.Outcome, "failed")
 	})
@@ -798,7 +799,7 @@ func TestBatchTimeout(t *testing.T) {
 		// as not_attempted.
 		f := newFake().seed("1", "2", "3").on("GET", "/widgets/1", answer{lateAnswer: true})
 		w := write(t, run1(t, "GET", "/widgets?ids=1,2,3", "", f, concurrency(1), bt, partial))
-		equalSlices(t, "outcomes", w.outcomes(), []string{"succeeded", "not_attempted", "not_attempted"})
+		equalSlices(t, "outcomes", w.Outcomes(), []string{"succeeded", "not_attempted", "not_attempted"})
 		equal(t, "status", w.Code, 207)
 		equal(t, "outcome", w.Outcome, "partial")
 	})
@@ -811,8 +812,8 @@ func TestDeclarativeDelete(t *testing.T) {
 	t.Run("partial: a DELETE answered 404 succeeded with 204", func(t *testing.T) {
 		f := newFake().seed("1")
 		w := write(t, run1(t, "DELETE", "/widgets?ids=1,9", "", f, partial, declarative))
-		equalSlices(t, "outcomes", w.outcomes(), []string{"succeeded", "succeeded"})
-		equalSlices(t, "statuses", w.statuses(), []int{204, 204})
+		equalSlices(t, "outcomes", w.Outcomes(), []string{"succeeded", "succeeded"})
+		equalSlices(t, "statuses", w.Statuses(), []int{204, 204})
 		equal(t, "status", w.Code, 200)
 		if w.Items[1].Body != nil {
 			t.Errorf("the 404's body is kept: %s", w.Items[1].Body)
@@ -821,16 +822,16 @@ func TestDeclarativeDelete(t *testing.T) {
 	t.Run("partial imperative: the 404 stands", func(t *testing.T) {
 		f := newFake().seed("1")
 		w := write(t, run1(t, "DELETE", "/widgets?ids=1,9", "", f, partial))
-		equalSlices(t, "outcomes", w.outcomes(), []string{"succeeded", "failed"})
-		equalSlices(t, "statuses", w.statuses(), []int{204, 404})
+		equalSlices(t, "outcomes", w.Outcomes(), []string{"succeeded", "failed"})
+		equalSlices(t, "statuses", w.Statuses(), []int{204, 404})
 		equal(t, "status", w.Code, 207)
 	})
 	t.Run("all_or_nothing: a missing target is not deleted", func(t *testing.T) {
 		f := newFake().seed("1", "2")
 		w := write(t, run1(t, "DELETE", "/widgets?ids=1,9,2", "", f, declarative, concurrency(1)))
 		equalSlices(t, "sent", f.sent(), []string{"GET /widgets/1", "GET /widgets/9", "GET /widgets/2", "DELETE /widgets/1", "DELETE /widgets/2"})
-		equalSlices(t, "outcomes", w.outcomes(), []string{"succeeded", "succeeded", "succeeded"})
-		equalSlices(t, "statuses", w.statuses(), []int{204, 204, 204})
+		equalSlices(t, "outcomes", w.Outcomes(), []string{"succeeded", "succeeded", "succeeded"})
+		equalSlices(t, "statuses", w.Statuses(), []int{204, 204, 204})
 		equal(t, "status", w.Code, 200)
 		equal(t, "outcome", w.Outcome, "succeeded")
 	})
@@ -840,8 +841,8 @@ func TestDeclarativeDelete(t *testing.T) {
 			on("DELETE", "/widgets/3", reply(500, `{}`))
 		w := write(t, run1(t, "DELETE", "/widgets?ids=1,2,3", "", f, declarative, concurrency(1)))
 		equalSlices(t, "compensations", f.sent()[6:], []string{"PUT /widgets/1"})
-		equalSlices(t, "outcomes", w.outcomes(), []string{"rolled_back", "succeeded", "failed"})
-		equalSlices(t, "statuses", w.statuses(), []int{204, 204, 500})
+		equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "succeeded", "failed"})
+		equalSlices(t, "statuses", w.Statuses(), []int{204, 204, 500})
 		equal(t, "status", w.Code, 502)
 	})
 }
@@ -852,8 +853,8 @@ func TestStatusStandsWhenTheBodyIsCut(t *testing.T) {
 	t.Run("a read", func(t *testing.T) {
 		f := newFake().on("GET", "/widgets/1", answer{status: 200, body: `{"id":"1","na`, readErr: cut})
 		w := write(t, run1(t, "GET", "/widgets?ids=1", "", f))
-		equalSlices(t, "outcomes", w.outcomes(), []string{"succeeded"})
-		equalSlices(t, "statuses", w.statuses(), []int{200})
+		equalSlices(t, "outcomes", w.Outcomes(), []string{"succeeded"})
+		equalSlices(t, "statuses", w.Statuses(), []int{200})
 		if w.Items[0].Error == "" {
 			t.Error("the cut body is not reported")
 		}
@@ -861,7 +862,7 @@ func TestStatusStandsWhenTheBodyIsCut(t *testing.T) {
 	t.Run("a write that took effect is undone", func(t *testing.T) {
 		f := newFake().on("POST", "/widgets", answer{status: 201, body: `{"id":"5"`, header: http.Header{"Location": {"/widgets/5"}}, readErr: cut}, reply(409, `{}`))
 		w := write(t, run1(t, "POST", "/widgets", elements(2), f, concurrency(1)))
-		equalSlices(t, "outcomes", w.outcomes(), []string{"rolled_back", "failed"})
+		equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "failed"})
 		equalSlices(t, "compensations", pathsOf(f.sentWith("DELETE")), []string{"/widgets/5"})
 	})
 }

@@ -62,7 +62,7 @@ func TestCustomIDField(t *testing.T) {
 		w := write(t, run1(t, "PATCH", "/widgets", `[{"uuid":"u1","name":"x","id":"keep"}]`, f, uuid, partial))
 		equalSlices(t, "sent", f.sent(), []string{"PATCH /widgets/u1"})
 		jsonEqual(t, "update body", f.log()[0].Body, `{"id":"keep","name":"x"}`)
-		equalSlices(t, "ids", w.ids(), []string{"u1"})
+		equalSlices(t, "ids", w.IDs(), []string{"u1"})
 	})
 	t.Run("update without it", func(t *testing.T) {
 		_, prob := parse(t, newRequest("PATCH", "/widgets", `[{"id":"1","name":"x"}]`), uuid)

@@ -116,10 +116,10 @@ func TestBatchStatus(t *testing.T) {
 			w := write(t, res)
 			equal(t, "status", w.Code, tt.status)
 			equal(t, "outcome", w.Outcome, tt.outcome)
-			equalSlices(t, "item outcomes", w.outcomes(), tt.items)
-			equalSlices(t, "item statuses", w.statuses(), tt.itemStatus)
+			equalSlices(t, "item outcomes", w.Outcomes(), tt.items)
+			equalSlices(t, "item statuses", w.Statuses(), tt.itemStatus)
 			w.checkIndices(t, len(tt.items))
-			succeeded := strings.Count(strings.Join(w.outcomes(), " "), "succeeded")
+			succeeded := strings.Count(strings.Join(w.Outcomes(), " "), "succeeded")
 			equal(t, "succeeded member", w.Succeeded, succeeded)
 			equal(t, "Result.Status", res.Status, tt.status)
 			if tt.problem {

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-batch/caddy-batch/internal/batchwire"
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
 	"github.com/caddy-batch/caddy-batch/problem"
 )
@@ -29,35 +30,7 @@ import (
 
 // batchAnswer is a batch response (the envelope, or problem details with
 // the envelope's members).
-type batchAnswer struct {
-	Type      string       `json:"type"`
-	Title     string       `json:"title"`
-	Status    int          `json:"status"`
-	Detail    string       `json:"detail"`
-	Atomicity string       `json:"atomicity"`
-	Outcome   string       `json:"outcome"`
-	Succeeded int          `json:"succeeded"`
-	Failed    int          `json:"failed"`
-	Items     []itemAnswer `json:"items"`
-}
-
-type itemAnswer struct {
-	Index        int               `json:"index"`
-	ID           string            `json:"id"`
-	Status       int               `json:"status"`
-	Outcome      string            `json:"outcome"`
-	Body         json.RawMessage   `json:"body"`
-	BodyText     string            `json:"body_text"`
-	Headers      map[string]string `json:"headers"`
-	Error        string            `json:"error"`
-	Compensation *struct {
-		Method   string `json:"method"`
-		Path     string `json:"path"`
-		Status   int    `json:"status"`
-		Attempts int    `json:"attempts"`
-		Error    string `json:"error"`
-	} `json:"compensation"`
-}
+type batchAnswer = batchwire.Response
 
 // batch decodes a batch answer, failing the test if it is not one.
 func (r response) batch(t testing.TB) batchAnswer {
@@ -67,14 +40,6 @@ func (r response) batch(t testing.TB) batchAnswer {
 		t.Fatalf("the answer is not a batch response: %v\n%s", err, r.Body)
 	}
 	return b
-}
-
-func (b batchAnswer) outcomes() []string {
-	out := make([]string, len(b.Items))
-	for i, it := range b.Items {
-		out[i] = it.Outcome
-	}
-	return out
 }
 
 // checkProblem checks a failed batch's answer: problem+json (RFC 9457)
@@ -547,7 +512,7 @@ func TestBatchCreateUnknownWithoutID(t *testing.T) {
 	if b.Outcome != "rollback_failed" {
 		t.Errorf("outcome %q, want rollback_failed", b.Outcome)
 	}
-	if got, want := b.outcomes(), []string{"rolled_back", "unknown", "not_attempted"}; !slices.Equal(got, want) {
+	if got, want := b.Outcomes(), []string{"rolled_back", "unknown", "not_attempted"}; !slices.Equal(got, want) {
 		t.Errorf("item outcomes %v, want %v", got, want)
 	}
 	if it := b.Items[1]; it.Status != 504 || it.ID != "" {
@@ -776,7 +741,7 @@ func TestBatchPartial(t *testing.T) {
 				t.Errorf("Preference-Applied %q, want %q", got, tt.applied)
 			}
 			b := r.batch(t)
-			if got := b.outcomes(); !slices.Equal(got, tt.outcomes) {
+			if got := b.Outcomes(); !slices.Equal(got, tt.outcomes) {
 				t.Errorf("item outcomes %v, want %v", got, tt.outcomes)
 			}
 			if tt.status != 207 {
@@ -832,7 +797,7 @@ func TestBatchDeclarativeDelete(t *testing.T) {
 		before := api.Items("/api/gadgets")
 		b := checkProblem(t, g.do(t, "DELETE", "/api/gadgets?ids=3,998,4", nil), 502)
 		if b.Outcome != "rolled_back" || b.Items[0].Outcome != "rolled_back" {
-			t.Errorf("outcome %q, items %v", b.Outcome, b.outcomes())
+			t.Errorf("outcome %q, items %v", b.Outcome, b.Outcomes())
 		}
 		sameState(t, api, "/api/gadgets", before)
 		for _, req := range writes(api.Requests()) {
@@ -1280,7 +1245,7 @@ func TestBatchOperationsLogging(t *testing.T) {
 					}
 				}
 				b := r.batch(t)
-				if got := b.outcomes(); !slices.Equal(got, []string{"rollback_failed", "failed", "not_attempted"}) {
+				if got := b.Outcomes(); !slices.Equal(got, []string{"rollback_failed", "failed", "not_attempted"}) {
 					t.Errorf("item outcomes %v", got)
 				}
 			}
@@ -1446,7 +1411,7 @@ func TestBatchUpstreamDownMidBatch(t *testing.T) {
 					if b.Outcome != "rollback_failed" {
 						t.Errorf("outcome %q, want rollback_failed", b.Outcome)
 					}
-					if got, want := b.outcomes(), []string{"rollback_failed", "rollback_failed", "failed"}; !slices.Equal(got, want) {
+					if got, want := b.Outcomes(), []string{"rollback_failed", "rollback_failed", "failed"}; !slices.Equal(got, want) {
 						t.Errorf("item outcomes %v, want %v", got, want)
 					}
 					if b.Items[2].Status != 502 {
@@ -1501,7 +1466,7 @@ func TestBatchUpstreamDownMidBatch(t *testing.T) {
 					t.Errorf("outcome %q, want rolled_back", b.Outcome)
 				}
 				answerMatchesState(t, b, before, api.Items(op.collection))
-				if got, want := b.outcomes(), []string{"rolled_back", "rolled_back", "failed"}; !slices.Equal(got, want) {
+				if got, want := b.Outcomes(), []string{"rolled_back", "rolled_back", "failed"}; !slices.Equal(got, want) {
 					t.Errorf("item outcomes %v, want %v", got, want)
 				}
 				sameState(t, api, op.collection, before)
@@ -1538,7 +1503,7 @@ func TestBatchGetFailures(t *testing.T) {
 	t.Run("partial: 207", func(t *testing.T) {
 		r := g.do(t, "GET", "/api/widgets?ids=1,404,5,2", nil, "Prefer", "atomicity=partial")
 		b := checkEnvelope(t, r, 207, "partial")
-		if got, want := b.outcomes(), []string{"succeeded", "failed", "failed", "succeeded"}; !slices.Equal(got, want) || b.Succeeded != 2 || b.Failed != 2 {
+		if got, want := b.Outcomes(), []string{"succeeded", "failed", "failed", "succeeded"}; !slices.Equal(got, want) || b.Succeeded != 2 || b.Failed != 2 {
 			t.Errorf("outcomes %v (succeeded %d failed %d), want %v", got, b.Succeeded, b.Failed, want)
 		}
 		if !sameJSON(t, b.Items[3].Body, map[string]any{"id": 2, "name": "w2"}) {
@@ -1634,7 +1599,7 @@ func TestBatchTimeout(t *testing.T) {
 	before := api.Items("/api/widgets")
 	b := checkProblem(t, g.do(t, "PATCH", "/api/widgets", `[{"id": 1, "name": "a"}, {"id": 2, "name": "b"}, {"id": 3, "name": "c"}]`), 504)
 	if b.Outcome != "rolled_back" || b.Items[0].Outcome != "rolled_back" || b.Items[2].Outcome != "not_attempted" {
-		t.Errorf("outcome %q items %v", b.Outcome, b.outcomes())
+		t.Errorf("outcome %q items %v", b.Outcome, b.Outcomes())
 	}
 	sameState(t, api, "/api/widgets", before)
 	if received(api, "PATCH", "/api/widgets/3") {
