@@ -144,6 +144,15 @@ func (f *fakeSender) state() map[string]string {
 	return out
 }
 
+// checkUnchanged fails the test unless the store holds what it held
+// before: a rollback left nothing behind and lost nothing.
+func (f *fakeSender) checkUnchanged(t testing.TB, before map[string]string) {
+	t.Helper()
+	if now := f.state(); !maps.Equal(now, before) {
+		t.Errorf("store %v, want it back as it was: %v", now, before)
+	}
+}
+
 // log returns the sub-requests received so far, in arrival order.
 func (f *fakeSender) log() []call {
 	f.mu.Lock()
@@ -339,7 +348,6 @@ func settings(f func(*policy.Settings)) specMod {
 
 var (
 	partial        = settings(func(s *policy.Settings) { s.SetAtomicity(policy.Partial) })
-	allOrNothing   = settings(func(s *policy.Settings) { s.SetAtomicity(policy.AllOrNothing) })
 	declarative    = settings(func(s *policy.Settings) { s.DeleteSemantics = policy.Declarative })
 	override       = settings(func(s *policy.Settings) { s.AllowOverride = true })
 	restoreByPost  = settings(func(s *policy.Settings) { s.RestoreDeleted = policy.RestorePost })

@@ -298,6 +298,11 @@ func asNoAnswer(err error) *noAnswer {
 	if errors.As(err, &na) {
 		return na
 	}
+	return silent(err)
+}
+
+// silent is the plainest no-answer: sent, and nothing came back.
+func silent(err error) *noAnswer {
 	return &noAnswer{http.StatusBadGateway, "the upstream did not answer", err}
 }
 
@@ -318,7 +323,7 @@ func (sg *saga) sendWithin(parent context.Context, timeout time.Duration, timeou
 	if err == nil {
 		err = errors.New("the handler chain wrote no response")
 	}
-	na := &noAnswer{http.StatusBadGateway, "the upstream did not answer", err}
+	na := silent(err)
 	switch {
 	case errors.Is(parent.Err(), context.DeadlineExceeded):
 		na.status, na.reason = http.StatusGatewayTimeout, fmt.Sprintf("no answer within batch_timeout (%s)", sg.s.BatchTimeout)

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -156,9 +155,7 @@ func TestAllOrNothingLetsInFlightFinish(t *testing.T) {
 	}
 	equal(t, "status", w.Code, 409)
 	equalSlices(t, "compensations", pathsOf(f.sentWith("PUT")), []string{"/widgets/3", "/widgets/2"})
-	if !maps.Equal(f.state(), before) {
-		t.Errorf("store after rollback %v, want %v", f.state(), before)
-	}
+	f.checkUnchanged(t, before)
 }
 
 // ---------------------------------------------------------------------
@@ -214,9 +211,7 @@ func TestCompensationReverseStartOrder(t *testing.T) {
 				}
 				equalSlices(t, "re-created ids, in order", order, []string{"3", "2", "1"})
 			}
-			if !maps.Equal(f.state(), before) {
-				t.Errorf("store after rollback\n\t%v\nwant\n\t%v", f.state(), before)
-			}
+			f.checkUnchanged(t, before)
 		})
 	}
 }
@@ -318,9 +313,7 @@ func TestCompensateUpdate(t *testing.T) {
 			}
 			equal(t, "compensation Content-Type", undo.Header.Get("Content-Type"), "application/json")
 			equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "failed"})
-			if !maps.Equal(f.state(), before) {
-				t.Errorf("store after rollback\n\t%v\nwant\n\t%v", f.state(), before)
-			}
+			f.checkUnchanged(t, before)
 		})
 	}
 }
@@ -350,9 +343,7 @@ func TestCompensateDelete(t *testing.T) {
 			equal(t, "compensation query", undo.RawQuery, "")
 			equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "failed"})
 			equal(t, "status", w.Code, 409)
-			if !maps.Equal(f.state(), before) {
-				t.Errorf("store after rollback\n\t%v\nwant\n\t%v", f.state(), before)
-			}
+			f.checkUnchanged(t, before)
 		})
 	}
 }
@@ -557,9 +548,7 @@ func TestPreflight(t *testing.T) {
 					t.Errorf("detail %q does not contain %q", w.Detail, s)
 				}
 			}
-			if !maps.Equal(f.state(), before) {
-				t.Error("the store changed")
-			}
+			f.checkUnchanged(t, before)
 		})
 	}
 }
@@ -633,9 +622,7 @@ func TestUnknown(t *testing.T) {
 		equalSlices(t, "compensations", pathsOf(f.sentWith("PUT")), []string{"/widgets/2", "/widgets/1"})
 		equal(t, "status", w.Code, 502)
 		equal(t, "outcome", w.Outcome, "rolled_back")
-		if !maps.Equal(f.state(), before) {
-			t.Errorf("store after rollback %v, want %v", f.state(), before)
-		}
+		f.checkUnchanged(t, before)
 	})
 	t.Run("an unknown delete is re-created (restore_deleted put)", func(t *testing.T) {
 		f := newFake().seed("1", "2").on("DELETE", "/widgets/1", answer{effectThenErr: errLost})
@@ -644,9 +631,7 @@ func TestUnknown(t *testing.T) {
 		equalSlices(t, "sent", f.sent(), []string{"GET /widgets/1", "GET /widgets/2", "DELETE /widgets/1", "PUT /widgets/1"})
 		equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "not_attempted"})
 		equal(t, "status", w.Code, 502)
-		if !maps.Equal(f.state(), before) {
-			t.Errorf("store after rollback %v, want %v", f.state(), before)
-		}
+		f.checkUnchanged(t, before)
 	})
 	t.Run("restore_deleted post: an unknown delete that did not happen is probed, not re-created", func(t *testing.T) {
 		f := newFake().seed("1", "2").on("DELETE", "/widgets/1", answer{err: errLost})
@@ -656,9 +641,7 @@ func TestUnknown(t *testing.T) {
 		equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "not_attempted"})
 		equal(t, "status", w.Code, 502)
 		equal(t, "outcome", w.Outcome, "rolled_back")
-		if !maps.Equal(f.state(), before) {
-			t.Errorf("store %v, want %v", f.state(), before)
-		}
+		f.checkUnchanged(t, before)
 	})
 	t.Run("restore_deleted post: an unknown delete that happened is re-created", func(t *testing.T) {
 		f := newFake().seed("1", "2").on("DELETE", "/widgets/1", answer{effectThenErr: errLost})
@@ -666,9 +649,7 @@ func TestUnknown(t *testing.T) {
 		w := write(t, run1(t, "DELETE", "/widgets?ids=1,2", "", f, concurrency(1), restoreByPost))
 		equalSlices(t, "sent", f.sent(), []string{"GET /widgets/1", "GET /widgets/2", "DELETE /widgets/1", "GET /widgets/1", "POST /widgets"})
 		equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "not_attempted"})
-		if !maps.Equal(f.state(), before) {
-			t.Errorf("store after rollback %v, want %v", f.state(), before)
-		}
+		f.checkUnchanged(t, before)
 	})
 	t.Run("an unknown create whose element has an id is deleted", func(t *testing.T) {
 		f := newFake().on("POST", "/widgets", answer{effectThenErr: errLost})
@@ -724,9 +705,7 @@ func TestResentWrite(t *testing.T) {
 		if !strings.Contains(w.Items[1].Error, "sent twice") {
 			t.Errorf("item 1 error %q does not say it was sent twice", w.Items[1].Error)
 		}
-		if !maps.Equal(f.state(), before) {
-			t.Errorf("store after rollback %v, want %v", f.state(), before)
-		}
+		f.checkUnchanged(t, before)
 	})
 	t.Run("declarative: a resent delete answered 404 succeeds, and is undone with the batch", func(t *testing.T) {
 		f := newFake().seed("1", "2", "3").
@@ -736,9 +715,7 @@ func TestResentWrite(t *testing.T) {
 		w := write(t, run1(t, "DELETE", "/widgets?ids=1,2,3", "", f, concurrency(1), declarative))
 		equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "rolled_back", "failed"})
 		equalSlices(t, "compensations", pathsOf(f.sentWith("PUT")), []string{"/widgets/2", "/widgets/1"})
-		if !maps.Equal(f.state(), before) {
-			t.Errorf("store after rollback %v, want %v", f.state(), before)
-		}
+		f.checkUnchanged(t, before)
 	})
 	t.Run("a resent write answered 2xx stands", func(t *testing.T) {
 		f := newFake().seed("1", "2").on("PATCH", "/widgets/1", answer{resent: true})
