@@ -166,6 +166,28 @@ func (o *Options) unmarshalOption(d *caddyfile.Dispenser) error {
 		}
 		return err
 	}
+	size := func() (int64, error) {
+		v, err := one()
+		if err != nil {
+			return 0, err
+		}
+		n, err := humanize.ParseBytes(v)
+		if err != nil || n == 0 || n > 1<<62 {
+			return 0, d.Errf("%s must be a size greater than zero, e.g. 1MiB, not %q", name, v)
+		}
+		return int64(n), nil
+	}
+	// flag reads an option that is on when named alone.
+	flag := func() (*bool, error) {
+		on := true
+		switch {
+		case len(args) == 1 && args[0] == "off":
+			on = false
+		case len(args) > 1 || len(args) == 1 && args[0] != "on":
+			return nil, d.Errf("%s takes no value, or on or off", name)
+		}
+		return &on, nil
+	}
 	checkAtomicity := func(v string) error { _, err := policy.ParseAtomicity(v); return err }
 	var err error
 	switch name {
@@ -188,14 +210,15 @@ func (o *Options) unmarshalOption(d *caddyfile.Dispenser) error {
 			return d.Errf("atomicity takes a mode, or an operation and a mode: atomicity [get|create|update|delete] all_or_nothing|partial")
 		}
 	case "allow_override":
-		on := true
-		switch {
-		case len(args) == 1 && args[0] == "off":
-			on = false
-		case len(args) > 1 || len(args) == 1 && args[0] != "on":
-			return d.Errf("allow_override takes no value, or on or off")
-		}
-		o.AllowOverride = &on
+		o.AllowOverride, err = flag()
+	case "idempotent_upstream":
+		o.IdempotentUpstream, err = flag()
+	case "item_locks":
+		err = enum(&o.ItemLocks, func(v string) error { _, err := policy.ParseItemLocks(v); return err })
+	case "max_in_flight":
+		o.MaxInFlight, err = count(1)
+	case "max_response_size":
+		o.MaxResponseSize, err = size()
 	case "max_items":
 		o.MaxItems, err = count(1)
 	case "concurrency":
@@ -205,14 +228,7 @@ func (o *Options) unmarshalOption(d *caddyfile.Dispenser) error {
 		n, err = count(0)
 		o.CompensationRetries = &n
 	case "max_body_size":
-		var v string
-		if v, err = one(); err == nil {
-			size, perr := humanize.ParseBytes(v)
-			if perr != nil || size == 0 {
-				return d.Errf("max_body_size must be a size greater than zero, e.g. 1MiB, not %q", v)
-			}
-			o.MaxBodySize = int64(size)
-		}
+		o.MaxBodySize, err = size()
 	case "item_timeout":
 		err = duration(&o.ItemTimeout)
 	case "batch_timeout":

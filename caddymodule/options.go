@@ -81,6 +81,27 @@ type Options struct {
 
 	// How long one compensation attempt may take. Default: 30s.
 	CompensationTimeout caddy.Duration `json:"compensation_timeout,omitempty"`
+
+	// Whether the upstream honours Idempotency-Key: a write whose outcome
+	// is unknown (sent, but no answer came) is then sent again with the
+	// same key to learn what it did, before it is undone. Default: false.
+	IdempotentUpstream *bool `json:"idempotent_upstream,omitempty"`
+
+	// Where the locks an all-or-nothing batch takes on the items it
+	// writes live: "local" locks within this Caddy process; "storage"
+	// through Caddy's storage, across the instances that share it.
+	// Single-item writes through the gateway take the same locks.
+	// Default: local.
+	ItemLocks string `json:"item_locks,omitempty"`
+
+	// The largest whole batch answer, in bytes; items whose answers would
+	// pass it are left out, and the batch fails. Default: 16777216 (16MiB).
+	MaxResponseSize int64 `json:"max_response_size,omitempty"`
+
+	// How many sub-requests of all the batches of this handler may be in
+	// flight at once; batches wait, in turn, for a free slot. Only the
+	// handler's value counts. Default: 32.
+	MaxInFlight int `json:"max_in_flight,omitempty"`
 }
 
 // apply lays the options that are set over s, refusing values that
@@ -155,6 +176,15 @@ func (o Options) apply(s policy.Settings) (policy.Settings, error) {
 	if o.CompensationRetries != nil {
 		s.CompensationRetries = *o.CompensationRetries
 	}
+	if o.IdempotentUpstream != nil {
+		s.IdempotentUpstream = *o.IdempotentUpstream
+	}
+	parse(o.ItemLocks, func(v string) (err error) {
+		s.ItemLocks, err = policy.ParseItemLocks(v)
+		return err
+	})
+	positive("max_response_size", o.MaxResponseSize, func() { s.MaxResponseSize = o.MaxResponseSize })
+	positive("max_in_flight", int64(o.MaxInFlight), func() { s.MaxInFlight = o.MaxInFlight })
 	if err := errors.Join(errs...); err != nil {
 		return s, err
 	}

@@ -156,6 +156,42 @@ type Settings struct {
 	RestoreUpdated      Restore
 	CompensationRetries int
 	CompensationTimeout time.Duration
+	// IdempotentUpstream says the upstream honours Idempotency-Key, so a
+	// write whose outcome is unknown may be sent again with the same key
+	// to learn it.
+	IdempotentUpstream bool
+	ItemLocks          ItemLocks
+	MaxResponseSize    int64
+	MaxInFlight        int
+}
+
+// ItemLocks says where the locks a saga takes on its items live.
+type ItemLocks uint8
+
+const (
+	// LocalLocks lock items within one Caddy process.
+	LocalLocks ItemLocks = iota
+	// StorageLocks lock items through Caddy's storage, across instances.
+	StorageLocks
+)
+
+// String returns the configuration name.
+func (l ItemLocks) String() string {
+	if l == StorageLocks {
+		return "storage"
+	}
+	return "local"
+}
+
+// ParseItemLocks parses item_locks: local or storage.
+func ParseItemLocks(s string) (ItemLocks, error) {
+	switch s {
+	case "local":
+		return LocalLocks, nil
+	case "storage":
+		return StorageLocks, nil
+	}
+	return 0, fmt.Errorf("unknown item_locks %q (want local or storage)", s)
 }
 
 // Defaults returns the settings SPEC section 3 gives for an option that
@@ -174,6 +210,9 @@ func Defaults() Settings {
 		RestoreUpdated:      RestorePut,
 		CompensationRetries: 3,
 		CompensationTimeout: 30 * time.Second,
+		ItemLocks:           LocalLocks,
+		MaxResponseSize:     16 << 20,
+		MaxInFlight:         32,
 	}
 }
 
@@ -198,6 +237,8 @@ func (s Settings) Validate() error {
 	positive("item_timeout", s.ItemTimeout > 0)
 	positive("batch_timeout", s.BatchTimeout > 0)
 	positive("compensation_timeout", s.CompensationTimeout > 0)
+	positive("max_response_size", s.MaxResponseSize > 0)
+	positive("max_in_flight", s.MaxInFlight > 0)
 	if s.CompensationRetries < 0 {
 		errs = append(errs, errors.New("compensation_retries must not be negative"))
 	}
