@@ -89,22 +89,39 @@ type Fault struct {
 // API is the fake legacy server. It is an http.Handler; the zero value is not
 // usable, call New.
 type API struct {
-	// mu guards everything below; it is never held while a request sleeps,
-	// hangs or writes to the network, so slow faults cannot stall others.
-	mu     sync.Mutex
-	cols   map[string]*collection
-	faults []*armedFault
-	log    []Request
+	// cols is built by New and only read afterwards.
+	cols map[string]*collection
+
+	// mu guards everything below and the collections' tables; it is never
+	// held while a request sleeps, hangs or writes to the network, so slow
+	// faults cannot stall others.
+	mu      sync.Mutex
+	faults  []*armedFault
+	log     []Request
+	version uint64 // the last record version handed out
 
 	closed    chan struct{}
 	closeOnce sync.Once
 }
 
+// collection is a declared collection and its records. The declaration is
+// read-only after New, so it can be read without mu; tables is guarded by mu.
 type collection struct {
-	path       string
-	putCreates bool
-	records    map[string]map[string]any // keyed by the id's string form
-	nextID     int                       // auto-increment for POST without id
+	Collection                   // the declaration, Seed dropped
+	tables     map[string]*table // by tenant; "" is the default tenant
+}
+
+// table is one set of records: a collection's only one, or one tenant's.
+type table struct {
+	records map[string]*record // keyed by the id's string form
+	nextID  int                // auto-increment for POST without id
+}
+
+// record is a stored record. A record is replaced, never changed in place,
+// so an answer may keep a reference to its fields.
+type record struct {
+	fields  map[string]any
+	version uint64 // from API.version, new on every write
 }
 
 type armedFault struct {
@@ -136,7 +153,9 @@ func New(cols ...Collection) *API {
 		if _, dup := a.cols[c.Path]; dup {
 			panic(fmt.Sprintf("legacyapi: collection %q declared twice", c.Path))
 		}
-		col := &collection{path: c.Path, putCreates: c.PutCreates, records: map[string]map[string]any{}, nextID: firstAutoID}
+		col := &collection{Collection: c, tables: map[string]*table{}}
+		col.Seed = nil
+		t := col.table("")
 		for i, seed := range c.Seed {
 			rec, err := normalize(seed)
 			if err != nil {
@@ -146,10 +165,10 @@ func New(cols ...Collection) *API {
 			if !ok {
 				panic(fmt.Sprintf("legacyapi: collection %q seed %d: \"id\" must be a number or a non-empty string", c.Path, i))
 			}
-			if _, dup := col.records[key]; dup {
+			if _, dup := t.records[key]; dup {
 				panic(fmt.Sprintf("legacyapi: collection %q seed %d: duplicate id %q", c.Path, i, key))
 			}
-			col.records[key] = rec
+			a.store(t, key, rec)
 		}
 		a.cols[c.Path] = col
 	}
@@ -219,11 +238,15 @@ func (a *API) Item(collection, id string) (map[string]any, bool) {
 	if c == nil {
 		return nil, false
 	}
-	rec, ok := c.records[id]
+	t := c.tables[""]
+	if t == nil {
+		return nil, false
+	}
+	rec, ok := t.records[id]
 	if !ok {
 		return nil, false
 	}
-	return deepCopy(rec).(map[string]any), true
+	return deepCopy(rec.fields).(map[string]any), true
 }
 
 // Items returns a deep copy of every record of a collection keyed by the id's
@@ -235,9 +258,10 @@ func (a *API) Items(collection string) map[string]map[string]any {
 	if c == nil {
 		return nil
 	}
-	out := make(map[string]map[string]any, len(c.records))
-	for k, rec := range c.records {
-		out[k] = deepCopy(rec).(map[string]any)
+	t := c.tables[""]
+	out := make(map[string]map[string]any, len(t.records))
+	for k, rec := range t.records {
+		out[k] = deepCopy(rec.fields).(map[string]any)
 	}
 	return out
 }
@@ -271,19 +295,19 @@ func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if readErr != nil {
 			return plain(http.StatusBadRequest, "cannot read request body")
 		}
-		return a.handle(r, path, body)
+		return a.process(r, path, body)
 	}
 
 	a.mu.Lock()
 	a.log = append(a.log, Request{Method: r.Method, Path: path, RawQuery: r.URL.RawQuery, Header: r.Header.Clone(), Body: bytes.Clone(body)})
 	f := a.takeFault(r.Method, path)
+	a.mu.Unlock()
+
 	var res response
 	applied := f == nil || f.AfterApply
 	if applied {
 		res = normal()
 	}
-	a.mu.Unlock()
-
 	if f == nil {
 		write(w, r, res)
 		return
@@ -308,9 +332,7 @@ func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		write(w, r, response{status: f.Status, header: http.Header{"Content-Type": {ct}}, body: []byte(f.Body)})
 	default:
 		if !applied {
-			a.mu.Lock()
 			res = normal()
-			a.mu.Unlock()
 		}
 		write(w, r, res)
 	}
@@ -372,23 +394,62 @@ func write(w http.ResponseWriter, r *http.Request, res response) {
 	}
 }
 
-// handle computes the normal answer and applies the request to the state.
-// Callers hold mu.
-func (a *API) handle(r *http.Request, path string, body []byte) response {
+// process is what the API itself does with a request that reached it:
+// route it and apply it to the state. It is called without mu and takes it
+// for as long as it reads or changes the state.
+func (a *API) process(r *http.Request, path string, body []byte) response {
+	c, id := a.route(path)
+	if c == nil {
+		return notFound(path)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	t := c.table("")
+	if id == "" {
+		return a.handleCollection(c, t, r, body)
+	}
+	return a.handleItem(c, t, id, r, body)
+}
+
+// route finds the collection a path names, and the unescaped item id when
+// it names an item ("" for the collection itself). It reads only what New
+// built, so it needs no lock.
+func (a *API) route(path string) (c *collection, id string) {
 	if c := a.cols[strings.TrimSuffix(path, "/")]; c != nil {
-		return a.handleCollection(c, r, body)
+		return c, ""
 	}
 	i := strings.LastIndexByte(path, '/')
 	if c := a.cols[path[:max(i, 0)]]; c != nil && i+1 < len(path) {
 		id, err := url.PathUnescape(path[i+1:])
 		if err == nil && id != "" {
-			return a.handleItem(c, id, r, body)
+			return c, id
 		}
 	}
-	return notFound(path)
+	return nil, ""
 }
 
-func (a *API) handleCollection(c *collection, r *http.Request, body []byte) response {
+// table returns the records of one tenant, making an empty set for a tenant
+// not seen before. Callers hold mu.
+func (c *collection) table(tenant string) *table {
+	t := c.tables[tenant]
+	if t == nil {
+		t = &table{records: map[string]*record{}, nextID: firstAutoID}
+		c.tables[tenant] = t
+	}
+	return t
+}
+
+// store puts a record under key with a new version. Callers hold mu.
+func (a *API) store(t *table, key string, fields map[string]any) *record {
+	a.version++
+	rec := &record{fields: fields, version: a.version}
+	t.records[key] = rec
+	return rec
+}
+
+// Callers of the handlers below hold mu.
+
+func (a *API) handleCollection(c *collection, t *table, r *http.Request, body []byte) response {
 	switch r.Method {
 	case http.MethodGet, http.MethodHead:
 		q := r.URL.Query()
@@ -397,8 +458,8 @@ func (a *API) handleCollection(c *collection, r *http.Request, body []byte) resp
 		if !ok1 || !ok2 {
 			return plain(http.StatusBadRequest, "offset and limit must be non-negative integers")
 		}
-		keys := make([]string, 0, len(c.records))
-		for k := range c.records {
+		keys := make([]string, 0, len(t.records))
+		for k := range t.records {
 			keys = append(keys, k)
 		}
 		slices.SortFunc(keys, compareIDs)
@@ -408,7 +469,7 @@ func (a *API) handleCollection(c *collection, r *http.Request, body []byte) resp
 		}
 		list := make([]any, len(keys))
 		for i, k := range keys {
-			list[i] = c.records[k]
+			list[i] = t.records[k].fields
 		}
 		return jsonAnswer(http.StatusOK, list)
 
@@ -431,22 +492,22 @@ func (a *API) handleCollection(c *collection, r *http.Request, body []byte) resp
 			if !ok {
 				return plain(http.StatusBadRequest, "id must be a number or a non-empty string")
 			}
-			if _, dup := c.records[k]; dup {
+			if _, dup := t.records[k]; dup {
 				return plain(http.StatusConflict, "duplicate id")
 			}
 			key = k
 		} else {
 			for {
-				key = strconv.Itoa(c.nextID)
-				c.nextID++
-				if _, taken := c.records[key]; !taken {
+				key = strconv.Itoa(t.nextID)
+				t.nextID++
+				if _, taken := t.records[key]; !taken {
 					break
 				}
 			}
 			rec["id"] = json.Number(key)
 		}
-		c.records[key] = rec
-		res := jsonAnswer(http.StatusCreated, rec)
+		stored := a.store(t, key, rec)
+		res := jsonAnswer(http.StatusCreated, stored.fields)
 		res.header.Set("Location", location(r, c, key))
 		return res
 
@@ -455,14 +516,14 @@ func (a *API) handleCollection(c *collection, r *http.Request, body []byte) resp
 	}
 }
 
-func (a *API) handleItem(c *collection, id string, r *http.Request, body []byte) response {
-	old, exists := c.records[id]
+func (a *API) handleItem(c *collection, t *table, id string, r *http.Request, body []byte) response {
+	old := t.records[id] // nil when missing
 	switch r.Method {
 	case http.MethodGet, http.MethodHead:
-		if !exists {
+		if old == nil {
 			return notFound(r.URL.EscapedPath())
 		}
-		return jsonAnswer(http.StatusOK, old)
+		return jsonAnswer(http.StatusOK, old.fields)
 
 	case http.MethodPut:
 		rec, err := decodeObject(body)
@@ -472,12 +533,11 @@ func (a *API) handleItem(c *collection, id string, r *http.Request, body []byte)
 		if res, bad := checkName(rec); bad {
 			return res
 		}
-		if exists {
-			rec["id"] = old["id"]
-			c.records[id] = rec
-			return jsonAnswer(http.StatusOK, rec)
+		if old != nil {
+			rec["id"] = old.fields["id"]
+			return jsonAnswer(http.StatusOK, a.store(t, id, rec).fields)
 		}
-		if !c.putCreates {
+		if !c.PutCreates {
 			return notFound(r.URL.EscapedPath())
 		}
 		// The body's id only decides the type ("7" vs 7) when it names the
@@ -485,21 +545,20 @@ func (a *API) handleItem(c *collection, id string, r *http.Request, body []byte)
 		if k, ok := idKey(rec["id"]); !ok || k != id {
 			rec["id"] = pathIDValue(id)
 		}
-		c.records[id] = rec
-		res := jsonAnswer(http.StatusCreated, rec)
+		res := jsonAnswer(http.StatusCreated, a.store(t, id, rec).fields)
 		res.header.Set("Location", location(r, c, id))
 		return res
 
 	case http.MethodPatch:
-		if !exists {
+		if old == nil {
 			return notFound(r.URL.EscapedPath())
 		}
 		patch, err := decodeObject(body)
 		if err != nil {
 			return plain(http.StatusBadRequest, "body must be a JSON object")
 		}
-		merged := make(map[string]any, len(old)+len(patch))
-		for k, v := range old {
+		merged := make(map[string]any, len(old.fields)+len(patch))
+		for k, v := range old.fields {
 			merged[k] = v
 		}
 		for k, v := range patch {
@@ -514,14 +573,13 @@ func (a *API) handleItem(c *collection, id string, r *http.Request, body []byte)
 		if res, bad := checkName(merged); bad {
 			return res
 		}
-		c.records[id] = merged
-		return jsonAnswer(http.StatusOK, merged)
+		return jsonAnswer(http.StatusOK, a.store(t, id, merged).fields)
 
 	case http.MethodDelete:
-		if !exists {
+		if old == nil {
 			return notFound(r.URL.EscapedPath())
 		}
-		delete(c.records, id)
+		delete(t.records, id)
 		return response{status: http.StatusOK, header: jsonHeader(), body: []byte("{}")}
 
 	default:
@@ -532,11 +590,16 @@ func (a *API) handleItem(c *collection, id string, r *http.Request, body []byte)
 // location builds an absolute URL from the request's Host, as legacy
 // frameworks do, so the gateway has to cope with absolute Location headers.
 func location(r *http.Request, c *collection, id string) string {
+	return origin(r) + c.Path + "/" + url.PathEscape(id)
+}
+
+// origin is "<scheme>://<host>" of the request, as the client addressed it.
+func origin(r *http.Request) string {
 	scheme := "http"
 	if r.TLS != nil {
 		scheme = "https"
 	}
-	return scheme + "://" + r.Host + c.path + "/" + url.PathEscape(id)
+	return scheme + "://" + r.Host
 }
 
 func queryInt(q url.Values, name string, def int) (int, bool) {
