@@ -38,6 +38,28 @@ type Collection struct {
 	// on a missing id answers 404, as many legacy APIs do, so the gateway
 	// cannot assume PUT is a valid undo for DELETE.
 	PutCreates bool
+	// ETags imitates an API with a row-version column: every answer that
+	// carries a record (GET, HEAD, PUT, PATCH, and a POST create answered
+	// with the record) has a strong ETag "v<n>", where n comes from one
+	// counter the whole API shares and is new on every write of the record
+	// (even one that leaves its content as it was). A tag is never reused,
+	// not even after a delete and re-create of the same id, and two tenants'
+	// records never share one.
+	//
+	// The API then honours, on PUT, PATCH and DELETE of an item, If-Match
+	// ("*" matches any existing record; a tag is compared strongly, so a
+	// W/ tag never matches) and, on PUT, If-None-Match ("*", or a tag
+	// compared weakly, fails when the record exists or matches); on a POST
+	// create, If-None-Match: * (or the record's tag) refers to the id in the
+	// body and fails when that record exists. A failed condition answers
+	// 412 with an HTML page and changes nothing; a missing record fails any
+	// If-Match. Conditions are evaluated before the body is looked at (for
+	// POST, when the id is known). Other conditional headers, and these on
+	// other methods (GET answers no 304), are ignored.
+	//
+	// Without ETags no ETag is sent and every conditional header is
+	// ignored, as most legacy APIs do.
+	ETags bool
 	// Seed holds the initial records. Each must have an "id" that is a number
 	// (e.g. 1) or a non-empty string.
 	Seed []map[string]any
@@ -492,7 +514,10 @@ func (a *API) handleCollection(c *collection, t *table, r *http.Request, body []
 			if !ok {
 				return plain(http.StatusBadRequest, "id must be a number or a non-empty string")
 			}
-			if _, dup := t.records[k]; dup {
+			if cur := t.records[k]; cur != nil {
+				if res, failed := c.createPrecondition(r, cur); failed {
+					return res
+				}
 				return plain(http.StatusConflict, "duplicate id")
 			}
 			key = k
@@ -506,8 +531,7 @@ func (a *API) handleCollection(c *collection, t *table, r *http.Request, body []
 			}
 			rec["id"] = json.Number(key)
 		}
-		stored := a.store(t, key, rec)
-		res := jsonAnswer(http.StatusCreated, stored.fields)
+		res := c.recordAnswer(http.StatusCreated, a.store(t, key, rec))
 		res.header.Set("Location", location(r, c, key))
 		return res
 
@@ -523,9 +547,12 @@ func (a *API) handleItem(c *collection, t *table, id string, r *http.Request, bo
 		if old == nil {
 			return notFound(r.URL.EscapedPath())
 		}
-		return jsonAnswer(http.StatusOK, old.fields)
+		return c.recordAnswer(http.StatusOK, old)
 
 	case http.MethodPut:
+		if res, failed := c.preconditions(r, old, true); failed {
+			return res
+		}
 		rec, err := decodeObject(body)
 		if err != nil {
 			return plain(http.StatusBadRequest, "body must be a JSON object")
@@ -535,7 +562,7 @@ func (a *API) handleItem(c *collection, t *table, id string, r *http.Request, bo
 		}
 		if old != nil {
 			rec["id"] = old.fields["id"]
-			return jsonAnswer(http.StatusOK, a.store(t, id, rec).fields)
+			return c.recordAnswer(http.StatusOK, a.store(t, id, rec))
 		}
 		if !c.PutCreates {
 			return notFound(r.URL.EscapedPath())
@@ -545,11 +572,14 @@ func (a *API) handleItem(c *collection, t *table, id string, r *http.Request, bo
 		if k, ok := idKey(rec["id"]); !ok || k != id {
 			rec["id"] = pathIDValue(id)
 		}
-		res := jsonAnswer(http.StatusCreated, a.store(t, id, rec).fields)
+		res := c.recordAnswer(http.StatusCreated, a.store(t, id, rec))
 		res.header.Set("Location", location(r, c, id))
 		return res
 
 	case http.MethodPatch:
+		if res, failed := c.preconditions(r, old, false); failed {
+			return res
+		}
 		if old == nil {
 			return notFound(r.URL.EscapedPath())
 		}
@@ -573,9 +603,12 @@ func (a *API) handleItem(c *collection, t *table, id string, r *http.Request, bo
 		if res, bad := checkName(merged); bad {
 			return res
 		}
-		return jsonAnswer(http.StatusOK, a.store(t, id, merged).fields)
+		return c.recordAnswer(http.StatusOK, a.store(t, id, merged))
 
 	case http.MethodDelete:
+		if res, failed := c.preconditions(r, old, false); failed {
+			return res
+		}
 		if old == nil {
 			return notFound(r.URL.EscapedPath())
 		}
@@ -585,6 +618,76 @@ func (a *API) handleItem(c *collection, t *table, id string, r *http.Request, bo
 	default:
 		return methodNotAllowed(r.Method, "GET, HEAD, PUT, PATCH, DELETE")
 	}
+}
+
+// etag is the record's strong entity tag.
+func (rec *record) etag() string {
+	return `"v` + strconv.FormatUint(rec.version, 10) + `"`
+}
+
+// recordAnswer answers with a record as JSON, with its ETag when the
+// collection has ETags.
+func (c *collection) recordAnswer(status int, rec *record) response {
+	res := jsonAnswer(status, rec.fields)
+	if c.ETags && res.status == status {
+		res.header.Set("ETag", rec.etag())
+	}
+	return res
+}
+
+// preconditions evaluates If-Match, and with noneMatch If-None-Match,
+// against cur, the record about to be written (nil when missing). It
+// reports true, with the 412 to send, when one fails. Without ETags
+// nothing fails.
+func (c *collection) preconditions(r *http.Request, cur *record, noneMatch bool) (response, bool) {
+	if !c.ETags {
+		return response{}, false
+	}
+	if tags, has := condition(r, "If-Match"); has && (cur == nil || !matchTags(tags, cur.etag(), false)) {
+		return preconditionFailed("If-Match"), true
+	}
+	if noneMatch {
+		return c.createPrecondition(r, cur)
+	}
+	return response{}, false
+}
+
+// createPrecondition evaluates If-None-Match against cur, the record a
+// create would replace or collide with (nil when missing).
+func (c *collection) createPrecondition(r *http.Request, cur *record) (response, bool) {
+	if !c.ETags || cur == nil {
+		return response{}, false
+	}
+	if tags, has := condition(r, "If-None-Match"); has && matchTags(tags, cur.etag(), true) {
+		return preconditionFailed("If-None-Match"), true
+	}
+	return response{}, false
+}
+
+// condition returns a conditional header's entity-tag list, all its lines
+// joined; a header that is absent or blank is no condition.
+func condition(r *http.Request, name string) (string, bool) {
+	v := strings.Join(r.Header.Values(name), ",")
+	return v, strings.TrimSpace(v) != ""
+}
+
+// matchTags reports whether a list of entity tags (or "*") matches etag, a
+// strong tag, with the strong or weak comparison of RFC 9110 section 8.8.3.2.
+func matchTags(list, etag string, weak bool) bool {
+	for _, tag := range strings.Split(list, ",") {
+		tag = strings.TrimSpace(tag)
+		if weak {
+			tag = strings.TrimPrefix(tag, "W/")
+		}
+		if tag == "*" || tag == etag {
+			return true
+		}
+	}
+	return false
+}
+
+func preconditionFailed(header string) response {
+	return htmlPage(http.StatusPreconditionFailed, "Precondition failed: "+header+" does not hold for this record.")
 }
 
 // location builds an absolute URL from the request's Host, as legacy

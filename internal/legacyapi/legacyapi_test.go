@@ -477,3 +477,187 @@ func TestConcurrentClients(t *testing.T) {
 		t.Errorf("%d requests logged, want %d", got, 4*n)
 	}
 }
+
+// startWith serves a fresh API over the given collections, closed like
+// start's.
+func startWith(t *testing.T, cols ...Collection) (*API, *httptest.Server) {
+	t.Helper()
+	api := New(cols...)
+	srv := httptest.NewServer(api)
+	t.Cleanup(srv.Close)
+	t.Cleanup(api.Close)
+	return api, srv
+}
+
+// with returns fixture() with change applied to every collection.
+func with(change func(*Collection)) []Collection {
+	cols := fixture()
+	for i := range cols {
+		change(&cols[i])
+	}
+	return cols
+}
+
+func doH(t *testing.T, method, url, body string, hdr http.Header) answer {
+	t.Helper()
+	a, err := send(http.DefaultClient, method, url, body, hdr)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	return a
+}
+
+// state is every record of the fixture's collections, to tell whether a
+// request changed anything.
+func state(api *API) string {
+	return mustJSON([]any{api.Items("/api/users"), api.Items("/gadgets"), api.Items("/api/users/1/posts")})
+}
+
+func TestETagConditions(t *testing.T) {
+	// In the header columns "current" stands for the target's ETag just
+	// before the request.
+	tests := []struct {
+		name, method, path, body string
+		ifMatch, ifNoneMatch     string
+		status                   int
+		changed                  bool
+	}{
+		{"put if-match current", "PUT", "/api/users/1", `{"name":"A"}`, "current", "", 200, true},
+		{"put if-match in a list", "PUT", "/api/users/1", `{"name":"A"}`, `"v999", current`, "", 200, true},
+		{"put if-match star", "PUT", "/api/users/1", `{"name":"A"}`, "*", "", 200, true},
+		{"put if-match stale", "PUT", "/api/users/1", `{"name":"A"}`, `"v999"`, "", 412, false},
+		{"put if-match weak tag never matches", "PUT", "/api/users/1", `{"name":"A"}`, "W/current", "", 412, false},
+		{"put if-match before body checks", "PUT", "/api/users/1", `not json`, `"v999"`, "", 412, false},
+		{"put blank if-match is no condition", "PUT", "/api/users/1", `{"name":"A"}`, " ", "", 200, true},
+		{"put if-match star on missing", "PUT", "/gadgets/new", `{"name":"N"}`, "*", "", 412, false},
+		{"put if-match on missing, no PutCreates", "PUT", "/api/users/7", `{"name":"N"}`, `"v1"`, "", 412, false},
+		{"put if-none-match star on existing", "PUT", "/gadgets/a%20b", `{"name":"N"}`, "", "*", 412, false},
+		{"put if-none-match weak current", "PUT", "/gadgets/a%20b", `{"name":"N"}`, "", "W/current", 412, false},
+		{"put if-none-match other tag", "PUT", "/gadgets/a%20b", `{"name":"N"}`, "", `"v999"`, 200, true},
+		{"put if-none-match star creates", "PUT", "/gadgets/new", `{"name":"N"}`, "", "*", 201, true},
+		{"patch if-match current", "PATCH", "/api/users/2", `{"age":3}`, "current", "", 200, true},
+		{"patch if-match stale", "PATCH", "/api/users/2", `{"age":3}`, `"v1"`, "", 412, false},
+		{"patch if-match star on missing", "PATCH", "/api/users/7", `{"age":3}`, "*", "", 412, false},
+		{"delete if-match current", "DELETE", "/api/users/10", "", "current", "", 200, true},
+		{"delete if-match star", "DELETE", "/api/users/10", "", "*", "", 200, true},
+		{"delete if-match stale", "DELETE", "/api/users/10", "", `"v1"`, "", 412, false},
+		{"delete if-match star on missing", "DELETE", "/api/users/7", "", "*", "", 412, false},
+		{"post if-none-match star, id exists", "POST", "/api/users", `{"id":1,"name":"X"}`, "", "*", 412, false},
+		{"post if-none-match star, new id", "POST", "/api/users", `{"id":5,"name":"X"}`, "", "*", 201, true},
+		{"post if-none-match star, no id", "POST", "/api/users", `{"name":"X"}`, "", "*", 201, true},
+		{"post duplicate id without condition", "POST", "/api/users", `{"id":1,"name":"X"}`, "", "", 409, false},
+		{"get ignores if-match", "GET", "/api/users/1", "", `"v999"`, "", 200, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			api, srv := startWith(t, with(func(c *Collection) { c.ETags = true })...)
+			current := do(t, "GET", srv.URL+tc.path, "").header.Get("ETag")
+			hdr := http.Header{}
+			if tc.ifMatch != "" {
+				hdr.Set("If-Match", strings.ReplaceAll(tc.ifMatch, "current", current))
+			}
+			if tc.ifNoneMatch != "" {
+				hdr.Set("If-None-Match", strings.ReplaceAll(tc.ifNoneMatch, "current", current))
+			}
+			before := state(api)
+			a := doH(t, tc.method, srv.URL+tc.path, tc.body, hdr)
+			if a.status != tc.status {
+				t.Errorf("status = %d, want %d (body %q)", a.status, tc.status, a.body)
+			}
+			if a.status == 412 && (a.header.Get("Content-Type") != ctHTML || !strings.Contains(a.body, "412 Precondition Failed")) {
+				t.Errorf("412 answer: %q %q, want an HTML page", a.header.Get("Content-Type"), a.body)
+			}
+			if changed := state(api) != before; changed != tc.changed {
+				t.Errorf("state changed = %v, want %v", changed, tc.changed)
+			}
+		})
+	}
+}
+
+func TestETagValues(t *testing.T) {
+	_, srv := startWith(t, with(func(c *Collection) { c.ETags = true })...)
+	etag := func(a answer) string {
+		t.Helper()
+		tag := a.header.Get("ETag")
+		if !strings.HasPrefix(tag, `"v`) || !strings.HasSuffix(tag, `"`) || len(tag) < 4 {
+			t.Fatalf("ETag = %q (status %d), want a strong \"v<n>\"", tag, a.status)
+		}
+		return tag
+	}
+	u1 := srv.URL + "/api/users/1"
+	seen := map[string]string{}
+	distinct := func(what, tag string) {
+		t.Helper()
+		if prev, dup := seen[tag]; dup {
+			t.Errorf("%s has ETag %s, already used by %s", what, tag, prev)
+		}
+		seen[tag] = what
+	}
+
+	got := etag(do(t, "GET", u1, ""))
+	if head := etag(do(t, "HEAD", u1, "")); head != got {
+		t.Errorf("HEAD ETag %s, GET %s", head, got)
+	}
+	if got != etag(do(t, "GET", u1, "")) {
+		t.Error("ETag changed without a write")
+	}
+	distinct("seed", got)
+	distinct("other seed", etag(do(t, "GET", srv.URL+"/api/users/2", "")))
+
+	steps := []struct{ name, method, path, body string }{
+		{"PUT", "PUT", "/api/users/1", `{"name":"Ada"}`}, // same content, still a write
+		{"PATCH", "PATCH", "/api/users/1", `{"age":36}`},
+		{"POST", "POST", "/api/users", `{"id":1000,"name":"Dee"}`},
+		{"PUT create", "PUT", "/gadgets/9", `{"name":"Cog"}`},
+	}
+	for _, s := range steps {
+		a := do(t, s.method, srv.URL+s.path, s.body)
+		tag := etag(a)
+		distinct(s.name, tag)
+		read := s.path
+		if loc := a.header.Get("Location"); loc != "" {
+			read = strings.TrimPrefix(loc, srv.URL)
+		}
+		if now := etag(do(t, "GET", srv.URL+read, "")); now != tag {
+			t.Errorf("%s answered ETag %s, a GET then %s", s.name, tag, now)
+		}
+	}
+
+	// A deleted and re-created record does not get its old tag back.
+	old := etag(do(t, "GET", srv.URL+"/api/users/2", ""))
+	if a := do(t, "DELETE", srv.URL+"/api/users/2", ""); a.header.Get("ETag") != "" {
+		t.Errorf("DELETE answered ETag %q", a.header.Get("ETag"))
+	}
+	again := etag(do(t, "POST", srv.URL+"/api/users", `{"id":2,"name":"Bob"}`))
+	if again == old {
+		t.Errorf("re-created record has its old ETag %s", old)
+	}
+	if a := do(t, "GET", srv.URL+"/api/users", ""); a.header.Get("ETag") != "" {
+		t.Errorf("a list answered ETag %q", a.header.Get("ETag"))
+	}
+}
+
+func TestNoETagsIgnoresConditions(t *testing.T) {
+	api, srv := start(t)
+	if a := do(t, "GET", srv.URL+"/api/users/1", ""); a.header.Get("ETag") != "" {
+		t.Errorf("ETag %q without ETags", a.header.Get("ETag"))
+	}
+	for _, s := range []struct {
+		method, path, body, header string
+		status                     int
+	}{
+		{"PUT", "/api/users/1", `{"name":"A"}`, "If-Match", 200},
+		{"PATCH", "/api/users/1", `{"age":1}`, "If-Match", 200},
+		{"PUT", "/gadgets/a%20b", `{"name":"A"}`, "If-None-Match", 200},
+		{"POST", "/api/users", `{"id":2,"name":"B"}`, "If-None-Match", 409},
+		{"DELETE", "/api/users/1", "", "If-Match", 200},
+	} {
+		a := doH(t, s.method, srv.URL+s.path, s.body, http.Header{s.header: {`"nope"`, "*"}})
+		if a.status != s.status {
+			t.Errorf("%s %s with %s: %d, want %d", s.method, s.path, s.header, a.status, s.status)
+		}
+	}
+	if _, ok := api.Item("/api/users", "1"); ok {
+		t.Error("conditional DELETE was not applied")
+	}
+}
