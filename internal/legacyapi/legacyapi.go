@@ -13,6 +13,7 @@ package legacyapi
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"html"
@@ -43,8 +44,7 @@ type Collection struct {
 	// with the record) has a strong ETag "v<n>", where n comes from one
 	// counter the whole API shares and is new on every write of the record
 	// (even one that leaves its content as it was). A tag is never reused,
-	// not even after a delete and re-create of the same id, and two tenants'
-	// records never share one.
+	// not even after a delete and re-create of the same id.
 	//
 	// The API then honours, on PUT, PATCH and DELETE of an item, If-Match
 	// ("*" matches any existing record; a tag is compared strongly, so a
@@ -60,6 +60,27 @@ type Collection struct {
 	// Without ETags no ETag is sent and every conditional header is
 	// ignored, as most legacy APIs do.
 	ETags bool
+	// HonorKeys imitates an API that implements Idempotency-Key
+	// (draft-ietf-httpapi-idempotency-key-header), as payment-style APIs
+	// do. A write (POST, PUT, PATCH, DELETE) to the collection or its items
+	// with a non-empty Idempotency-Key is remembered, for the API's
+	// lifetime, under its method, escaped path, raw query and key, with
+	// its answer (status, headers, body) and a hash of its body. The same
+	// key again for the same method, path and query:
+	//
+	//   - with the same body bytes: the stored answer is replayed, with
+	//     Idempotent-Replayed: true added, and nothing is applied;
+	//   - with another body: 422, an HTML page, nothing applied;
+	//   - while the first is still being served: 409, an HTML page with
+	//     Retry-After: 1, nothing applied.
+	//
+	// Every answer the API computed is stored, errors included, and so is
+	// one an AfterApply fault kept from the client ("applied, answer
+	// lost"), which a resend then gets. A fault that replaced the answer
+	// without AfterApply never reached the API, so it stores nothing.
+	// API.Writes counts what was applied and what was replayed. Without
+	// HonorKeys the header is ignored and every resend is applied again.
+	HonorKeys bool
 	// Seed holds the initial records. Each must have an "id" that is a number
 	// (e.g. 1) or a non-empty string.
 	Seed []map[string]any
@@ -120,7 +141,9 @@ type API struct {
 	mu      sync.Mutex
 	faults  []*armedFault
 	log     []Request
-	version uint64 // the last record version handed out
+	version uint64                // the last record version handed out
+	keys    map[string]*keyRecord // Idempotency-Key records, by scope and key
+	writes  Writes
 
 	closed    chan struct{}
 	closeOnce sync.Once
@@ -146,6 +169,25 @@ type record struct {
 	version uint64 // from API.version, new on every write
 }
 
+// Writes counts what the API did with write requests (POST, PUT, PATCH,
+// DELETE) that reached it, so a test can tell a write applied once from one
+// applied twice.
+type Writes struct {
+	// Applied counts writes the API carried out, answering 2xx; one whose
+	// answer an AfterApply fault kept from the client counts too.
+	Applied int
+	// Replayed counts writes answered from a stored Idempotency-Key
+	// answer (HonorKeys), with nothing applied.
+	Replayed int
+}
+
+// keyRecord is one Idempotency-Key seen by the API.
+type keyRecord struct {
+	body [sha256.Size]byte // hash of the first request's body
+	done bool              // false while the first request is being served
+	res  response          // the first request's answer, once done
+}
+
 type armedFault struct {
 	Fault
 	left int // remaining hits; only meaningful when Times > 0
@@ -167,7 +209,7 @@ const firstAutoID = 1000
 // declaration because it is test and demo setup, where failing loudly beats
 // returning an error nobody checks.
 func New(cols ...Collection) *API {
-	a := &API{cols: map[string]*collection{}, closed: make(chan struct{})}
+	a := &API{cols: map[string]*collection{}, keys: map[string]*keyRecord{}, closed: make(chan struct{})}
 	for _, c := range cols {
 		if err := checkCollectionPath(c.Path); err != nil {
 			panic(fmt.Sprintf("legacyapi: collection %q: %v", c.Path, err))
@@ -286,6 +328,13 @@ func (a *API) Items(collection string) map[string]map[string]any {
 		out[k] = deepCopy(rec.fields).(map[string]any)
 	}
 	return out
+}
+
+// Writes returns the write counters since creation.
+func (a *API) Writes() Writes {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.writes
 }
 
 // Requests returns a copy of every request received since creation or the
@@ -417,20 +466,74 @@ func write(w http.ResponseWriter, r *http.Request, res response) {
 }
 
 // process is what the API itself does with a request that reached it:
-// route it and apply it to the state. It is called without mu and takes it
-// for as long as it reads or changes the state.
+// route it, honour an Idempotency-Key, and apply it to the state. It is
+// called without mu and takes it for as long as it reads or changes the
+// state.
 func (a *API) process(r *http.Request, path string, body []byte) response {
 	c, id := a.route(path)
 	if c == nil {
 		return notFound(path)
 	}
+	write := isWrite(r.Method)
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	t := c.table("")
-	if id == "" {
-		return a.handleCollection(c, t, r, body)
+	var key *keyRecord
+	if write && c.HonorKeys {
+		if k := r.Header.Get("Idempotency-Key"); k != "" {
+			var res response
+			if key, res = a.claimKey(r.Method+" "+path+"?"+r.URL.RawQuery+" "+k, body); key == nil {
+				return res
+			}
+		}
 	}
-	return a.handleItem(c, t, id, r, body)
+	t := c.table("")
+	var res response
+	if id == "" {
+		res = a.handleCollection(c, t, r, body)
+	} else {
+		res = a.handleItem(c, t, id, r, body)
+	}
+	if write && res.status >= 200 && res.status < 300 {
+		a.writes.Applied++
+	}
+	if key != nil {
+		key.res, key.done = res.clone(), true
+	}
+	return res
+}
+
+func isWrite(method string) bool {
+	switch method {
+	case http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete:
+		return true
+	}
+	return false
+}
+
+// claimKey looks up an Idempotency-Key by its scope (method, path, query
+// and key). For a new key it records the key as being served and returns
+// its record, for the caller to fill in with the answer; otherwise it
+// returns nil and the answer to send instead (a replay, 422 or 409).
+// Callers hold mu.
+func (a *API) claimKey(scope string, body []byte) (*keyRecord, response) {
+	sum := sha256.Sum256(body)
+	k := a.keys[scope]
+	switch {
+	case k == nil:
+		k = &keyRecord{body: sum}
+		a.keys[scope] = k
+		return k, response{}
+	case k.body != sum:
+		return nil, htmlPage(http.StatusUnprocessableEntity, "This Idempotency-Key was already used with another request body.")
+	case !k.done:
+		res := htmlPage(http.StatusConflict, "A request with this Idempotency-Key is still being processed.")
+		res.header.Set("Retry-After", "1")
+		return nil, res
+	}
+	a.writes.Replayed++
+	res := k.res.clone()
+	res.header.Set("Idempotent-Replayed", "true")
+	return nil, res
 }
 
 // route finds the collection a path names, and the unescaped item id when
@@ -826,6 +929,14 @@ func deepCopy(v any) any {
 		return s
 	}
 	return v
+}
+
+func (res response) clone() response {
+	h := res.header.Clone()
+	if h == nil {
+		h = http.Header{}
+	}
+	return response{status: res.status, header: h, body: bytes.Clone(res.body)}
 }
 
 func jsonHeader() http.Header {
