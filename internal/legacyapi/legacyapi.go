@@ -44,7 +44,8 @@ type Collection struct {
 	// with the record) has a strong ETag "v<n>", where n comes from one
 	// counter the whole API shares and is new on every write of the record
 	// (even one that leaves its content as it was). A tag is never reused,
-	// not even after a delete and re-create of the same id.
+	// not even after a delete and re-create of the same id, and two tenants'
+	// records never share one.
 	//
 	// The API then honours, on PUT, PATCH and DELETE of an item, If-Match
 	// ("*" matches any existing record; a tag is compared strongly, so a
@@ -81,6 +82,19 @@ type Collection struct {
 	// API.Writes counts what was applied and what was replayed. Without
 	// HonorKeys the header is ignored and every resend is applied again.
 	HonorKeys bool
+	// Tenants imitates a multi-tenant API that picks the tenant from a
+	// query parameter: ?tenant=<name> selects a separate set of records;
+	// no parameter, or an empty one, selects the default tenant, which
+	// holds the seeds. A tenant not seen before is an empty set. Each
+	// tenant is its own table with its own auto-increment, as with a
+	// schema per tenant: POST without id assigns 1000, 1001… in every
+	// tenant, so the same id names different records in different tenants
+	// and a request that lost its ?tenant= hits the default tenant's record
+	// of that id. Location headers name the item without the query, as
+	// route-based URL builders do. Without Tenants the parameter is ignored
+	// and everything is the default tenant. See API.TenantItem and
+	// API.TenantItems.
+	Tenants bool
 	// Seed holds the initial records. Each must have an "id" that is a number
 	// (e.g. 1) or a non-empty string.
 	Seed []map[string]any
@@ -294,15 +308,22 @@ func (a *API) ClearFaults() {
 }
 
 // Item returns a deep copy of one record, looked up by collection path and
-// by the id's string form (the unescaped path segment, e.g. "7" or "a b").
+// by the id's string form (the unescaped path segment, e.g. "7" or "a b"),
+// in the default tenant.
 func (a *API) Item(collection, id string) (map[string]any, bool) {
+	return a.TenantItem(collection, "", id)
+}
+
+// TenantItem is Item in the given tenant ("" is the default tenant; see
+// Collection.Tenants).
+func (a *API) TenantItem(collection, tenant, id string) (map[string]any, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	c := a.cols[collection]
 	if c == nil {
 		return nil, false
 	}
-	t := c.tables[""]
+	t := c.tables[tenant]
 	if t == nil {
 		return nil, false
 	}
@@ -313,17 +334,26 @@ func (a *API) Item(collection, id string) (map[string]any, bool) {
 	return deepCopy(rec.fields).(map[string]any), true
 }
 
-// Items returns a deep copy of every record of a collection keyed by the id's
-// string form, or nil for an undeclared collection.
+// Items returns a deep copy of every record of a collection, in the default
+// tenant, keyed by the id's string form, or nil for an undeclared collection.
 func (a *API) Items(collection string) map[string]map[string]any {
+	return a.TenantItems(collection, "")
+}
+
+// TenantItems is Items in the given tenant ("" is the default tenant; see
+// Collection.Tenants); a tenant never used has no records.
+func (a *API) TenantItems(collection, tenant string) map[string]map[string]any {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	c := a.cols[collection]
 	if c == nil {
 		return nil
 	}
-	t := c.tables[""]
-	out := make(map[string]map[string]any, len(t.records))
+	out := map[string]map[string]any{}
+	t := c.tables[tenant]
+	if t == nil {
+		return out
+	}
 	for k, rec := range t.records {
 		out[k] = deepCopy(rec.fields).(map[string]any)
 	}
@@ -486,7 +516,7 @@ func (a *API) process(r *http.Request, path string, body []byte) response {
 			}
 		}
 	}
-	t := c.table("")
+	t := c.table(c.tenant(r))
 	var res response
 	if id == "" {
 		res = a.handleCollection(c, t, r, body)
@@ -551,6 +581,14 @@ func (a *API) route(path string) (c *collection, id string) {
 		}
 	}
 	return nil, ""
+}
+
+// tenant is the tenant a request addresses.
+func (c *collection) tenant(r *http.Request) string {
+	if !c.Tenants {
+		return ""
+	}
+	return r.URL.Query().Get("tenant")
 }
 
 // table returns the records of one tenant, making an empty set for a tenant

@@ -799,3 +799,132 @@ func TestIdempotencyKeyAfterLostAnswer(t *testing.T) {
 		})
 	}
 }
+
+// step is one request of a scripted test and what it must answer.
+type step struct {
+	method, path, body string
+	status             int
+	wantBody           string // exact, if set
+}
+
+func run(t *testing.T, srv *httptest.Server, steps []step) {
+	t.Helper()
+	for _, s := range steps {
+		a := do(t, s.method, srv.URL+s.path, s.body)
+		if a.status != s.status || (s.wantBody != "" && a.body != s.wantBody) {
+			t.Errorf("%s %s: %d %s, want %d %s", s.method, s.path, a.status, a.body, s.status, s.wantBody)
+		}
+	}
+}
+
+func TestTenants(t *testing.T) {
+	api, srv := startWith(t, with(func(c *Collection) { c.Tenants = true })...)
+	run(t, srv, []step{
+		{"GET", "/api/users?tenant=a", "", 200, `[]`},
+		{"GET", "/api/users/1?tenant=a", "", 404, ""},
+		{"POST", "/api/users?tenant=a", `{"name":"A"}`, 201, `{"id":1000,"name":"A"}`},
+		{"POST", "/api/users?tenant=a", `{"id":1,"name":"A1"}`, 201, ""},
+		{"POST", "/api/users", `{"name":"D"}`, 201, `{"id":1000,"name":"D"}`}, // numbering is per tenant
+		{"POST", "/api/users?tenant=b&x=1", `{"name":"B"}`, 201, `{"id":1000,"name":"B"}`},
+		{"GET", "/api/users?tenant=a", "", 200, `[{"id":1,"name":"A1"},{"id":1000,"name":"A"}]`},
+		{"GET", "/api/users?limit=1&tenant=a", "", 200, `[{"id":1,"name":"A1"}]`},
+		{"GET", "/api/users/1", "", 200, `{"id":1,"name":"Ada"}`},
+		{"GET", "/api/users/1?tenant=", "", 200, `{"id":1,"name":"Ada"}`}, // empty is the default tenant
+		{"PUT", "/api/users/1?tenant=a", `{"name":"A2"}`, 200, `{"id":1,"name":"A2"}`},
+		{"PATCH", "/api/users/1000?tenant=a", `{"age":1}`, 200, `{"age":1,"id":1000,"name":"A"}`},
+		{"DELETE", "/api/users/1000?tenant=b", "", 200, `{}`},
+		{"DELETE", "/api/users/2?tenant=a", "", 404, ""},
+		{"PUT", "/gadgets/a%20b?tenant=a", `{"name":"G"}`, 201, `{"id":"a b","name":"G"}`},
+	})
+	for _, c := range []struct {
+		tenant, id, want string // want "" for absent
+	}{
+		{"", "1", `{"id":1,"name":"Ada"}`},
+		{"", "1000", `{"id":1000,"name":"D"}`},
+		{"a", "1", `{"id":1,"name":"A2"}`},
+		{"a", "1000", `{"age":1,"id":1000,"name":"A"}`},
+		{"a", "2", ""},
+		{"b", "1000", ""},
+		{"nobody", "1", ""},
+	} {
+		rec, ok := api.TenantItem("/api/users", c.tenant, c.id)
+		if got := mustJSON(rec); ok != (c.want != "") || (ok && got != c.want) {
+			t.Errorf("TenantItem(%q, %q) = %s, %v; want %s", c.tenant, c.id, got, ok, c.want)
+		}
+	}
+	if got := api.TenantItems("/api/users", "a"); len(got) != 2 {
+		t.Errorf("TenantItems a = %v", got)
+	}
+	if got, want := mustJSON(api.Items("/api/users")), mustJSON(api.TenantItems("/api/users", "")); got != want || len(api.Items("/api/users")) != 4 {
+		t.Errorf("Items = %s, TenantItems default = %s", got, want)
+	}
+	if got := api.TenantItems("/api/users", "nobody"); got == nil || len(got) != 0 {
+		t.Errorf("TenantItems of an unused tenant = %#v, want empty", got)
+	}
+	if got := api.TenantItems("/nope", ""); got != nil {
+		t.Errorf("TenantItems of an undeclared collection = %#v, want nil", got)
+	}
+	if a := do(t, "POST", srv.URL+"/gadgets?tenant=a", `{"id":"z","name":"Z"}`); a.header.Get("Location") != srv.URL+"/gadgets/z" {
+		t.Errorf("Location = %q, want it without the query", a.header.Get("Location"))
+	}
+}
+
+func TestTenantParameterIgnoredWithoutTenants(t *testing.T) {
+	api, srv := start(t)
+	run(t, srv, []step{
+		{"POST", "/api/users?tenant=a", `{"name":"A"}`, 201, `{"id":1000,"name":"A"}`},
+		{"GET", "/api/users/1?tenant=a", "", 200, `{"id":1,"name":"Ada"}`},
+	})
+	if _, ok := api.Item("/api/users", "1000"); !ok {
+		t.Error("the POST did not land in the only tenant")
+	}
+	if n := len(api.TenantItems("/api/users", "a")); n != 0 {
+		t.Errorf("tenant a has %d records", n)
+	}
+}
+
+func TestETagsTenantsKeysComposed(t *testing.T) {
+	api, srv := startWith(t, with(func(c *Collection) { c.ETags, c.Tenants, c.HonorKeys = true, true, true })...)
+	hdr := func(kv ...string) http.Header {
+		h := http.Header{}
+		for i := 0; i < len(kv); i += 2 {
+			h.Set(kv[i], kv[i+1])
+		}
+		return h
+	}
+	created := doH(t, "POST", srv.URL+"/api/users?tenant=a", `{"id":1,"name":"A1"}`, hdr("If-None-Match", "*", "Idempotency-Key", "k"))
+	ta, td := created.header.Get("ETag"), do(t, "GET", srv.URL+"/api/users/1", "").header.Get("ETag")
+	if created.status != 201 || ta == "" || ta == td {
+		t.Fatalf("create in tenant a: %d, ETag %q (default tenant's %q)", created.status, ta, td)
+	}
+	for _, s := range []struct {
+		name, method, path, body string
+		hdr                      http.Header
+		status                   int
+	}{
+		{"other tenant's tag fails", "PUT", "/api/users/1?tenant=a", `{"name":"X"}`, hdr("If-Match", td), 412},
+		{"and the other way round", "PATCH", "/api/users/1", `{"name":"X"}`, hdr("If-Match", ta), 412},
+		{"missing in tenant b", "DELETE", "/api/users/1?tenant=b", "", hdr("If-Match", "*"), 412},
+		{"absent in tenant b", "POST", "/api/users?tenant=b", `{"id":1,"name":"B1"}`, hdr("If-None-Match", "*"), 201},
+		{"present in tenant a", "POST", "/api/users?tenant=a", `{"id":1,"name":"A1"}`, hdr("If-None-Match", "*"), 412},
+		{"key replayed in its tenant", "POST", "/api/users?tenant=a", `{"id":1,"name":"A1"}`, hdr("If-None-Match", "*", "Idempotency-Key", "k"), 201},
+		{"key is new in another tenant", "POST", "/api/users?tenant=c", `{"id":1,"name":"A1"}`, hdr("If-None-Match", "*", "Idempotency-Key", "k"), 201},
+		{"own tag holds", "PATCH", "/api/users/1?tenant=a", `{"age":2}`, hdr("If-Match", ta), 200},
+	} {
+		a := doH(t, s.method, srv.URL+s.path, s.body, s.hdr)
+		if a.status != s.status {
+			t.Errorf("%s: %d %q, want %d", s.name, a.status, a.body, s.status)
+		}
+		if s.name == "key replayed in its tenant" && (a.header.Get("ETag") != ta || a.header.Get("Idempotent-Replayed") != "true") {
+			t.Errorf("%s: ETag %q replayed %q, want the first answer's %q", s.name, a.header.Get("ETag"), a.header.Get("Idempotent-Replayed"), ta)
+		}
+	}
+	for tenant, want := range map[string]string{"": `{"id":1,"name":"Ada"}`, "a": `{"age":2,"id":1,"name":"A1"}`, "b": `{"id":1,"name":"B1"}`, "c": `{"id":1,"name":"A1"}`} {
+		if rec, _ := api.TenantItem("/api/users", tenant, "1"); mustJSON(rec) != want {
+			t.Errorf("tenant %q: %s, want %s", tenant, mustJSON(rec), want)
+		}
+	}
+	if got, want := api.Writes(), (Writes{Applied: 4, Replayed: 1}); got != want {
+		t.Errorf("Writes() = %+v, want %+v", got, want)
+	}
+}
