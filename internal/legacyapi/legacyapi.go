@@ -41,7 +41,7 @@ type Collection struct {
 	PutCreates bool
 	// ETags imitates an API with a row-version column: every answer that
 	// carries a record (GET, HEAD, PUT, PATCH, and a POST create answered
-	// with the record) has a strong ETag "v<n>", where n comes from one
+	// with the record, AnswerCreated; not 202, 303 or a bare 201) has a strong ETag "v<n>", where n comes from one
 	// counter the whole API shares and is new on every write of the record
 	// (even one that leaves its content as it was). A tag is never reused,
 	// not even after a delete and re-create of the same id, and two tenants'
@@ -95,10 +95,47 @@ type Collection struct {
 	// and everything is the default tenant. See API.TenantItem and
 	// API.TenantItems.
 	Tenants bool
+	// APIKey, when set, imitates an API guarded by a key in the query
+	// string: every request to the collection or its items without
+	// api_key=<APIKey> answers 401 with an HTML page and
+	// WWW-Authenticate: ApiKey realm="legacy", before anything else is
+	// looked at (Idempotency-Key included), and nothing is applied.
+	APIKey string
+	// CreateAnswer is what a POST create answers; the record is created
+	// whatever the answer. Default: AnswerCreated.
+	CreateAnswer CreateAnswer
+	// AssignIDs imitates a table with an auto-increment key: POST ignores
+	// any id the client sent and always assigns the next number (1000,
+	// 1001…). Without it the client's id is honoured (and a duplicate is
+	// refused).
+	AssignIDs bool
 	// Seed holds the initial records. Each must have an "id" that is a number
 	// (e.g. 1) or a non-empty string.
 	Seed []map[string]any
 }
+
+// CreateAnswer is what a collection answers to a POST that created a
+// record.
+type CreateAnswer int
+
+const (
+	// AnswerCreated is 201 with the record as JSON and an absolute Location
+	// of the new item.
+	AnswerCreated CreateAnswer = iota
+	// AnswerAccepted imitates an API that queues every create as a job:
+	// 202 with Location <scheme>://<host>/jobs/<n> and the body
+	// {"id": <n>, "status": "queued"}. Job numbers are counted across the
+	// whole API from 1, so they collide with small record ids: a client
+	// that takes the body's "id" for the record's id gets another record.
+	// The record is created at once, under its own id; /jobs is not served.
+	AnswerAccepted
+	// AnswerSeeOther imitates a form-era framework's post/redirect/get:
+	// 303 with an absolute Location of the new item and an empty body.
+	AnswerSeeOther
+	// AnswerBare imitates an API that only confirms: 201 with no Location
+	// and no body, so the new id cannot be learned from the answer.
+	AnswerBare
+)
 
 // Request is one request as the API received it, so tests can assert what
 // the gateway actually sent upstream (including requests that were faulted).
@@ -156,6 +193,7 @@ type API struct {
 	faults  []*armedFault
 	log     []Request
 	version uint64                // the last record version handed out
+	lastJob int                   // the last job number handed out (AnswerAccepted)
 	keys    map[string]*keyRecord // Idempotency-Key records, by scope and key
 	writes  Writes
 
@@ -227,6 +265,9 @@ func New(cols ...Collection) *API {
 	for _, c := range cols {
 		if err := checkCollectionPath(c.Path); err != nil {
 			panic(fmt.Sprintf("legacyapi: collection %q: %v", c.Path, err))
+		}
+		if c.CreateAnswer < AnswerCreated || c.CreateAnswer > AnswerBare {
+			panic(fmt.Sprintf("legacyapi: collection %q: unknown CreateAnswer %d", c.Path, c.CreateAnswer))
 		}
 		if _, dup := a.cols[c.Path]; dup {
 			panic(fmt.Sprintf("legacyapi: collection %q declared twice", c.Path))
@@ -496,13 +537,18 @@ func write(w http.ResponseWriter, r *http.Request, res response) {
 }
 
 // process is what the API itself does with a request that reached it:
-// route it, honour an Idempotency-Key, and apply it to the state. It is
-// called without mu and takes it for as long as it reads or changes the
-// state.
+// route it, check its API key, honour an Idempotency-Key, and apply it to
+// the state. It is called without mu and takes it for as long as it reads
+// or changes the state.
 func (a *API) process(r *http.Request, path string, body []byte) response {
 	c, id := a.route(path)
 	if c == nil {
 		return notFound(path)
+	}
+	if c.APIKey != "" && r.URL.Query().Get("api_key") != c.APIKey {
+		res := htmlPage(http.StatusUnauthorized, "A valid api_key query parameter is required.")
+		res.header.Set("WWW-Authenticate", `ApiKey realm="legacy"`)
+		return res
 	}
 	write := isWrite(r.Method)
 	a.mu.Lock()
@@ -646,7 +692,7 @@ func (a *API) handleCollection(c *collection, t *table, r *http.Request, body []
 		}
 		// A null id is what ORMs send for "not saved yet", so it means
 		// "assign one" rather than an error.
-		if v, has := rec["id"]; has && v == nil {
+		if v, has := rec["id"]; has && (v == nil || c.AssignIDs) {
 			delete(rec, "id")
 		}
 		var key string
@@ -672,13 +718,30 @@ func (a *API) handleCollection(c *collection, t *table, r *http.Request, body []
 			}
 			rec["id"] = json.Number(key)
 		}
-		res := c.recordAnswer(http.StatusCreated, a.store(t, key, rec))
-		res.header.Set("Location", location(r, c, key))
-		return res
+		return a.created(c, r, key, a.store(t, key, rec))
 
 	default:
 		return methodNotAllowed(r.Method, "GET, HEAD, POST")
 	}
+}
+
+// created answers a POST that created rec under key, as the collection's
+// CreateAnswer says.
+func (a *API) created(c *collection, r *http.Request, key string, rec *record) response {
+	switch c.CreateAnswer {
+	case AnswerAccepted:
+		a.lastJob++
+		res := jsonAnswer(http.StatusAccepted, map[string]any{"id": a.lastJob, "status": "queued"})
+		res.header.Set("Location", origin(r)+"/jobs/"+strconv.Itoa(a.lastJob))
+		return res
+	case AnswerSeeOther:
+		return response{status: http.StatusSeeOther, header: http.Header{"Location": {location(r, c, key)}}}
+	case AnswerBare:
+		return response{status: http.StatusCreated, header: http.Header{}}
+	}
+	res := c.recordAnswer(http.StatusCreated, rec)
+	res.header.Set("Location", location(r, c, key))
+	return res
 }
 
 func (a *API) handleItem(c *collection, t *table, id string, r *http.Request, body []byte) response {

@@ -928,3 +928,124 @@ func TestETagsTenantsKeysComposed(t *testing.T) {
 		t.Errorf("Writes() = %+v, want %+v", got, want)
 	}
 }
+
+func TestAPIKey(t *testing.T) {
+	cols := fixture()
+	cols[0].APIKey = "s3cret" // /api/users only
+	cols[0].HonorKeys = true
+	api, srv := startWith(t, cols...)
+	tests := []struct {
+		method, path, body string
+		status             int
+	}{
+		{"GET", "/api/users", "", 401},
+		{"GET", "/api/users/", "", 401},
+		{"GET", "/api/users?api_key=", "", 401},
+		{"GET", "/api/users?api_key=wrong", "", 401},
+		{"GET", "/api/users?API_KEY=s3cret", "", 401},
+		{"HEAD", "/api/users/1", "", 401},
+		{"POST", "/api/users", `{"name":"X"}`, 401},
+		{"PUT", "/api/users/1?key=s3cret", `{"name":"X"}`, 401},
+		{"PATCH", "/api/users/1", `{"name":"X"}`, 401},
+		{"DELETE", "/api/users/1?api_key=s3cret2", "", 401},
+		{"DELETE", "/api/users", "", 401}, // before the 405
+		{"GET", "/api/users?api_key=s3cret", "", 200},
+		{"GET", "/api/users/1?limit=1&api_key=s3cret", "", 200},
+		{"GET", "/gadgets", "", 200},           // another collection, no key
+		{"GET", "/api/users/1/posts", "", 200}, // a nested path is its own collection
+		{"GET", "/nope", "", 404},
+	}
+	for _, tc := range tests {
+		a := doH(t, tc.method, srv.URL+tc.path, tc.body, http.Header{"Idempotency-Key": {"k"}})
+		if a.status != tc.status {
+			t.Errorf("%s %s: %d, want %d", tc.method, tc.path, a.status, tc.status)
+		}
+		if tc.status != 401 {
+			continue
+		}
+		if a.header.Get("WWW-Authenticate") != `ApiKey realm="legacy"` || a.header.Get("Content-Type") != ctHTML ||
+			(tc.method != "HEAD" && !strings.Contains(a.body, "<title>401 Unauthorized</title>")) {
+			t.Errorf("%s %s: 401 with %v %q", tc.method, tc.path, a.header, a.body)
+		}
+	}
+	if got := state(api); got != state(New(fixture()...)) {
+		t.Errorf("refused requests changed the state: %s", got)
+	}
+	if got := api.Writes(); got != (Writes{}) {
+		t.Errorf("Writes() = %+v after refused writes", got)
+	}
+	if a := do(t, "DELETE", srv.URL+"/api/users/1?api_key=s3cret", ""); a.status != 200 {
+		t.Errorf("DELETE with the key: %d", a.status)
+	}
+}
+
+func TestCreateAnswer(t *testing.T) {
+	tests := []struct {
+		answer    CreateAnswer
+		status    int
+		locations []string // of the two POSTs, after the server's URL
+		bodies    []string
+		ct        string
+	}{
+		{AnswerCreated, 201, []string{"/api/users/1000", "/api/users/5"}, []string{`{"id":1000,"name":"A"}`, `{"id":5,"name":"B"}`}, ctJSON},
+		{AnswerAccepted, 202, []string{"/jobs/1", "/jobs/2"}, []string{`{"id":1,"status":"queued"}`, `{"id":2,"status":"queued"}`}, ctJSON},
+		{AnswerSeeOther, 303, []string{"/api/users/1000", "/api/users/5"}, []string{"", ""}, ""},
+		{AnswerBare, 201, []string{"", ""}, []string{"", ""}, ""},
+	}
+	noRedirects := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	for _, tc := range tests {
+		t.Run(fmt.Sprint(tc.status, tc.bodies[0]), func(t *testing.T) {
+			api, srv := startWith(t, with(func(c *Collection) { c.CreateAnswer, c.ETags = tc.answer, true })...)
+			for i, body := range []string{`{"name":"A"}`, `{"id":5,"name":"B"}`} {
+				a, err := send(noRedirects, "POST", srv.URL+"/api/users", body, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				loc := tc.locations[i]
+				if loc != "" {
+					loc = srv.URL + loc
+				}
+				if a.status != tc.status || a.header.Get("Location") != loc || a.body != tc.bodies[i] || a.header.Get("Content-Type") != tc.ct {
+					t.Errorf("POST %d: %d Location %q %q %q, want %d %q %q %q", i, a.status, a.header.Get("Location"), a.header.Get("Content-Type"), a.body,
+						tc.status, loc, tc.ct, tc.bodies[i])
+				}
+				if hasTag := a.header.Get("ETag") != ""; hasTag != (tc.answer == AnswerCreated) {
+					t.Errorf("POST %d: ETag %q", i, a.header.Get("ETag"))
+				}
+			}
+			for _, id := range []string{"1000", "5"} {
+				if _, ok := api.Item("/api/users", id); !ok {
+					t.Errorf("record %s not created", id)
+				}
+			}
+		})
+	}
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Error("New accepted an unknown CreateAnswer")
+			}
+		}()
+		New(Collection{Path: "/x", CreateAnswer: AnswerBare + 1})
+	}()
+}
+
+func TestAssignIDs(t *testing.T) {
+	api, srv := startWith(t, with(func(c *Collection) { c.AssignIDs, c.ETags = true, true })...)
+	run(t, srv, []step{
+		{"POST", "/api/users", `{"id":5,"name":"A"}`, 201, `{"id":1000,"name":"A"}`},
+		{"POST", "/api/users", `{"id":1,"name":"B"}`, 201, `{"id":1001,"name":"B"}`}, // not a duplicate
+		{"POST", "/api/users", `{"id":true,"name":"C"}`, 201, `{"id":1002,"name":"C"}`},
+		{"POST", "/gadgets", `{"id":"x","name":"D"}`, 201, `{"id":1000,"name":"D"}`},
+	})
+	if a := doH(t, "POST", srv.URL+"/api/users", `{"id":2,"name":"E"}`, http.Header{"If-None-Match": {"*"}}); a.status != 201 ||
+		a.header.Get("Location") != srv.URL+"/api/users/1003" {
+		t.Errorf("POST naming an existing id with If-None-Match: *: %d %q", a.status, a.header.Get("Location"))
+	}
+	if rec, _ := api.Item("/api/users", "1"); rec["name"] != "Ada" {
+		t.Errorf("user 1 = %v", rec)
+	}
+	if _, ok := api.Item("/api/users", "5"); ok {
+		t.Error("the client's id was used")
+	}
+}
