@@ -8,6 +8,13 @@
 // absolute, and validation failures are 422 pages. Faults can be injected per
 // request so tests can exercise the gateway's undo logic, including the case
 // "the change happened but the answer never arrived".
+//
+// Other habits are opt-in per collection, off by default, and combine
+// freely: ETags with conditional writes, Idempotency-Key replay, tenants
+// chosen by a query parameter, an API key in the query string, creates
+// answered 202/303/bare 201, ids always assigned by the server, and slow
+// writes. InFlight, PeakInFlight and CountConns let a test measure the load
+// a client puts on the API.
 package legacyapi
 
 import (
@@ -18,12 +25,14 @@ import (
 	"fmt"
 	"html"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -109,6 +118,19 @@ type Collection struct {
 	// 1001…). Without it the client's id is honoured (and a duplicate is
 	// refused).
 	AssignIDs bool
+	// WriteDelay imitates a slow legacy API (a slow database, a lock wait):
+	// every write (POST, PUT, PATCH, DELETE) to the collection or its items
+	// that passed the API key check and is not an Idempotency-Key replay,
+	// 409 or 422 waits this long before it is applied and answered. Reads
+	// are not delayed, and other requests are served during the wait.
+	//
+	// If the client goes away during the wait, the write is still applied
+	// when the wait ends, as by a real server that had already started the
+	// transaction: a client that timed out cannot conclude that nothing
+	// happened. Close cuts every wait short; the write is then applied and
+	// answered at once. With HonorKeys the key is claimed before the wait,
+	// so a resend during it is a 409. Default: 0, no delay.
+	WriteDelay time.Duration
 	// Seed holds the initial records. Each must have an "id" that is a number
 	// (e.g. 1) or a non-empty string.
 	Seed []map[string]any
@@ -186,9 +208,9 @@ type API struct {
 	// cols is built by New and only read afterwards.
 	cols map[string]*collection
 
-	// mu guards everything below and the collections' tables; it is never
-	// held while a request sleeps, hangs or writes to the network, so slow
-	// faults cannot stall others.
+	// mu guards the fields from here to writes and the collections'
+	// tables; it is never held while a request sleeps, hangs or writes to
+	// the network, so slow faults and slow writes cannot stall others.
 	mu      sync.Mutex
 	faults  []*armedFault
 	log     []Request
@@ -196,6 +218,11 @@ type API struct {
 	lastJob int                   // the last job number handed out (AnswerAccepted)
 	keys    map[string]*keyRecord // Idempotency-Key records, by scope and key
 	writes  Writes
+
+	// load guards the load counters, apart from mu so that counting never
+	// waits for the state.
+	load           sync.Mutex
+	inFlight, peak int
 
 	closed    chan struct{}
 	closeOnce sync.Once
@@ -265,6 +292,9 @@ func New(cols ...Collection) *API {
 	for _, c := range cols {
 		if err := checkCollectionPath(c.Path); err != nil {
 			panic(fmt.Sprintf("legacyapi: collection %q: %v", c.Path, err))
+		}
+		if c.WriteDelay < 0 {
+			panic(fmt.Sprintf("legacyapi: collection %q: negative WriteDelay", c.Path))
 		}
 		if c.CreateAnswer < AnswerCreated || c.CreateAnswer > AnswerBare {
 			panic(fmt.Sprintf("legacyapi: collection %q: unknown CreateAnswer %d", c.Path, c.CreateAnswer))
@@ -428,9 +458,77 @@ func (a *API) ResetLog() {
 	a.log = nil
 }
 
+// InFlight returns how many requests are being served now: from the
+// moment ServeHTTP is entered until it returns, whatever faults, delays or
+// hangs keep them.
+func (a *API) InFlight() int {
+	a.load.Lock()
+	defer a.load.Unlock()
+	return a.inFlight
+}
+
+// PeakInFlight returns the most requests served at once since New or the
+// last ResetPeak, so a test can prove a bound on concurrency.
+func (a *API) PeakInFlight() int {
+	a.load.Lock()
+	defer a.load.Unlock()
+	return a.peak
+}
+
+// ResetPeak starts a new PeakInFlight measure, from the requests in flight
+// now.
+func (a *API) ResetPeak() {
+	a.load.Lock()
+	defer a.load.Unlock()
+	a.peak = a.inFlight
+}
+
+func (a *API) enter() {
+	a.load.Lock()
+	defer a.load.Unlock()
+	a.inFlight++
+	a.peak = max(a.peak, a.inFlight)
+}
+
+func (a *API) leave() {
+	a.load.Lock()
+	defer a.load.Unlock()
+	a.inFlight--
+}
+
+// CountConns wraps a listener so that every connection it accepts is
+// counted, for a test to prove that a client reused its connections (or
+// dialed no new ones while it should not):
+//
+//	srv := httptest.NewUnstartedServer(api)
+//	ln, conns := legacyapi.CountConns(srv.Listener)
+//	srv.Listener = ln
+//	srv.Start()
+//	…
+//	conns.Load() // connections accepted so far
+func CountConns(l net.Listener) (net.Listener, *atomic.Int64) {
+	n := new(atomic.Int64)
+	return &countingListener{Listener: l, n: n}, n
+}
+
+type countingListener struct {
+	net.Listener
+	n *atomic.Int64
+}
+
+func (l *countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.n.Add(1)
+	}
+	return c, err
+}
+
 // ServeHTTP serves the API. Every request is logged before anything else so
 // tests see even the ones that were faulted.
 func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	a.enter()
+	defer a.leave()
 	body, readErr := io.ReadAll(r.Body)
 	path := r.URL.EscapedPath()
 	normal := func() response {
@@ -561,6 +659,12 @@ func (a *API) process(r *http.Request, path string, body []byte) response {
 				return res
 			}
 		}
+	}
+	if write && c.WriteDelay > 0 {
+		a.mu.Unlock()
+		// The client's context is not the wait's: see Collection.WriteDelay.
+		a.wait(context.Background(), c.WriteDelay)
+		a.mu.Lock()
 	}
 	t := c.table(c.tenant(r))
 	var res response

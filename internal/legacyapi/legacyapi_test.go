@@ -1049,3 +1049,170 @@ func TestAssignIDs(t *testing.T) {
 		t.Error("the client's id was used")
 	}
 }
+
+// eventually polls cond until it holds or two seconds have passed.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(2 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+	}
+}
+
+// background sends a request in a goroutine; the answer comes on the channel.
+func background(method, url, body string, hdr http.Header) <-chan answer {
+	c := make(chan answer, 1)
+	go func() {
+		a, err := send(fresh(10*time.Second), method, url, body, hdr)
+		if err != nil {
+			a.status, a.body = -1, err.Error()
+		}
+		c <- a
+	}()
+	return c
+}
+
+func TestWriteDelay(t *testing.T) {
+	t.Run("writes wait, reads do not", func(t *testing.T) {
+		api, srv := startWith(t, with(func(c *Collection) { c.WriteDelay = time.Hour })...)
+		put := background("PUT", srv.URL+"/api/users/1", `{"name":"Ann"}`, nil)
+		eventually(t, "the PUT is in flight", func() bool { return api.InFlight() == 1 })
+		// Served meanwhile, and the write is not applied yet.
+		if a := do(t, "GET", srv.URL+"/api/users/1", ""); a.status != 200 || a.body != `{"id":1,"name":"Ada"}` {
+			t.Errorf("GET during the write: %d %s", a.status, a.body)
+		}
+		api.Close() // cuts the wait short; the write is then applied and answered
+		if a := <-put; a.status != 200 || a.body != `{"id":1,"name":"Ann"}` {
+			t.Errorf("PUT after Close: %d %s", a.status, a.body)
+		}
+		if rec, _ := api.Item("/api/users", "1"); rec["name"] != "Ann" {
+			t.Errorf("record = %v", rec)
+		}
+	})
+
+	t.Run("takes at least the delay", func(t *testing.T) {
+		_, srv := startWith(t, with(func(c *Collection) { c.WriteDelay = 100 * time.Millisecond })...)
+		for _, s := range []step{
+			{"POST", "/api/users", `{"name":"D"}`, 201, ""},
+			{"PATCH", "/api/users/1", `{"age":1}`, 200, ""},
+			{"DELETE", "/api/users/7", "", 404, ""}, // refused, but only after the wait
+		} {
+			t0 := time.Now()
+			run(t, srv, []step{s})
+			if el := time.Since(t0); el < 100*time.Millisecond {
+				t.Errorf("%s answered after %v", s.method, el)
+			}
+		}
+	})
+
+	t.Run("applied when the client has gone", func(t *testing.T) {
+		api, srv := startWith(t, with(func(c *Collection) { c.WriteDelay = 500 * time.Millisecond })...)
+		if _, err := send(fresh(20*time.Millisecond), "DELETE", srv.URL+"/api/users/1", "", nil); err == nil {
+			t.Fatal("want a client timeout")
+		}
+		if _, ok := api.Item("/api/users", "1"); !ok {
+			t.Fatal("applied before the delay")
+		}
+		eventually(t, "the DELETE is applied", func() bool { _, ok := api.Item("/api/users", "1"); return !ok })
+		eventually(t, "the handler returned", func() bool { return api.InFlight() == 0 })
+		if got := api.Writes(); got != (Writes{Applied: 1}) {
+			t.Errorf("Writes() = %+v", got)
+		}
+	})
+
+	t.Run("a key resent during the wait", func(t *testing.T) {
+		api, srv := startWith(t, with(func(c *Collection) { c.WriteDelay, c.HonorKeys = time.Hour, true })...)
+		key := http.Header{"Idempotency-Key": {"k"}}
+		first := background("POST", srv.URL+"/api/users", `{"name":"D"}`, key)
+		eventually(t, "the POST claimed its key", func() bool {
+			api.mu.Lock()
+			defer api.mu.Unlock()
+			return len(api.keys) == 1
+		})
+		a := doH(t, "POST", srv.URL+"/api/users", `{"name":"D"}`, key)
+		if a.status != 409 || a.header.Get("Retry-After") == "" || a.header.Get("Content-Type") != ctHTML {
+			t.Errorf("resend during the wait: %d %v", a.status, a.header)
+		}
+		if a := doH(t, "POST", srv.URL+"/api/users", `{"name":"E"}`, key); a.status != 422 {
+			t.Errorf("other body during the wait: %d", a.status)
+		}
+		api.Close()
+		if a := <-first; a.status != 201 || a.body != `{"id":1000,"name":"D"}` {
+			t.Errorf("first: %d %s", a.status, a.body)
+		}
+		if a := doH(t, "POST", srv.URL+"/api/users", `{"name":"D"}`, key); a.status != 201 || a.header.Get("Idempotent-Replayed") != "true" {
+			t.Errorf("resend after: %d %v", a.status, a.header)
+		}
+		if got := api.Writes(); got != (Writes{Applied: 1, Replayed: 1}) {
+			t.Errorf("Writes() = %+v", got)
+		}
+	})
+
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Error("New accepted a negative WriteDelay")
+			}
+		}()
+		New(Collection{Path: "/x", WriteDelay: -time.Second})
+	}()
+}
+
+func TestLoadCounters(t *testing.T) {
+	api, srv := start(t)
+	api.Inject(Fault{Method: "GET", Path: "/api/users/1", Hang: true})
+	var answers []<-chan answer
+	for n := 1; n <= 3; n++ {
+		answers = append(answers, background("GET", srv.URL+"/api/users/1", "", nil))
+		eventually(t, fmt.Sprint(n, " requests in flight"), func() bool { return api.InFlight() == n })
+	}
+	if got := api.PeakInFlight(); got != 3 {
+		t.Errorf("PeakInFlight = %d, want 3", got)
+	}
+	api.ResetPeak()
+	if got := api.PeakInFlight(); got != 3 {
+		t.Errorf("PeakInFlight right after ResetPeak = %d, want the 3 in flight", got)
+	}
+	api.Close()
+	for _, c := range answers {
+		<-c
+	}
+	eventually(t, "none in flight", func() bool { return api.InFlight() == 0 })
+	api.ResetPeak()
+	if got := api.PeakInFlight(); got != 0 {
+		t.Errorf("PeakInFlight after ResetPeak = %d, want 0", got)
+	}
+	do(t, "GET", srv.URL+"/api/users/2", "")
+	if got := api.PeakInFlight(); got != 1 {
+		t.Errorf("PeakInFlight after one request = %d, want 1", got)
+	}
+}
+
+func TestCountConns(t *testing.T) {
+	api := New(fixture()...)
+	srv := httptest.NewUnstartedServer(api)
+	ln, conns := CountConns(srv.Listener)
+	srv.Listener = ln
+	srv.Start()
+	t.Cleanup(srv.Close)
+	t.Cleanup(api.Close)
+
+	reuse := srv.Client() // keeps its connection alive between requests
+	for range 5 {
+		if a, err := send(reuse, "GET", srv.URL+"/api/users", "", nil); err != nil || a.status != 200 {
+			t.Fatalf("GET: %v %d", err, a.status)
+		}
+	}
+	if got := conns.Load(); got != 1 {
+		t.Errorf("%d connections for 5 requests on one kept-alive connection, want 1", got)
+	}
+	for range 2 {
+		if _, err := send(fresh(5*time.Second), "GET", srv.URL+"/api/users", "", nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := conns.Load(); got != 3 {
+		t.Errorf("%d connections, want 3", got)
+	}
+}
