@@ -50,11 +50,12 @@ type Collection struct {
 	PutCreates bool
 	// ETags imitates an API with a row-version column: every answer that
 	// carries a record (GET, HEAD, PUT, PATCH, and a POST create answered
-	// with the record, AnswerCreated; not 202, 303 or a bare 201) has a strong ETag "v<n>", where n comes from one
-	// counter the whole API shares and is new on every write of the record
-	// (even one that leaves its content as it was). A tag is never reused,
-	// not even after a delete and re-create of the same id, and two tenants'
-	// records never share one.
+	// with the record, AnswerCreated; not 202, 303 or a bare 201) has a
+	// strong ETag "v<n>", where n comes from one counter the whole API
+	// shares and is new on every write of the record (even one that leaves
+	// its content as it was). A tag is never reused, not even after a
+	// delete and re-create of the same id, and two tenants' records never
+	// share one.
 	//
 	// The API then honours, on PUT, PATCH and DELETE of an item, If-Match
 	// ("*" matches any existing record; a tag is compared strongly, so a
