@@ -3,6 +3,7 @@ package policy
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -36,7 +37,10 @@ func ParseOp(s string) (Op, error) {
 			return Op(i), nil
 		}
 	}
-	return 0, fmt.Errorf("unknown batch operation %q (want get, create, update or delete)", s)
+	if s == "list" {
+		return 0, fmt.Errorf("unknown batch operation %q (want %s): a list (GET on the collection without ids) always passes through, so it needs no batch operation", s, orList(opNames[:]))
+	}
+	return 0, unknown("batch operation", s, opNames[:])
 }
 
 // Writes reports whether the operation changes the upstream's state, and
@@ -69,7 +73,7 @@ func ParseAtomicity(s string) (Atomicity, error) {
 	case "partial":
 		return Partial, nil
 	}
-	return 0, fmt.Errorf("unknown atomicity %q (want all_or_nothing or partial)", s)
+	return 0, unknown("atomicity", s, []string{"all_or_nothing", "partial"})
 }
 
 // DeleteSemantics says what a DELETE of a missing item means.
@@ -90,7 +94,7 @@ func ParseDeleteSemantics(s string) (DeleteSemantics, error) {
 	case "declarative":
 		return Declarative, nil
 	}
-	return 0, fmt.Errorf("unknown delete_semantics %q (want imperative or declarative)", s)
+	return 0, unknown("delete_semantics", s, []string{"imperative", "declarative"})
 }
 
 // Restore says which request puts a pre-image back during compensation.
@@ -125,7 +129,7 @@ func ParseRestoreDeleted(s string) (Restore, error) {
 	case "post":
 		return RestorePost, nil
 	}
-	return 0, fmt.Errorf("unknown restore_deleted %q (want put or post)", s)
+	return 0, unknown("restore_deleted", s, []string{"put", "post"})
 }
 
 // ParseRestoreUpdated parses restore_updated: put or patch.
@@ -136,7 +140,7 @@ func ParseRestoreUpdated(s string) (Restore, error) {
 	case "patch":
 		return RestorePatch, nil
 	}
-	return 0, fmt.Errorf("unknown restore_updated %q (want put or patch)", s)
+	return 0, unknown("restore_updated", s, []string{"put", "patch"})
 }
 
 // Settings are the tunables of batch handling, resolved for one resource:
@@ -191,7 +195,7 @@ func ParseItemLocks(s string) (ItemLocks, error) {
 	case "storage":
 		return StorageLocks, nil
 	}
-	return 0, fmt.Errorf("unknown item_locks %q (want local or storage)", s)
+	return 0, unknown("item_locks", s, []string{"local", "storage"})
 }
 
 // Defaults returns the settings SPEC section 3 gives for an option that
@@ -223,30 +227,65 @@ func (s *Settings) SetAtomicity(a Atomicity) {
 	}
 }
 
-// Validate refuses settings that cannot work, naming the option.
+// limits are the options that must be greater than zero, with their
+// defaults as an operator writes them.
+var limits = map[string]struct {
+	def      string
+	duration bool
+}{
+	"max_items":            {def: "100"},
+	"max_body_size":        {def: "1MiB"},
+	"concurrency":          {def: "8"},
+	"item_timeout":         {def: "10s", duration: true},
+	"batch_timeout":        {def: "30s", duration: true},
+	"compensation_timeout": {def: "30s", duration: true},
+	"max_response_size":    {def: "16MiB"},
+	"max_in_flight":        {def: "32"},
+}
+
+// CheckLimit refuses a value of a limit (max_items, max_body_size,
+// item_timeout…; a duration in nanoseconds) that is zero or negative.
+// A configuration format that cannot carry a zero (in JSON it means "the
+// default") calls it while it still has the value.
+func CheckLimit(option string, value int64) error {
+	l, ok := limits[option]
+	if !ok || value > 0 {
+		return nil
+	}
+	v := strconv.FormatInt(value, 10)
+	if l.duration {
+		v = time.Duration(value).String()
+	}
+	return OptionError(option, fmt.Errorf("%s must be greater than zero, not %s: set a positive value, or leave it out for the default, %s", option, v, l.def))
+}
+
+// CheckName refuses an empty ids_param or id_field.
+func CheckName(option, value string) error {
+	if value != "" {
+		return nil
+	}
+	def := map[string]string{"ids_param": "ids", "id_field": "id"}[option]
+	return OptionError(option, fmt.Errorf("%s must not be empty: give it a name, or leave it out for the default, %s", option, def))
+}
+
+// Validate refuses settings that cannot work; each error is an *Error
+// that names the option.
 func (s Settings) Validate() error {
-	var errs []error
-	positive := func(name string, ok bool) {
-		if !ok {
-			errs = append(errs, fmt.Errorf("%s must be greater than zero", name))
-		}
+	errs := []error{
+		CheckLimit("max_items", int64(s.MaxItems)),
+		CheckLimit("max_body_size", s.MaxBodySize),
+		CheckLimit("concurrency", int64(s.Concurrency)),
+		CheckLimit("item_timeout", int64(s.ItemTimeout)),
+		CheckLimit("batch_timeout", int64(s.BatchTimeout)),
+		CheckLimit("compensation_timeout", int64(s.CompensationTimeout)),
+		CheckLimit("max_response_size", s.MaxResponseSize),
+		CheckLimit("max_in_flight", int64(s.MaxInFlight)),
+		CheckName("ids_param", s.IDsParam),
+		CheckName("id_field", s.IDField),
 	}
-	positive("max_items", s.MaxItems > 0)
-	positive("max_body_size", s.MaxBodySize > 0)
-	positive("concurrency", s.Concurrency > 0)
-	positive("item_timeout", s.ItemTimeout > 0)
-	positive("batch_timeout", s.BatchTimeout > 0)
-	positive("compensation_timeout", s.CompensationTimeout > 0)
-	positive("max_response_size", s.MaxResponseSize > 0)
-	positive("max_in_flight", s.MaxInFlight > 0)
 	if s.CompensationRetries < 0 {
-		errs = append(errs, errors.New("compensation_retries must not be negative"))
-	}
-	if s.IDsParam == "" {
-		errs = append(errs, errors.New("ids_param must not be empty"))
-	}
-	if s.IDField == "" {
-		errs = append(errs, errors.New("id_field must not be empty"))
+		errs = append(errs, OptionError("compensation_retries",
+			fmt.Errorf("compensation_retries must be 0 or more, not %d: 0 sends an undo once, with no retry", s.CompensationRetries)))
 	}
 	return errors.Join(errs...)
 }
