@@ -221,6 +221,9 @@ var mistakes = []mistake{
 	{name: "items on another's items", config: block(lines("\tresource /a {", "\t\titem GET", "\t\titem_path /x/{id}", "\t}", "\tresource /b {", "\t\titem GET", "\t\titem_path /x/{id}", "\t}")), line: 9,
 		want:     `resource /b: the item path /x/{id} is the same route as the items of resource /a (lines 3 and 7): give this resource another item_path`,
 		jsonWant: `resource /b: the item path /x/{id} is the same route as the items of resource /a (resources[0] and resources[1]): give this resource another item_path`},
+	{name: "items on another's collection", config: block(lines("\tresource /u/{x} {", "\t\tcollection GET", "\t}", "\tresource /u {", "\t\titem GET", "\t}")), line: 6,
+		want:     `resource /u: the item path /u/{id} is the same route as resource /u/{x} (lines 3 and 6): give this resource another item_path`,
+		jsonWant: `resource /u: the item path /u/{id} is the same route as resource /u/{x} (resources[0] and resources[1]): give this resource another item_path`},
 	{name: "resource without methods", config: block(lines("\tresource /a {", "\t\tbatch none", "\t}")), line: 3,
 		want: `resource /a: no methods: declare the methods the API supports, with collection <METHOD...>, item <METHOD...> or both`},
 
@@ -257,6 +260,8 @@ var mistakes = []mistake{
 		want: `resource /a: item_path /a/one has no {id}: an item's path must contain {id}, where each id goes`},
 	{name: "item_path with a stranger", config: block(lines("\tresource /a {", "\t\titem GET", "\t\titem_path /a/{x}/{id}", "\t}")), line: 5,
 		want: `resource /a: item_path /a/{x}/{id} uses {x}, which the collection's path /a does not have, so no request gives it a value: use only {id} and the collection's variables`},
+	{name: "too many segments", config: block(lines("\tresource /"+strings.Repeat("a/", 33)+" {", "\t\tcollection GET", "\t}")), line: 3,
+		want: `resource /` + strings.Repeat("a/", 33) + `: template "/` + strings.Repeat("a/", 33) + `" has more than 32 segments, the most a template may have`},
 	{name: "bad item_path", config: block(lines("\tresource /a {", "\t\titem GET", "\t\titem_path a/{id}", "\t}")), line: 5,
 		want: `resource /a: item_path: template "a/{id}" must start with /: write "/a/{id}"`},
 
@@ -291,6 +296,10 @@ var mistakes = []mistake{
 		want: `resource /a: batch update runs all_or_nothing, and a failed batch is undone: the pre-image is read (GET on the item) and put back (PUT on the item, restore_updated put); the map does not allow PUT on the item: allow PUT on the item, set restore_updated patch, set atomicity update partial or leave update out of batch`},
 	{name: "delete cannot be undone with post", config: block(lines("\tresource /a {", "\t\tcollection GET DELETE", "\t\titem GET DELETE PUT", "\t\trestore_deleted post", "\t}")), line: 4,
 		want: `resource /a: batch delete runs all_or_nothing, and a failed batch is undone: the pre-image is read (GET on the item) and re-created (POST on the collection, restore_deleted post); the map does not allow POST on the collection: allow POST on the collection, set restore_deleted put, set atomicity delete partial or leave delete out of batch`},
+	{name: "delete cannot be undone with put", config: block(lines("\tresource /a {", "\t\tcollection GET POST DELETE", "\t\titem GET DELETE", "\t\tbatch delete", "\t}")), line: 5,
+		want: `resource /a: batch delete runs all_or_nothing, and a failed batch is undone: the pre-image is read (GET on the item) and re-created (PUT on the item, restore_deleted put); the map does not allow PUT on the item: allow PUT on the item, set restore_deleted post, set atomicity delete partial or leave delete out of batch`},
+	{name: "update cannot be undone with patch", config: block(lines("\tresource /a {", "\t\tcollection PATCH", "\t\titem PATCH", "\t\trestore_updated patch", "\t}")), line: 5,
+		want: `resource /a: batch update runs all_or_nothing, and a failed batch is undone: the pre-image is read (GET on the item) and patched back (PATCH on the item, restore_updated patch); the map does not allow GET on the item: allow GET on the item, set atomicity update partial or leave update out of batch`},
 	{name: "undo while clients may ask for all_or_nothing", config: block(lines("\tresource /a {", "\t\tcollection GET POST", "\t\titem GET", "\t\tatomicity partial", "\t\tallow_override", "\t}")), line: 5,
 		want: `resource /a: batch create is partial, but allow_override lets a client ask for all_or_nothing, and a failed all_or_nothing batch is undone: a created item is deleted (DELETE on the item); the map does not allow DELETE on the item. Setting it partial alone does not help while allow_override is on: allow DELETE on the item, turn allow_override off or leave create out of batch`},
 	{name: "undo with override on", config: block(lines("\tallow_override"), lines("\tresource /a {", "\t\tcollection GET POST", "\t\titem GET", "\t}")), line: 6,
@@ -347,11 +356,58 @@ func TestConfigMistakes(t *testing.T) {
 	}
 }
 
+// TestCaddyfileEveryMistake checks that a Caddyfile with several
+// mistakes gets them all, each at its own line.
+func TestCaddyfileEveryMistake(t *testing.T) {
+	config := strings.Join([]string{
+		":8080 {",
+		"	batch {",
+		"		atomicity partal",
+		"		resource /a {",
+		"			collection GET",
+		"			item_path /a/{x}",
+		"		}",
+		"		resource /b {",
+		"			collection GET DELET",
+		"		}",
+		"	}",
+		"}",
+	}, "\n")
+	_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(config), map[string]any{"filename": "Caddyfile"})
+	// Wrong handler options stop there: every resource would inherit them.
+	want := `parsing caddyfile tokens for 'batch': unknown atomicity "partal" (want all_or_nothing or partial): did you mean partial?, at Caddyfile:3`
+	if err == nil || err.Error() != want {
+		t.Fatalf(" got: %v\nwant: %s", err, want)
+	}
+
+	config = strings.Replace(config, "atomicity partal", "atomicity partial", 1)
+	_, _, err = caddyconfig.GetAdapter("caddyfile").Adapt([]byte(config), map[string]any{"filename": "Caddyfile"})
+	want = "parsing caddyfile tokens for 'batch': " +
+		"resource /a: item_path /a/{x} has no {id}: an item's path must contain {id}, where each id goes (did you mean /a/{id}?), at Caddyfile:6\n" +
+		`resource /b: collection: unknown method "DELET" (want GET, HEAD, POST, PUT, PATCH, DELETE or OPTIONS): did you mean DELETE?, at Caddyfile:9`
+	if err == nil || err.Error() != want {
+		t.Fatalf(" got: %v\nwant: %s", err, want)
+	}
+}
+
 // TestProvisionErrors holds mistakes only JSON can make to the error
 // Provision gives.
 func TestProvisionErrors(t *testing.T) {
 	tests := []struct{ name, handler, want string }{
 		{"no path", `{"resources":[{"collection":["GET"]}]}`, `resources[0]: the template is empty: write the path, e.g. "/api/users"`},
+		{"negative size", `{"max_body_size":-1,"resources":[{"path":"/a","collection":["GET"]}]}`,
+			`max_body_size must be greater than zero, not -1: set a positive value, or leave it out for the default, 1MiB`},
+		{"negative duration in nanoseconds", `{"resources":[{"path":"/a","collection":["GET"],"item_timeout":-1000000}]}`,
+			`resource /a: item_timeout must be greater than zero, not -1ms: set a positive value, or leave it out for the default, 10s`},
+		{"unknown operation in operation_atomicity", `{"operation_atomicity":{"upsert":"partial"},"resources":[{"path":"/a","collection":["GET"]}]}`,
+			`atomicity upsert: unknown batch operation "upsert" (want get, create, update or delete)`},
+		{"the Caddyfile's none in JSON", `{"resources":[{"path":"/a","collection":["GET"],"batch":["none"]}]}`,
+			`resource /a: batch: "none" is no operation: an empty list turns every operation off`},
+		{"lower-case methods", `{"resources":[{"path":"/a","collection":["get", "delet"]}]}`,
+			`resource /a: collection: unknown method "delet" (want GET, HEAD, POST, PUT, PATCH, DELETE or OPTIONS): did you mean DELETE?`},
+		{"every mistake, each with its resource", `{"resources":[{"path":"/a","collection":["GET"],"max_items":-1},{"path":"/b"}]}`,
+			"resource /a: max_items must be greater than zero, not -1: set a positive value, or leave it out for the default, 100\n" +
+				"resource /b: no methods: declare the methods the API supports, with collection <METHOD...>, item <METHOD...> or both"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

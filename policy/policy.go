@@ -195,6 +195,11 @@ func (r *Resource) enableBatch(spec ResourceSpec) error {
 	explicit := spec.Batch != nil
 	var errs []error
 	for _, n := range spec.Batch {
+		if n == "none" {
+			// The Caddyfile's word, written into a JSON list.
+			errs = append(errs, resourceErrorf(r.index, spec.Path, "batch", `batch: "none" is no operation: an empty list turns every operation off`))
+			continue
+		}
 		op, err := ParseOp(n)
 		if err != nil {
 			errs = append(errs, resourceErrorf(r.index, spec.Path, "batch", "batch: %v", err))
