@@ -94,17 +94,32 @@ func (at *places) lines() []int {
 	return lines
 }
 
-// locate puts the line of its place on each mistake err holds.
+// locate puts the line of its place on each mistake err holds, and lists
+// them in the order of their lines, as a reader fixes them.
 func (at *places) locate(err error) error {
-	var errs []error
+	type located struct {
+		tok caddyfile.Token
+		err error
+	}
+	var all []located
 	for _, e := range policy.Flatten(err) {
 		tok := at.directive
 		if pe := (*policy.Error)(nil); errors.As(e, &pe) {
 			tok = at.token(pe.Resource, pe.Option)
 		}
-		d := caddyfile.NewDispenser([]caddyfile.Token{tok})
+		all = append(all, located{tok, e})
+	}
+	slices.SortStableFunc(all, func(a, b located) int {
+		if a.tok.File != b.tok.File {
+			return 0 // an imported file's lines do not compare with ours
+		}
+		return a.tok.Line - b.tok.Line
+	})
+	errs := make([]error, len(all))
+	for i, l := range all {
+		d := caddyfile.NewDispenser([]caddyfile.Token{l.tok})
 		d.Next()
-		errs = append(errs, d.WrapErr(e))
+		errs[i] = d.WrapErr(l.err)
 	}
 	return errors.Join(errs...)
 }
@@ -186,7 +201,8 @@ func unmarshalResource(d *caddyfile.Dispenser) (Resource, resourcePlaces, error)
 		switch name {
 		case "collection", "item":
 			if len(args) == 0 {
-				return r, at, d.Errf("%s needs one or more methods, e.g. %s GET POST", name, name)
+				example := map[string]string{"collection": "GET POST", "item": "GET PUT DELETE"}[name]
+				return r, at, d.Errf("%s needs one or more methods, e.g. %s %s", name, name, example)
 			}
 			for i, m := range args {
 				args[i] = strings.ToUpper(m)

@@ -125,7 +125,7 @@ func (h *Handler) buildPolicy(lines []int) (*policy.Policy, error) {
 	for i, r := range h.Resources {
 		settings, err := r.Options.apply(defaults)
 		if err != nil {
-			errs = append(errs, policy.InResource(i, r.Path, err))
+			errs = append(errs, policy.Flatten(policy.InResource(i, r.Path, err))...)
 		}
 		var ops []string // nil: every operation the methods allow
 		if r.Batch != nil {
@@ -143,15 +143,27 @@ func (h *Handler) buildPolicy(lines []int) (*policy.Policy, error) {
 			specs[i].Line = lines[i]
 		}
 	}
-	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
+	p, err := policy.New(specs)
+	if len(errs) == 0 {
+		return p, err
 	}
-	return policy.New(specs)
+	// Every mistake at once, in the order the resources are declared.
+	all := append(errs, policy.Flatten(err)...)
+	slices.SortStableFunc(all, func(a, b error) int { return resourceOf(a) - resourceOf(b) })
+	return nil, errors.Join(all...)
 }
 
-// apply lays the options that are set over s. It only reads the values
-// (an unknown name is refused, with the option's name); whether a value
-// can work is the policy's to say, in Settings.Validate.
+func resourceOf(err error) int {
+	var pe *policy.Error
+	if errors.As(err, &pe) {
+		return pe.Resource
+	}
+	return -1
+}
+
+// apply lays the options that are set over s. It only reads the values,
+// refusing a word the policy does not know (an unknown atomicity, say);
+// whether a value can work is the policy's to say, in Settings.Validate.
 func (o Options) apply(s policy.Settings) (policy.Settings, error) {
 	var errs []error
 	parse := func(option, value string, parse func(string) error) {
@@ -177,14 +189,12 @@ func (o Options) apply(s policy.Settings) (policy.Settings, error) {
 			errs = append(errs, policy.OptionError(option, fmt.Errorf("%s: %w", option, err)))
 			continue
 		}
-		parse(option, o.OperationAtomicity[name], func(v string) error {
-			a, err := policy.ParseAtomicity(v)
-			if err != nil {
-				return fmt.Errorf("%s: %w", option, err)
-			}
-			s.Atomicity[op] = a
-			return nil
-		})
+		a, err := policy.ParseAtomicity(o.OperationAtomicity[name])
+		if err != nil {
+			errs = append(errs, policy.OptionError(option, fmt.Errorf("%s: %w", option, err)))
+			continue
+		}
+		s.Atomicity[op] = a
 	}
 	if o.AllowOverride != nil {
 		s.AllowOverride = *o.AllowOverride

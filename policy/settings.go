@@ -227,40 +227,67 @@ func (s *Settings) SetAtomicity(a Atomicity) {
 	}
 }
 
-// limits are the options that must be greater than zero, with their
-// defaults as an operator writes them.
-var limits = map[string]struct {
-	def      string
-	duration bool
-}{
-	"max_items":            {def: "100"},
-	"max_body_size":        {def: "1MiB"},
-	"concurrency":          {def: "8"},
-	"item_timeout":         {def: "10s", duration: true},
-	"batch_timeout":        {def: "30s", duration: true},
-	"compensation_timeout": {def: "30s", duration: true},
-	"max_response_size":    {def: "16MiB"},
-	"max_in_flight":        {def: "32"},
+// limit is an option that must be greater than zero.
+type limit struct {
+	option string
+	value  int64
+	kind   limitKind
+}
+
+type limitKind uint8
+
+const (
+	countLimit limitKind = iota
+	sizeLimit
+	durationLimit
+)
+
+// limits returns s's limits, in the order the configuration lists them.
+func (s Settings) limits() []limit {
+	return []limit{
+		{"max_items", int64(s.MaxItems), countLimit},
+		{"max_body_size", s.MaxBodySize, sizeLimit},
+		{"max_response_size", s.MaxResponseSize, sizeLimit},
+		{"concurrency", int64(s.Concurrency), countLimit},
+		{"max_in_flight", int64(s.MaxInFlight), countLimit},
+		{"item_timeout", int64(s.ItemTimeout), durationLimit},
+		{"batch_timeout", int64(s.BatchTimeout), durationLimit},
+		{"compensation_timeout", int64(s.CompensationTimeout), durationLimit},
+	}
+}
+
+// format writes v as an operator would write it for this limit.
+func (k limitKind) format(v int64) string {
+	switch {
+	case k == durationLimit:
+		return time.Duration(v).String()
+	case k == sizeLimit && v > 0 && v%(1<<20) == 0:
+		return strconv.FormatInt(v>>20, 10) + "MiB"
+	case k == sizeLimit && v > 0 && v%(1<<10) == 0:
+		return strconv.FormatInt(v>>10, 10) + "KiB"
+	}
+	return strconv.FormatInt(v, 10)
 }
 
 // CheckLimit refuses a value of a limit (max_items, max_body_size,
-// item_timeout…; a duration in nanoseconds) that is zero or negative.
+// item_timeout…; a durationLimit in nanoseconds) that is zero or negative.
 // A configuration format that cannot carry a zero (in JSON it means "the
 // default") calls it while it still has the value.
 func CheckLimit(option string, value int64) error {
-	l, ok := limits[option]
-	if !ok || value > 0 {
+	if value > 0 {
 		return nil
 	}
-	v := strconv.FormatInt(value, 10)
-	if l.duration {
-		v = time.Duration(value).String()
+	for _, def := range Defaults().limits() {
+		if def.option == option {
+			return OptionError(option, fmt.Errorf("%s must be greater than zero, not %s: set a positive value, or leave it out for the default, %s",
+				option, def.kind.format(value), def.kind.format(def.value)))
+		}
 	}
-	return OptionError(option, fmt.Errorf("%s must be greater than zero, not %s: set a positive value, or leave it out for the default, %s", option, v, l.def))
+	return nil
 }
 
-// CheckName refuses an empty ids_param or id_field.
-func CheckName(option, value string) error {
+// checkName refuses an empty ids_param or id_field.
+func checkName(option, value string) error {
 	if value != "" {
 		return nil
 	}
@@ -271,18 +298,11 @@ func CheckName(option, value string) error {
 // Validate refuses settings that cannot work; each error is an *Error
 // that names the option.
 func (s Settings) Validate() error {
-	errs := []error{
-		CheckLimit("max_items", int64(s.MaxItems)),
-		CheckLimit("max_body_size", s.MaxBodySize),
-		CheckLimit("concurrency", int64(s.Concurrency)),
-		CheckLimit("item_timeout", int64(s.ItemTimeout)),
-		CheckLimit("batch_timeout", int64(s.BatchTimeout)),
-		CheckLimit("compensation_timeout", int64(s.CompensationTimeout)),
-		CheckLimit("max_response_size", s.MaxResponseSize),
-		CheckLimit("max_in_flight", int64(s.MaxInFlight)),
-		CheckName("ids_param", s.IDsParam),
-		CheckName("id_field", s.IDField),
+	var errs []error
+	for _, l := range s.limits() {
+		errs = append(errs, CheckLimit(l.option, l.value))
 	}
+	errs = append(errs, checkName("ids_param", s.IDsParam), checkName("id_field", s.IDField))
 	if s.CompensationRetries < 0 {
 		errs = append(errs, OptionError("compensation_retries",
 			fmt.Errorf("compensation_retries must be 0 or more, not %d: 0 sends an undo once, with no retry", s.CompensationRetries)))
