@@ -1,6 +1,8 @@
 package caddymodule
 
 import (
+	"errors"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -24,7 +26,9 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 	return &handler, err
 }
 
-// UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens, and
+// refuses a configuration that cannot work with the error Provision
+// would give, at the line that holds the mistake. Syntax:
 //
 //	batch [<matcher>] {
 //	    atomicity            all_or_nothing|partial
@@ -32,7 +36,9 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    allow_override       [on|off]
 //	    max_items            <n>
 //	    max_body_size        <size>
+//	    max_response_size    <size>
 //	    concurrency          <n>
+//	    max_in_flight        <n>
 //	    item_timeout         <duration>
 //	    batch_timeout        <duration>
 //	    ids_param            <name>
@@ -42,6 +48,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    restore_updated      put|patch
 //	    compensation_retries <n>
 //	    compensation_timeout <duration>
+//	    idempotent_upstream  [on|off]
+//	    item_locks           local|storage
 //
 //	    resource <collection path template> {
 //	        collection <METHOD...>
@@ -52,96 +60,276 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    }
 //	}
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next() // the directive's name
-	if d.NextArg() {
-		return d.ArgErr()
+	at, err := h.unmarshal(d)
+	if err != nil {
+		return err
 	}
-	for d.NextBlock(0) {
-		if d.Val() == "resource" {
-			r, err := unmarshalResource(d)
-			if err != nil {
-				return err
-			}
-			h.Resources = append(h.Resources, r)
-			continue
-		}
-		if err := h.Options.unmarshalOption(d); err != nil {
-			return err
-		}
+	// caddy adapt does not provision, so without this a configuration
+	// that cannot work would be adapted, and refused later with no line.
+	if _, err := h.buildPolicy(at.lines()); err != nil {
+		return at.locate(err)
 	}
 	return nil
 }
 
-func unmarshalResource(d *caddyfile.Dispenser) (Resource, error) {
+// places remembers where each part of the directive is written, so that
+// a mistake buildPolicy finds, placed by resource and option, is reported
+// at its line.
+type places struct {
+	directive caddyfile.Token
+	options   map[string]caddyfile.Token // by option key: "max_items", "atomicity create"
+	resources []resourcePlaces
+}
+
+type resourcePlaces struct {
+	resource caddyfile.Token
+	options  map[string]caddyfile.Token
+}
+
+func (at *places) lines() []int {
+	lines := make([]int, len(at.resources))
+	for i, r := range at.resources {
+		lines[i] = r.resource.Line
+	}
+	return lines
+}
+
+// locate puts the line of its place on each mistake err holds, and lists
+// them in the order of their lines, as a reader fixes them.
+func (at *places) locate(err error) error {
+	type located struct {
+		tok caddyfile.Token
+		err error
+	}
+	var all []located
+	for _, e := range policy.Flatten(err) {
+		tok := at.directive
+		if pe := (*policy.Error)(nil); errors.As(e, &pe) {
+			tok = at.token(pe.Resource, pe.Option)
+		}
+		all = append(all, located{tok, e})
+	}
+	slices.SortStableFunc(all, func(a, b located) int {
+		if a.tok.File != b.tok.File {
+			return 0 // an imported file's lines do not compare with ours
+		}
+		return a.tok.Line - b.tok.Line
+	})
+	errs := make([]error, len(all))
+	for i, l := range all {
+		d := caddyfile.NewDispenser([]caddyfile.Token{l.tok})
+		d.Next()
+		errs[i] = d.WrapErr(l.err)
+	}
+	return errors.Join(errs...)
+}
+
+// token finds where an option is set: in the resource when the mistake
+// is in one (or the resource line itself when the option is not written
+// there, as for methods the map lacks), else in the handler's block.
+func (at *places) token(resource int, option string) caddyfile.Token {
+	if resource >= 0 && resource < len(at.resources) {
+		r := at.resources[resource]
+		if tok, ok := r.options[option]; ok {
+			return tok
+		}
+		return r.resource
+	}
+	if tok, ok := at.options[option]; ok {
+		return tok
+	}
+	return at.directive
+}
+
+// resourceWords are the subdirectives of a resource block besides the
+// options.
+var resourceWords = []string{"collection", "item", "item_path", "batch"}
+
+// unmarshal reads the tokens into h, refusing what the Caddyfile's syntax
+// does not allow; buildPolicy judges the values.
+func (h *Handler) unmarshal(d *caddyfile.Dispenser) (*places, error) {
+	d.Next() // the directive's name
+	at := &places{directive: d.Token(), options: map[string]caddyfile.Token{}}
+	if d.NextArg() {
+		return nil, d.Errf("batch takes a matcher and a block, nothing else: remove %q", d.Val())
+	}
+	for d.NextBlock(0) {
+		switch name := d.Val(); {
+		case name == "resource":
+			r, rat, err := unmarshalResource(d)
+			if err != nil {
+				return nil, err
+			}
+			h.Resources = append(h.Resources, r)
+			at.resources = append(at.resources, rat)
+		case slices.Contains(resourceWords, name):
+			return nil, d.Errf("%s belongs in a resource block: resource <collection path> { %s ... }", name, name)
+		default:
+			if err := h.Options.unmarshalOption(d, at.options, []string{"resource"}); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return at, nil
+}
+
+func unmarshalResource(d *caddyfile.Dispenser) (Resource, resourcePlaces, error) {
 	var r Resource
+	at := resourcePlaces{resource: d.Token(), options: map[string]caddyfile.Token{}}
 	if !d.NextArg() {
-		return r, d.Errf("resource needs a collection path template, e.g. resource /api/users")
+		return r, at, d.Err("resource needs the collection's path template, e.g. resource /api/users { collection GET POST }")
 	}
 	r.Path = d.Val()
 	if d.NextArg() {
-		return r, d.ArgErr()
+		return r, at, d.Errf("resource takes one path template, not %q too: declare each collection in its own resource block", d.Val())
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		switch d.Val() {
-		case "collection", "item":
-			name := d.Val()
-			methods := d.RemainingArgs()
-			if len(methods) == 0 {
-				return r, d.Errf("%s needs one or more methods, e.g. %s GET POST", name, name)
+		name := d.Val()
+		if !slices.Contains(resourceWords, name) {
+			if name == "resource" {
+				return r, at, d.Errf("resource blocks do not nest: close the block of resource %s before the next resource", r.Path)
 			}
-			for i, m := range methods {
-				methods[i] = strings.ToUpper(m)
+			if err := r.Options.unmarshalOption(d, at.options, resourceWords); err != nil {
+				return r, at, err
+			}
+			continue
+		}
+		if err := once(d, at.options, name, d.Token()); err != nil {
+			return r, at, err
+		}
+		args := d.RemainingArgs()
+		switch name {
+		case "collection", "item":
+			if len(args) == 0 {
+				example := map[string]string{"collection": "GET POST", "item": "GET PUT DELETE"}[name]
+				return r, at, d.Errf("%s needs one or more methods, e.g. %s %s", name, name, example)
+			}
+			for i, m := range args {
+				args[i] = strings.ToUpper(m)
 			}
 			if name == "collection" {
-				r.Collection = methods
+				r.Collection = args
 			} else {
-				r.Item = methods
+				r.Item = args
 			}
 		case "item_path":
-			if !d.AllArgs(&r.ItemPath) {
-				return r, d.ArgErr()
+			if len(args) != 1 {
+				return r, at, d.Errf("item_path takes one template, e.g. item_path %s/{id}", r.Path)
 			}
+			r.ItemPath = args[0]
 		case "batch":
-			ops := d.RemainingArgs()
 			switch {
-			case len(ops) == 0:
-				return r, d.Errf("batch needs operations (get create update delete) or none")
-			case len(ops) == 1 && ops[0] == "none":
-				ops = []string{}
+			case len(args) == 0:
+				return r, at, d.Errf("batch needs operations (get create update delete) or none")
+			case len(args) == 1 && args[0] == "none":
+				args = []string{}
+			case slices.Contains(args, "none"):
+				return r, at, d.Errf("batch none turns every operation off, so it stands alone: write batch none, or list the operations to keep")
 			}
-			r.Batch = &ops
-		default:
-			if err := r.Options.unmarshalOption(d); err != nil {
-				return r, err
-			}
+			r.Batch = &args
 		}
 	}
-	return r, nil
+	return r, at, nil
 }
 
-// unmarshalOption sets the option the dispenser is on.
-func (o *Options) unmarshalOption(d *caddyfile.Dispenser) error {
-	name := d.Val()
+// once refuses a subdirective or option written twice in one block:
+// which one would win is not something a reader should have to know.
+func once(d *caddyfile.Dispenser, seen map[string]caddyfile.Token, key string, tok caddyfile.Token) error {
+	if prev, ok := seen[key]; ok {
+		return d.Errf("%s is set twice (lines %d and %d): keep one", key, prev.Line, tok.Line)
+	}
+	seen[key] = tok
+	return nil
+}
+
+// optionExamples lists the options, each with a line that sets it.
+var optionExamples = []struct{ name, example string }{
+	{"atomicity", "atomicity partial"},
+	{"allow_override", "allow_override"},
+	{"max_items", "max_items 100"},
+	{"max_body_size", "max_body_size 1MiB"},
+	{"max_response_size", "max_response_size 16MiB"},
+	{"concurrency", "concurrency 8"},
+	{"max_in_flight", "max_in_flight 32"},
+	{"item_timeout", "item_timeout 10s"},
+	{"batch_timeout", "batch_timeout 30s"},
+	{"ids_param", "ids_param ids"},
+	{"id_field", "id_field id"},
+	{"delete_semantics", "delete_semantics declarative"},
+	{"restore_deleted", "restore_deleted post"},
+	{"restore_updated", "restore_updated patch"},
+	{"compensation_retries", "compensation_retries 3"},
+	{"compensation_timeout", "compensation_timeout 30s"},
+	{"idempotent_upstream", "idempotent_upstream"},
+	{"item_locks", "item_locks local"},
+}
+
+func optionExample(name string) string {
+	for _, o := range optionExamples {
+		if o.name == name {
+			return o.example
+		}
+	}
+	return name
+}
+
+// unknownOption refuses a word that is no option, naming the one it
+// most likely misspells, or else every word the block takes.
+func unknownOption(d *caddyfile.Dispenser, name string, words []string) error {
+	for _, o := range optionExamples {
+		words = append(words, o.name)
+	}
+	if n := policy.Nearest(name, words); n != "" {
+		return d.Errf("unknown batch option %q: did you mean %s?", name, n)
+	}
+	return d.Errf("unknown batch option %q (this block takes %s)", name, strings.Join(words, ", "))
+}
+
+// unmarshalOption sets the option the dispenser is on. words are the
+// other words its block takes, for the error about an unknown one.
+func (o *Options) unmarshalOption(d *caddyfile.Dispenser, seen map[string]caddyfile.Token, words []string) error {
+	name, tok := d.Val(), d.Token()
 	args := d.RemainingArgs()
+	key := name
+	if name == "atomicity" && len(args) == 2 {
+		key += " " + args[0] // one mode per operation, besides the general one
+	}
+	if err := once(d, seen, key, tok); err != nil {
+		return err
+	}
+
 	one := func() (string, error) {
 		if len(args) != 1 {
-			return "", d.Errf("%s takes one value", name)
+			return "", d.Errf("%s takes one value, e.g. %s", name, optionExample(name))
+		}
+		if args[0] == "" {
+			return "", d.Errf("%s takes a value, not an empty string, e.g. %s", name, optionExample(name))
 		}
 		return args[0], nil
 	}
-	count := func(min int) (int, error) {
+	// A zero cannot reach buildPolicy (in JSON it means "the default"),
+	// so it is refused here, with the policy's own rule; buildPolicy
+	// judges every other value.
+	limit := func(n int64) error {
+		if n != 0 {
+			return nil
+		}
+		if err := policy.CheckLimit(name, n); err != nil {
+			return d.Err(err.Error())
+		}
+		return nil
+	}
+	number := func(dst *int) error {
 		v, err := one()
 		if err != nil {
-			return 0, err
+			return err
 		}
 		n, err := strconv.Atoi(v)
-		if err != nil || n < min {
-			if min == 0 {
-				return 0, d.Errf("%s must be a whole number, zero or more, not %q", name, v)
-			}
-			return 0, d.Errf("%s must be a whole number greater than zero, not %q", name, v)
+		if err != nil {
+			return d.Errf("%s takes a whole number, e.g. %s, not %q", name, optionExample(name), v)
 		}
-		return n, nil
+		*dst = n
+		return limit(int64(n))
 	}
 	duration := func(dst *caddy.Duration) error {
 		v, err := one()
@@ -149,106 +337,95 @@ func (o *Options) unmarshalOption(d *caddyfile.Dispenser) error {
 			return err
 		}
 		dur, err := caddy.ParseDuration(v)
-		if err != nil || dur <= 0 {
-			return d.Errf("%s must be a duration greater than zero, e.g. 10s, not %q", name, v)
+		if err != nil {
+			return d.Errf("%s takes a duration such as 10s, 1m30s or 2h, not %q", name, v)
 		}
 		*dst = caddy.Duration(dur)
-		return nil
+		return limit(int64(dur))
 	}
-	// enum checks a value now, so the error can name its line.
-	enum := func(dst *string, check func(string) error) error {
-		v, err := one()
-		if err == nil {
-			if err = check(v); err != nil {
-				return d.Err(err.Error())
-			}
-			*dst = v
-		}
-		return err
-	}
-	size := func() (int64, error) {
+	size := func(dst *int64) error {
 		v, err := one()
 		if err != nil {
-			return 0, err
+			return err
 		}
 		n, err := humanize.ParseBytes(v)
-		if err != nil || n == 0 || n > 1<<62 {
-			return 0, d.Errf("%s must be a size greater than zero, e.g. 1MiB, not %q", name, v)
+		if err != nil {
+			return d.Errf("%s takes a size such as 1MiB, 512KiB or 1048576 (bytes), not %q", name, v)
 		}
-		return int64(n), nil
+		if n > 1<<62 {
+			return d.Errf("%s %s is more than any machine holds: give a size such as 1MiB", name, v)
+		}
+		*dst = int64(n)
+		return limit(int64(n))
+	}
+	text := func(dst *string) (err error) {
+		*dst, err = one()
+		return err
 	}
 	// flag reads an option that is on when named alone.
-	flag := func() (*bool, error) {
+	flag := func(dst **bool) error {
 		on := true
 		switch {
 		case len(args) == 1 && args[0] == "off":
 			on = false
 		case len(args) > 1 || len(args) == 1 && args[0] != "on":
-			return nil, d.Errf("%s takes no value, or on or off", name)
+			return d.Errf("%s takes no value, or on or off, not %q", name, strings.Join(args, " "))
 		}
-		return &on, nil
+		*dst = &on
+		return nil
 	}
-	checkAtomicity := func(v string) error { _, err := policy.ParseAtomicity(v); return err }
-	var err error
 	switch name {
 	case "atomicity":
 		switch len(args) {
 		case 1:
-			err = enum(&o.Atomicity, checkAtomicity)
+			return text(&o.Atomicity)
 		case 2:
-			if _, err := policy.ParseOp(args[0]); err != nil {
-				return d.Err(err.Error())
-			}
-			if err := checkAtomicity(args[1]); err != nil {
-				return d.Err(err.Error())
-			}
 			if o.OperationAtomicity == nil {
 				o.OperationAtomicity = map[string]string{}
 			}
 			o.OperationAtomicity[args[0]] = args[1]
-		default:
-			return d.Errf("atomicity takes a mode, or an operation and a mode: atomicity [get|create|update|delete] all_or_nothing|partial")
+			return nil
 		}
+		return d.Errf("atomicity takes a mode, or an operation and a mode: atomicity [get|create|update|delete] all_or_nothing|partial")
 	case "allow_override":
-		o.AllowOverride, err = flag()
+		return flag(&o.AllowOverride)
 	case "idempotent_upstream":
-		o.IdempotentUpstream, err = flag()
+		return flag(&o.IdempotentUpstream)
 	case "item_locks":
-		err = enum(&o.ItemLocks, func(v string) error { _, err := policy.ParseItemLocks(v); return err })
+		return text(&o.ItemLocks)
 	case "max_in_flight":
-		o.MaxInFlight, err = count(1)
+		return number(&o.MaxInFlight)
 	case "max_response_size":
-		o.MaxResponseSize, err = size()
+		return size(&o.MaxResponseSize)
 	case "max_items":
-		o.MaxItems, err = count(1)
+		return number(&o.MaxItems)
 	case "concurrency":
-		o.Concurrency, err = count(1)
+		return number(&o.Concurrency)
 	case "compensation_retries":
 		var n int
-		n, err = count(0)
+		err := number(&n)
 		o.CompensationRetries = &n
+		return err
 	case "max_body_size":
-		o.MaxBodySize, err = size()
+		return size(&o.MaxBodySize)
 	case "item_timeout":
-		err = duration(&o.ItemTimeout)
+		return duration(&o.ItemTimeout)
 	case "batch_timeout":
-		err = duration(&o.BatchTimeout)
+		return duration(&o.BatchTimeout)
 	case "compensation_timeout":
-		err = duration(&o.CompensationTimeout)
+		return duration(&o.CompensationTimeout)
 	case "ids_param":
-		o.IDsParam, err = one()
+		return text(&o.IDsParam)
 	case "id_field":
-		o.IDField, err = one()
+		return text(&o.IDField)
 	case "delete_semantics":
-		err = enum(&o.DeleteSemantics, func(v string) error { _, err := policy.ParseDeleteSemantics(v); return err })
+		return text(&o.DeleteSemantics)
 	case "restore_deleted":
-		err = enum(&o.RestoreDeleted, func(v string) error { _, err := policy.ParseRestoreDeleted(v); return err })
+		return text(&o.RestoreDeleted)
 	case "restore_updated":
-		err = enum(&o.RestoreUpdated, func(v string) error { _, err := policy.ParseRestoreUpdated(v); return err })
-	default:
-		return d.Errf("unknown batch option %q", name)
+		return text(&o.RestoreUpdated)
 	}
-	return err
+	return unknownOption(d, name, words)
 }
 
 // Interface guard

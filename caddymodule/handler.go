@@ -85,36 +85,11 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // once, so that ServeHTTP only reads.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
-	if len(h.Resources) == 0 {
-		return fmt.Errorf("batch: no resources: declare at least one resource")
-	}
-	defaults, err := h.Options.apply(policy.Defaults())
+	p, err := h.buildPolicy(nil)
 	if err != nil {
 		return fmt.Errorf("batch: %w", err)
 	}
-	specs := make([]policy.ResourceSpec, len(h.Resources))
-	for i, r := range h.Resources {
-		settings, err := r.Options.apply(defaults)
-		if err != nil {
-			return fmt.Errorf("batch: resource %q: %w", r.Path, err)
-		}
-		var ops []string // nil: every operation the methods allow
-		if r.Batch != nil {
-			ops = append([]string{}, *r.Batch...)
-		}
-		specs[i] = policy.ResourceSpec{
-			Path:              r.Path,
-			CollectionMethods: r.Collection,
-			ItemMethods:       r.Item,
-			ItemPath:          r.ItemPath,
-			Batch:             ops,
-			Settings:          settings,
-		}
-	}
-	h.policy, err = policy.New(specs)
-	if err != nil {
-		return fmt.Errorf("batch: %w", err)
-	}
+	h.policy = p
 	return nil
 }
 

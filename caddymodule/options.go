@@ -3,6 +3,8 @@ package caddymodule
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -104,36 +106,92 @@ type Options struct {
 	MaxInFlight int `json:"max_in_flight,omitempty"`
 }
 
-// apply lays the options that are set over s, refusing values that
-// cannot work, with the option's name in the error.
+// buildPolicy resolves every resource's settings (defaults, then the
+// handler's options, then the resource's) and builds the method map. It
+// is the one validation of a configuration: Provision runs it, and so
+// does the Caddyfile adapter, which turns its errors' places into lines.
+// lines, when not nil, holds the line each resource is declared on.
+func (h *Handler) buildPolicy(lines []int) (*policy.Policy, error) {
+	defaults, err := h.Options.apply(policy.Defaults())
+	if err == nil {
+		err = defaults.Validate()
+	}
+	if err != nil {
+		// Every resource inherits these, so one error each is enough.
+		return nil, err
+	}
+	var errs []error
+	specs := make([]policy.ResourceSpec, len(h.Resources))
+	for i, r := range h.Resources {
+		settings, err := r.Options.apply(defaults)
+		if err != nil {
+			errs = append(errs, policy.Flatten(policy.InResource(i, r.Path, err))...)
+		}
+		var ops []string // nil: every operation the methods allow
+		if r.Batch != nil {
+			ops = append([]string{}, *r.Batch...)
+		}
+		specs[i] = policy.ResourceSpec{
+			Path:              r.Path,
+			CollectionMethods: r.Collection,
+			ItemMethods:       r.Item,
+			ItemPath:          r.ItemPath,
+			Batch:             ops,
+			Settings:          settings,
+		}
+		if i < len(lines) {
+			specs[i].Line = lines[i]
+		}
+	}
+	p, err := policy.New(specs)
+	if len(errs) == 0 {
+		return p, err
+	}
+	// Every mistake at once, in the order the resources are declared.
+	all := append(errs, policy.Flatten(err)...)
+	slices.SortStableFunc(all, func(a, b error) int { return resourceOf(a) - resourceOf(b) })
+	return nil, errors.Join(all...)
+}
+
+func resourceOf(err error) int {
+	var pe *policy.Error
+	if errors.As(err, &pe) {
+		return pe.Resource
+	}
+	return -1
+}
+
+// apply lays the options that are set over s. It only reads the values,
+// refusing a word the policy does not know (an unknown atomicity, say);
+// whether a value can work is the policy's to say, in Settings.Validate.
 func (o Options) apply(s policy.Settings) (policy.Settings, error) {
 	var errs []error
-	check := func(err error) {
-		if err != nil {
-			errs = append(errs, err)
+	parse := func(option, value string, parse func(string) error) {
+		if value == "" {
+			return
+		}
+		if err := parse(value); err != nil {
+			errs = append(errs, policy.OptionError(option, err))
 		}
 	}
-	parse := func(value string, parse func(string) error) {
-		if value != "" {
-			check(parse(value))
-		}
-	}
-	parse(o.Atomicity, func(v string) error {
+	parse("atomicity", o.Atomicity, func(v string) error {
 		a, err := policy.ParseAtomicity(v)
 		if err == nil {
 			s.SetAtomicity(a)
 		}
 		return err
 	})
-	for name, mode := range o.OperationAtomicity {
+	// Sorted, so that the errors of a configuration come in one order.
+	for _, name := range slices.Sorted(maps.Keys(o.OperationAtomicity)) {
+		option := "atomicity " + name
 		op, err := policy.ParseOp(name)
 		if err != nil {
-			check(fmt.Errorf("operation_atomicity: %w", err))
+			errs = append(errs, policy.OptionError(option, fmt.Errorf("%s: %w", option, err)))
 			continue
 		}
-		a, err := policy.ParseAtomicity(mode)
+		a, err := policy.ParseAtomicity(o.OperationAtomicity[name])
 		if err != nil {
-			check(fmt.Errorf("operation_atomicity %s: %w", name, err))
+			errs = append(errs, policy.OptionError(option, fmt.Errorf("%s: %w", option, err)))
 			continue
 		}
 		s.Atomicity[op] = a
@@ -141,35 +199,36 @@ func (o Options) apply(s policy.Settings) (policy.Settings, error) {
 	if o.AllowOverride != nil {
 		s.AllowOverride = *o.AllowOverride
 	}
-	positive := func(name string, v int64, set func()) {
-		switch {
-		case v < 0:
-			check(fmt.Errorf("%s must be greater than zero, not %d", name, v))
-		case v > 0:
-			set()
+	// Zero means "not set" in JSON; a negative value is set, for
+	// Validate to refuse.
+	set := func(v int64, apply func()) {
+		if v != 0 {
+			apply()
 		}
 	}
-	positive("max_items", int64(o.MaxItems), func() { s.MaxItems = o.MaxItems })
-	positive("max_body_size", o.MaxBodySize, func() { s.MaxBodySize = o.MaxBodySize })
-	positive("concurrency", int64(o.Concurrency), func() { s.Concurrency = o.Concurrency })
-	positive("item_timeout", int64(o.ItemTimeout), func() { s.ItemTimeout = time.Duration(o.ItemTimeout) })
-	positive("batch_timeout", int64(o.BatchTimeout), func() { s.BatchTimeout = time.Duration(o.BatchTimeout) })
-	positive("compensation_timeout", int64(o.CompensationTimeout), func() { s.CompensationTimeout = time.Duration(o.CompensationTimeout) })
+	set(int64(o.MaxItems), func() { s.MaxItems = o.MaxItems })
+	set(o.MaxBodySize, func() { s.MaxBodySize = o.MaxBodySize })
+	set(int64(o.Concurrency), func() { s.Concurrency = o.Concurrency })
+	set(int64(o.ItemTimeout), func() { s.ItemTimeout = time.Duration(o.ItemTimeout) })
+	set(int64(o.BatchTimeout), func() { s.BatchTimeout = time.Duration(o.BatchTimeout) })
+	set(int64(o.CompensationTimeout), func() { s.CompensationTimeout = time.Duration(o.CompensationTimeout) })
+	set(o.MaxResponseSize, func() { s.MaxResponseSize = o.MaxResponseSize })
+	set(int64(o.MaxInFlight), func() { s.MaxInFlight = o.MaxInFlight })
 	if o.IDsParam != "" {
 		s.IDsParam = o.IDsParam
 	}
 	if o.IDField != "" {
 		s.IDField = o.IDField
 	}
-	parse(o.DeleteSemantics, func(v string) (err error) {
+	parse("delete_semantics", o.DeleteSemantics, func(v string) (err error) {
 		s.DeleteSemantics, err = policy.ParseDeleteSemantics(v)
 		return err
 	})
-	parse(o.RestoreDeleted, func(v string) (err error) {
+	parse("restore_deleted", o.RestoreDeleted, func(v string) (err error) {
 		s.RestoreDeleted, err = policy.ParseRestoreDeleted(v)
 		return err
 	})
-	parse(o.RestoreUpdated, func(v string) (err error) {
+	parse("restore_updated", o.RestoreUpdated, func(v string) (err error) {
 		s.RestoreUpdated, err = policy.ParseRestoreUpdated(v)
 		return err
 	})
@@ -179,14 +238,9 @@ func (o Options) apply(s policy.Settings) (policy.Settings, error) {
 	if o.IdempotentUpstream != nil {
 		s.IdempotentUpstream = *o.IdempotentUpstream
 	}
-	parse(o.ItemLocks, func(v string) (err error) {
+	parse("item_locks", o.ItemLocks, func(v string) (err error) {
 		s.ItemLocks, err = policy.ParseItemLocks(v)
 		return err
 	})
-	positive("max_response_size", o.MaxResponseSize, func() { s.MaxResponseSize = o.MaxResponseSize })
-	positive("max_in_flight", int64(o.MaxInFlight), func() { s.MaxInFlight = o.MaxInFlight })
-	if err := errors.Join(errs...); err != nil {
-		return s, err
-	}
-	return s, s.Validate()
+	return s, errors.Join(errs...)
 }

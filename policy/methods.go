@@ -1,7 +1,6 @@
 package policy
 
 import (
-	"fmt"
 	"net/http"
 	"strings"
 )
@@ -54,11 +53,19 @@ func ParseMethods(names []string) (MethodSet, error) {
 	for _, n := range names {
 		bit, ok := ParseMethod(strings.ToUpper(n))
 		if !ok {
-			return 0, fmt.Errorf("unknown method %q (want GET, HEAD, POST, PUT, PATCH, DELETE or OPTIONS)", n)
+			return 0, unknown("method", n, standardMethods())
 		}
 		set |= bit
 	}
 	return set, nil
+}
+
+func standardMethods() []string {
+	names := make([]string, len(methodNames))
+	for i, m := range methodNames {
+		names[i] = m.name
+	}
+	return names
 }
 
 // Has reports whether every method of o is in s.

@@ -28,6 +28,9 @@ type ResourceSpec struct {
 	Batch []string
 	// Settings are the resource's resolved settings.
 	Settings Settings
+	// Line is where the resource is declared, when the configuration
+	// has lines (0 when not): an error about two resources names both.
+	Line int
 }
 
 // idVariable is the item template's variable that an id fills.
@@ -45,6 +48,7 @@ type Resource struct {
 
 	batch                      [opCount]bool
 	collectionAllow, itemAllow string
+	index, line                int // where it is declared, for errors that name it
 }
 
 // BatchEnabled reports whether op is on for the resource.
@@ -63,18 +67,22 @@ type node struct {
 	item       *Resource
 }
 
-// New builds a policy from the resource declarations, refusing any that
-// cannot work with an error that names the resource and the option.
+// New builds a policy from the resource declarations. It refuses any
+// that cannot work with *Error values (joined) that name the resource
+// and the option, and say what to do.
 func New(specs []ResourceSpec) (*Policy, error) {
+	if len(specs) == 0 {
+		return nil, &Error{Resource: -1, msg: "no resources: declare at least one, with the methods its collection and items support, e.g. resource /api/users { collection GET POST }"}
+	}
 	p := &Policy{}
 	var errs []error
-	for _, spec := range specs {
-		r, err := newResource(spec)
+	for i, spec := range specs {
+		r, err := newResource(i, spec)
 		if err == nil {
-			err = p.add(r)
+			err = p.add(r, spec)
 		}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("resource %q: %w", spec.Path, err))
+			errs = append(errs, err)
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -96,14 +104,56 @@ var batchNeeds = [opCount]struct{ collection, item MethodSet }{
 	OpDelete: {MethodDelete, MethodDelete},
 }
 
-func newResource(spec ResourceSpec) (*Resource, error) {
+func newResource(i int, spec ResourceSpec) (*Resource, error) {
+	fail := func(option, format string, args ...any) (*Resource, error) {
+		return nil, resourceErrorf(i, spec.Path, option, format, args...)
+	}
 	coll, err := ParseTemplate(spec.Path)
 	if err != nil {
-		return nil, fmt.Errorf("path: %w", err)
+		return fail("", "%v", err)
 	}
 	if slices.Contains(coll.variables(), idVariable) {
-		return nil, fmt.Errorf("path: variable {%s} is reserved for the item's id", idVariable)
+		return fail("", "the path uses {%s}, which is the item's id: give that variable another name, e.g. {parent_id}", idVariable)
 	}
+	item, err := itemTemplate(spec, coll)
+	if err != nil {
+		return fail("item_path", "%v", err)
+	}
+	if len(spec.CollectionMethods) == 0 && len(spec.ItemMethods) == 0 {
+		return fail("", "no methods: declare the methods the API supports, with collection <METHOD...>, item <METHOD...> or both")
+	}
+	collMethods, err := ParseMethods(spec.CollectionMethods)
+	if err != nil {
+		return fail("collection", "collection: %v", err)
+	}
+	itemMethods, err := ParseMethods(spec.ItemMethods)
+	if err != nil {
+		return fail("item", "item: %v", err)
+	}
+	if err := spec.Settings.Validate(); err != nil {
+		return nil, InResource(i, spec.Path, err)
+	}
+	r := &Resource{
+		Collection:        coll,
+		Item:              item,
+		CollectionMethods: collMethods.withImplied(),
+		ItemMethods:       itemMethods.withImplied(),
+		Settings:          spec.Settings,
+		index:             i,
+		line:              spec.Line,
+	}
+	r.collectionAllow = r.CollectionMethods.String()
+	r.itemAllow = r.ItemMethods.String()
+	if err := r.enableBatch(spec); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// itemTemplate parses the item's template, or makes the default one, and
+// checks that every variable it uses gets a value: {id} from the id, the
+// others from the collection's path.
+func itemTemplate(spec ResourceSpec, coll Template) (Template, error) {
 	itemPath := spec.ItemPath
 	if itemPath == "" {
 		// A collection written with a trailing slash is of an API that
@@ -115,151 +165,198 @@ func newResource(spec ResourceSpec) (*Resource, error) {
 	}
 	item, err := ParseTemplate(itemPath)
 	if err != nil {
-		return nil, fmt.Errorf("item_path: %w", err)
+		return item, fmt.Errorf("item_path: %w", err)
 	}
-	if err := checkItemVariables(coll, item); err != nil {
-		return nil, fmt.Errorf("item_path %q: %w", itemPath, err)
-	}
-	if len(spec.CollectionMethods) == 0 && len(spec.ItemMethods) == 0 {
-		return nil, errors.New("collection and item methods are both empty: declare at least one method")
-	}
-	collMethods, err := ParseMethods(spec.CollectionMethods)
-	if err != nil {
-		return nil, fmt.Errorf("collection: %w", err)
-	}
-	itemMethods, err := ParseMethods(spec.ItemMethods)
-	if err != nil {
-		return nil, fmt.Errorf("item: %w", err)
-	}
-	if err := spec.Settings.Validate(); err != nil {
-		return nil, err
-	}
-	r := &Resource{
-		Collection:        coll,
-		Item:              item,
-		CollectionMethods: collMethods.withImplied(),
-		ItemMethods:       itemMethods.withImplied(),
-		Settings:          spec.Settings,
-	}
-	r.collectionAllow = r.CollectionMethods.String()
-	r.itemAllow = r.ItemMethods.String()
-	if err := r.enableBatch(spec.Batch); err != nil {
-		return nil, err
-	}
-	return r, nil
-}
-
-func checkItemVariables(coll, item Template) error {
-	collVars := coll.variables()
-	found := false
-	for _, v := range item.variables() {
-		switch {
-		case v == idVariable:
-			found = true
-		case !slices.Contains(collVars, v):
-			return fmt.Errorf("variable {%s} is not in the collection's path, so no request can give it a value", v)
+	collVars, itemVars := coll.variables(), item.variables()
+	var strangers []string
+	for _, v := range itemVars {
+		if v != idVariable && !slices.Contains(collVars, v) {
+			strangers = append(strangers, v)
 		}
 	}
-	if !found {
-		return fmt.Errorf("must contain {%s}", idVariable)
+	if !slices.Contains(itemVars, idVariable) {
+		hint := ""
+		if len(strangers) == 1 {
+			hint = fmt.Sprintf(" (did you mean %s?)", strings.Replace(itemPath, "{"+strangers[0]+"}", "{"+idVariable+"}", 1))
+		}
+		return item, fmt.Errorf("item_path %s has no {%s}: an item's path must contain {%s}, where each id goes%s", itemPath, idVariable, idVariable, hint)
 	}
-	return nil
+	if len(strangers) > 0 {
+		return item, fmt.Errorf("item_path %s uses {%s}, which the collection's path %s does not have, so no request gives it a value: use only {%s} and the collection's variables",
+			itemPath, strangers[0], spec.Path, idVariable)
+	}
+	return item, nil
 }
 
 // enableBatch turns on the listed operations, or by default every one
 // whose methods the map allows, and checks that an all-or-nothing batch
 // of each can be undone with methods the legacy API supports.
-func (r *Resource) enableBatch(names []string) error {
-	explicit := names != nil
-	if explicit {
-		for _, n := range names {
-			op, err := ParseOp(n)
-			if err != nil {
-				return fmt.Errorf("batch: %w", err)
-			}
-			r.batch[op] = true
-		}
-	}
+func (r *Resource) enableBatch(spec ResourceSpec) error {
+	explicit := spec.Batch != nil
 	var errs []error
+	for _, n := range spec.Batch {
+		if n == "none" {
+			// The Caddyfile's word, written into a JSON list.
+			errs = append(errs, resourceErrorf(r.index, spec.Path, "batch", `batch: "none" is no operation: an empty list turns every operation off`))
+			continue
+		}
+		op, err := ParseOp(n)
+		if err != nil {
+			errs = append(errs, resourceErrorf(r.index, spec.Path, "batch", "batch: %v", err))
+			continue
+		}
+		r.batch[op] = true
+	}
 	for op := range opCount {
 		need := batchNeeds[op]
-		methodsAllow := r.CollectionMethods.Has(need.collection) && r.ItemMethods.Has(need.item)
+		missing := r.missing(need.collection, need.item)
 		if !explicit {
-			r.batch[op] = methodsAllow
+			r.batch[op] = missing == ""
 		}
 		if !r.batch[op] {
 			continue
 		}
-		if !methodsAllow {
-			errs = append(errs, fmt.Errorf("batch %s needs %s on the collection and %s on the item; allow them or leave %s out of batch",
-				op, need.collection, orNone(need.item), op))
+		if missing != "" {
+			needs := need.collection.String() + " on the collection"
+			if need.item != 0 {
+				needs += " and " + need.item.String() + " on the item"
+			}
+			errs = append(errs, resourceErrorf(r.index, spec.Path, "batch", "batch %s needs %s, and the map does not allow %s: allow it, or leave %s out of batch",
+				op, needs, missing, op))
 			continue
 		}
-		if err := r.checkUndo(op); err != nil {
+		if err := r.checkUndo(op, spec); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
 }
 
+// missing names the methods of coll and item that the map does not allow
+// ("PUT on the item"), or "" when it allows them all.
+func (r *Resource) missing(coll, item MethodSet) string {
+	var parts []string
+	if m := item &^ r.ItemMethods; m != 0 {
+		parts = append(parts, m.String()+" on the item")
+	}
+	if m := coll &^ r.CollectionMethods; m != 0 {
+		parts = append(parts, m.String()+" on the collection")
+	}
+	return strings.Join(parts, " and ")
+}
+
+// undoNeeds returns the methods that undo op under restore, and how.
+func undoNeeds(op Op, restore Restore) (coll, item MethodSet, how string) {
+	switch op {
+	case OpCreate:
+		return 0, MethodDelete, "a created item is deleted (DELETE on the item)"
+	case OpUpdate:
+		if restore == RestorePatch {
+			return 0, MethodGet | MethodPatch, "the pre-image is read (GET on the item) and patched back (PATCH on the item, restore_updated patch)"
+		}
+		return 0, MethodGet | MethodPut, "the pre-image is read (GET on the item) and put back (PUT on the item, restore_updated put)"
+	case OpDelete:
+		if restore == RestorePost {
+			return MethodPost, MethodGet, "the pre-image is read (GET on the item) and re-created (POST on the collection, restore_deleted post)"
+		}
+		return 0, MethodGet | MethodPut, "the pre-image is read (GET on the item) and re-created (PUT on the item, restore_deleted put)"
+	}
+	return 0, 0, ""
+}
+
 // checkUndo refuses an operation that may run all-or-nothing (its mode, or
 // any mode when clients may override it) but whose compensation needs a
 // method the legacy API does not support.
-func (r *Resource) checkUndo(op Op) error {
-	if r.Settings.Atomicity[op] == Partial && !r.Settings.AllowOverride {
+func (r *Resource) checkUndo(op Op, spec ResourceSpec) error {
+	s := r.Settings
+	partial := s.Atomicity[op] == Partial
+	if partial && !s.AllowOverride {
 		return nil
 	}
-	var needItem, needColl MethodSet
-	var how string
+	// The other way to restore, which the fix may be.
+	var restore, other Restore
+	var otherOption string
 	switch op {
-	case OpCreate:
-		needItem, how = MethodDelete, "a created item is undone with DELETE on the item"
 	case OpUpdate:
-		needItem, how = MethodGet, "the pre-image is read with GET on the item"
-		if r.Settings.RestoreUpdated == RestorePut {
-			needItem |= MethodPut
-			how += " and put back with PUT (restore_updated put)"
-		} else {
-			how += " and put back with PATCH (restore_updated patch)"
+		restore, other = s.RestoreUpdated, RestorePatch
+		if restore == RestorePatch {
+			other = RestorePut
 		}
+		otherOption = "restore_updated " + other.String()
 	case OpDelete:
-		needItem, how = MethodGet, "the pre-image is read with GET on the item"
-		if r.Settings.RestoreDeleted == RestorePut {
-			needItem |= MethodPut
-			how += " and re-created with PUT on the item (restore_deleted put)"
-		} else {
-			needColl = MethodPost
-			how += " and re-created with POST on the collection (restore_deleted post)"
+		restore, other = s.RestoreDeleted, RestorePost
+		if restore == RestorePost {
+			other = RestorePut
 		}
+		otherOption = "restore_deleted " + other.String()
+	}
+	needColl, needItem, how := undoNeeds(op, restore)
+	missing := r.missing(needColl, needItem)
+	if missing == "" {
+		return nil
+	}
+	fixes := []string{"allow " + missing}
+	if otherOption != "" {
+		if c, i, _ := undoNeeds(op, other); r.missing(c, i) == "" {
+			fixes = append(fixes, "set "+otherOption)
+		}
+	}
+	var why string
+	switch {
+	case partial:
+		why = fmt.Sprintf("batch %s is partial, but allow_override lets a client ask for all_or_nothing, and a failed all_or_nothing batch is undone: %s; the map does not allow %s. Setting it partial alone does not help while allow_override is on",
+			op, how, missing)
+		fixes = append(fixes, "turn allow_override off")
+	case s.AllowOverride:
+		why = fmt.Sprintf("batch %s runs all_or_nothing, and a failed batch is undone: %s; the map does not allow %s", op, how, missing)
+		fixes = append(fixes, fmt.Sprintf("set atomicity %s partial and turn allow_override off", op))
 	default:
-		return nil
+		why = fmt.Sprintf("batch %s runs all_or_nothing, and a failed batch is undone: %s; the map does not allow %s", op, how, missing)
+		fixes = append(fixes, fmt.Sprintf("set atomicity %s partial", op))
 	}
-	if r.ItemMethods.Has(needItem) && r.CollectionMethods.Has(needColl) {
-		return nil
+	fixes = append(fixes, fmt.Sprintf("leave %s out of batch", op))
+	option := "item"
+	if needItem&^r.ItemMethods == 0 {
+		option = "collection"
 	}
-	return fmt.Errorf("batch %s can run all_or_nothing, where %s; allow those methods, set atomicity %s partial, or leave %s out of batch",
-		op, how, op, op)
+	return resourceErrorf(r.index, spec.Path, option, "%s: %s", why, orList(fixes))
 }
 
-func orNone(s MethodSet) string {
-	if s == 0 {
-		return "nothing"
+func (p *Policy) add(r *Resource, spec ResourceSpec) error {
+	if other, otherItem := p.attach(r.Collection, r, false); other != nil {
+		switch {
+		case otherItem:
+			return resourceErrorf(r.index, spec.Path, "", "the path is the same route as %s, the items of resource %s (%s): declare these methods as item methods of %s, or give %s another item_path",
+				other.Item, other.Collection, both(other, r), other.Collection, other.Collection)
+		case other.Collection.String() == r.Collection.String():
+			return &Error{Resource: r.index, msg: fmt.Sprintf("resource %s is declared twice (%s): merge them into one", r.Collection, both(other, r))}
+		default:
+			return resourceErrorf(r.index, spec.Path, "", "the path is the same route as resource %s (%s): merge them into one", other.Collection, both(other, r))
+		}
 	}
-	return s.String()
-}
-
-func (p *Policy) add(r *Resource) error {
-	if err := p.attach(r.Collection, r, false); err != nil {
-		return err
-	}
-	if err := p.attach(r.Item, r, true); err != nil {
-		return fmt.Errorf("item_path: %w", err)
+	if other, otherItem := p.attach(r.Item, r, true); other != nil {
+		what := "resource " + other.Collection.String()
+		if otherItem {
+			what = "the items of resource " + other.Collection.String()
+		}
+		return resourceErrorf(r.index, spec.Path, "item_path", "the item path %s is the same route as %s (%s): give this resource another item_path", r.Item, what, both(other, r))
 	}
 	p.resources = append(p.resources, r)
 	return nil
 }
 
-func (p *Policy) attach(t Template, r *Resource, item bool) error {
+// both names where two resources are declared: "lines 3 and 9" when
+// the configuration has lines, else their places in the list.
+func both(a, b *Resource) string {
+	if a.line > 0 && b.line > 0 {
+		return fmt.Sprintf("lines %d and %d", a.line, b.line)
+	}
+	return fmt.Sprintf("resources[%d] and resources[%d]", a.index, b.index)
+}
+
+// attach routes t to r, or returns the resource that already holds
+// t's route and whether it holds it as its item path.
+func (p *Policy) attach(t Template, r *Resource, item bool) (*Resource, bool) {
 	n := &p.root
 	for _, s := range t.segs {
 		if s.name != "" {
@@ -281,15 +378,15 @@ func (p *Policy) attach(t Template, r *Resource, item bool) error {
 	}
 	switch {
 	case n.collection != nil:
-		return fmt.Errorf("path %q is the same route as the collection path %q of resource %q", t, n.collection.Collection, n.collection.Collection)
+		return n.collection, false
 	case n.item != nil:
-		return fmt.Errorf("path %q is the same route as the item path %q of resource %q", t, n.item.Item, n.item.Collection)
+		return n.item, true
 	case item:
 		n.item = r
 	default:
 		n.collection = r
 	}
-	return nil
+	return nil, false
 }
 
 // Match is what a lookup found for a request path.

@@ -1,8 +1,10 @@
 package policy
 
 import (
+	"errors"
 	"strings"
 	"testing"
+	"time"
 )
 
 func specs() []ResourceSpec {
@@ -140,6 +142,10 @@ func TestBatchEnabled(t *testing.T) {
 	}
 }
 
+// TestNewRefuses checks that each configuration that cannot work is
+// refused with an *Error placed at the resource and option to blame, so
+// that the Caddyfile adapter can name the line. The messages themselves
+// are pinned by caddymodule's TestConfigMistakes.
 func TestNewRefuses(t *testing.T) {
 	all := []string{"GET", "POST", "PUT", "PATCH", "DELETE"}
 	base := func(mod func(*ResourceSpec)) []ResourceSpec {
@@ -148,64 +154,110 @@ func TestNewRefuses(t *testing.T) {
 		return []ResourceSpec{s}
 	}
 	tests := []struct {
-		name  string
-		specs []ResourceSpec
-		want  string
+		name     string
+		specs    []ResourceSpec
+		resource int
+		option   string
+		want     string
 	}{
-		{"relative template", base(func(s *ResourceSpec) { s.Path = "a" }), `resource "a": path: template "a" must start with /`},
-		{"root template", base(func(s *ResourceSpec) { s.Path = "/" }), `template "/" has no segment`},
-		{"empty segment", base(func(s *ResourceSpec) { s.Path = "/a//b" }), `has an empty segment`},
-		{"dot segment", base(func(s *ResourceSpec) { s.Path = "/a/../b" }), `has a dot segment`},
-		{"partial variable", base(func(s *ResourceSpec) { s.Path = "/a/x{y}" }), `mixes a variable with text`},
-		{"wildcard", base(func(s *ResourceSpec) { s.Path = "/a/*" }), `mixes a variable with text`},
-		{"bad variable name", base(func(s *ResourceSpec) { s.Path = "/a/{1x}" }), `variable "{1x}" must be a name`},
-		{"variable twice", base(func(s *ResourceSpec) { s.Path = "/a/{x}/b/{x}" }), `uses variable {x} twice`},
-		{"id in collection", base(func(s *ResourceSpec) { s.Path = "/a/{id}/b" }), `variable {id} is reserved`},
-		{"item path without id", base(func(s *ResourceSpec) { s.ItemPath = "/a/one" }), `item_path "/a/one": must contain {id}`},
-		{"item path unknown variable", base(func(s *ResourceSpec) { s.ItemPath = "/a/{x}/{id}" }), `variable {x} is not in the collection's path`},
-		{"unknown method", base(func(s *ResourceSpec) { s.ItemMethods = []string{"GET", "BREW"} }), `item: unknown method "BREW"`},
-		{"no methods", base(func(s *ResourceSpec) { s.CollectionMethods, s.ItemMethods = nil, nil }), `declare at least one method`},
-		{"unknown batch op", base(func(s *ResourceSpec) { s.Batch = []string{"get", "upsert"} }), `batch: unknown batch operation "upsert"`},
-		{"batch op without its item method", base(func(s *ResourceSpec) { s.ItemMethods = []string{"GET"}; s.Batch = []string{"delete"} }),
-			`batch delete needs DELETE on the collection and DELETE on the item`},
-		{"batch op without its collection method", base(func(s *ResourceSpec) { s.CollectionMethods = []string{"GET"}; s.Batch = []string{"create"} }),
-			`batch create needs POST on the collection and nothing on the item`},
-		{"create cannot be undone", base(func(s *ResourceSpec) { s.ItemMethods = []string{"GET"} }),
-			`batch create can run all_or_nothing, where a created item is undone with DELETE on the item`},
-		{"update cannot be restored with put", base(func(s *ResourceSpec) { s.ItemMethods = []string{"GET", "PATCH"} }),
-			`batch update can run all_or_nothing, where the pre-image is read with GET on the item and put back with PUT (restore_updated put)`},
+		{"no resources", nil, -1, "", `no resources: declare at least one`},
+		{"relative template", base(func(s *ResourceSpec) { s.Path = "a" }), 0, "", `resource a: template "a" must start with /: write "/a"`},
+		{"root template", base(func(s *ResourceSpec) { s.Path = "/" }), 0, "", `template "/" has no segment`},
+		{"empty segment", base(func(s *ResourceSpec) { s.Path = "/a//b" }), 0, "", `has an empty segment`},
+		{"dot segment", base(func(s *ResourceSpec) { s.Path = "/a/../b" }), 0, "", `has a dot segment`},
+		{"partial variable", base(func(s *ResourceSpec) { s.Path = "/a/x{y}" }), 0, "", `mixes a variable with text`},
+		{"unbalanced braces", base(func(s *ResourceSpec) { s.Path = "/a/{y" }), 0, "", `has unbalanced braces`},
+		{"wildcard", base(func(s *ResourceSpec) { s.Path = "/a/*" }), 0, "", `has a wildcard`},
+		{"bad variable name", base(func(s *ResourceSpec) { s.Path = "/a/{1x}" }), 0, "", `variable "{1x}" must be named`},
+		{"variable twice", base(func(s *ResourceSpec) { s.Path = "/a/{x}/b/{x}" }), 0, "", `uses variable {x} twice`},
+		{"id in collection", base(func(s *ResourceSpec) { s.Path = "/a/{id}/b" }), 0, "", `the path uses {id}, which is the item's id`},
+		{"item path without id", base(func(s *ResourceSpec) { s.ItemPath = "/a/one" }), 0, "item_path", `item_path /a/one has no {id}`},
+		{"item path with another variable", base(func(s *ResourceSpec) { s.ItemPath = "/a/{x}" }), 0, "item_path", `has no {id}: an item's path must contain {id}, where each id goes (did you mean /a/{id}?)`},
+		{"item path unknown variable", base(func(s *ResourceSpec) { s.ItemPath = "/a/{x}/{id}" }), 0, "item_path", `uses {x}, which the collection's path /a does not have`},
+		{"unknown method", base(func(s *ResourceSpec) { s.ItemMethods = []string{"GET", "BREW"} }), 0, "item", `item: unknown method "BREW"`},
+		{"misspelt method", base(func(s *ResourceSpec) { s.CollectionMethods = []string{"PUTT"} }), 0, "collection", `did you mean PUT?`},
+		{"no methods", base(func(s *ResourceSpec) { s.CollectionMethods, s.ItemMethods = nil, nil }), 0, "", `no methods`},
+		{"unknown batch op", base(func(s *ResourceSpec) { s.Batch = []string{"get", "upsert"} }), 0, "batch", `batch: unknown batch operation "upsert"`},
+		{"batch op without its item method", base(func(s *ResourceSpec) { s.ItemMethods = []string{"GET"}; s.Batch = []string{"delete"} }), 0, "batch",
+			`batch delete needs DELETE on the collection and DELETE on the item, and the map does not allow DELETE on the item`},
+		{"batch op without its collection method", base(func(s *ResourceSpec) { s.CollectionMethods = []string{"GET"}; s.Batch = []string{"create"} }), 0, "batch",
+			`batch create needs POST on the collection, and the map does not allow POST on the collection`},
+		{"create cannot be undone", base(func(s *ResourceSpec) { s.ItemMethods = []string{"GET"}; s.Batch = []string{"create"} }), 0, "item",
+			`batch create runs all_or_nothing, and a failed batch is undone: a created item is deleted (DELETE on the item)`},
+		{"update cannot be restored with put", base(func(s *ResourceSpec) { s.ItemMethods = []string{"GET", "PATCH"}; s.Batch = []string{"update"} }), 0, "item",
+			`allow PUT on the item, set restore_updated patch, set atomicity update partial or leave update out of batch`},
+		{"update cannot be restored at all", base(func(s *ResourceSpec) { s.ItemMethods = []string{"PATCH"}; s.Batch = []string{"update"} }), 0, "item",
+			`allow GET, PUT on the item, set atomicity update partial or leave update out of batch`},
 		{"delete cannot be restored with post", base(func(s *ResourceSpec) {
 			s.CollectionMethods = []string{"GET", "DELETE"}
 			s.Settings.RestoreDeleted = RestorePost
-		}), `batch delete can run all_or_nothing, where the pre-image is read with GET on the item and re-created with POST on the collection (restore_deleted post)`},
+		}), 0, "collection", `re-created (POST on the collection, restore_deleted post); the map does not allow POST on the collection`},
 		{"override makes all_or_nothing reachable", base(func(s *ResourceSpec) {
 			s.ItemMethods = []string{"GET"}
 			s.Batch = []string{"create"}
 			s.Settings.SetAtomicity(Partial)
 			s.Settings.AllowOverride = true
-		}), `batch create can run all_or_nothing`},
-		{"zero limit", base(func(s *ResourceSpec) { s.Settings.MaxItems = 0 }), `max_items must be greater than zero`},
-		{"zero concurrency", base(func(s *ResourceSpec) { s.Settings.Concurrency = 0 }), `concurrency must be greater than zero`},
-		{"negative retries", base(func(s *ResourceSpec) { s.Settings.CompensationRetries = -1 }), `compensation_retries must not be negative`},
-		{"empty id field", base(func(s *ResourceSpec) { s.Settings.IDField = "" }), `id_field must not be empty`},
-		{"same path twice", append(base(func(*ResourceSpec) {}), base(func(*ResourceSpec) {})...),
-			`resource "/a": path "/a" is the same route as the collection path "/a" of resource "/a"`},
+		}), 0, "item", `Setting it partial alone does not help while allow_override is on: allow DELETE on the item, turn allow_override off or leave create out of batch`},
+		{"zero limit", base(func(s *ResourceSpec) { s.Settings.MaxItems = 0 }), 0, "max_items", `resource /a: max_items must be greater than zero, not 0`},
+		{"zero concurrency", base(func(s *ResourceSpec) { s.Settings.Concurrency = 0 }), 0, "concurrency", `concurrency must be greater than zero`},
+		{"negative timeout", base(func(s *ResourceSpec) { s.Settings.ItemTimeout = -time.Second }), 0, "item_timeout", `item_timeout must be greater than zero, not -1s`},
+		{"negative retries", base(func(s *ResourceSpec) { s.Settings.CompensationRetries = -1 }), 0, "compensation_retries", `compensation_retries must be 0 or more, not -1`},
+		{"empty id field", base(func(s *ResourceSpec) { s.Settings.IDField = "" }), 0, "id_field", `id_field must not be empty`},
+		{"same path twice", append(base(func(*ResourceSpec) {}), base(func(*ResourceSpec) {})...), 1, "",
+			`resource /a is declared twice (resources[0] and resources[1]): merge them into one`},
+		{"same path twice, with lines", []ResourceSpec{
+			{Path: "/u", CollectionMethods: []string{"GET"}, Settings: Defaults(), Line: 3},
+			{Path: "/u", CollectionMethods: []string{"GET"}, Settings: Defaults(), Line: 9},
+		}, 1, "", `resource /u is declared twice (lines 3 and 9): merge them into one`},
 		{"same route, other variable names", []ResourceSpec{
 			{Path: "/u/{a}/p", CollectionMethods: []string{"GET"}, Settings: Defaults()},
 			{Path: "/u/{b}/p", CollectionMethods: []string{"GET"}, Settings: Defaults()},
-		}, `resource "/u/{b}/p": path "/u/{b}/p" is the same route as the collection path "/u/{a}/p"`},
+		}, 1, "", `resource /u/{b}/p: the path is the same route as resource /u/{a}/p`},
 		{"collection is another's item", []ResourceSpec{
 			{Path: "/u", ItemMethods: []string{"GET"}, Settings: Defaults()},
 			{Path: "/u/{x}", CollectionMethods: []string{"GET"}, Settings: Defaults()},
-		}, `resource "/u/{x}": path "/u/{x}" is the same route as the item path "/u/{id}" of resource "/u"`},
+		}, 1, "", `resource /u/{x}: the path is the same route as /u/{id}, the items of resource /u`},
+		{"item is another's collection", []ResourceSpec{
+			{Path: "/u/{x}", CollectionMethods: []string{"GET"}, Settings: Defaults()},
+			{Path: "/u", ItemMethods: []string{"GET"}, Settings: Defaults()},
+		}, 1, "item_path", `resource /u: the item path /u/{id} is the same route as resource /u/{x}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := New(tt.specs)
-			if err == nil || !strings.Contains(err.Error(), tt.want) {
-				t.Fatalf("New() error = %v\nwant it to contain %q", err, tt.want)
+			for _, e := range Flatten(err) {
+				var pe *Error
+				if !errors.As(e, &pe) {
+					t.Errorf("%v is not placed (not an *Error)", e)
+					continue
+				}
+				if pe.Resource == tt.resource && pe.Option == tt.option && strings.Contains(pe.Error(), tt.want) {
+					return
+				}
 			}
+			t.Fatalf("New() error = %v\nwant one, placed at resource %d option %q, that contains %q", err, tt.resource, tt.option, tt.want)
 		})
+	}
+}
+
+// TestNearest checks the typo suggestions: near enough to help, never a
+// guess at a word that is merely short.
+func TestNearest(t *testing.T) {
+	names := []string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
+	tests := []struct{ in, want string }{
+		{"DELET", "DELETE"},
+		{"delet", "DELETE"},
+		{"PSOT", ""}, // a swap is two edits, too many in four letters
+		{"GETS", "GET"},
+		{"FETCH", ""},
+		{"BREW", ""},
+		{"OPTION", "OPTIONS"},
+		{"", ""},
+	}
+	for _, tt := range tests {
+		if got := Nearest(tt.in, names); got != tt.want {
+			t.Errorf("Nearest(%q) = %q, want %q", tt.in, got, tt.want)
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package policy
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -36,7 +37,10 @@ func ParseOp(s string) (Op, error) {
 			return Op(i), nil
 		}
 	}
-	return 0, fmt.Errorf("unknown batch operation %q (want get, create, update or delete)", s)
+	if s == "list" {
+		return 0, fmt.Errorf("unknown batch operation %q (want %s): a list (GET on the collection without ids) always passes through, so it needs no batch operation", s, orList(opNames[:]))
+	}
+	return 0, unknown("batch operation", s, opNames[:])
 }
 
 // Writes reports whether the operation changes the upstream's state, and
@@ -69,7 +73,7 @@ func ParseAtomicity(s string) (Atomicity, error) {
 	case "partial":
 		return Partial, nil
 	}
-	return 0, fmt.Errorf("unknown atomicity %q (want all_or_nothing or partial)", s)
+	return 0, unknown("atomicity", s, []string{"all_or_nothing", "partial"})
 }
 
 // DeleteSemantics says what a DELETE of a missing item means.
@@ -90,7 +94,7 @@ func ParseDeleteSemantics(s string) (DeleteSemantics, error) {
 	case "declarative":
 		return Declarative, nil
 	}
-	return 0, fmt.Errorf("unknown delete_semantics %q (want imperative or declarative)", s)
+	return 0, unknown("delete_semantics", s, []string{"imperative", "declarative"})
 }
 
 // Restore says which request puts a pre-image back during compensation.
@@ -125,7 +129,7 @@ func ParseRestoreDeleted(s string) (Restore, error) {
 	case "post":
 		return RestorePost, nil
 	}
-	return 0, fmt.Errorf("unknown restore_deleted %q (want put or post)", s)
+	return 0, unknown("restore_deleted", s, []string{"put", "post"})
 }
 
 // ParseRestoreUpdated parses restore_updated: put or patch.
@@ -136,7 +140,7 @@ func ParseRestoreUpdated(s string) (Restore, error) {
 	case "patch":
 		return RestorePatch, nil
 	}
-	return 0, fmt.Errorf("unknown restore_updated %q (want put or patch)", s)
+	return 0, unknown("restore_updated", s, []string{"put", "patch"})
 }
 
 // Settings are the tunables of batch handling, resolved for one resource:
@@ -191,7 +195,7 @@ func ParseItemLocks(s string) (ItemLocks, error) {
 	case "storage":
 		return StorageLocks, nil
 	}
-	return 0, fmt.Errorf("unknown item_locks %q (want local or storage)", s)
+	return 0, unknown("item_locks", s, []string{"local", "storage"})
 }
 
 // Defaults returns the settings SPEC section 3 gives for an option that
@@ -223,30 +227,85 @@ func (s *Settings) SetAtomicity(a Atomicity) {
 	}
 }
 
-// Validate refuses settings that cannot work, naming the option.
-func (s Settings) Validate() error {
-	var errs []error
-	positive := func(name string, ok bool) {
-		if !ok {
-			errs = append(errs, fmt.Errorf("%s must be greater than zero", name))
+// limit is an option that must be greater than zero.
+type limit struct {
+	option string
+	value  int64
+	kind   limitKind
+}
+
+type limitKind uint8
+
+const (
+	countLimit limitKind = iota
+	sizeLimit
+	durationLimit
+)
+
+// limits returns s's limits, in the order the configuration lists them.
+func (s Settings) limits() []limit {
+	return []limit{
+		{"max_items", int64(s.MaxItems), countLimit},
+		{"max_body_size", s.MaxBodySize, sizeLimit},
+		{"max_response_size", s.MaxResponseSize, sizeLimit},
+		{"concurrency", int64(s.Concurrency), countLimit},
+		{"max_in_flight", int64(s.MaxInFlight), countLimit},
+		{"item_timeout", int64(s.ItemTimeout), durationLimit},
+		{"batch_timeout", int64(s.BatchTimeout), durationLimit},
+		{"compensation_timeout", int64(s.CompensationTimeout), durationLimit},
+	}
+}
+
+// format writes v as an operator would write it for this limit.
+func (k limitKind) format(v int64) string {
+	switch {
+	case k == durationLimit:
+		return time.Duration(v).String()
+	case k == sizeLimit && v > 0 && v%(1<<20) == 0:
+		return strconv.FormatInt(v>>20, 10) + "MiB"
+	case k == sizeLimit && v > 0 && v%(1<<10) == 0:
+		return strconv.FormatInt(v>>10, 10) + "KiB"
+	}
+	return strconv.FormatInt(v, 10)
+}
+
+// CheckLimit refuses a value of a limit (max_items, max_body_size,
+// item_timeout…; a durationLimit in nanoseconds) that is zero or negative.
+// A configuration format that cannot carry a zero (in JSON it means "the
+// default") calls it while it still has the value.
+func CheckLimit(option string, value int64) error {
+	if value > 0 {
+		return nil
+	}
+	for _, def := range Defaults().limits() {
+		if def.option == option {
+			return OptionError(option, fmt.Errorf("%s must be greater than zero, not %s: set a positive value, or leave it out for the default, %s",
+				option, def.kind.format(value), def.kind.format(def.value)))
 		}
 	}
-	positive("max_items", s.MaxItems > 0)
-	positive("max_body_size", s.MaxBodySize > 0)
-	positive("concurrency", s.Concurrency > 0)
-	positive("item_timeout", s.ItemTimeout > 0)
-	positive("batch_timeout", s.BatchTimeout > 0)
-	positive("compensation_timeout", s.CompensationTimeout > 0)
-	positive("max_response_size", s.MaxResponseSize > 0)
-	positive("max_in_flight", s.MaxInFlight > 0)
+	return nil
+}
+
+// checkName refuses an empty ids_param or id_field.
+func checkName(option, value string) error {
+	if value != "" {
+		return nil
+	}
+	def := map[string]string{"ids_param": "ids", "id_field": "id"}[option]
+	return OptionError(option, fmt.Errorf("%s must not be empty: give it a name, or leave it out for the default, %s", option, def))
+}
+
+// Validate refuses settings that cannot work; each error is an *Error
+// that names the option.
+func (s Settings) Validate() error {
+	var errs []error
+	for _, l := range s.limits() {
+		errs = append(errs, CheckLimit(l.option, l.value))
+	}
+	errs = append(errs, checkName("ids_param", s.IDsParam), checkName("id_field", s.IDField))
 	if s.CompensationRetries < 0 {
-		errs = append(errs, errors.New("compensation_retries must not be negative"))
-	}
-	if s.IDsParam == "" {
-		errs = append(errs, errors.New("ids_param must not be empty"))
-	}
-	if s.IDField == "" {
-		errs = append(errs, errors.New("id_field must not be empty"))
+		errs = append(errs, OptionError("compensation_retries",
+			fmt.Errorf("compensation_retries must be 0 or more, not %d: 0 sends an undo once, with no retry", s.CompensationRetries)))
 	}
 	return errors.Join(errs...)
 }

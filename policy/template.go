@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -32,8 +33,13 @@ const maxSegments = 32
 // a template that matches something other than what it reads as.
 func ParseTemplate(s string) (Template, error) {
 	t := Template{raw: s}
-	if !strings.HasPrefix(s, "/") {
-		return t, fmt.Errorf("template %q must start with /", s)
+	switch {
+	case s == "":
+		return t, errors.New(`the template is empty: write the path, e.g. "/api/users"`)
+	case !strings.HasPrefix(s, "/"):
+		return t, fmt.Errorf("template %q must start with /: write %q", s, "/"+s)
+	case strings.ContainsAny(s, "?#"):
+		return t, fmt.Errorf("template %q holds a query or a fragment: a template is a path alone", s)
 	}
 	body := strings.TrimPrefix(s, "/")
 	if strings.HasSuffix(body, "/") {
@@ -41,37 +47,42 @@ func ParseTemplate(s string) (Template, error) {
 		body = strings.TrimSuffix(body, "/")
 	}
 	if body == "" {
-		return t, fmt.Errorf("template %q has no segment", s)
+		return t, fmt.Errorf(`template %q has no segment: write the collection's path, e.g. "/api/users"`, s)
 	}
 	seen := map[string]bool{}
 	for _, part := range strings.Split(body, "/") {
+		open, close := strings.Count(part, "{"), strings.Count(part, "}")
 		switch {
 		case part == "":
-			return t, fmt.Errorf("template %q has an empty segment", s)
+			return t, fmt.Errorf("template %q has an empty segment (//): remove the extra slash", s)
 		case part == "." || part == "..":
-			return t, fmt.Errorf("template %q has a dot segment", s)
-		case strings.HasPrefix(part, "{") && strings.HasSuffix(part, "}"):
+			return t, fmt.Errorf("template %q has a dot segment (%s): write the path it resolves to", s, part)
+		case strings.Contains(part, "*"):
+			return t, fmt.Errorf("template %q has a wildcard (%s), which templates do not have: name one segment with a variable instead, e.g. {name} (wildcards go in the batch directive's matcher)", s, part)
+		case open != close || strings.Index(part, "}") < strings.Index(part, "{"):
+			return t, fmt.Errorf("template %q: segment %q has unbalanced braces: a variable is a whole segment, {name}", s, part)
+		case open == 1 && strings.HasPrefix(part, "{") && strings.HasSuffix(part, "}"):
 			name := part[1 : len(part)-1]
 			if !validName(name) {
-				return t, fmt.Errorf("template %q: variable %q must be a name of letters, digits and underscores", s, part)
+				return t, fmt.Errorf("template %q: variable %q must be named with letters, digits and underscores, not starting with a digit, e.g. {user_id}", s, part)
 			}
 			if seen[name] {
-				return t, fmt.Errorf("template %q uses variable {%s} twice", s, name)
+				return t, fmt.Errorf("template %q uses variable {%s} twice: give each variable its own name", s, name)
 			}
 			seen[name] = true
 			t.segs = append(t.segs, segment{name: name})
-		case strings.ContainsAny(part, "{}*"):
-			return t, fmt.Errorf("template %q: segment %q mixes a variable with text (a variable is a whole segment: {name})", s, part)
+		case open > 0:
+			return t, fmt.Errorf("template %q: segment %q mixes a variable with text: a variable is a whole segment, {name}", s, part)
 		default:
 			lit, err := url.PathUnescape(part)
 			if err != nil {
-				return t, fmt.Errorf("template %q: segment %q: %v", s, part, err)
+				return t, fmt.Errorf("template %q: segment %q has a bad percent-escape: %v", s, part, err)
 			}
 			t.segs = append(t.segs, segment{literal: lit})
 		}
 	}
 	if len(t.segs) > maxSegments {
-		return t, fmt.Errorf("template %q has more than %d segments", s, maxSegments)
+		return t, fmt.Errorf("template %q has more than %d segments, the most a template may have", s, maxSegments)
 	}
 	return t, nil
 }
