@@ -29,7 +29,7 @@ type Plan struct {
 	Items             []Item
 
 	collectionPath string
-	query          string // the client's query without the ids parameter
+	query          string // the client's query without the ids and _method parameters
 	header         http.Header
 	key            idempotencyKey
 }
@@ -78,7 +78,7 @@ func Parse(r *http.Request, m policy.Match, op policy.Op) (*Plan, *problem.Detai
 			p.Items, prob = itemsFromIDs(ids, op)
 		}
 	default:
-		p.query = r.URL.RawQuery
+		p.query = withoutParam(r.URL.RawQuery, MethodParam)
 		var elems []json.RawMessage
 		elems, prob = readElements(r, s)
 		if prob == nil {
@@ -144,6 +144,9 @@ func hasParam(rawQuery, name string) bool {
 func idsFromQuery(rawQuery string, s policy.Settings) ([]string, string, *problem.Details) {
 	var ids, rest []string
 	err := eachParam(rawQuery, func(pair, key, value string) error {
+		if key == MethodParam {
+			return nil // the sub-requests' methods are the gateway's
+		}
 		if key != s.IDsParam {
 			rest = append(rest, pair)
 			return nil

@@ -153,6 +153,8 @@ func TestProvisionErrors(t *testing.T) {
 			`operation_atomicity: unknown batch operation "upsert"`},
 		{"unknown batch operation", `{"resources":[{"path":"/a","collection":["GET"],"item":["GET"],"batch":["list"]}]}`,
 			`resource "/a": batch: unknown batch operation "list"`},
+		{"ids_param that is the method override parameter", `{"ids_param":"_method","resources":[{"path":"/a","collection":["GET"]}]}`,
+			`ids_param must not be "_method"`},
 		{"item path without id", `{"resources":[{"path":"/a","collection":["GET"],"item_path":"/a/one"}]}`, `item_path "/a/one": must contain {id}`},
 	}
 	for _, tt := range tests {

@@ -245,6 +245,9 @@ func (s Settings) Validate() error {
 	if s.IDsParam == "" {
 		errs = append(errs, errors.New("ids_param must not be empty"))
 	}
+	if s.IDsParam == "_method" {
+		errs = append(errs, errors.New(`ids_param must not be "_method": the gateway reads that parameter as a method override; choose another name, e.g. ids`))
+	}
 	if s.IDField == "" {
 		errs = append(errs, errors.New("id_field must not be empty"))
 	}
