@@ -10,6 +10,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/dustin/go-humanize"
 
+	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
@@ -241,6 +242,9 @@ func (o *Options) unmarshalOption(d *caddyfile.Dispenser) error {
 		err = duration(&o.CompensationTimeout)
 	case "ids_param":
 		o.IDsParam, err = one()
+		if err == nil && o.IDsParam == batch.MethodParam {
+			err = d.Errf(`ids_param must not be %q: the gateway reads that parameter as a method override; choose another name, e.g. ids`, o.IDsParam)
+		}
 	case "id_field":
 		o.IDField, err = one()
 	case "delete_semantics":

@@ -114,6 +114,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"bad compensation_timeout", "batch {\n\tcompensation_timeout -1s\n}", `compensation_timeout must be a duration greater than zero`},
 		{"option without value", "batch {\n\tids_param\n}", "ids_param takes one value"},
 		{"option with two values", "batch {\n\tid_field a b\n}", "id_field takes one value"},
+		{"ids_param that is the method override parameter", "batch {\n\tids_param _method\n}", `ids_param must not be "_method"`},
 		{"unknown delete_semantics", "batch {\n\tdelete_semantics soft\n}", `unknown delete_semantics "soft" (want imperative or declarative)`},
 		{"unknown restore_deleted", "batch {\n\trestore_deleted patch\n}", `unknown restore_deleted "patch" (want put or post)`},
 		{"unknown restore_updated", "batch {\n\trestore_updated post\n}", `unknown restore_updated "post" (want put or patch)`},
