@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -122,6 +123,9 @@ func namesParam(rawQuery, name string) bool {
 	return false
 }
 
+// integerText is a JSON integer: no fraction, no exponent.
+var integerText = regexp.MustCompile(`^-?(0|[1-9][0-9]*)$`)
+
 func FuzzParseBody(f *testing.F) {
 	for _, b := range []string{
 		`[{"id":"1","a":1},{"id":2}]`, `[{"name":"a"},{"name":"b"}]`, `[]`, `[{}]`, `{}`, `null`, `"x"`, `7`, ``, ` `,
@@ -162,7 +166,14 @@ func FuzzParseBody(f *testing.F) {
 				continue
 			}
 			checkPlan(t, p, op)
+			var elems []map[string]json.RawMessage
+			_ = json.Unmarshal(body, &elems)
 			for _, it := range p.Items {
+				if it.Index < len(elems) {
+					if raw := elems[it.Index]["id"]; jsonKind(raw) == "number" && !integerText.MatchString(it.ID) {
+						t.Fatalf("item %d: the number id %s was accepted as %q, which is not an integer", it.Index, raw, it.ID)
+					}
+				}
 				var members map[string]json.RawMessage
 				if err := json.Unmarshal(it.Body, &members); err != nil {
 					t.Fatalf("item %d body %q is not a JSON object: %v", it.Index, it.Body, err)

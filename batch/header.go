@@ -31,7 +31,7 @@ var batchOnly = []string{
 
 // forwardHeader returns the client's headers as every sub-request carries
 // them: Authorization, Cookie, tracing and the rest stay; what is
-// hop-by-hop or true only of the batch request goes.
+// hop-by-hop, true only of the batch request, or a method override goes.
 func forwardHeader(client http.Header) http.Header {
 	h := client.Clone()
 	if h == nil {
@@ -48,6 +48,11 @@ func forwardHeader(client http.Header) http.Header {
 		h.Del(name)
 	}
 	for _, name := range batchOnly {
+		h.Del(name)
+	}
+	// The method of a sub-request is the gateway's decision: an override
+	// would let the upstream turn an item's GET into a DELETE.
+	for _, name := range methodOverrideHeaders {
 		h.Del(name)
 	}
 	for name := range h {

@@ -29,7 +29,7 @@ type Plan struct {
 	Items             []Item
 
 	collectionPath string
-	query          string // the client's query without the ids parameter
+	query          string // the client's query without the ids and _method parameters
 	header         http.Header
 	key            idempotencyKey
 }
@@ -78,7 +78,7 @@ func Parse(r *http.Request, m policy.Match, op policy.Op) (*Plan, *problem.Detai
 			p.Items, prob = itemsFromIDs(ids, op)
 		}
 	default:
-		p.query = r.URL.RawQuery
+		p.query = withoutParam(r.URL.RawQuery, MethodParam)
 		var elems []json.RawMessage
 		elems, prob = readElements(r, s)
 		if prob == nil {
@@ -144,6 +144,9 @@ func hasParam(rawQuery, name string) bool {
 func idsFromQuery(rawQuery string, s policy.Settings) ([]string, string, *problem.Details) {
 	var ids, rest []string
 	err := eachParam(rawQuery, func(pair, key, value string) error {
+		if key == MethodParam {
+			return nil // the sub-requests' methods are the gateway's
+		}
 		if key != s.IDsParam {
 			rest = append(rest, pair)
 			return nil
@@ -330,7 +333,11 @@ func itemsFromElements(elems []json.RawMessage, op policy.Op, idField string) ([
 		}
 		id, ok := idFromJSON(rawID)
 		if !ok {
-			return nil, invalid("item %d: field %q must be a string or a number, not a JSON %s", i, idField, jsonKind(rawID))
+			what := "a JSON " + jsonKind(rawID)
+			if what == "a JSON number" {
+				what = "the number " + string(rawID) + ", which has a fraction or an exponent"
+			}
+			return nil, invalid("item %d: field %q must be a string or an integer, not %s", i, idField, what)
 		}
 		if reason := badID(id); reason != "" {
 			return nil, invalid("item %d: id %q %s", i, id, reason)
@@ -352,15 +359,18 @@ func itemsFromElements(elems []json.RawMessage, op policy.Op, idField string) ([
 	return items, nil
 }
 
-// idFromJSON returns the text of a string or number id: 7 and "7" name
-// the same item.
+// idFromJSON returns the text of a string or integer id: 7 and "7" name
+// the same item. A number with a fraction or an exponent is refused, not
+// normalized: 1e3, 1.0 and 1000 are the same number but three different
+// texts, and whichever one the gateway picked, the upstream's own JSON
+// decoder might pick another item (or round 1.5e300 to something else).
 func idFromJSON(raw json.RawMessage) (string, bool) {
 	switch jsonKind(raw) {
 	case "string":
 		var s string
 		return s, json.Unmarshal(raw, &s) == nil
 	case "number":
-		return string(raw), true
+		return string(raw), !bytes.ContainsAny(raw, ".eE")
 	}
 	return "", false
 }

@@ -89,6 +89,18 @@ func TestInputRules(t *testing.T) {
 		{name: "update id is an array", method: "PATCH", target: "/widgets", body: `[{"id":[1]}]`, status: 400, detail: []string{"item 0", "array"}},
 		{name: "create id is an object", method: "POST", target: "/widgets", body: `[{"name":"a"},{"id":{"x":1}}]`, status: 400, detail: []string{"item 1", "object"}},
 
+		// an id in a JSON element that is neither a string nor an integer
+		// (a fraction or exponent is not an integer) → 400
+		{name: "update id with an exponent", method: "PATCH", target: "/widgets", body: `[{"id":1,"a":1},{"id":1.5e300,"a":2}]`, status: 400, detail: []string{"item 1", "1.5e300", "integer"}},
+		{name: "update id with a zero fraction", method: "PATCH", target: "/widgets", body: `[{"id":1.0,"a":1}]`, status: 400, detail: []string{"item 0", "1.0", "integer"}},
+		{name: "update id 1e3", method: "PATCH", target: "/widgets", body: `[{"id":7},{"id":1e3}]`, status: 400, detail: []string{"item 1", "1e3"}},
+		{name: "update id 1E3", method: "PATCH", target: "/widgets", body: `[{"id":1E3}]`, status: 400, detail: []string{"item 0", "1E3"}},
+		{name: "update id with a negative fraction", method: "PATCH", target: "/widgets", body: `[{"id":-0.5}]`, status: 400, detail: []string{"item 0", "-0.5"}},
+		{name: "create id with a fraction", method: "POST", target: "/widgets", body: `[{"name":"a"},{"id":2.5,"name":"b"}]`, status: 400, detail: []string{"item 1", "2.5"}},
+		{name: "create id with an exponent", method: "POST", target: "/widgets", body: `[{"id":1e400,"name":"b"}]`, status: 400, detail: []string{"item 0", "1e400"}},
+		{name: "integer ids, negative and large", method: "PATCH", target: "/widgets", body: `[{"id":-3,"a":1},{"id":123456789012345678901234567890,"a":2},{"id":0}]`, itemsIfValid: 3},
+		{name: "integer id in a create", method: "POST", target: "/widgets", body: `[{"id":42,"name":"a"}]`, itemsIfValid: 1},
+
 		// the same id twice in a batch UPDATE or DELETE → 400
 		{name: "duplicate id in update", method: "PATCH", target: "/widgets", body: `[{"id":"7","a":1},{"id":"8"},{"id":"7","a":2}]`, status: 400, detail: []string{"items 0 and 2", `"7"`}},
 		{name: "duplicate id in update, number and string", method: "PATCH", target: "/widgets", body: `[{"id":7,"a":1},{"id":"7","a":2}]`, status: 400, detail: []string{"items 0 and 1", `"7"`}},
@@ -200,9 +212,9 @@ func TestIDsAreEscapedIntoOneSegment(t *testing.T) {
 		},
 		{
 			name: "batch UPDATE", method: "PATCH", target: "/widgets",
-			body:  `[{"id":"a b","v":1},{"id":"é","v":1},{"id":"a:b","v":1},{"id":"a;b","v":1},{"id":12.5,"v":1}]`,
-			ids:   []string{"a b", "é", "a:b", "a;b", "12.5"},
-			paths: []string{"/widgets/a%20b", "/widgets/%C3%A9", "/widgets/a:b", "/widgets/a%3Bb", "/widgets/12.5"},
+			body:  `[{"id":"a b","v":1},{"id":"é","v":1},{"id":"a:b","v":1},{"id":"a;b","v":1},{"id":-12,"v":1}]`,
+			ids:   []string{"a b", "é", "a:b", "a;b", "-12"},
+			paths: []string{"/widgets/a%20b", "/widgets/%C3%A9", "/widgets/a:b", "/widgets/a%3Bb", "/widgets/-12"},
 		},
 	}
 	for _, tt := range tests {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -49,6 +50,11 @@ type ItemResult struct {
 	Compensation *Compensation `json:"compensation,omitempty"`
 
 	cause error // why there was no answer, for the log only
+	// challenge is the header the item's status requires (RFC 9110):
+	// WWW-Authenticate for 401, Proxy-Authenticate for 407, Allow for
+	// 405. It is not one of the kept headers, since a client learns it
+	// only when the batch answers with that status; see Result.Write.
+	challenge http.Header
 }
 
 // Compensation is the request that undid an item, or tried to.
@@ -114,6 +120,17 @@ func (r *Result) Write(w http.ResponseWriter) error {
 	if r.RetryAfter != "" {
 		h.Set("Retry-After", r.RetryAfter)
 	}
+	// A 401 without WWW-Authenticate (or a 405 without Allow) leaves the
+	// client nothing to act on; the item that gave the batch its status
+	// has what it needs.
+	for _, it := range r.Items {
+		if it.Status == r.Status && it.challenge != nil {
+			for name, values := range it.challenge {
+				h[name] = values
+			}
+			break
+		}
+	}
 	env := envelope{
 		Atomicity: r.Atomicity.String(),
 		Outcome:   r.Outcome,
@@ -143,10 +160,30 @@ func (it *ItemResult) setResponse(resp *SubResponse) {
 	it.Body, it.BodyText = nil, ""
 	switch {
 	case len(resp.Body) == 0:
-	case json.Valid(resp.Body):
+	// json.Valid lets invalid UTF-8 through inside strings, and a raw
+	// body is copied into the answer as it is: the answer would not be
+	// JSON any more.
+	case json.Valid(resp.Body) && utf8.Valid(resp.Body):
 		it.Body = resp.Body
 	default:
 		it.BodyText = cutText(resp.Body, bodyTextLimit)
+		if len(it.BodyText) > bodyTextLimit {
+			// Each run of invalid bytes became a 3-byte U+FFFD.
+			it.BodyText = cutText([]byte(it.BodyText), bodyTextLimit)
+		}
+	}
+	it.challenge = nil
+	var challenge string
+	switch resp.Status {
+	case http.StatusUnauthorized:
+		challenge = "WWW-Authenticate"
+	case http.StatusProxyAuthRequired:
+		challenge = "Proxy-Authenticate"
+	case http.StatusMethodNotAllowed:
+		challenge = "Allow"
+	}
+	if v := resp.Header.Values(challenge); challenge != "" && len(v) > 0 {
+		it.challenge = http.Header{http.CanonicalHeaderKey(challenge): slices.Clone(v)}
 	}
 	it.Headers = nil
 	for _, name := range keptHeaders {

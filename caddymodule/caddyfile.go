@@ -17,7 +17,11 @@ import (
 
 func init() {
 	httpcaddyfile.RegisterHandlerDirective("batch", parseCaddyfile)
-	httpcaddyfile.RegisterDirectiveOrder("batch", httpcaddyfile.Before, "reverse_proxy")
+	// Before every authentication directive ("basicauth" is the first of
+	// them in Caddy's order), so that each sub-request, not the batch, is
+	// what authentication, authorization and rate limits see: a batch
+	// gets no more rights and no more capacity than its single requests.
+	httpcaddyfile.RegisterDirectiveOrder("batch", httpcaddyfile.Before, "basicauth")
 }
 
 func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {

@@ -403,6 +403,8 @@ func TestProvisionErrors(t *testing.T) {
 			`resource /a: item_timeout must be greater than zero, not -1ms: set a positive value, or leave it out for the default, 10s`},
 		{"unknown operation in operation_atomicity", `{"operation_atomicity":{"upsert":"partial"},"resources":[{"path":"/a","collection":["GET"]}]}`,
 			`atomicity upsert: unknown batch operation "upsert" (want get, create, update or delete)`},
+		{"ids_param that is the method override parameter", `{"ids_param":"_method","resources":[{"path":"/a","collection":["GET"]}]}`,
+			`ids_param must not be "_method": the gateway reads that parameter as a method override; choose another name, e.g. ids`},
 		{"the Caddyfile's none in JSON", `{"resources":[{"path":"/a","collection":["GET"],"batch":["none"]}]}`,
 			`resource /a: batch: "none" is no operation: an empty list turns every operation off`},
 		{"lower-case methods", `{"resources":[{"path":"/a","collection":["get", "delet"]}]}`,

@@ -29,8 +29,10 @@ func init() {
 // Handler gives a legacy REST API batch operations (GET, create, update
 // and delete of many items in one request, all-or-nothing or partial)
 // and a per-route method map (OPTIONS, 405 and 501 answered by the
-// gateway). Put it before reverse_proxy: batches are fanned out as
-// single-item requests through the rest of the handler chain.
+// gateway). Batches are fanned out as single-item requests through the
+// rest of the handler chain, so put it before authentication, rate
+// limits and reverse_proxy (where the Caddyfile directive is ordered):
+// every item is then authorized and limited as a single request is.
 type Handler struct {
 	// The defaults of every resource's options.
 	Options
@@ -100,6 +102,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if !ok {
 		return next.ServeHTTP(w, r)
 	}
+	if done, err := applyMethodOverride(w, r, m); done {
+		return err
+	}
 	if r.Method == http.MethodOptions {
 		if r.Header.Get("Origin") != "" && r.Header.Get("Access-Control-Request-Method") != "" {
 			return next.ServeHTTP(w, r) // a CORS preflight is the CORS handler's to answer
@@ -133,6 +138,42 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return next.ServeHTTP(w, r)
 	}
 	return h.serveBatch(w, r, m, op, next)
+}
+
+// applyMethodOverride judges a method override (a header, or the _method
+// parameter) by the map as the method it names, and applies it: an
+// allowed override on a POST continues as the named method, so the map,
+// batch detection and the upstream all see one method, and no override
+// goes further than the gateway. done reports that the request has been
+// answered (refused).
+//
+// Only a POST is turned into another method, as Rails, Symfony and
+// Laravel do: a link or an image can make a browser send a GET with
+// ?_method=DELETE, but not a POST.
+func applyMethodOverride(w http.ResponseWriter, r *http.Request, m policy.Match) (done bool, err error) {
+	o, ok, ferr := batch.FindMethodOverride(r)
+	switch {
+	case ferr != nil:
+		return true, problem.New(http.StatusBadRequest, "invalid-method-override", ferr.Error()).Write(w)
+	case !ok:
+		return false, nil
+	}
+	named, standard := policy.ParseMethod(o.Method)
+	switch {
+	case !standard:
+		return true, problem.New(http.StatusNotImplemented, "method-not-implemented",
+			fmt.Sprintf("%s names the method %s, which the gateway does not implement", o.From, o.Method)).Write(w)
+	case !m.Methods().Has(named):
+		return true, refuseMethod(w, m, fmt.Sprintf("%s (named by %s) is not allowed on %s; allowed: %s",
+			o.Method, o.From, r.URL.EscapedPath(), m.Allow()))
+	case o.Method != r.Method && r.Method != http.MethodPost:
+		return true, problem.New(http.StatusBadRequest, "invalid-method-override",
+			fmt.Sprintf("%s names %s on a %s request; a method override is honoured on POST only: send %s itself",
+				o.From, o.Method, r.Method, o.Method)).Write(w)
+	}
+	batch.RemoveMethodOverride(r)
+	r.Method = o.Method
+	return false, nil
 }
 
 func refuseMethod(w http.ResponseWriter, m policy.Match, detail string) error {

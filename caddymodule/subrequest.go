@@ -142,7 +142,9 @@ func answer(rec *recorder, err error) (*batch.SubResponse, error) {
 		}
 		var herr caddyhttp.HandlerError
 		if errors.As(err, &herr) && (herr.StatusCode >= 400 && herr.StatusCode < 499 || herr.StatusCode == http.StatusServiceUnavailable) {
-			return &batch.SubResponse{Status: herr.StatusCode, Header: http.Header{}}, nil
+			// The handler may have set headers the status needs before
+			// returning its error: basic_auth's WWW-Authenticate.
+			return &batch.SubResponse{Status: herr.StatusCode, Header: rec.header}, nil
 		}
 		return nil, err
 	}

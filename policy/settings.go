@@ -295,6 +295,10 @@ func checkName(option, value string) error {
 	return OptionError(option, fmt.Errorf("%s must not be empty: give it a name, or leave it out for the default, %s", option, def))
 }
 
+// MethodParam is the query parameter that overrides a request's method,
+// as Rails and Laravel forms send it.
+const MethodParam = "_method"
+
 // Validate refuses settings that cannot work; each error is an *Error
 // that names the option.
 func (s Settings) Validate() error {
@@ -306,6 +310,10 @@ func (s Settings) Validate() error {
 	if s.CompensationRetries < 0 {
 		errs = append(errs, OptionError("compensation_retries",
 			fmt.Errorf("compensation_retries must be 0 or more, not %d: 0 sends an undo once, with no retry", s.CompensationRetries)))
+	}
+	if s.IDsParam == MethodParam {
+		errs = append(errs, OptionError("ids_param",
+			fmt.Errorf("ids_param must not be %q: the gateway reads that parameter as a method override; choose another name, e.g. ids", s.IDsParam)))
 	}
 	return errors.Join(errs...)
 }
