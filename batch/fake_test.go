@@ -447,7 +447,7 @@ func run(p *Plan, s Sender) *Result {
 }
 
 func runCtx(ctx context.Context, p *Plan, s Sender) *Result {
-	return newSaga(p, s, noBackoff).run(ctx)
+	return newSaga(p, Runtime{Send: s}, noBackoff).run(ctx)
 }
 
 // ---------------------------------------------------------------------

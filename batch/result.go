@@ -64,6 +64,9 @@ type Compensation struct {
 	Status   int    `json:"status,omitempty"`
 	Attempts int    `json:"attempts"`
 	Error    string `json:"error,omitempty"`
+	// Found is what a read of the item showed when it could not be proved
+	// to be as the batch left it, so the undo was not sent.
+	Found json.RawMessage `json:"found,omitempty"`
 
 	cause error // why the last attempt got no answer, for the log only
 }
@@ -89,8 +92,12 @@ type Result struct {
 	// Compensations counts the compensating requests sent, retries
 	// included.
 	Compensations int
-	// LeftBehind names the items a rollback_failed batch could not undo.
+	// LeftBehind names the items a rollback_failed batch could not undo,
+	// each with the reason.
 	LeftBehind []string
+	// Preimages are those of the items left behind that the batch had
+	// read before writing them, for an operator to repair them by hand.
+	Preimages []Preimage
 	// Errors are the underlying errors of the sub-requests that got no
 	// answer, for the log: the client is told only what they mean, since
 	// they can name internal addresses.
@@ -99,6 +106,12 @@ type Result struct {
 	Detail            string
 	PreferenceApplied string
 	RetryAfter        string
+}
+
+// Preimage is an item as it was before the batch.
+type Preimage struct {
+	Item string          `json:"item"`
+	Body json.RawMessage `json:"preimage"`
 }
 
 type envelope struct {

@@ -44,6 +44,7 @@ type Handler struct {
 
 	policy *policy.Policy
 	logger *zap.Logger
+	locks  *batch.LocalLocks
 }
 
 // Resource is one collection of the legacy API and its items.
@@ -92,6 +93,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("batch: %w", err)
 	}
 	h.policy = p
+	if err := h.provisionLocks(); err != nil {
+		return fmt.Errorf("batch: %w", err)
+	}
 	return nil
 }
 
@@ -125,10 +129,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return refuseMethod(w, m, fmt.Sprintf("%s is not allowed on %s; allowed: %s", r.Method, r.URL.EscapedPath(), m.Allow()))
 	}
 	if m.Item {
+		serve := func() error { return next.ServeHTTP(w, r) }
 		if r.Method == http.MethodDelete && m.Resource.Settings.DeleteSemantics == policy.Declarative {
-			return serveDeclarativeDelete(w, r, next)
+			serve = func() error { return serveDeclarativeDelete(w, r, next) }
 		}
-		return next.ServeHTTP(w, r)
+		if isWrite(r.Method) {
+			return h.serveLockedWrite(w, r, m, serve)
+		}
+		return serve()
 	}
 	op, isBatch, err := batch.Detect(r, m.Resource)
 	if err != nil {
@@ -223,7 +231,7 @@ func (h *Handler) serveBatch(w http.ResponseWriter, r *http.Request, m policy.Ma
 		return prob.Write(w)
 	}
 	send := newSubrequests(r, next, m.Resource.Settings.MaxBodySize)
-	result := batch.Run(r.Context(), plan, send)
+	result := batch.Run(r.Context(), plan, batch.Runtime{Send: send, Locks: h.locks})
 	setOutcome(repl, len(plan.Items), string(result.Outcome))
 	h.log(plan, result, time.Since(start))
 	return result.Write(w)
@@ -274,5 +282,6 @@ func (h *Handler) log(plan *batch.Plan, res *batch.Result, took time.Duration) {
 // Interface guards
 var (
 	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
 )

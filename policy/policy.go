@@ -8,6 +8,7 @@ package policy
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"slices"
 	"strings"
 )
@@ -93,6 +94,16 @@ func New(specs []ResourceSpec) (*Policy, error) {
 
 // Resources returns the resources in declaration order.
 func (p *Policy) Resources() []*Resource { return p.resources }
+
+// Uses reports whether any resource's settings satisfy f.
+func (p *Policy) Uses(f func(Settings) bool) bool {
+	for _, r := range p.resources {
+		if f(r.Settings) {
+			return true
+		}
+	}
+	return false
+}
 
 // batchNeeds lists, per operation, the methods its client request and
 // fan-out use: the client's on the collection, and the sub-requests' on
@@ -467,6 +478,44 @@ func (m Match) ItemPath(id string) string {
 	vars := m.variables()
 	vars[idVariable] = id
 	return m.Resource.Item.expand(vars)
+}
+
+// ItemKey names the matched item (an item match) by its path rebuilt from
+// the template, so that every spelling of one item's path (escapes, a
+// trailing slash, dot segments) names it alike: the key its lock is taken
+// under.
+func (m Match) ItemKey() string {
+	var buf [maxSegments]string
+	segs, _ := splitPath(m.path, buf[:0])
+	vars, _ := m.Resource.Item.bind(segs)
+	return m.Resource.Item.expand(vars)
+}
+
+// IDFromLocation returns the id of the item a Location header names, when
+// it names an item of the matched collection: the item template matches
+// its path and binds the collection's variables to the values the request
+// gave them. A Location may be relative or absolute, on any host; one
+// that names anything else (a job queue, another collection) names no id.
+func (m Match) IDFromLocation(location string) (string, bool) {
+	u, err := url.Parse(location)
+	if err != nil {
+		return "", false
+	}
+	var buf [maxSegments]string
+	segs, ok := splitPath(u.EscapedPath(), buf[:0])
+	if !ok {
+		return "", false
+	}
+	vars, ok := m.Resource.Item.bind(segs)
+	if !ok {
+		return "", false
+	}
+	for name, value := range m.variables() {
+		if vars[name] != value {
+			return "", false
+		}
+	}
+	return vars[idVariable], true
 }
 
 // variables returns the values the request path gave the collection

@@ -1,0 +1,300 @@
+package batch
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/caddy-batch/caddy-batch/policy"
+)
+
+// compensate is the saga's fifth step: it undoes every item whose write
+// took effect, or may have, in reverse order of start, at most
+// Concurrency at once, so that a failed batch answers within one
+// compensation's budget of its last write however many items it had.
+// Every undo is proved first (undoItem), and runs detached from the
+// client: once a batch has failed, the client going away must not leave
+// it half done.
+func (sg *saga) compensate(ctx context.Context) {
+	slots := make(chan struct{}, sg.s.Concurrency)
+	var wg sync.WaitGroup
+	for _, i := range slices.Backward(sg.started) {
+		if !sg.state[i].applied {
+			continue
+		}
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			sg.undoItem(ctx, i)
+		})
+	}
+	wg.Wait()
+}
+
+// budget is the most one item's compensation may take: every attempt its
+// compensation_timeout, and the backoffs between them. Reads that prove
+// or resolve the undo share it.
+func (sg *saga) budget() time.Duration {
+	d := time.Duration(sg.s.CompensationRetries+1) * sg.s.CompensationTimeout
+	for attempt := 1; attempt <= sg.s.CompensationRetries; attempt++ {
+		d += sg.backoff(attempt)
+	}
+	return d
+}
+
+// undoItem undoes one item: it learns what an unknown write did, proves
+// the item is as the batch left it, and only then sends the undo.
+func (sg *saga) undoItem(ctx context.Context, i int) {
+	ctx, cancel := context.WithTimeout(ctx, sg.budget())
+	defer cancel()
+	if sg.items[i].Outcome == Unknown && !sg.resolve(ctx, i) {
+		return
+	}
+	st := &sg.state[i]
+	u := st.undo
+	if u == nil {
+		sg.settle(ctx, i, RollbackFailed, st.noUndo, nil)
+		return
+	}
+	c := &Compensation{Method: u.Method, Path: u.Path}
+	if u.Proof != nil {
+		resp, err := sg.retrying(ctx, sg.read(ForUndo, sg.items[i].ID), nil)
+		if resp == nil {
+			sg.settle(ctx, i, RollbackFailed, "the item could not be read to prove it is as the batch left it: "+asNoAnswer(err).reason, nil)
+			return
+		}
+		if reason := u.Proof.check(resp, sg.s.IDField); reason != "" {
+			if u.Proof.GoneIsUndone && gone(resp.Status) {
+				sg.settle(ctx, i, RolledBack, "the created item was already deleted by someone else", nil)
+				return
+			}
+			sg.settle(ctx, i, RollbackFailed, reason, resp)
+			return
+		}
+	}
+	req := sg.undoRequest(i, u)
+	_ = sg.transition(ctx, i, PhaseUndoing, req, func(it *ItemResult, _ *itemState) { it.Compensation = c })
+	resp, _ := sg.retrying(ctx, req, c)
+	switch {
+	case resp == nil:
+		sg.settle(ctx, i, RollbackFailed, "", nil)
+	case resp.Status == http.StatusPreconditionFailed:
+		sg.settle(ctx, i, RollbackFailed, "the item changed after the batch wrote it (the undo's precondition failed), so it was left as it is", nil)
+	case u.Method == http.MethodDelete && gone(resp.Status) && (u.Proof != nil || st.createdFrom != "element"):
+		sg.settle(ctx, i, RolledBack, "", nil)
+	case is2xx(resp.Status) && u.WantID != "":
+		if id, _ := sg.createdID(resp); id != u.WantID {
+			sg.settle(ctx, i, RollbackFailed, fmt.Sprintf("the item was re-created under another id (%q), not its own (restore_deleted post on an API that assigns ids)", id), nil)
+			return
+		}
+		sg.settle(ctx, i, RolledBack, "", nil)
+	case is2xx(resp.Status):
+		sg.settle(ctx, i, RolledBack, "", nil)
+	default:
+		sg.settle(ctx, i, RollbackFailed, "", nil)
+	}
+}
+
+// undoRequest turns an undo into the request that carries it.
+func (sg *saga) undoRequest(i int, u *Undo) *SubRequest {
+	req := sg.request(ForUndo, u.Method, u.Path, u.Body, sg.plan.key.forItem(i, ":undo"))
+	if u.IfMatch != "" {
+		req.Header.Set("If-Match", u.IfMatch)
+	}
+	if u.IfNoneMatch != "" {
+		req.Header.Set("If-None-Match", u.IfNoneMatch)
+	}
+	return req
+}
+
+// resolve learns what a write whose outcome is unknown did: with
+// idempotent_upstream it is sent again with the same key, and the
+// upstream's answer tells; otherwise (or if that goes unanswered) the
+// item is read. It settles the item and returns false when nothing is
+// left to undo; otherwise it leaves the item's undo (or why there is
+// none) for undoItem.
+func (sg *saga) resolve(ctx context.Context, i int) bool {
+	st := &sg.state[i]
+	if sg.s.IdempotentUpstream && st.sent != nil {
+		_ = sg.transition(ctx, i, PhaseUndoing, st.sent, nil)
+		resp, _ := sg.retrying(ctx, st.sent, nil)
+		if resp != nil && !resp.Resent && (resp.Status < 300 || resp.Status >= 400) {
+			if !is2xx(resp.Status) {
+				sg.notApplied(ctx, i, fmt.Sprintf("sent again with the same Idempotency-Key, it was answered %d: it did not take effect", resp.Status))
+				return false
+			}
+			_ = sg.transition(ctx, i, PhaseAnswered, nil, func(it *ItemResult, st *itemState) {
+				if sg.plan.Op == policy.OpCreate {
+					var named ItemResult
+					sg.nameCreated(&named, i, resp)
+					if named.ID != "" {
+						it.ID = named.ID
+					}
+				}
+				st.undo, st.noUndo = sg.undoAnswered(it, st, i, resp)
+			})
+			if sg.plan.Op == policy.OpCreate && sg.items[i].ID != "" {
+				sg.lockCreated(ctx, sg.items[i].ID)
+			}
+			return true
+		}
+	}
+	id := sg.items[i].ID
+	if id == "" {
+		st.noUndo = "the create went unanswered and the id of what it may have created cannot be learned, so that item, if any, is left behind"
+		return true
+	}
+	resp, err := sg.retrying(ctx, sg.read(ForUndo, id), nil)
+	if resp == nil || !is2xx(resp.Status) && !gone(resp.Status) {
+		why := fmt.Sprintf("answered %d", statusOf(resp))
+		if resp == nil {
+			why = asNoAnswer(err).reason
+		}
+		st.noUndo = "the item could not be read to learn whether the write took effect (" + why + ")"
+		return true
+	}
+	p := sg.plan
+	changed := "the item is neither as it was before the batch nor as the batch's write would leave it: another writer changed it, so it was left as it is"
+	switch p.Op {
+	case policy.OpUpdate:
+		switch {
+		case gone(resp.Status):
+			st.noUndo = "the item is gone: someone deleted it, so there is nothing to put back"
+		case sameJSON(resp.Body, st.preimage):
+			sg.notApplied(ctx, i, "a read after it showed that it did not take effect")
+			return false
+		case holdsMembers(resp.Body, mergePatch(st.preimage, p.Items[i].Body), ""):
+			st.undo = sg.restore(i, st)
+			st.undo.Proof, st.undo.IfMatch = readProof(resp)
+		default:
+			st.noUndo = changed
+		}
+	case policy.OpDelete:
+		switch {
+		case gone(resp.Status):
+			st.undo = sg.recreate(id, st)
+		case sameJSON(resp.Body, st.preimage):
+			sg.notApplied(ctx, i, "a read after it showed that it did not take effect")
+			return false
+		default:
+			st.noUndo = changed
+		}
+	case policy.OpCreate:
+		switch {
+		case gone(resp.Status):
+			sg.notApplied(ctx, i, "a read after it showed that nothing was created under its id")
+			return false
+		case holdsMembers(resp.Body, p.Items[i].Body, sg.s.IDField):
+			st.undo = &Undo{Method: http.MethodDelete, Path: sg.itemPath(id)}
+			st.undo.Proof, st.undo.IfMatch = readProof(resp)
+			if st.undo.Proof != nil {
+				st.undo.Proof.GoneIsUndone = true
+			}
+		default:
+			st.noUndo = fmt.Sprintf("an item the batch may not have written is at id %q, so it was left as it is", id)
+		}
+	}
+	return true
+}
+
+// readProof makes what a read just showed the proof of the undo that
+// follows it: its strong ETag as the undo's condition, or else its body.
+func readProof(resp *SubResponse) (*Proof, string) {
+	if etag := strongETag(resp.Header); etag != "" {
+		return nil, etag
+	}
+	return &Proof{Expect: resp.Body}, ""
+}
+
+// notApplied settles an unknown write that turned out not to have taken
+// effect: the item failed, and there is nothing to undo.
+func (sg *saga) notApplied(ctx context.Context, i int, how string) {
+	_ = sg.transition(ctx, i, PhaseSettled, nil, func(it *ItemResult, st *itemState) {
+		it.Outcome, st.applied = Failed, false
+		it.Error = joinReasons(it.Error, how)
+	})
+}
+
+// settle gives item i its final outcome. reason says why an undo failed
+// or was not sent; found is what a proof read showed instead.
+func (sg *saga) settle(ctx context.Context, i int, outcome Outcome, reason string, found *SubResponse) {
+	_ = sg.transition(ctx, i, PhaseSettled, nil, func(it *ItemResult, _ *itemState) {
+		it.Outcome = outcome
+		if reason == "" {
+			return
+		}
+		if it.Compensation == nil {
+			it.Compensation = &Compensation{}
+		}
+		it.Compensation.Error = reason
+		if found != nil {
+			it.Compensation.Status = found.Status
+			if isObject(found.Body) {
+				it.Compensation.Found = found.Body
+			}
+		}
+	})
+}
+
+// retrying sends a compensation-step request until it is answered with a
+// status not worth retrying, at most compensation_retries times more,
+// each attempt within compensation_timeout and all within ctx. c, if
+// given, counts the attempts and keeps the last one's status or error.
+func (sg *saga) retrying(ctx context.Context, req *SubRequest, c *Compensation) (*SubResponse, error) {
+	limit := fmt.Sprintf("the compensation's budget (%s)", sg.budget())
+	for attempt := 1; ; attempt++ {
+		var resp *SubResponse
+		release, err := sg.slot(ctx, true)
+		if err == nil {
+			resp, err = sg.sendWithin(ctx, sg.s.CompensationTimeout, "compensation_timeout", limit, req.clone())
+			release()
+		} else {
+			err = &noAnswer{http.StatusGatewayTimeout, "no slot of max_in_flight came free within " + limit, err}
+		}
+		if c != nil {
+			sg.mu.Lock()
+			sg.sentUndos++
+			c.Attempts++
+			if resp != nil {
+				c.Status, c.Error, c.cause = resp.Status, "", nil
+				if !is2xx(resp.Status) {
+					c.Error = fmt.Sprintf("answered %d", resp.Status)
+				}
+			} else {
+				na := asNoAnswer(err)
+				c.Status, c.Error, c.cause = 0, na.reason, na.err
+			}
+			sg.mu.Unlock()
+		}
+		if resp != nil && !retryable(resp.Status) || attempt > sg.s.CompensationRetries {
+			return resp, err
+		}
+		select {
+		case <-ctx.Done():
+			return resp, err
+		case <-time.After(sg.backoff(attempt)):
+		}
+	}
+}
+
+// retryable reports whether a failed request may succeed if sent again.
+func retryable(status int) bool {
+	return status >= 500 || status == http.StatusRequestTimeout || status == http.StatusTooManyRequests
+}
+
+func gone(status int) bool { return status == http.StatusNotFound || status == http.StatusGone }
+
+func statusOf(resp *SubResponse) int {
+	if resp == nil {
+		return 0
+	}
+	return resp.Status
+}
+
+func joinReasons(a, b string) string {
+	return strings.TrimPrefix(a+"; "+b, "; ")
+}

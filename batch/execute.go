@@ -1,0 +1,362 @@
+package batch
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/caddy-batch/caddy-batch/policy"
+)
+
+// execute is the saga's fourth step, and all of a batch that is not a
+// saga: it sends every pending item, at most Concurrency at once. No new
+// item starts once the client went away (clientCtx), the batch's deadline
+// passed (batchCtx), or, in an all-or-nothing batch, an item failed. A
+// write already sent is never cut by either: its outcome would be
+// unknown. It runs to its own item_timeout.
+func (sg *saga) execute(clientCtx, batchCtx context.Context) {
+	stop := make(chan struct{})
+	halt := sync.OnceFunc(func() { close(stop) })
+	defer context.AfterFunc(clientCtx, halt)()
+	sg.started = sg.fanOut(batchCtx, sg.pending(), stop, func(i int) {
+		if !sg.executeItem(batchCtx, context.WithoutCancel(clientCtx), i) && sg.allOrNothing() {
+			halt()
+		}
+	})
+	for i, it := range sg.plan.Items {
+		if it.first != i {
+			first := sg.items[it.first]
+			first.Index = i
+			sg.items[i], sg.state[i] = first, sg.state[it.first]
+		}
+	}
+}
+
+// fanOut runs work on each index in order, at most Concurrency at once.
+// Once stop is closed or ctx is done it starts nothing new, and lets
+// what is in flight finish. It returns the indices in start order.
+func (sg *saga) fanOut(ctx context.Context, indices []int, stop <-chan struct{}, work func(i int)) []int {
+	slots := make(chan struct{}, sg.s.Concurrency)
+	var wg sync.WaitGroup
+	var started []int
+loop:
+	for _, i := range indices {
+		select {
+		case <-stop:
+			break loop
+		case <-ctx.Done():
+			break loop
+		case slots <- struct{}{}:
+		}
+		// A free slot and a stop can be ready together; the stop wins.
+		select {
+		case <-stop:
+			break loop
+		case <-ctx.Done():
+			break loop
+		default:
+		}
+		started = append(started, i)
+		wg.Go(func() {
+			defer func() { <-slots }()
+			work(i)
+		})
+	}
+	wg.Wait()
+	return started
+}
+
+// pending lists the items still to send: not settled, and not a repeat of
+// an earlier id (a batch GET fetches each id once).
+func (sg *saga) pending() []int {
+	var out []int
+	for i, it := range sg.plan.Items {
+		if it.first == i && !sg.state[i].settled {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// executeItem sends item i's own request and records the answer. It
+// reports whether the item succeeded. Waiting (for a lock, a slot, or a
+// check of a create's id) counts against the batch (batchCtx); once sent,
+// a write runs under ctx, to its own item_timeout.
+func (sg *saga) executeItem(batchCtx, ctx context.Context, i int) bool {
+	p, id := sg.plan, sg.items[i].ID
+	var req *SubRequest
+	switch p.Op {
+	case policy.OpGet:
+		ctx = batchCtx // a read is cut by the batch's deadline and its client
+		req = sg.request(ForItem, http.MethodGet, sg.itemPath(id), nil, "")
+	case policy.OpCreate:
+		if sg.isSaga() && id != "" && !sg.checkFree(batchCtx, i) {
+			return false
+		}
+		req = sg.request(ForItem, http.MethodPost, p.collectionPath, p.Items[i].Body, p.key.forItem(i, ""))
+	case policy.OpUpdate:
+		req = sg.request(ForItem, http.MethodPatch, sg.itemPath(id), p.Items[i].Body, p.key.forItem(i, ""))
+	case policy.OpDelete:
+		req = sg.request(ForItem, http.MethodDelete, sg.itemPath(id), nil, p.key.forItem(i, ""))
+	}
+	if etag := sg.state[i].preETag; etag != "" {
+		// Whoever changed the item since the preflight read it, the write
+		// must not land on their change: 412 is this item's failure.
+		req.Header.Set("If-Match", etag)
+	}
+	if p.Op.Writes() {
+		if !sg.isSaga() {
+			// A partial batch's write locks its item only while in flight,
+			// as a single write through the gateway does.
+			lockCtx, cancel := context.WithTimeout(batchCtx, sg.s.ItemTimeout)
+			unlock, err := sg.lockOne(lockCtx, id)
+			cancel()
+			if err != nil {
+				sg.fail(ctx, i, http.StatusConflict, "another write through the gateway held the item for item_timeout; it was not sent", err)
+				return false
+			}
+			defer unlock()
+		}
+	}
+	release, err := sg.slot(batchCtx, false)
+	if err != nil {
+		return false // the batch ran out of time before the item could start
+	}
+	defer release()
+	if p.Op.Writes() {
+		if err := sg.transition(ctx, i, PhaseSending, req, func(_ *ItemResult, st *itemState) { st.sent = req }); err != nil {
+			sg.fail(ctx, i, http.StatusServiceUnavailable, "the saga's journal could not record the write, so it was not sent", err)
+			return false
+		}
+	}
+	resp, err := sg.sendWithin(ctx, sg.s.ItemTimeout, "item_timeout", sg.batchLimit(), req.clone())
+	return sg.answered(ctx, i, resp, err)
+}
+
+// slot waits for a slot of max_in_flight, if the runtime bounds them.
+func (sg *saga) slot(ctx context.Context, urgent bool) (func(), error) {
+	if sg.rt.Slots == nil {
+		return func() {}, nil
+	}
+	return sg.rt.Slots.Acquire(ctx, urgent)
+}
+
+// checkFree reads the id a create's element carries, before the create:
+// the item must not exist, so that an undo that deletes that id deletes
+// what the batch created and nothing else.
+func (sg *saga) checkFree(ctx context.Context, i int) bool {
+	id := sg.items[i].ID
+	resp, err := sg.sendItem(ctx, sg.read(ForPreflight, id))
+	switch {
+	case resp == nil:
+		_ = sg.transition(ctx, i, PhaseSettled, nil, func(it *ItemResult, st *itemState) {
+			recordNoAnswer(it, st, err, false)
+			it.Error = "whether the id is free could not be checked before the create: " + it.Error
+		})
+		return false
+	case resp.Status == http.StatusNotFound || resp.Status == http.StatusGone:
+		return true
+	case is2xx(resp.Status):
+		sg.fail(ctx, i, http.StatusConflict, fmt.Sprintf("an item with id %q already exists; a batch create may only name ids that are free", id), nil)
+	default:
+		_ = sg.transition(ctx, i, PhaseSettled, nil, func(it *ItemResult, st *itemState) {
+			it.setResponse(resp)
+			it.Outcome, st.failure = Failed, true
+			it.Error = "whether the id is free could not be checked before the create (GET " + sg.itemPath(id) + ")"
+		})
+	}
+	return false
+}
+
+// fail settles item i as failed by the gateway, with nothing sent.
+func (sg *saga) fail(ctx context.Context, i, status int, reason string, cause error) {
+	_ = sg.transition(ctx, i, PhaseSettled, nil, func(it *ItemResult, st *itemState) {
+		it.clearResponse()
+		it.Status, it.Error, it.cause = status, reason, cause
+		it.Outcome, st.failure = Failed, true
+	})
+}
+
+// answered records the answer to item i's own request, and for a write
+// that took effect, how to undo it. It reports whether the item
+// succeeded.
+func (sg *saga) answered(ctx context.Context, i int, resp *SubResponse, err error) bool {
+	p := sg.plan
+	write := p.Op.Writes()
+	var succeeded bool
+	_ = sg.transition(ctx, i, PhaseAnswered, nil, func(it *ItemResult, st *itemState) {
+		if resp == nil {
+			recordNoAnswer(it, st, err, write)
+			return
+		}
+		it.setResponse(resp)
+		if err != nil {
+			it.Error, it.cause = "the answer's body was cut short", err
+			if errors.Is(err, ErrBodyTooLarge) {
+				it.Error = "the answer's body is larger than max_body_size and is left out"
+			}
+		}
+		switch {
+		case write && resp.Resent:
+			// The answer is to a second copy (a 404 to a DELETE, a 409 to a
+			// create): the first may well have done what was asked.
+			it.Outcome, st.applied, st.failure = Unknown, true, true
+			it.Error = "the request was sent twice (a connection dropped) and an earlier copy may have taken effect"
+		case write && resp.Status >= 300 && resp.Status < 400:
+			it.Outcome, st.applied, st.failure = Unknown, true, true
+			it.Error = fmt.Sprintf("the upstream answered the write with a redirect (%d): it may have taken effect", resp.Status)
+			if p.Op == policy.OpCreate {
+				if id, ok := p.Match.IDFromLocation(resp.Header.Get("Location")); ok && badID(id) == "" {
+					it.ID = id
+				}
+			}
+		case is2xx(resp.Status):
+			it.Outcome, succeeded = Succeeded, true
+			if write {
+				st.applied = true
+				if p.Op == policy.OpCreate {
+					sg.nameCreated(it, i, resp)
+				}
+				if sg.isSaga() {
+					st.undo, st.noUndo = sg.undoAnswered(it, st, i, resp)
+				}
+			}
+		case resp.Status == http.StatusNotFound && p.Op == policy.OpDelete && sg.s.DeleteSemantics == policy.Declarative:
+			// "It must not exist" holds, and nothing was deleted to undo.
+			it.clearResponse()
+			it.Status, it.Outcome, succeeded = http.StatusNoContent, Succeeded, true
+		case resp.Status == http.StatusPreconditionFailed && st.preETag != "":
+			it.Outcome, st.failure = Failed, true
+			it.Error = "the item changed after the batch read it (If-Match failed), so the write was not applied"
+		default:
+			it.Outcome, st.failure = Failed, true
+		}
+	})
+	if id := sg.items[i].ID; p.Op == policy.OpCreate && sg.isSaga() && id != "" && sg.state[i].applied {
+		sg.lockCreated(ctx, id)
+	}
+	return succeeded
+}
+
+// nameCreated finds the id of a created item (SPEC section 5): see
+// createdID; failing that, the id the element carried, which the saga
+// proved free before the create. An id that could not be safely put in a
+// path is not used: the item then cannot be undone, which the report
+// says.
+func (sg *saga) nameCreated(it *ItemResult, i int, resp *SubResponse) {
+	id, from := sg.createdID(resp)
+	if id == "" {
+		id, from = sg.plan.Items[i].ID, "element"
+	}
+	if reason := badID(id); reason != "" {
+		if id != "" {
+			it.Error = fmt.Sprintf("the upstream named the created item %q, which %s", id, reason)
+		}
+		id, from = "", ""
+	}
+	it.ID = id
+	sg.state[i].createdFrom = from
+}
+
+// createdID names the item a create's answer made: its Location when that
+// names an item of the same collection, else the answer body's id field
+// (not a 202's: that body describes the pending request, not the item).
+func (sg *saga) createdID(resp *SubResponse) (id, from string) {
+	if v, ok := sg.plan.Match.IDFromLocation(resp.Header.Get("Location")); ok {
+		return v, "location"
+	}
+	if resp.Status != http.StatusAccepted {
+		var body map[string]json.RawMessage
+		if json.Unmarshal(resp.Body, &body) == nil {
+			if v, ok := idFromJSON(body[sg.s.IDField]); ok && v != "" {
+				return v, "body"
+			}
+		}
+	}
+	return "", ""
+}
+
+// recordNoAnswer records a request that got no answer: a timeout (504)
+// or an unreachable upstream (502). A write that left the gateway may
+// have been applied, so its outcome is unknown, and the saga treats it as
+// applied until it learns otherwise.
+func recordNoAnswer(it *ItemResult, st *itemState, err error, write bool) {
+	na := asNoAnswer(err)
+	it.clearResponse()
+	it.Status, it.Error, it.cause = na.status, na.reason, na.err
+	it.Outcome, st.failure = Failed, true
+	if write && !errors.Is(err, ErrNotSent) {
+		it.Outcome, st.applied = Unknown, true
+	}
+}
+
+// noAnswer is a sub-request that got no answer. The client is told the
+// status and the reason, which name no internal address; the underlying
+// error goes only to the log.
+type noAnswer struct {
+	status int
+	reason string
+	err    error
+}
+
+func (e *noAnswer) Error() string { return e.reason + ": " + e.err.Error() }
+func (e *noAnswer) Unwrap() error { return e.err }
+
+func asNoAnswer(err error) *noAnswer {
+	var na *noAnswer
+	if errors.As(err, &na) {
+		return na
+	}
+	return silent(err)
+}
+
+// silent is the plainest no-answer: sent, and nothing came back.
+func silent(err error) *noAnswer {
+	return &noAnswer{http.StatusBadGateway, "the upstream did not answer", err}
+}
+
+// sendItem sends a read of the batch under item_timeout, within the
+// batch's deadline (ctx), its wait for a slot included.
+func (sg *saga) sendItem(ctx context.Context, req *SubRequest) (*SubResponse, error) {
+	release, err := sg.slot(ctx, false)
+	if err != nil {
+		return nil, &noAnswer{http.StatusGatewayTimeout, "no slot of max_in_flight came free within " + sg.batchLimit(), err}
+	}
+	defer release()
+	return sg.sendWithin(ctx, sg.s.ItemTimeout, "item_timeout", sg.batchLimit(), req)
+}
+
+func (sg *saga) batchLimit() string { return fmt.Sprintf("batch_timeout (%s)", sg.s.BatchTimeout) }
+
+// sendWithin sends req, giving up after timeout (the option named
+// timeoutOption) or at parent's deadline (described by parentLimit). A
+// nil response comes with a *noAnswer.
+func (sg *saga) sendWithin(parent context.Context, timeout time.Duration, timeoutOption, parentLimit string, req *SubRequest) (*SubResponse, error) {
+	ctx, cancel := context.WithTimeout(parent, timeout)
+	defer cancel()
+	resp, err := sg.rt.Send.Send(ctx, req)
+	if resp != nil && resp.Status != 0 {
+		return resp, err
+	}
+	if err == nil {
+		err = errors.New("the handler chain wrote no response")
+	}
+	na := silent(err)
+	switch {
+	case errors.Is(parent.Err(), context.DeadlineExceeded):
+		na.status, na.reason = http.StatusGatewayTimeout, "no answer within "+parentLimit
+	case parent.Err() != nil:
+		na.reason = "the client went away before the answer came"
+	case errors.Is(ctx.Err(), context.DeadlineExceeded), errors.Is(err, context.DeadlineExceeded):
+		na.status, na.reason = http.StatusGatewayTimeout, fmt.Sprintf("no answer within %s (%s)", timeoutOption, timeout)
+	case errors.Is(err, ErrNotSent):
+		na.reason = "the upstream could not be reached"
+	}
+	return nil, na
+}
+
+func is2xx(status int) bool { return status >= 200 && status < 300 }

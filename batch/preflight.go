@@ -1,0 +1,84 @@
+package batch
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+
+	"github.com/caddy-batch/caddy-batch/policy"
+)
+
+// preflight is the saga's third step: it reads every target of an
+// all-or-nothing update or delete before anything is written. A missing
+// target fails the batch while nothing has changed; the bodies read are
+// the pre-images an undo puts back, and a strong ETag read with one makes
+// the write conditional. It reports whether the batch may go on.
+//
+// A create's ids are checked item by item, just before each create (see
+// checkFree): an existing id fails the batch there.
+func (sg *saga) preflight(ctx context.Context) bool {
+	if op := sg.plan.Op; op != policy.OpUpdate && op != policy.OpDelete {
+		return true
+	}
+	stop := make(chan struct{})
+	halt := sync.OnceFunc(func() { close(stop) })
+	sg.fanOut(ctx, sg.pending(), stop, func(i int) {
+		if !sg.readPreimage(ctx, i) {
+			halt()
+		}
+	})
+	if !sg.anyFailure() && ctx.Err() == nil {
+		return true
+	}
+	for i := range sg.items {
+		if !sg.state[i].failure {
+			_ = sg.transition(ctx, i, PhaseSettled, nil, func(it *ItemResult, _ *itemState) {
+				it.clearResponse()
+				it.Outcome = NotAttempted
+			})
+		}
+	}
+	return false
+}
+
+func (sg *saga) readPreimage(ctx context.Context, i int) bool {
+	req := sg.read(ForPreflight, sg.items[i].ID)
+	resp, err := sg.sendItem(ctx, req)
+	declarative := sg.plan.Op == policy.OpDelete && sg.s.DeleteSemantics == policy.Declarative
+	ok := true
+	_ = sg.transition(ctx, i, PhaseRead, nil, func(it *ItemResult, st *itemState) {
+		switch {
+		case resp == nil:
+			recordNoAnswer(it, st, err, false)
+			it.Error = "the item could not be read before the write: " + it.Error
+			ok = false
+		case resp.Status == http.StatusNotFound && declarative:
+			it.Status, it.Outcome, st.settled = http.StatusNoContent, Succeeded, true
+		case !is2xx(resp.Status):
+			it.setResponse(resp)
+			it.Outcome, st.failure = Failed, true
+			it.Error = "the item could not be read before the write (GET " + req.Path + ")"
+			ok = false
+		case jsonKind(bytes.TrimSpace(resp.Body)) != "object" || !validJSON(resp.Body):
+			it.setResponse(resp)
+			it.Status, it.Outcome, st.failure = http.StatusBadGateway, Failed, true
+			it.Error = fmt.Sprintf("GET %s did not answer a JSON object, so the item could not be put back if the batch failed", req.Path)
+			ok = false
+		default:
+			st.preimage, st.preETag = resp.Body, strongETag(resp.Header)
+		}
+	})
+	return ok
+}
+
+// strongETag returns the answer's ETag if it is strong: only a strong
+// validator proves that a representation is byte for byte the same.
+func strongETag(h http.Header) string {
+	etag := h.Get("ETag")
+	if len(etag) < 2 || etag[0] != '"' || etag[len(etag)-1] != '"' {
+		return ""
+	}
+	return etag
+}

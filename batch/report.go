@@ -1,0 +1,146 @@
+package batch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/caddy-batch/caddy-batch/policy"
+)
+
+// report settles the batch's outcome and status (SPEC section 5).
+func (sg *saga) report(clientCtx, batchCtx context.Context) *Result {
+	p := sg.plan
+	r := &Result{
+		Op:                p.Op,
+		Atomicity:         p.Atomicity,
+		Items:             sg.items,
+		Compensations:     sg.sentUndos,
+		PreferenceApplied: p.PreferenceApplied,
+		RetryAfter:        retryAfter(sg.items, time.Now()),
+	}
+	firstFailure := -1
+	rolledBack := 0
+	for i, it := range sg.items {
+		switch it.Outcome {
+		case Succeeded:
+			r.Succeeded++
+		case RolledBack:
+			rolledBack++
+		case RollbackFailed, Unknown:
+			if sg.allOrNothing() {
+				r.LeftBehind = append(r.LeftBehind, it.describeLeft())
+			}
+		}
+		if it.cause != nil {
+			r.Errors = append(r.Errors, fmt.Sprintf("%s: %v", it.describe(), it.cause))
+		}
+		if c := it.Compensation; c != nil && c.cause != nil {
+			r.Errors = append(r.Errors, fmt.Sprintf("undoing %s: %v", it.describe(), c.cause))
+		}
+		if it.Outcome == RollbackFailed && sg.state[i].preimage != nil {
+			r.Preimages = append(r.Preimages, Preimage{Item: it.describe(), Body: sg.state[i].preimage})
+		}
+		if sg.state[i].failure {
+			r.Failed++
+			if firstFailure < 0 {
+				firstFailure = i
+			}
+		}
+	}
+	cause := sg.cause(firstFailure, clientCtx, batchCtx)
+	switch {
+	case sg.refusal != nil:
+		r.Outcome, r.Status, r.Detail = Failed, sg.refusal.status, sg.refusal.detail
+		if sg.refusal.retryAfter != "" {
+			r.RetryAfter = sg.refusal.retryAfter
+		}
+		if sg.refusal.cause != nil {
+			r.Errors = append(r.Errors, sg.refusal.cause.Error())
+		}
+	case r.Succeeded == len(sg.items):
+		r.Outcome, r.Status = Succeeded, http.StatusOK
+		if p.Op == policy.OpCreate {
+			r.Status = http.StatusCreated
+		}
+	case !sg.allOrNothing():
+		r.Outcome, r.Status = Partial, http.StatusMultiStatus
+		if r.Succeeded == 0 {
+			r.Outcome = Failed
+		}
+	case len(r.LeftBehind) > 0:
+		r.Outcome, r.Status = RollbackFailed, http.StatusInternalServerError
+		r.Detail = fmt.Sprintf("%s, and the rollback left %s as the batch made them: %s",
+			cause, plural(len(r.LeftBehind), "item"), strings.Join(r.LeftBehind, ", "))
+	case rolledBack > 0:
+		r.Outcome, r.Status = RolledBack, sg.failureStatus(firstFailure, batchCtx)
+		r.Detail = fmt.Sprintf("%s; the %s that had taken effect %s undone", cause, plural(rolledBack, "item"), wasWere(rolledBack))
+	default:
+		r.Outcome, r.Status = Failed, sg.failureStatus(firstFailure, batchCtx)
+		r.Detail = cause
+		if p.Op.Writes() {
+			r.Detail += "; nothing was changed"
+		}
+	}
+	return r
+}
+
+// cause says in a clause why the batch failed.
+func (sg *saga) cause(firstFailure int, clientCtx, batchCtx context.Context) string {
+	switch {
+	case firstFailure >= 0:
+		it := &sg.items[firstFailure]
+		if it.Error != "" {
+			return fmt.Sprintf("%s failed with %d (%s)", it.describe(), it.Status, it.Error)
+		}
+		return fmt.Sprintf("%s failed with %d", it.describe(), it.Status)
+	case clientCtx.Err() != nil:
+		return "the client went away before every item was sent"
+	case batchCtx.Err() != nil:
+		return fmt.Sprintf("the batch did not finish within batch_timeout (%s)", sg.s.BatchTimeout)
+	}
+	return "the batch did not finish"
+}
+
+// failureStatus is the status of a failed all-or-nothing batch: the first
+// failing item's, mapped; 504 if the batch ran out of time first, and
+// 499 (Caddy's code for a client that closed the request) if the client
+// left first.
+func (sg *saga) failureStatus(firstFailure int, batchCtx context.Context) int {
+	switch {
+	case firstFailure >= 0:
+		return batchStatus(sg.items[firstFailure].Status)
+	case errors.Is(batchCtx.Err(), context.DeadlineExceeded):
+		return http.StatusGatewayTimeout
+	}
+	return 499
+}
+
+func wasWere(n int) string {
+	if n == 1 {
+		return "was"
+	}
+	return "were"
+}
+
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
+
+// describeLeft names an item a rollback left behind, and why.
+func (it *ItemResult) describeLeft() string {
+	reason := it.Error
+	if c := it.Compensation; c != nil && c.Error != "" {
+		reason = c.Error
+	}
+	if reason == "" {
+		return it.describe()
+	}
+	return it.describe() + ": " + reason
+}

@@ -1,0 +1,105 @@
+package batch
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+)
+
+// Journal records a saga's transitions, so that a saga cut short (its
+// gateway killed) can be finished by another. The saga calls it
+// synchronously and in order: an item's write is sent only after Record
+// returned nil for its PhaseSending transition.
+type Journal interface {
+	// Begin records the batch's intent, before anything is written.
+	Begin(ctx context.Context, p *Plan) error
+	// Record records one transition of one item.
+	Record(ctx context.Context, t Transition) error
+	// End records that the saga is over, whatever its outcome.
+	End(ctx context.Context, r *Result)
+}
+
+// NoJournal records nothing: a saga that dies with its process is lost.
+type NoJournal struct{}
+
+func (NoJournal) Begin(context.Context, *Plan) error        { return nil }
+func (NoJournal) Record(context.Context, Transition) error { return nil }
+func (NoJournal) End(context.Context, *Result)             {}
+
+// Phase is the step of the saga an item has reached.
+type Phase uint8
+
+const (
+	// PhaseRead: the preflight read the item (its pre-image and ETag).
+	PhaseRead Phase = iota + 1
+	// PhaseSending: the item's write is about to be sent.
+	PhaseSending
+	// PhaseAnswered: the write was answered, or it is known that no
+	// answer will come; the item's undo, if any, is computed.
+	PhaseAnswered
+	// PhaseUndoing: a request that resolves or undoes the item is about
+	// to be sent.
+	PhaseUndoing
+	// PhaseSettled: the item's outcome is final.
+	PhaseSettled
+)
+
+var phaseNames = [...]string{PhaseRead: "read", PhaseSending: "sending", PhaseAnswered: "answered", PhaseUndoing: "undoing", PhaseSettled: "settled"}
+
+func (p Phase) String() string {
+	if int(p) < len(phaseNames) && phaseNames[p] != "" {
+		return phaseNames[p]
+	}
+	return fmt.Sprintf("Phase(%d)", p)
+}
+
+// Transition is one change of one item's state, as a journal records it.
+type Transition struct {
+	Index int
+	Phase Phase
+	// Item is the item as the client would now read it.
+	Item ItemResult
+	// Preimage and PreETag are what the preflight read (PhaseRead).
+	Preimage json.RawMessage
+	PreETag  string
+	// Request is the request about to be sent (PhaseSending,
+	// PhaseUndoing).
+	Request *SubRequest
+	// Undo is how the item's write will be undone (PhaseAnswered), nil
+	// if it needs none or cannot be undone.
+	Undo *Undo
+}
+
+// transition is the one place where an item's state changes: change
+// (which may be nil) runs under the saga's lock, and a saga's journal
+// then records the result. The error is the journal's: for PhaseSending
+// it means the write must not be sent.
+func (sg *saga) transition(ctx context.Context, i int, phase Phase, req *SubRequest, change func(it *ItemResult, st *itemState)) error {
+	sg.mu.Lock()
+	defer sg.mu.Unlock()
+	it, st := &sg.items[i], &sg.state[i]
+	if change != nil {
+		change(it, st)
+	}
+	if !sg.isSaga() {
+		return nil
+	}
+	t := Transition{Index: i, Phase: phase, Item: *it, Request: req}
+	switch phase {
+	case PhaseRead:
+		t.Preimage, t.PreETag = st.preimage, st.preETag
+	case PhaseAnswered:
+		t.Undo = st.undo
+	}
+	return sg.rt.Journal.Record(ctx, t)
+}
+
+// journalFailed refuses a batch whose intent could not be recorded:
+// nothing was written, and nothing may be.
+func (sg *saga) journalFailed(err error) {
+	sg.refusal = &refusal{
+		status: 503,
+		detail: "the saga's journal could not be written, so the batch was not started; nothing was changed",
+		cause:  err,
+	}
+}

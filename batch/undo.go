@@ -1,0 +1,238 @@
+package batch
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"reflect"
+	"unicode/utf8"
+
+	"github.com/caddy-batch/caddy-batch/policy"
+)
+
+// Undo is the compensation of one item's write, computed as data when the
+// write is answered (or, for a write whose outcome was unknown, when the
+// saga learned what it did): what to send, and what must be proved before
+// it is sent, so that an undo never destroys what the batch did not
+// write.
+type Undo struct {
+	Method string
+	Path   string // escaped; the batch's query goes with it
+	Body   []byte
+	// IfMatch makes the undo conditional on the strong ETag the batch's
+	// own write was answered with: the upstream itself then proves that
+	// the item is as the batch left it.
+	IfMatch string
+	// IfNoneMatch "*" makes a re-create conditional on the item being
+	// absent.
+	IfNoneMatch string
+	// Proof is what a read of the item must show first; nil when the
+	// undo's condition is proof enough.
+	Proof *Proof
+	// WantID is the id a re-create by POST must come back under.
+	WantID string
+}
+
+// Proof is what a read of an item must show before its undo is sent.
+type Proof struct {
+	// Absent: the item must be missing (404 or 410): a re-create must not
+	// overwrite an item someone made since.
+	Absent bool
+	// Expect is the item as the batch left it: the read must equal it,
+	// or, with Subset, hold each of its members (when Expect was built
+	// from what the batch sent rather than read from the upstream).
+	Expect json.RawMessage
+	Subset bool
+	// GoneIsUndone counts an item that is already missing as undone: what
+	// the batch created was deleted by someone else. Without it a missing
+	// item proves nothing: the create may have put it elsewhere.
+	GoneIsUndone bool
+}
+
+// undoAnswered computes the undo of item i's write from its answer, or
+// says why there can be none.
+func (sg *saga) undoAnswered(it *ItemResult, st *itemState, i int, resp *SubResponse) (*Undo, string) {
+	p := sg.plan
+	switch p.Op {
+	case policy.OpCreate:
+		if it.ID == "" {
+			return nil, fmt.Sprintf("the created item cannot be deleted: the upstream named no id (no Location naming an item of %s, no %q in the body)", p.collectionPath, sg.s.IDField)
+		}
+		accepted := resp.Status == http.StatusAccepted
+		u := &Undo{Method: http.MethodDelete, Path: sg.itemPath(it.ID)}
+		if etag := strongETag(resp.Header); etag != "" && !accepted {
+			u.IfMatch = etag
+			return u, ""
+		}
+		u.Proof = &Proof{GoneIsUndone: st.createdFrom != "element" && !accepted}
+		if isObject(resp.Body) && !accepted {
+			u.Proof.Expect = resp.Body
+		} else {
+			u.Proof.Expect, u.Proof.Subset = withoutMember(p.Items[i].Body, sg.s.IDField), true
+		}
+		return u, ""
+	case policy.OpUpdate:
+		u := sg.restore(i, st)
+		if etag := strongETag(resp.Header); etag != "" {
+			u.IfMatch = etag
+			return u, ""
+		}
+		u.Proof = &Proof{}
+		if isObject(resp.Body) && holdsMembers(resp.Body, p.Items[i].Body, "") {
+			u.Proof.Expect = resp.Body
+		} else {
+			u.Proof.Expect, u.Proof.Subset = mergePatch(st.preimage, p.Items[i].Body), true
+		}
+		return u, ""
+	case policy.OpDelete:
+		return sg.recreate(it.ID, st), ""
+	}
+	return nil, "a read needs no undo"
+}
+
+// restore is the undo of an update: the pre-image put back whole (PUT),
+// or the changed fields' old values (PATCH).
+func (sg *saga) restore(i int, st *itemState) *Undo {
+	path := sg.itemPath(sg.items[i].ID)
+	if sg.s.RestoreUpdated == policy.RestorePatch {
+		return &Undo{Method: http.MethodPatch, Path: path, Body: restorePatch(st.preimage, sg.plan.Items[i].fields)}
+	}
+	return &Undo{Method: http.MethodPut, Path: path, Body: st.preimage}
+}
+
+// recreate is the undo of a delete: the pre-image created again, only
+// where the item is still absent. A PUT carries If-None-Match: *, which
+// is proof enough when the upstream showed it knows validators (the
+// preflight read a strong ETag); otherwise, and for a POST, a read proves
+// the item absent first.
+func (sg *saga) recreate(id string, st *itemState) *Undo {
+	if sg.s.RestoreDeleted == policy.RestorePost {
+		return &Undo{Method: http.MethodPost, Path: sg.plan.collectionPath, Body: st.preimage, Proof: &Proof{Absent: true}, WantID: id}
+	}
+	u := &Undo{Method: http.MethodPut, Path: sg.itemPath(id), Body: st.preimage, IfNoneMatch: "*"}
+	if st.preETag == "" {
+		u.Proof = &Proof{Absent: true}
+	}
+	return u
+}
+
+// restorePatch is the merge patch that puts back the fields an update
+// changed: each field's old value, or null where the field did not exist.
+func restorePatch(preimage json.RawMessage, fields []string) []byte {
+	var before map[string]json.RawMessage
+	_ = json.Unmarshal(preimage, &before) // the preflight checked it is an object
+	patch := make(map[string]json.RawMessage, len(fields))
+	for _, f := range fields {
+		if v, ok := before[f]; ok {
+			patch[f] = v
+		} else {
+			patch[f] = json.RawMessage("null")
+		}
+	}
+	b, _ := json.Marshal(patch)
+	return b
+}
+
+// mergePatch applies a JSON merge patch (RFC 7396) to an object: what an
+// update should have left when its answer does not say.
+func mergePatch(target, patch []byte) []byte {
+	t, _ := decodeJSON(target)
+	pt, _ := decodeJSON(patch)
+	b, _ := json.Marshal(applyMerge(t, pt))
+	return b
+}
+
+func applyMerge(target, patch any) any {
+	p, ok := patch.(map[string]any)
+	if !ok {
+		return patch
+	}
+	t, ok := target.(map[string]any)
+	if !ok {
+		t = map[string]any{}
+	}
+	for k, v := range p {
+		if v == nil {
+			delete(t, k)
+		} else {
+			t[k] = applyMerge(t[k], v)
+		}
+	}
+	return t
+}
+
+// check tells whether a read of the item (resp) proves what proof asks.
+// It returns "" when it does, else why not.
+func (proof *Proof) check(resp *SubResponse, idField string) string {
+	gone := resp.Status == http.StatusNotFound || resp.Status == http.StatusGone
+	switch {
+	case proof.Absent && gone:
+		return ""
+	case proof.Absent && is2xx(resp.Status):
+		return "the item exists again: someone created it after the batch deleted it, so it was left as it is"
+	case gone:
+		return "the item is gone, so whether it was the batch's could not be proved"
+	case !is2xx(resp.Status):
+		return fmt.Sprintf("the item could not be read to prove it is as the batch left it (GET answered %d)", resp.Status)
+	case proof.Subset && holdsMembers(resp.Body, proof.Expect, idField),
+		!proof.Subset && sameJSON(resp.Body, proof.Expect):
+		return ""
+	}
+	return "the item is no longer as the batch left it: another writer changed it, so it was left as they made it"
+}
+
+func decodeJSON(b []byte) (any, bool) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var v any
+	if dec.Decode(&v) != nil || dec.More() {
+		return nil, false
+	}
+	return v, true
+}
+
+// sameJSON reports whether two JSON texts hold the same value, whatever
+// their spacing and member order.
+func sameJSON(a, b []byte) bool {
+	va, oka := decodeJSON(a)
+	vb, okb := decodeJSON(b)
+	return oka && okb && reflect.DeepEqual(va, vb)
+}
+
+// holdsMembers reports whether the object have holds every member of the
+// object want with the same value, skip aside.
+func holdsMembers(have, want []byte, skip string) bool {
+	h, ok1 := decodeJSON(have)
+	w, ok2 := decodeJSON(want)
+	hm, ok3 := h.(map[string]any)
+	wm, ok4 := w.(map[string]any)
+	if !ok1 || !ok2 || !ok3 || !ok4 {
+		return false
+	}
+	for k, v := range wm {
+		if k != skip && !reflect.DeepEqual(hm[k], v) {
+			return false
+		}
+	}
+	return true
+}
+
+// withoutMember returns the object without one member.
+func withoutMember(obj []byte, name string) []byte {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(obj, &m) != nil {
+		return obj
+	}
+	delete(m, name)
+	b, _ := json.Marshal(m)
+	return b
+}
+
+func isObject(b []byte) bool {
+	return jsonKind(bytes.TrimSpace(b)) == "object" && validJSON(b)
+}
+
+// validJSON reports whether b is JSON a strict parser accepts: valid
+// syntax, and valid UTF-8 inside its strings.
+func validJSON(b []byte) bool { return json.Valid(b) && utf8.Valid(b) }

@@ -1,0 +1,79 @@
+package caddymodule
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/policy"
+	"github.com/caddy-batch/caddy-batch/problem"
+)
+
+// pools keep what must outlive one config: a reload provisions the new
+// handlers before the old ones are cleaned up, so a saga running on the
+// old config and a write arriving on the new one lock the same table.
+var pools = caddy.NewUsagePool()
+
+// localLocksKey names the one table of local item locks of the process.
+// Every handler shares it: two sites in front of one API must exclude
+// each other, and two in front of different APIs only share keys when
+// their item paths are the same.
+const localLocksKey = "batch.item_locks.local"
+
+type pooledLocks struct{ batch.LocalLocks }
+
+func (*pooledLocks) Destruct() error { return nil }
+
+// provisionLocks takes the handler's share of the local lock table.
+func (h *Handler) provisionLocks() error {
+	if h.policy.Uses(func(s policy.Settings) bool { return s.ItemLocks == policy.StorageLocks }) {
+		return errors.New("item_locks storage is not available yet in this build: use item_locks local (the default)")
+	}
+	v, _, err := pools.LoadOrNew(localLocksKey, func() (caddy.Destructor, error) { return new(pooledLocks), nil })
+	if err != nil {
+		return err
+	}
+	h.locks = &v.(*pooledLocks).LocalLocks
+	return nil
+}
+
+// Cleanup lets go of the handler's share of what the pools keep.
+func (h *Handler) Cleanup() error {
+	if h.locks != nil {
+		_, err := pools.Delete(localLocksKey)
+		return err
+	}
+	return nil
+}
+
+// isWrite reports whether a single-item request changes the item, and so
+// must not interleave with a saga that holds it.
+func isWrite(method string) bool {
+	return method == http.MethodPut || method == http.MethodPatch || method == http.MethodDelete
+}
+
+// serveLockedWrite passes a single-item write on while it holds its
+// item's lock: it waits while a batch holds the item (at most
+// item_timeout), and a batch waits for it.
+func (h *Handler) serveLockedWrite(w http.ResponseWriter, r *http.Request, m policy.Match, serve func() error) error {
+	key := m.ItemKey()
+	ctx, cancel := context.WithTimeout(r.Context(), m.Resource.Settings.ItemTimeout)
+	unlock, err := h.locks.Lock(ctx, key)
+	cancel()
+	if err != nil {
+		if r.Context().Err() != nil {
+			return caddyhttp.Error(499, err)
+		}
+		w.Header().Set("Retry-After", "1")
+		return problem.New(http.StatusConflict, "item-locked", fmt.Sprintf(
+			"a batch through the gateway held %s for longer than item_timeout (%s); nothing was changed, try again",
+			key, m.Resource.Settings.ItemTimeout)).Write(w)
+	}
+	defer unlock()
+	return serve()
+}
