@@ -114,7 +114,8 @@ func (sg *saga) undoRequest(i int, u *Undo) *SubRequest {
 // resolve learns what a write whose outcome is unknown did: with
 // idempotent_upstream it is sent again with the same key, and the
 // upstream's answer tells; otherwise (or if that goes unanswered) the
-// item is read. It settles the item and returns false when nothing is
+// item is read, and that read is the undo's proof (with its strong ETag,
+// if any, as the undo's condition). It settles the item and returns false when nothing is
 // left to undo; otherwise it leaves the item's undo (or why there is
 // none) for undoItem.
 func (sg *saga) resolve(ctx context.Context, i int) bool {
@@ -169,7 +170,7 @@ func (sg *saga) resolve(ctx context.Context, i int) bool {
 			return false
 		case holdsMembers(resp.Body, mergePatch(st.preimage, p.Items[i].Body), ""):
 			st.undo = sg.restore(i, st)
-			st.undo.Proof, st.undo.IfMatch = readProof(resp)
+			st.undo.IfMatch = strongETag(resp.Header)
 		default:
 			st.noUndo = changed
 		}
@@ -177,6 +178,7 @@ func (sg *saga) resolve(ctx context.Context, i int) bool {
 		switch {
 		case gone(resp.Status):
 			st.undo = sg.recreate(id, st)
+			st.undo.Proof = nil
 		case sameJSON(resp.Body, st.preimage):
 			sg.notApplied(ctx, i, "a read after it showed that it did not take effect")
 			return false
@@ -189,25 +191,12 @@ func (sg *saga) resolve(ctx context.Context, i int) bool {
 			sg.notApplied(ctx, i, "a read after it showed that nothing was created under its id")
 			return false
 		case holdsMembers(resp.Body, p.Items[i].Body, sg.s.IDField):
-			st.undo = &Undo{Method: http.MethodDelete, Path: sg.itemPath(id)}
-			st.undo.Proof, st.undo.IfMatch = readProof(resp)
-			if st.undo.Proof != nil {
-				st.undo.Proof.GoneIsUndone = true
-			}
+			st.undo = &Undo{Method: http.MethodDelete, Path: sg.itemPath(id), IfMatch: strongETag(resp.Header)}
 		default:
 			st.noUndo = fmt.Sprintf("an item the batch may not have written is at id %q, so it was left as it is", id)
 		}
 	}
 	return true
-}
-
-// readProof makes what a read just showed the proof of the undo that
-// follows it: its strong ETag as the undo's condition, or else its body.
-func readProof(resp *SubResponse) (*Proof, string) {
-	if etag := strongETag(resp.Header); etag != "" {
-		return nil, etag
-	}
-	return &Proof{Expect: resp.Body}, ""
 }
 
 // notApplied settles an unknown write that turned out not to have taken

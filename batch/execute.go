@@ -201,6 +201,25 @@ func (sg *saga) answered(ctx context.Context, i int, resp *SubResponse, err erro
 			}
 		}
 		switch {
+		case is2xx(resp.Status):
+			it.Outcome, succeeded = Succeeded, true
+			if write {
+				st.applied = true
+				if p.Op == policy.OpCreate {
+					sg.nameCreated(it, i, resp)
+				}
+				if sg.isSaga() {
+					st.undo, st.noUndo = sg.undoAnswered(it, st, i, resp)
+				}
+			}
+		case resp.Status == http.StatusNotFound && p.Op == policy.OpDelete && sg.s.DeleteSemantics == policy.Declarative:
+			// "It must not exist" holds. Nothing was deleted to undo,
+			// unless an earlier copy of a resent request deleted it.
+			it.clearResponse()
+			it.Status, it.Outcome, succeeded = http.StatusNoContent, Succeeded, true
+			if resp.Resent && sg.isSaga() {
+				st.applied, st.undo = true, sg.recreate(it.ID, st)
+			}
 		case write && resp.Resent:
 			// The answer is to a second copy (a 404 to a DELETE, a 409 to a
 			// create): the first may well have done what was asked.
@@ -214,21 +233,6 @@ func (sg *saga) answered(ctx context.Context, i int, resp *SubResponse, err erro
 					it.ID = id
 				}
 			}
-		case is2xx(resp.Status):
-			it.Outcome, succeeded = Succeeded, true
-			if write {
-				st.applied = true
-				if p.Op == policy.OpCreate {
-					sg.nameCreated(it, i, resp)
-				}
-				if sg.isSaga() {
-					st.undo, st.noUndo = sg.undoAnswered(it, st, i, resp)
-				}
-			}
-		case resp.Status == http.StatusNotFound && p.Op == policy.OpDelete && sg.s.DeleteSemantics == policy.Declarative:
-			// "It must not exist" holds, and nothing was deleted to undo.
-			it.clearResponse()
-			it.Status, it.Outcome, succeeded = http.StatusNoContent, Succeeded, true
 		case resp.Status == http.StatusPreconditionFailed && st.preETag != "":
 			it.Outcome, st.failure = Failed, true
 			it.Error = "the item changed after the batch read it (If-Match failed), so the write was not applied"

@@ -71,7 +71,8 @@ func TestCustomIDField(t *testing.T) {
 		}
 	})
 	t.Run("created id from the body", func(t *testing.T) {
-		f := newFake().on("POST", "/widgets", reply(201, `{"id":"not-this","uuid":"u-9"}`), reply(409, `{}`))
+		f := newFake().on("POST", "/widgets", reply(201, `{"id":"not-this","uuid":"u-9"}`), reply(409, `{}`)).
+			on("GET", "/widgets/u-9", reply(200, `{"id":"not-this","uuid":"u-9"}`))
 		w := write(t, run1(t, "POST", "/widgets", elements(2), f, uuid, concurrency(1)))
 		equalSlices(t, "compensations", pathsOf(f.sentWith("DELETE")), []string{"/widgets/u-9"})
 		equal(t, "created id", w.Items[0].ID, "u-9")
@@ -159,7 +160,7 @@ func TestForwardedHeaders(t *testing.T) {
 			f := newFake().seed("1", "2").on("PATCH", "/widgets/2", reply(409, `{}`)) // so that a compensation is sent too
 			run(mustPlan(t, newRequest(tt.method, tt.target, tt.body, header...)), f)
 			log := f.log()
-			if tt.method == "PATCH" && len(log) != 5 { // 2 GETs, 2 PATCHes, 1 PUT
+			if tt.method == "PATCH" && len(log) != 6 { // 2 GETs, 2 PATCHes, 1 GET (the undo's proof), 1 PUT
 				t.Fatalf("sent %v", f.sent())
 			}
 			for _, c := range log {
