@@ -86,8 +86,8 @@ func TestBatchStatus(t *testing.T) {
 			fake:   func() *fakeSender { return newFake().on("POST", "/widgets", answer{}, answer{err: notSent()}) },
 			status: 502, outcome: "rolled_back", items: []string{"rolled_back", "failed", "not_attempted"}, itemStatus: []int{201, 502, 0}, problem: true},
 		{name: "all_or_nothing, item timeout", method: "PATCH", target: "/widgets", body: `[{"id":"1","v":1},{"id":"2","v":1},{"id":"3","v":1}]`,
-			mods:   []specMod{concurrency(1), itemTimeout(50 * time.Millisecond)},
-			fake:   func() *fakeSender { return seeded().on("PATCH", "/widgets/2", answer{hang: true}) },
+			mods: []specMod{concurrency(1), itemTimeout(50 * time.Millisecond)},
+			fake: func() *fakeSender { return seeded().on("PATCH", "/widgets/2", answer{hang: true}) },
 			// The hung write never took effect: a read shows the item as
 			// before, so only item 0 is undone.
 			status: 504, outcome: "rolled_back", items: []string{"rolled_back", "failed", "not_attempted"}, itemStatus: []int{200, 504, 0}, problem: true},
