@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -274,7 +275,7 @@ func TestCompensateCreateFindsTheCreatedID(t *testing.T) {
 			equalSlices(t, "compensations", pathsOf(f.sentWith("DELETE")), []string{tt.path})
 			equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "failed"})
 			c := w.Items[0].Compensation
-			if c == nil || *c != (batchwire.Compensation{Method: "DELETE", Path: tt.path, Status: 204, Attempts: 1}) {
+			if c == nil || !reflect.DeepEqual(*c, batchwire.Compensation{Method: "DELETE", Path: tt.path, Status: 204, Attempts: 1}) {
 				t.Errorf("compensation = %+v", c)
 			}
 			equal(t, "status", w.Code, 409)

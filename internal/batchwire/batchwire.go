@@ -41,6 +41,8 @@ type Compensation struct {
 	Status   int    `json:"status"`
 	Attempts int    `json:"attempts"`
 	Error    string `json:"error"`
+	// Found is what the proof read showed, when the undo was not sent.
+	Found json.RawMessage `json:"found"`
 }
 
 // Outcomes lists the items' outcomes, in answer order.

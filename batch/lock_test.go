@@ -1,0 +1,201 @@
+package batch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestLocalLocks(t *testing.T) {
+	var l LocalLocks
+	unlock, err := l.Lock(context.Background(), "/widgets/1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if _, err := l.Lock(ctx, "/widgets/1"); !errors.Is(err, ErrLocked) {
+		t.Fatalf("a held lock was taken again: %v", err)
+	}
+	other, err := l.Lock(context.Background(), "/widgets/2")
+	if err != nil {
+		t.Fatalf("another item's lock: %v", err)
+	}
+	other()
+	got := make(chan struct{})
+	go func() {
+		u, _ := l.Lock(context.Background(), "/widgets/1")
+		close(got)
+		u()
+	}()
+	select {
+	case <-got:
+		t.Fatal("a waiter got a held lock")
+	case <-time.After(20 * time.Millisecond):
+	}
+	unlock()
+	unlock() // releasing twice does no harm
+	<-got
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.held) != 0 {
+		t.Errorf("%d lock entries left behind", len(l.held))
+	}
+}
+
+// A batch that cannot get its locks within batch_timeout is refused with
+// 409 and Retry-After, and sends nothing.
+func TestLockConflict(t *testing.T) {
+	var locks LocalLocks
+	unlock, _ := locks.Lock(context.Background(), "/widgets/2")
+	defer unlock()
+	f := newFake().seed("1", "2")
+	p := mustPlan(t, newRequest("DELETE", "/widgets?ids=1,2", ""), batchTimeout(30*time.Millisecond))
+	w := write(t, newSaga(p, Runtime{Send: f, Locks: &locks}, noBackoff).run(context.Background()))
+	equal(t, "status", w.Code, 409)
+	equal(t, "Retry-After", w.Header.Get("Retry-After"), "1")
+	equal(t, "sent", len(f.sent()), 0)
+	if !strings.Contains(w.Detail, "/widgets/2") {
+		t.Errorf("detail %q does not name the locked item", w.Detail)
+	}
+	// The lock the batch did get (on 1) was let go.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if u, err := locks.Lock(ctx, "/widgets/1"); err != nil {
+		t.Errorf("the refused batch kept a lock: %v", err)
+	} else {
+		u()
+	}
+}
+
+// A created item is locked as soon as its id is known, until the saga
+// ends: a write that arrives meanwhile waits for the undo.
+func TestCreatedIDIsLocked(t *testing.T) {
+	var locks LocalLocks
+	created := make(chan struct{})
+	f := newFake()
+	f.on("POST", "/widgets", answer{}, answer{status: 500, body: `{}`, hook: func(context.Context, *SubRequest) { <-created }})
+	f.on("GET", "/widgets/1000", answer{delay: 30 * time.Millisecond}) // the proof read is slow
+	done := make(chan *Result)
+	go func() {
+		p := mustPlan(t, newRequest("POST", "/widgets", elements(2)), concurrency(1))
+		done <- newSaga(p, Runtime{Send: f, Locks: &locks}, noBackoff).run(context.Background())
+	}()
+	// Item 0 is created and answered before item 1 is sent.
+	for len(f.sentWith("POST")) < 2 {
+		time.Sleep(time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+	_, err := locks.Lock(ctx, "/widgets/1000")
+	cancel()
+	if !errors.Is(err, ErrLocked) {
+		t.Errorf("the created item was not locked: %v", err)
+	}
+	close(created)
+	unlock, err := locks.Lock(context.Background(), "/widgets/1000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	unlock()
+	select {
+	case <-done:
+	default:
+		t.Error("the created item's lock was let go before the saga ended")
+	}
+}
+
+// failing fails one batch's write of one item with 500, whatever the
+// fake would answer.
+type failing struct {
+	*fakeSender
+	mu   sync.Mutex
+	fail map[string]bool // "v=<batch> <path>"
+}
+
+func (s *failing) Send(ctx context.Context, req *SubRequest) (*SubResponse, error) {
+	if req.Method == "PATCH" {
+		s.mu.Lock()
+		bad := s.fail[string(req.Body)+" "+req.Path]
+		s.mu.Unlock()
+		if bad {
+			return &SubResponse{Status: 500, Body: []byte(`{}`)}, nil
+		}
+	}
+	return s.fakeSender.Send(ctx, req)
+}
+
+// Fifty concurrent all-or-nothing batches over ten ids, some failing: no
+// deadlock, and the final state is that of a serial order of the
+// batches that succeeded (those that failed leave no trace).
+func TestConcurrentBatchesSerialize(t *testing.T) {
+	const batches, nIDs = 50, 10
+	for round := range 3 {
+		f := newFake()
+		f.jitter = 2 * time.Millisecond
+		for i := range nIDs {
+			f.set(fmt.Sprint(i), map[string]any{"id": fmt.Sprint(i), "v": -1.0})
+		}
+		s := &failing{fakeSender: f, fail: map[string]bool{}}
+		var locks LocalLocks
+		idsOf := make([][]string, batches)
+		results := make([]*Result, batches)
+		var wg sync.WaitGroup
+		for b := range batches {
+			perm := rand.Perm(nIDs)[:2+rand.IntN(4)]
+			var elems []string
+			for _, i := range perm {
+				id := fmt.Sprint(i)
+				idsOf[b] = append(idsOf[b], id)
+				elems = append(elems, fmt.Sprintf(`{"id":"%s","v":%d}`, id, b))
+			}
+			if rand.IntN(3) == 0 {
+				last := idsOf[b][len(idsOf[b])-1]
+				s.mu.Lock()
+				s.fail[fmt.Sprintf(`{"v":%d} /widgets/%s`, b, last)] = true
+				s.mu.Unlock()
+			}
+			wg.Go(func() {
+				p := mustPlan(t, newRequest("PATCH", "/widgets", "["+strings.Join(elems, ",")+"]"), concurrency(3), batchTimeout(20*time.Second))
+				results[b] = newSaga(p, Runtime{Send: s, Locks: &locks}, noBackoff).run(context.Background())
+			})
+		}
+		wg.Wait()
+
+		// The serial order is the order in which batches wrote: a batch
+		// holds every lock from before its first write to after its last
+		// undo, so no two batches' writes interleave.
+		var order []int
+		seen := map[int]bool{}
+		for _, c := range f.sentWith("PATCH") {
+			var b int
+			if _, err := fmt.Sscanf(c.Body, `{"v":%d}`, &b); err == nil && !seen[b] {
+				seen[b] = true
+				order = append(order, b)
+			}
+		}
+		want := map[string]string{}
+		for i := range nIDs {
+			want[fmt.Sprint(i)] = fmt.Sprintf(`{"id":"%d","v":-1}`, i)
+		}
+		for _, b := range order {
+			switch results[b].Outcome {
+			case Succeeded:
+				for _, id := range idsOf[b] {
+					want[id] = fmt.Sprintf(`{"id":"%s","v":%d}`, id, b)
+				}
+			case RolledBack:
+			default:
+				t.Fatalf("round %d: batch %d ended %s: %s", round, b, results[b].Outcome, results[b].Detail)
+			}
+		}
+		got := f.state()
+		for id, w := range want {
+			jsonEqual(t, fmt.Sprintf("round %d: widget %s", round, id), got[id], w)
+		}
+	}
+}
