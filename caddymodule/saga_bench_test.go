@@ -1,0 +1,107 @@
+package caddymodule
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
+)
+
+// BenchmarkUpdate100 measures a 100-item all-or-nothing batch UPDATE
+// through the module against the fake legacy API: one that succeeds
+// (preflight, locks, writes), one whose last item fails so that 99 items
+// are proved and undone, and, in the same run, the 100 PATCHes sent one by
+// one through a plain reverse_proxy. Each op is one batch (100 items).
+//
+//	go test -run '^$' -bench Update100 -benchmem -count 10 ./caddymodule | tee update.txt
+//	benchstat -col /outcome update.txt
+func BenchmarkUpdate100(b *testing.B) {
+	seed := make([]map[string]any, 100)
+	var elems []string
+	for i := range seed {
+		seed[i] = map[string]any{"id": i + 1, "name": fmt.Sprintf("widget %d", i+1)}
+		elems = append(elems, fmt.Sprintf(`{"id":%d,"name":"renamed %d"}`, i+1, i+1))
+	}
+	api := legacyapi.New(legacyapi.Collection{Path: "/api/widgets", PutCreates: true, Seed: seed})
+	upstream := httptest.NewServer(api)
+	defer upstream.Close()
+	defer api.Close()
+	batchAddr, plainAddr := freeAddr(b), freeAddr(b)
+	loadCaddyfile(b, fmt.Sprintf(`{
+	admin off
+	auto_https off
+	persist_config off
+	log {
+		output discard
+	}
+}
+http://%[1]s {
+	route {
+		batch {
+			resource /api/widgets {
+				collection GET PATCH
+				item GET PUT PATCH
+			}
+		}
+		@fail {
+			method PATCH
+			path /api/widgets/100
+			header X-Fail yes
+		}
+		respond @fail "injected failure" 500
+		reverse_proxy %[3]s
+	}
+}
+http://%[2]s {
+	reverse_proxy %[3]s
+}
+`, batchAddr, plainAddr, upstream.Listener.Addr()))
+	defer caddy.Stop()
+
+	body := []byte("[" + strings.Join(elems, ",") + "]")
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
+	send := func(b *testing.B, method, url string, body []byte, want int, header ...string) {
+		req, _ := http.NewRequest(method, url, bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		for i := 0; i+1 < len(header); i += 2 {
+			req.Header.Set(header[i], header[i+1])
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			b.Fatalf("%s %s: %d, want %d", method, url, resp.StatusCode, want)
+		}
+	}
+	url := "http://" + batchAddr + "/api/widgets"
+	b.Run("outcome=succeeded", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			send(b, "PATCH", url, body, http.StatusOK)
+		}
+	})
+	b.Run("outcome=rolled_back", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			send(b, "PATCH", url, body, http.StatusBadGateway, "X-Fail", "yes")
+		}
+	})
+	b.Run("outcome=plain-100-patches", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			for i := 1; i <= 100; i++ {
+				send(b, "PATCH", fmt.Sprintf("http://%s/api/widgets/%d", plainAddr, i), fmt.Appendf(nil, `{"name":"renamed %d"}`, i), http.StatusOK)
+			}
+		}
+	})
+}
