@@ -60,6 +60,10 @@ func (sg *saga) undoItem(ctx context.Context, i int) {
 		sg.settle(ctx, i, RollbackFailed, st.noUndo, nil)
 		return
 	}
+	if st.resumed && sg.alreadyUndone(ctx, i) {
+		sg.settle(ctx, i, RolledBack, "", nil)
+		return
+	}
 	c := &Compensation{Method: u.Method, Path: u.Path}
 	if u.Proof != nil {
 		resp, err := sg.retrying(ctx, sg.read(ForUndo, sg.items[i].ID), nil)
@@ -96,6 +100,21 @@ func (sg *saga) undoItem(ctx context.Context, i int) {
 		sg.settle(ctx, i, RolledBack, "", nil)
 	default:
 		sg.settle(ctx, i, RollbackFailed, "", nil)
+	}
+}
+
+// alreadyUndone reads an item whose undo a dead saga may have sent, and
+// reports whether it is already as the undo would leave it.
+func (sg *saga) alreadyUndone(ctx context.Context, i int) bool {
+	resp, _ := sg.retrying(ctx, sg.read(ForUndo, sg.items[i].ID), nil)
+	if resp == nil {
+		return false
+	}
+	switch sg.plan.Op {
+	case policy.OpCreate:
+		return gone(resp.Status)
+	default:
+		return is2xx(resp.Status) && sameJSON(resp.Body, sg.state[i].preimage)
 	}
 }
 

@@ -270,8 +270,8 @@ func (j *recordingJournal) Record(_ context.Context, t Transition) error {
 			}
 		}
 	}
-	if t.Phase == PhaseAnswered && t.Undo != nil {
-		e += " undo " + t.Undo.Method
+	if t.Phase == PhaseAnswered && t.Item.Undo != nil {
+		e += " undo " + t.Item.Undo.Method
 	}
 	j.events = append(j.events, e)
 	if t.Phase == j.failAt {

@@ -91,6 +91,10 @@ type itemState struct {
 	createdFrom string
 	undo        *Undo  // how to undo the write, computed when it was answered
 	noUndo      string // why the write cannot be undone, when undo is nil
+	phase       Phase  // the last transition
+	// resumed marks an undo that a dead saga may already have sent: a
+	// read first tells whether it took effect.
+	resumed bool
 }
 
 func newSaga(p *Plan, rt Runtime, backoff func(int) time.Duration) *saga {

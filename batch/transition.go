@@ -2,7 +2,6 @@ package batch
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 )
 
@@ -57,17 +56,12 @@ func (p Phase) String() string {
 type Transition struct {
 	Index int
 	Phase Phase
-	// Item is the item as the client would now read it.
-	Item ItemResult
-	// Preimage and PreETag are what the preflight read (PhaseRead).
-	Preimage json.RawMessage
-	PreETag  string
 	// Request is the request about to be sent (PhaseSending,
 	// PhaseUndoing).
 	Request *SubRequest
-	// Undo is how the item's write will be undone (PhaseAnswered), nil
-	// if it needs none or cannot be undone.
-	Undo *Undo
+	// Item is the item's whole state after the change: what a journal
+	// keeps, so that the saga can be finished from it (Resume).
+	Item ItemSnapshot
 }
 
 // transition is the one place where an item's state changes: change
@@ -84,14 +78,8 @@ func (sg *saga) transition(ctx context.Context, i int, phase Phase, req *SubRequ
 	if !sg.isSaga() {
 		return nil
 	}
-	t := Transition{Index: i, Phase: phase, Item: *it, Request: req}
-	switch phase {
-	case PhaseRead:
-		t.Preimage, t.PreETag = st.preimage, st.preETag
-	case PhaseAnswered:
-		t.Undo = st.undo
-	}
-	return sg.rt.Journal.Record(ctx, t)
+	st.phase = phase
+	return sg.rt.Journal.Record(ctx, Transition{Index: i, Phase: phase, Request: req, Item: sg.snapshotItem(i)})
 }
 
 // journalFailed refuses a batch whose intent could not be recorded:

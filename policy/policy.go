@@ -480,6 +480,9 @@ func (m Match) ItemPath(id string) string {
 	return m.Resource.Item.expand(vars)
 }
 
+// Path returns the escaped request path that was matched.
+func (m Match) Path() string { return m.path }
+
 // ItemKey names the matched item (an item match) by its path rebuilt from
 // the template, so that every spelling of one item's path (escapes, a
 // trailing slash, dot segments) names it alike: the key its lock is taken
