@@ -36,7 +36,6 @@ type Plan struct {
 
 // Item is one element of a batch.
 type Item struct {
-	Index int
 	// ID is the item's id; for a create, the element's own id field if it
 	// has one, else empty until the upstream names the created item.
 	ID string
@@ -178,7 +177,7 @@ func itemsFromIDs(ids []string, op policy.Op) ([]Item, *problem.Details) {
 		if reason := badID(id); reason != "" {
 			return nil, invalid("item %d: id %q %s", i, id, reason)
 		}
-		items[i] = Item{Index: i, ID: id, first: i}
+		items[i] = Item{ID: id, first: i}
 		if j, dup := seen[id]; dup {
 			if op != policy.OpGet {
 				return nil, invalid("items %d and %d both have id %q: each id may appear once in a batch %s", j, i, id, op)
@@ -319,7 +318,7 @@ func itemsFromElements(elems []json.RawMessage, op policy.Op, idField string) ([
 		if err := json.Unmarshal(elem, &members); err != nil {
 			return nil, invalid("item %d: %v", i, err)
 		}
-		it := Item{Index: i, Body: elem, first: i}
+		it := Item{Body: elem, first: i}
 		rawID, hasID := members[idField]
 		if hasID && string(rawID) == "null" {
 			hasID = false

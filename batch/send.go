@@ -51,14 +51,6 @@ type Sender interface {
 	Send(ctx context.Context, req *SubRequest) (*SubResponse, error)
 }
 
-// SenderFunc adapts a function to Sender.
-type SenderFunc func(ctx context.Context, req *SubRequest) (*SubResponse, error)
-
-// Send calls f.
-func (f SenderFunc) Send(ctx context.Context, req *SubRequest) (*SubResponse, error) {
-	return f(ctx, req)
-}
-
 // ErrNotSent marks a sub-request that never reached the upstream.
 var ErrNotSent = errors.New("sub-request not sent")
 

@@ -118,7 +118,7 @@ func Resume(ctx context.Context, snap *Snapshot, lookup func(path string) (polic
 		p.header = http.Header{}
 	}
 	for i, it := range snap.Items {
-		p.Items[i] = Item{Index: i, ID: it.ID, Body: it.Element, fields: it.Fields, first: i}
+		p.Items[i] = Item{ID: it.ID, Body: it.Element, fields: it.Fields, first: i}
 	}
 	sg := newSaga(p, rt, compensationBackoff)
 	for i, it := range snap.Items {

@@ -28,7 +28,17 @@ type Details struct {
 // New returns the details of a problem of the given kind (a slug such as
 // "invalid-batch") and status, with the standard status text as its title.
 func New(status int, kind, detail string) Details {
-	return Details{Type: typeBase + kind, Title: http.StatusText(status), Status: status, Detail: detail}
+	return Details{Type: typeBase + kind, Title: statusText(status), Status: status, Detail: detail}
+}
+
+// statusText is the standard text of a status, and a title for the
+// non-standard ones the gateway uses: 499, nginx's and Caddy's code for a
+// client that closed its request.
+func statusText(status int) string {
+	if status == 499 {
+		return "Client Closed Request"
+	}
+	return http.StatusText(status)
 }
 
 // Write answers with the problem.

@@ -31,3 +31,9 @@ func TestWrite(t *testing.T) {
 		}
 	}
 }
+
+func TestTitleOfAClosedRequest(t *testing.T) {
+	if got := New(499, "client-closed", "").Title; got != "Client Closed Request" {
+		t.Errorf("title %q", got)
+	}
+}
