@@ -26,7 +26,7 @@ func (sg *saga) read(purpose Purpose, id string) *SubRequest {
 }
 
 // itemPath is the escaped path of item id in the batch's collection.
-func (sg *saga) itemPath(id string) string { return sg.plan.Match.ItemPath(id) }
+func (sg *saga) itemPath(id string) string { return sg.paths.Path(id) }
 
 // clone copies a request so that a sender may change the copy's header.
 func (r *SubRequest) clone() *SubRequest {

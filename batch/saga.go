@@ -63,6 +63,7 @@ type saga struct {
 	s       policy.Settings
 	rt      Runtime
 	backoff func(attempt int) time.Duration
+	paths   policy.ItemPaths
 
 	// mu orders transitions: items run on their own goroutines, and the
 	// journal sees one transition at a time.
@@ -106,6 +107,7 @@ func newSaga(p *Plan, rt Runtime, backoff func(int) time.Duration) *saga {
 		s:       p.Match.Resource.Settings,
 		rt:      rt,
 		backoff: backoff,
+		paths:   p.Match.ItemPaths(),
 		items:   make([]ItemResult, len(p.Items)),
 		state:   make([]itemState, len(p.Items)),
 	}

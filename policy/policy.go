@@ -475,9 +475,40 @@ func (m Match) CollectionPath() string {
 // matched collection: the collection's variables keep the values the
 // request gave them, and the id is escaped as one segment.
 func (m Match) ItemPath(id string) string {
+	return ItemPaths{match: &m}.Path(id)
+}
+
+// ItemPaths binds the matched collection's variables once, so that a
+// batch builds each item's path by escaping its id alone.
+func (m Match) ItemPaths() ItemPaths {
 	vars := m.variables()
-	vars[idVariable] = id
-	return m.Resource.Item.expand(vars)
+	const mark = "\x00id\x00" // cannot occur in an escaped path
+	vars[idVariable] = mark
+	path := m.Resource.Item.expand(vars)
+	escapedMark := url.PathEscape(mark)
+	if strings.Count(path, escapedMark) != 1 {
+		// A collection variable spelled like the mark: build each path
+		// whole.
+		return ItemPaths{match: &m}
+	}
+	i := strings.Index(path, escapedMark)
+	return ItemPaths{prefix: path[:i], suffix: path[i+len(escapedMark):]}
+}
+
+// ItemPaths builds the paths of a collection's items.
+type ItemPaths struct {
+	prefix, suffix string
+	match          *Match // set when the paths must be built whole
+}
+
+// Path returns the escaped path of item id.
+func (p ItemPaths) Path(id string) string {
+	if p.match != nil {
+		vars := p.match.variables()
+		vars[idVariable] = id
+		return p.match.Resource.Item.expand(vars)
+	}
+	return p.prefix + url.PathEscape(id) + p.suffix
 }
 
 // Path returns the escaped request path that was matched.

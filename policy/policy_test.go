@@ -299,3 +299,27 @@ func BenchmarkLookup(b *testing.B) {
 		p.Lookup("/api/users/42/posts/7")
 	}
 }
+
+// ItemPaths builds the same paths as ItemPath, whatever the collection's
+// variables hold, a value spelled like its internal mark included.
+func TestItemPaths(t *testing.T) {
+	p, err := New([]ResourceSpec{{
+		Path: "/u/{user}/posts", CollectionMethods: []string{"GET"}, ItemMethods: []string{"GET"},
+		ItemPath: "/u/{user}/posts/{id}/full", Settings: Defaults(),
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{"/u/ada/posts", "/u/a%20b/posts", "/u/%00id%00/posts", "/u/x%2Fy/posts/"} {
+		m, ok := p.Lookup(path)
+		if !ok {
+			t.Fatalf("%s: no match", path)
+		}
+		paths := m.ItemPaths()
+		for _, id := range []string{"1", "a b", "%00id%00", "é"} {
+			if got, want := paths.Path(id), m.ItemPath(id); got != want {
+				t.Errorf("%s id %q: %q, want %q", path, id, got, want)
+			}
+		}
+	}
+}
