@@ -121,7 +121,8 @@ func readmeSession(t *testing.T, path string) []step {
 // in place of localhost:8080 (the Host header stays localhost:8080, so
 // absolute Location headers read as in the README).
 func (s step) request(t *testing.T, gateway string) *http.Request {
-	args := shellWords(t, s.command)
+	command, _ := s.piped()
+	args := shellWords(t, command)
 	if len(args) == 0 || args[0] != "curl" {
 		t.Fatalf("README console blocks hold only curl commands, not %q", s.command)
 	}
@@ -205,6 +206,21 @@ func (s step) check(t *testing.T, resp *http.Response, body []byte) {
 		}
 		return
 	}
+	if _, jq := s.piped(); jq {
+		// What jq prints, byte for byte: the README shows what a reader
+		// sees.
+		var pretty bytes.Buffer
+		if err := json.Indent(&pretty, body, "", "  "); err != nil {
+			t.Fatalf("the command pipes through jq, but the body is not JSON: %v\n%s", err, body)
+		}
+		if got := strings.TrimSpace(pretty.String()); got != want {
+			t.Errorf("jq would print\n%s\nthe README shows\n%s", got, want)
+		}
+		return
+	}
+	if strings.HasPrefix(want, "{\n") || strings.HasPrefix(want, "[\n") {
+		t.Errorf("the README shows indented JSON, which curl does not print: pipe the command through jq")
+	}
 	var gotJSON, wantJSON any
 	if err := decode([]byte(want), &wantJSON); err != nil {
 		if got := strings.TrimSpace(string(body)); got != want {
@@ -215,6 +231,13 @@ func (s step) check(t *testing.T, resp *http.Response, body []byte) {
 	if err := decode(body, &gotJSON); err != nil || !reflect.DeepEqual(gotJSON, wantJSON) {
 		t.Errorf("body\n%s\nthe README shows\n%s", body, want)
 	}
+}
+
+// piped returns the step's curl command without a trailing "| jq", and
+// whether it had one.
+func (s step) piped() (string, bool) {
+	command, found := strings.CutSuffix(strings.TrimSpace(s.command), "| jq")
+	return strings.TrimSpace(command), found
 }
 
 func decode(b []byte, v any) error {
