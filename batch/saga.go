@@ -89,8 +89,8 @@ type itemState struct {
 	// "body" or "element"; only an element's id can be wrong about
 	// where the upstream put the item.
 	createdFrom string
-	undo     *Undo           // how to undo the write, computed when it was answered
-	noUndo   string          // why the write cannot be undone, when undo is nil
+	undo        *Undo  // how to undo the write, computed when it was answered
+	noUndo      string // why the write cannot be undone, when undo is nil
 }
 
 func newSaga(p *Plan, rt Runtime, backoff func(int) time.Duration) *saga {

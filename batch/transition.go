@@ -22,7 +22,7 @@ type Journal interface {
 // NoJournal records nothing: a saga that dies with its process is lost.
 type NoJournal struct{}
 
-func (NoJournal) Begin(context.Context, *Plan) error        { return nil }
+func (NoJournal) Begin(context.Context, *Plan) error       { return nil }
 func (NoJournal) Record(context.Context, Transition) error { return nil }
 func (NoJournal) End(context.Context, *Result)             {}
 
