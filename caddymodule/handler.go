@@ -45,6 +45,7 @@ type Handler struct {
 	policy *policy.Policy
 	logger *zap.Logger
 	locks  *batch.LocalLocks
+	slots  *pooledSlots
 }
 
 // Resource is one collection of the legacy API and its items.
@@ -96,6 +97,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.provisionLocks(); err != nil {
 		return fmt.Errorf("batch: %w", err)
 	}
+	h.slots = h.provisionSlots()
 	return nil
 }
 
@@ -231,7 +233,7 @@ func (h *Handler) serveBatch(w http.ResponseWriter, r *http.Request, m policy.Ma
 		return prob.Write(w)
 	}
 	send := newSubrequests(r, next, m.Resource.Settings.MaxBodySize)
-	result := batch.Run(r.Context(), plan, batch.Runtime{Send: send, Locks: h.locks})
+	result := batch.Run(r.Context(), plan, batch.Runtime{Send: send, Locks: h.locks, Slots: h.slots})
 	setOutcome(repl, len(plan.Items), string(result.Outcome))
 	h.log(plan, result, time.Since(start))
 	return result.Write(w)

@@ -44,11 +44,16 @@ func (h *Handler) provisionLocks() error {
 
 // Cleanup lets go of the handler's share of what the pools keep.
 func (h *Handler) Cleanup() error {
+	var errs []error
 	if h.locks != nil {
 		_, err := pools.Delete(localLocksKey)
-		return err
+		errs = append(errs, err)
 	}
-	return nil
+	if h.slots != nil {
+		_, err := pools.Delete(h.slots.key)
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }
 
 // isWrite reports whether a single-item request changes the item, and so

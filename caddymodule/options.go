@@ -101,8 +101,13 @@ type Options struct {
 	MaxResponseSize int64 `json:"max_response_size,omitempty"`
 
 	// How many sub-requests of all the batches of this handler may be in
-	// flight at once; batches wait, in turn, for a free slot. Only the
-	// handler's value counts. Default: 32.
+	// flight at once; batches wait, in turn, for a free slot (the wait
+	// counts against batch_timeout), and compensations go before every
+	// batch that waits. Only the handler's value counts: a resource's own
+	// is ignored. The slots are kept across config reloads that leave
+	// this value and the resources' paths as they were. Size it with
+	// reverse_proxy's keepalive_idle_conns_per_host (32 by default), so
+	// that batches reuse kept-alive connections. Default: 32.
 	MaxInFlight int `json:"max_in_flight,omitempty"`
 }
 

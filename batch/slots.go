@@ -1,0 +1,144 @@
+package batch
+
+import (
+	"container/list"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+)
+
+// ErrNoSlot is the error of a sub-request that waited for a slot of
+// max_in_flight until its context was done.
+var ErrNoSlot = errors.New("no slot of max_in_flight came free")
+
+// FIFOSlots are Slots for one process: a counting semaphore whose
+// waiters are served strictly in turn, urgent ones (compensations)
+// first. A slot that is freed while someone waits goes straight to the
+// first waiter, so a newcomer never takes it ahead of the queue: under
+// a storm of batches every batch keeps its place, and an undo waits for
+// one sub-request to finish, not for the batches queued before it.
+//
+// The zero value has no slots; use NewFIFOSlots.
+type FIFOSlots struct {
+	n int
+
+	mu       sync.Mutex
+	inFlight int       // slots held, including ones handed to a waiter that has not woken yet
+	urgent   list.List // of *slotWaiter, in arrival order
+	normal   list.List // of *slotWaiter, in arrival order
+}
+
+// slotWaiter is one Acquire waiting for a slot. granted is set, under
+// FIFOSlots.mu, when a releaser hands it a slot, and ready is closed
+// right after.
+type slotWaiter struct {
+	ready   chan struct{}
+	granted bool
+	queue   *list.List
+	elem    *list.Element
+}
+
+// NewFIFOSlots returns n slots. It panics when n < 1: configuration
+// refuses a max_in_flight below one, so such a value is a bug.
+func NewFIFOSlots(n int) *FIFOSlots {
+	if n < 1 {
+		panic(fmt.Sprintf("batch: NewFIFOSlots(%d): the number of slots must be at least 1", n))
+	}
+	return &FIFOSlots{n: n}
+}
+
+// Cap returns the number of slots.
+func (s *FIFOSlots) Cap() int { return s.n }
+
+// InFlight returns how many slots are held now.
+func (s *FIFOSlots) InFlight() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.inFlight
+}
+
+// Waiting returns how many Acquire calls are waiting for a slot now.
+func (s *FIFOSlots) Waiting() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.urgent.Len() + s.normal.Len()
+}
+
+// Acquire waits for a slot until ctx is done (see Slots). The release
+// it returns may be called more than once; only the first call frees
+// the slot. A ctx that is done, on entry or while waiting, gets an
+// error wrapping ErrNoSlot and ctx's cause, and no slot: one handed
+// over just as ctx ended goes on to the next waiter, so that nothing
+// starts after the batch's deadline and no slot is lost.
+func (s *FIFOSlots) Acquire(ctx context.Context, urgent bool) (func(), error) {
+	if ctx.Err() != nil {
+		return nil, noSlot(ctx)
+	}
+	s.mu.Lock()
+	// A slot is only ever free while nobody waits (free hands a freed
+	// slot to the first waiter), so taking a free one passes no one.
+	if s.inFlight < s.n {
+		s.inFlight++
+		s.mu.Unlock()
+		return s.releaser(), nil
+	}
+	w := &slotWaiter{ready: make(chan struct{}), queue: &s.normal}
+	if urgent {
+		w.queue = &s.urgent
+	}
+	w.elem = w.queue.PushBack(w)
+	s.mu.Unlock()
+
+	select {
+	case <-w.ready:
+	case <-ctx.Done():
+	}
+	if ctx.Err() == nil {
+		return s.releaser(), nil
+	}
+	s.mu.Lock()
+	if w.granted {
+		s.free()
+	} else {
+		w.queue.Remove(w.elem)
+	}
+	s.mu.Unlock()
+	return nil, noSlot(ctx)
+}
+
+func noSlot(ctx context.Context) error {
+	return fmt.Errorf("%w: %w", ErrNoSlot, context.Cause(ctx))
+}
+
+// releaser returns the idempotent release of one held slot.
+func (s *FIFOSlots) releaser() func() {
+	var done atomic.Bool
+	return func() {
+		if !done.CompareAndSwap(false, true) {
+			return
+		}
+		s.mu.Lock()
+		s.free()
+		s.mu.Unlock()
+	}
+}
+
+// free lets go of one held slot, handing it to the first urgent waiter,
+// else the first waiter, else making it free. s.mu is held.
+func (s *FIFOSlots) free() {
+	q := &s.urgent
+	if q.Len() == 0 {
+		q = &s.normal
+	}
+	if e := q.Front(); e != nil {
+		w := q.Remove(e).(*slotWaiter)
+		w.granted = true
+		close(w.ready)
+		return // the slot changes hands; inFlight stays as it is
+	}
+	s.inFlight--
+}
+
+var _ Slots = (*FIFOSlots)(nil)
