@@ -10,12 +10,10 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/policy"
@@ -46,6 +44,8 @@ type Handler struct {
 	logger *zap.Logger
 	locks  *batch.LocalLocks
 	slots  *pooledSlots
+	// untrackSlots stops the metrics counting the slots, at Cleanup.
+	untrackSlots func()
 }
 
 // Resource is one collection of the legacy API and its items.
@@ -98,6 +98,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("batch: %w", err)
 	}
 	h.slots = h.provisionSlots()
+	h.untrackSlots = metrics.slots.track(h.slots)
+	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return fmt.Errorf("batch: registering metrics: %w", err)
+	}
 	return nil
 }
 
@@ -213,29 +217,20 @@ func serveDeclarativeDelete(w http.ResponseWriter, r *http.Request, next caddyht
 }
 
 func (h *Handler) serveBatch(w http.ResponseWriter, r *http.Request, m policy.Match, op policy.Op, next caddyhttp.Handler) error {
-	start := time.Now()
-	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	if repl != nil {
-		repl.Set("http.batch.op", op.String())
-	}
+	obs := h.observe(r, m, op)
 	if !m.Resource.BatchEnabled(op) {
-		setOutcome(repl, 0, "rejected")
-		return refuseMethod(w, m, fmt.Sprintf("batch %s is not enabled for %s", op, m.Resource.Collection))
+		detail := fmt.Sprintf("batch %s is not enabled for %s", op, m.Resource.Collection)
+		obs.rejected(http.StatusMethodNotAllowed, detail)
+		return refuseMethod(w, m, detail)
 	}
 	plan, prob := batch.Parse(r, m, op)
 	if prob != nil {
-		setOutcome(repl, 0, "rejected")
-		h.logger.Debug("batch rejected",
-			zap.String("op", op.String()),
-			zap.String("resource", m.Resource.Collection.String()),
-			zap.Int("status", prob.Status),
-			zap.String("detail", prob.Detail))
+		obs.rejected(prob.Status, prob.Detail)
 		return prob.Write(w)
 	}
-	send := newSubrequests(r, next, m.Resource.Settings.MaxBodySize)
-	result := batch.Run(r.Context(), plan, batch.Runtime{Send: send, Locks: h.locks, Slots: h.slots})
-	setOutcome(repl, len(plan.Items), string(result.Outcome))
-	h.log(plan, result, time.Since(start))
+	send := newSubrequests(r, obs.chain(next), m.Resource.Settings.MaxBodySize)
+	result := batch.Run(r.Context(), plan, batch.Runtime{Send: send, Locks: obs.locks(h.locks), Slots: h.slots})
+	obs.finished(plan, result)
 	return result.Write(w)
 }
 
@@ -246,39 +241,6 @@ func setOutcome(repl *caddy.Replacer, items int, outcome string) {
 	}
 	repl.Set("http.batch.items", strconv.Itoa(items))
 	repl.Set("http.batch.outcome", outcome)
-}
-
-// log writes the batch's one log line: ERROR when the rollback left
-// items behind, naming them, and INFO otherwise.
-func (h *Handler) log(plan *batch.Plan, res *batch.Result, took time.Duration) {
-	level, msg := zapcore.InfoLevel, "batch"
-	if res.Outcome == batch.RollbackFailed {
-		level, msg = zapcore.ErrorLevel, "batch rollback failed: items left behind"
-	}
-	ce := h.logger.Check(level, msg)
-	if ce == nil {
-		return
-	}
-	fields := []zap.Field{
-		zap.String("op", plan.Op.String()),
-		zap.String("resource", plan.Match.Resource.Collection.String()),
-		zap.Int("items", len(plan.Items)),
-		zap.String("atomicity", res.Atomicity.String()),
-		zap.String("outcome", string(res.Outcome)),
-		zap.Int("status", res.Status),
-		zap.Duration("duration", took),
-		zap.Int("compensations", res.Compensations),
-	}
-	if res.Detail != "" {
-		fields = append(fields, zap.String("detail", res.Detail))
-	}
-	if len(res.LeftBehind) > 0 {
-		fields = append(fields, zap.Strings("left_behind", res.LeftBehind))
-	}
-	if len(res.Errors) > 0 {
-		fields = append(fields, zap.Strings("errors", res.Errors))
-	}
-	ce.Write(fields...)
 }
 
 // Interface guards

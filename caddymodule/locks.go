@@ -50,6 +50,7 @@ func (h *Handler) Cleanup() error {
 		errs = append(errs, err)
 	}
 	if h.slots != nil {
+		h.untrackSlots()
 		_, err := pools.Delete(h.slots.key)
 		errs = append(errs, err)
 	}
@@ -68,7 +69,7 @@ func isWrite(method string) bool {
 func (h *Handler) serveLockedWrite(w http.ResponseWriter, r *http.Request, m policy.Match, serve func() error) error {
 	key := m.ItemKey()
 	ctx, cancel := context.WithTimeout(r.Context(), m.Resource.Settings.ItemTimeout)
-	unlock, err := h.locks.Lock(ctx, key)
+	unlock, err := observeLocks(h.locks, r, m, lockBySingle).Lock(ctx, key)
 	cancel()
 	if err != nil {
 		if r.Context().Err() != nil {

@@ -1,0 +1,262 @@
+package caddymodule
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/policy"
+)
+
+// The module's Prometheus metrics, named and labelled as Caddy's own
+// (caddy_http_...). A label never holds an id, a key or a concrete path:
+// "resource" is the resource's template as configured
+// ("/api/users/{user}/posts"), so the number of series is bounded by the
+// configuration, never by what clients send.
+//
+// Every collector is made once per process and registered on each
+// config's registry as the config is provisioned. Caddy gives every
+// config a new registry: collectors made per config would restart at
+// zero on each reload, and collectors registered only on the first
+// registry would vanish from the scrape after it (caddy-ratelimit's
+// counters stuck at 0 after a reload were that bug).
+var metrics = newBatchMetrics()
+
+type batchMetrics struct {
+	batches       *prometheus.CounterVec
+	items         *prometheus.CounterVec
+	duration      *prometheus.HistogramVec
+	itemsPerBatch *prometheus.HistogramVec
+	compensations *prometheus.CounterVec
+	lockWait      *prometheus.HistogramVec
+	lockConflicts *prometheus.CounterVec
+	slots         *slotGauges
+}
+
+// Label values of the outcome label besides the engine's outcomes, and
+// of the request label of the lock metrics.
+const (
+	outcomeRejected = "rejected" // refused before anything was sent (SPEC section 5)
+	lockByBatch     = "batch"
+	lockBySingle    = "single"
+)
+
+func newBatchMetrics() *batchMetrics {
+	const ns, sub = "caddy", "http_batch"
+	// From a lock taken at once to batch_timeout and beyond: a failed
+	// batch answers after its undos too.
+	durationBuckets := []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+	labels := func(more ...string) []string { return append([]string{"server", "resource", "operation"}, more...) }
+	return &batchMetrics{
+		batches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub,
+			Name: "requests_total",
+			Help: `Batch requests, by outcome: a batch outcome, or "rejected" for a batch refused before anything was sent.`,
+		}, labels("atomicity", "outcome")),
+		items: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub,
+			Name: "items_total",
+			Help: "Items of batch requests, by item outcome.",
+		}, labels("outcome")),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Subsystem: sub,
+			Name:    "request_duration_seconds",
+			Help:    "Time from a batch's arrival to its answer, undos included, of batches that were run.",
+			Buckets: durationBuckets,
+		}, labels("outcome")),
+		itemsPerBatch: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Subsystem: sub,
+			Name:    "items_per_request",
+			Help:    "Items per batch request, of batches that were run.",
+			Buckets: []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000},
+		}, labels()),
+		compensations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub,
+			Name: "compensations_total",
+			Help: "Items of all-or-nothing batches that had to be undone, by result: rolled_back, or rollback_failed (left as the batch made them).",
+		}, labels("result")),
+		lockWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Subsystem: sub,
+			Name:    "lock_wait_seconds",
+			Help:    "Time taken to get an item lock, or to give up on it, by the request that wanted it: a batch, or a single-item write.",
+			Buckets: durationBuckets,
+		}, []string{"server", "resource", "request"}),
+		lockConflicts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub,
+			Name: "lock_conflicts_total",
+			Help: "Item locks given up on because another write through the gateway held the item until the wait's timeout (answered 409), by the request that gave up.",
+		}, []string{"server", "resource", "request"}),
+		slots: newSlotGauges(ns, sub),
+	}
+}
+
+func (m *batchMetrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.batches, m.items, m.duration, m.itemsPerBatch, m.compensations, m.lockWait, m.lockConflicts, m.slots}
+}
+
+// registerMetrics registers the module's collectors on a config's
+// registry. Every batch handler of the config does so; the second finds
+// them there already.
+func registerMetrics(reg prometheus.Registerer) error {
+	if reg == nil {
+		return nil
+	}
+	for _, c := range metrics.collectors() {
+		if err := reg.Register(c); err != nil {
+			var already prometheus.AlreadyRegisteredError
+			if !errors.As(err, &already) {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// serverName is the name of the Caddy server r came in on: Caddy's own
+// metrics' "server" label.
+func serverName(r *http.Request) string {
+	if s, ok := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok {
+		return s.Name()
+	}
+	return ""
+}
+
+// batchLabels are the labels every batch metric starts with.
+type batchLabels struct {
+	server, resource, operation string
+}
+
+func (l batchLabels) values(more ...string) []string {
+	return append([]string{l.server, l.resource, l.operation}, more...)
+}
+
+// rejected counts a batch refused before anything was sent.
+func (m *batchMetrics) rejected(l batchLabels, atomicity policy.Atomicity) {
+	m.batches.WithLabelValues(l.values(atomicity.String(), outcomeRejected)...).Inc()
+}
+
+// finished counts a batch that was run, and its items.
+func (m *batchMetrics) finished(l batchLabels, res *batch.Result, took time.Duration) {
+	m.batches.WithLabelValues(l.values(res.Atomicity.String(), string(res.Outcome))...).Inc()
+	m.duration.WithLabelValues(l.values(string(res.Outcome))...).Observe(took.Seconds())
+	m.itemsPerBatch.WithLabelValues(l.values()...).Observe(float64(len(res.Items)))
+	counts := map[batch.Outcome]int{}
+	var rolledBack, left int
+	for _, it := range res.Items {
+		counts[it.Outcome]++
+		switch {
+		case it.Outcome == batch.RolledBack:
+			rolledBack++
+		case res.Atomicity == policy.AllOrNothing && (it.Outcome == batch.RollbackFailed || it.Outcome == batch.Unknown):
+			// As the report counts them: an unknown write that could not
+			// be resolved is left behind too.
+			left++
+		}
+	}
+	for outcome, n := range counts {
+		m.items.WithLabelValues(l.values(string(outcome))...).Add(float64(n))
+	}
+	if rolledBack > 0 {
+		m.compensations.WithLabelValues(l.values(string(batch.RolledBack))...).Add(float64(rolledBack))
+	}
+	if left > 0 {
+		m.compensations.WithLabelValues(l.values(string(batch.RollbackFailed))...).Add(float64(left))
+	}
+}
+
+// observedLocks measures the waits for item locks, and counts the ones
+// given up on, whichever request (a saga, a partial batch's write, a
+// single write) wanted them: the engine takes its locks through this
+// Locker, so what it does with them need not be known here.
+type observedLocks struct {
+	batch.Locker
+	labels []string // server, resource, request
+}
+
+// observeLocks wraps l for one request; l may be nil (no locks).
+func observeLocks(l batch.Locker, r *http.Request, m policy.Match, request string) batch.Locker {
+	if l == nil {
+		return nil
+	}
+	return observedLocks{l, []string{serverName(r), m.Resource.Collection.String(), request}}
+}
+
+func (l observedLocks) Lock(ctx context.Context, key string) (func(), error) {
+	start := time.Now()
+	unlock, err := l.Locker.Lock(ctx, key)
+	metrics.lockWait.WithLabelValues(l.labels...).Observe(time.Since(start).Seconds())
+	// A wait cut short by the client going away is no conflict.
+	if err != nil && errors.Is(err, batch.ErrLocked) && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		metrics.lockConflicts.WithLabelValues(l.labels...).Inc()
+	}
+	return unlock, err
+}
+
+// slotCounter is what the gauges of sub-requests in flight and waiting
+// read from a handler's max_in_flight slots (batch.FIFOSlots).
+type slotCounter interface {
+	InFlight() int
+	Waiting() int
+}
+
+// slotGauges reports the sub-requests in flight and waiting for a slot,
+// summed over the slots of every handler in the process. Handlers of
+// consecutive configs share their slots (max_in_flight holds across a
+// reload), so each set of slots is counted once however many handlers
+// track it.
+type slotGauges struct {
+	inFlight, waiting *prometheus.Desc
+
+	mu      sync.Mutex
+	tracked map[slotCounter]int // how many handlers track each
+}
+
+func newSlotGauges(ns, sub string) *slotGauges {
+	return &slotGauges{
+		inFlight: prometheus.NewDesc(prometheus.BuildFQName(ns, sub, "subrequests_in_flight"),
+			"Sub-requests of batches holding a slot of max_in_flight.", nil, nil),
+		waiting: prometheus.NewDesc(prometheus.BuildFQName(ns, sub, "subrequests_waiting"),
+			"Sub-requests of batches waiting for a slot of max_in_flight.", nil, nil),
+		tracked: map[slotCounter]int{},
+	}
+}
+
+// track adds sc to the gauges until the returned function is called.
+func (g *slotGauges) track(sc slotCounter) (untrack func()) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.tracked[sc]++
+	return sync.OnceFunc(func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if g.tracked[sc]--; g.tracked[sc] == 0 {
+			delete(g.tracked, sc)
+		}
+	})
+}
+
+func (g *slotGauges) Describe(ch chan<- *prometheus.Desc) {
+	ch <- g.inFlight
+	ch <- g.waiting
+}
+
+func (g *slotGauges) Collect(ch chan<- prometheus.Metric) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.tracked) == 0 {
+		return // no handler bounds its sub-requests: a 0 would be a lie
+	}
+	var inFlight, waiting int
+	for sc := range g.tracked {
+		inFlight += sc.InFlight()
+		waiting += sc.Waiting()
+	}
+	ch <- prometheus.MustNewConstMetric(g.inFlight, prometheus.GaugeValue, float64(inFlight))
+	ch <- prometheus.MustNewConstMetric(g.waiting, prometheus.GaugeValue, float64(waiting))
+}

@@ -1,0 +1,188 @@
+package caddymodule
+
+import (
+	"errors"
+	"net"
+	"net/http"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/policy"
+)
+
+// observation is what the gateway records of one batch request (SPEC
+// section 7): the placeholders for access logs, the batch's one log line,
+// and its metrics.
+type observation struct {
+	logger *zap.Logger
+	start  time.Time
+	repl   *caddy.Replacer
+	r      *http.Request
+	m      policy.Match
+	op     policy.Op
+	labels batchLabels
+	// request identifies the batch request in its log line as Caddy's
+	// access log does, so that the two can be joined on uuid.
+	request []zap.Field
+
+	// What the sub-requests got from the handler chain; see watchedChain.
+	answered, unreached atomic.Int32
+}
+
+// observe starts the observation of a batch request. It runs on the
+// client's goroutine before the fan-out: it makes the request's UUID,
+// which writes to the request's vars and log fields.
+func (h *Handler) observe(r *http.Request, m policy.Match, op policy.Op) *observation {
+	o := &observation{
+		logger: h.logger,
+		start:  time.Now(),
+		r:      r,
+		m:      m,
+		op:     op,
+		labels: batchLabels{serverName(r), m.Resource.Collection.String(), op.String()},
+	}
+	o.repl, _ = r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if o.repl != nil {
+		o.repl.Set("http.batch.op", op.String())
+		if id, ok := o.repl.GetString("http.request.uuid"); ok {
+			o.request = append(o.request, zap.String("uuid", id))
+		}
+	}
+	o.request = append(o.request,
+		zap.String("method", r.Method),
+		zap.String("uri", r.RequestURI),
+		zap.String("client_ip", clientIP(r)))
+	// The line's own fields are appended to these: never into them.
+	o.request = slices.Clip(o.request)
+	return o
+}
+
+// clientIP is the client's address as Caddy's access log gives it: the
+// client_ip var (the remote address, or what trusted proxies said it
+// was), else the remote address.
+func clientIP(r *http.Request) string {
+	if ip, ok := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string); ok && ip != "" {
+		return ip
+	}
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		return host
+	}
+	return r.RemoteAddr
+}
+
+// locks is the batch's item locker, measured.
+func (o *observation) locks(l batch.Locker) batch.Locker {
+	return observeLocks(l, o.r, o.m, lockByBatch)
+}
+
+// chain is the rest of the handler chain, as the batch's sub-requests go
+// through it, watched for whether the upstream could be reached.
+func (o *observation) chain(next caddyhttp.Handler) caddyhttp.Handler {
+	return watchedChain{next, o}
+}
+
+// rejected records a batch refused before anything was sent.
+func (o *observation) rejected(status int, detail string) {
+	setOutcome(o.repl, 0, outcomeRejected)
+	metrics.rejected(o.labels, o.m.Resource.Settings.Atomicity[o.op])
+	if ce := o.logger.Check(zapcore.DebugLevel, "batch rejected"); ce != nil {
+		ce.Write(append(o.request,
+			zap.String("op", o.op.String()),
+			zap.String("resource", o.labels.resource),
+			zap.String("outcome", outcomeRejected),
+			zap.Int("status", status),
+			zap.String("detail", detail))...)
+	}
+}
+
+// finished records a batch that was run.
+func (o *observation) finished(plan *batch.Plan, res *batch.Result) {
+	took := time.Since(o.start)
+	setOutcome(o.repl, len(plan.Items), string(res.Outcome))
+	metrics.finished(o.labels, res, took)
+	o.log(plan, res, took)
+}
+
+// unreachable reports that the upstream could not be reached at all: the
+// batch sent sub-requests, none got an answer, and at least one failed
+// as a request to a dead upstream does (see watchedChain).
+func (o *observation) unreachable() bool {
+	return o.unreached.Load() > 0 && o.answered.Load() == 0
+}
+
+// log writes the batch's one log line: ERROR, as Caddy logs a single
+// request's 5xx, when the rollback left items behind (naming them, why,
+// and what they were before the batch, for a repair by hand) and when the
+// upstream could not be reached at all; INFO otherwise.
+func (o *observation) log(plan *batch.Plan, res *batch.Result, took time.Duration) {
+	level, msg := zapcore.InfoLevel, "batch"
+	switch {
+	case res.Outcome == batch.RollbackFailed:
+		level, msg = zapcore.ErrorLevel, "batch rollback failed: items left behind"
+	case o.unreachable():
+		level, msg = zapcore.ErrorLevel, "batch failed: the upstream could not be reached"
+	}
+	ce := o.logger.Check(level, msg)
+	if ce == nil {
+		return
+	}
+	fields := append(o.request,
+		zap.String("op", plan.Op.String()),
+		zap.String("resource", o.labels.resource),
+		zap.Int("items", len(plan.Items)),
+		zap.String("atomicity", res.Atomicity.String()),
+		zap.String("outcome", string(res.Outcome)),
+		zap.Int("status", res.Status),
+		zap.Duration("duration", took),
+		zap.Int("compensations", res.Compensations),
+	)
+	if res.Detail != "" {
+		fields = append(fields, zap.String("detail", res.Detail))
+	}
+	if len(res.LeftBehind) > 0 {
+		fields = append(fields, zap.Strings("left_behind", res.LeftBehind))
+	}
+	if len(res.Preimages) > 0 {
+		fields = append(fields, zap.Any("preimages", res.Preimages))
+	}
+	if len(res.Errors) > 0 {
+		fields = append(fields, zap.Strings("errors", res.Errors))
+	}
+	ce.Write(fields...)
+}
+
+// watchedChain tells, for each sub-request, whether the handler chain
+// answered it. A sub-request is unreached when the chain wrote nothing
+// and returned an error that is not a client error: how reverse_proxy
+// reports an upstream it could not dial, a connection that broke before
+// the answer, or no upstream available (503), and how Caddy would log
+// the same single request at ERROR. A client error (401 from an
+// authentication handler, say) is the chain's answer; a sub-request cut
+// by its timeout or by the client leaving is neither.
+type watchedChain struct {
+	next caddyhttp.Handler
+	o    *observation
+}
+
+func (c watchedChain) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
+	err := c.next.ServeHTTP(w, r)
+	rec, ok := w.(*recorder)
+	var herr caddyhttp.HandlerError
+	switch {
+	case err == nil, ok && rec.status != 0:
+		c.o.answered.Add(1)
+	case r.Context().Err() != nil:
+	case errors.As(err, &herr) && herr.StatusCode >= 400 && herr.StatusCode < 500:
+		c.o.answered.Add(1)
+	default:
+		c.o.unreached.Add(1)
+	}
+	return err
+}
