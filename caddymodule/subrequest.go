@@ -10,7 +10,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
-	"sync/atomic"
+	"sync"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -95,10 +95,8 @@ func (s *subrequests) Send(ctx context.Context, sr *batch.SubRequest) (resp *bat
 		req.ContentLength = int64(len(sr.Body))
 		req.Body = io.NopCloser(bytes.NewReader(sr.Body))
 	}
-	var writes atomic.Int32
-	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
-		WroteRequest: func(httptrace.WroteRequestInfo) { writes.Add(1) },
-	})
+	var resends resendTrace
+	ctx = httptrace.WithClientTrace(ctx, resends.trace())
 	rec := newRecorder(s.maxBody)
 	repl := caddy.NewReplacer()
 	req = caddyhttp.PrepareRequest(req.WithContext(ctx), repl, rec, s.server)
@@ -124,9 +122,42 @@ func (s *subrequests) Send(ctx context.Context, sr *batch.SubRequest) (resp *bat
 	err = s.next.ServeHTTP(rec, req)
 	resp, err = answer(rec, err)
 	if resp != nil {
-		resp.Resent = writes.Load() > 1
+		resp.Resent = resends.resent()
 	}
 	return resp, err
+}
+
+// resendTrace tells a request that Go's transport wrote again (its first
+// copy went unanswered on a kept-alive connection that died) from the
+// other requests the handler chain makes for the same sub-request, such
+// as forward_auth's to its auth service: each of those is answered before
+// the next is written, while a resent copy follows a copy that never was.
+type resendTrace struct {
+	mu       sync.Mutex
+	awaiting bool // a request was written and no answer has begun
+	again    bool
+}
+
+func (t *resendTrace) trace() *httptrace.ClientTrace {
+	return &httptrace.ClientTrace{
+		WroteRequest: func(httptrace.WroteRequestInfo) {
+			t.mu.Lock()
+			defer t.mu.Unlock()
+			t.again = t.again || t.awaiting
+			t.awaiting = true
+		},
+		GotFirstResponseByte: func() {
+			t.mu.Lock()
+			defer t.mu.Unlock()
+			t.awaiting = false
+		},
+	}
+}
+
+func (t *resendTrace) resent() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.again
 }
 
 // answer turns what the chain did into the sub-request's answer. A
