@@ -9,7 +9,7 @@ import (
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
-// Detect tells whether r, a request to a collection, is one of the four
+// detectOp tells whether r, a request to a collection, is one of the four
 // batch operations, and which:
 //
 //   - GET or DELETE with the ids parameter (even empty: that is a bad
@@ -23,7 +23,7 @@ import (
 // It may read the start of a POST or PATCH body to decide, and then puts
 // back a body that yields the same bytes, so a request that is not a
 // batch passes through intact.
-func Detect(r *http.Request, res *policy.Resource) (policy.Op, bool, error) {
+func detectOp(r *http.Request, res *policy.Resource) (policy.Op, bool, error) {
 	switch r.Method {
 	case http.MethodGet:
 		return policy.OpGet, hasParam(r.URL.RawQuery, res.Settings.IDsParam), nil

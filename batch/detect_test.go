@@ -60,7 +60,7 @@ func TestDetect(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			r := newRequest(tt.method, tt.target, tt.body)
 			m, _ := widgets(t, tt.mods...).Lookup("/widgets")
-			op, isBatch, err := Detect(r, m.Resource)
+			op, isBatch, err := detectOp(r, m.Resource)
 			if err != nil {
 				t.Fatalf("Detect: %v", err)
 			}
@@ -87,7 +87,7 @@ func TestDetectGivesBackASlowBody(t *testing.T) {
 	body := "\n\n  " + `{"name":"` + strings.Repeat("x", 2000) + `"}`
 	r, _ := http.NewRequest("POST", "/widgets", iotest.OneByteReader(strings.NewReader(body)))
 	m, _ := widgets(t).Lookup("/widgets")
-	_, isBatch, err := Detect(r, m.Resource)
+	_, isBatch, err := detectOp(r, m.Resource)
 	if err != nil || isBatch {
 		t.Fatalf("Detect = %v, %v", isBatch, err)
 	}

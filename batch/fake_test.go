@@ -414,11 +414,11 @@ func parse(t testing.TB, r *http.Request, mods ...specMod) (*Plan, *problemView)
 	if !ok || m.Item {
 		t.Fatalf("%s %s: not the /widgets collection", r.Method, r.URL)
 	}
-	op, isBatch, err := Detect(r, m.Resource)
+	op, isBatch, err := detectOp(r, m.Resource)
 	if err != nil || !isBatch {
 		t.Fatalf("%s %s: Detect = %v, %v, %v; want a batch", r.Method, r.URL, op, isBatch, err)
 	}
-	p, prob := Parse(r, m, op)
+	p, prob := parsePlan(r, m, op)
 	if prob != nil {
 		rec := httptest.NewRecorder()
 		if err := prob.Write(rec); err != nil {

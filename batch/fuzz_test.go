@@ -85,7 +85,7 @@ func FuzzParseIDs(f *testing.F) {
 				method = http.MethodDelete
 			}
 			r := &http.Request{Method: method, URL: &url.URL{Path: "/widgets", RawQuery: rawQuery}, Header: http.Header{}}
-			_, isBatch, err := Detect(r, m.Resource)
+			_, isBatch, err := detectOp(r, m.Resource)
 			if err != nil {
 				t.Fatalf("Detect: %v", err)
 			}
@@ -95,7 +95,7 @@ func FuzzParseIDs(f *testing.F) {
 			if !isBatch { // a LIST, or a DELETE of the collection: Parse is never asked
 				continue
 			}
-			p, prob := Parse(r, m, op)
+			p, prob := parsePlan(r, m, op)
 			if prob != nil {
 				checkProblem(t, prob.Status)
 				continue
@@ -147,7 +147,7 @@ func FuzzParseBody(f *testing.F) {
 				Method: method, URL: &url.URL{Path: "/widgets"}, Header: http.Header{},
 				Body: io.NopCloser(bytes.NewReader(body)), ContentLength: int64(len(body)),
 			}
-			_, isBatch, err := Detect(r, m.Resource)
+			_, isBatch, err := detectOp(r, m.Resource)
 			if err != nil {
 				t.Fatalf("Detect: %v", err)
 			}
@@ -157,7 +157,7 @@ func FuzzParseBody(f *testing.F) {
 			if !isBatch {
 				continue
 			}
-			p, prob := Parse(r, m, op)
+			p, prob := parsePlan(r, m, op)
 			if prob != nil {
 				checkProblem(t, prob.Status)
 				continue

@@ -50,10 +50,10 @@ type Item struct {
 	first int
 }
 
-// Parse applies SPEC section 5's input rules to a batch request on the
+// parsePlan applies SPEC section 5's input rules to a batch request on the
 // collection m matched, reading the body once; it returns the plan, or the
 // problem to answer with before any sub-request is sent.
-func Parse(r *http.Request, m policy.Match, op policy.Op) (*Plan, *problem.Details) {
+func parsePlan(r *http.Request, m policy.Match, op policy.Op) (*Plan, *problem.Details) {
 	s := m.Resource.Settings
 	p := &Plan{
 		Op:             op,

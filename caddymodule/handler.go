@@ -31,6 +31,20 @@ func init() {
 // rest of the handler chain, so put it before authentication, rate
 // limits and reverse_proxy (where the Caddyfile directive is ordered):
 // every item is then authorized and limited as a single request is.
+//
+// Placeholders, set on every batch request (refused ones included) for
+// access logs:
+//
+//	{http.batch.op}       get, create, update or delete
+//	{http.batch.items}    the number of items (0 for a refused batch)
+//	{http.batch.outcome}  succeeded, partial, failed, rolled_back,
+//	                      rollback_failed, or rejected
+//
+// The gateway's own answers (OPTIONS, 405, 501, the batch answer and its
+// problems) are written by the handler, not returned as errors, so they
+// do not go through handle_errors: they are complete answers, and a
+// handle_errors route would replace a batch's envelope with an error
+// page.
 type Handler struct {
 	// The defaults of every resource's options.
 	Options
@@ -144,14 +158,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		return serve()
 	}
-	op, isBatch, err := batch.Detect(r, m.Resource)
-	if err != nil {
-		return problem.New(http.StatusBadRequest, "invalid-batch", "reading the body: "+err.Error()).Write(w)
-	}
+	op, isBatch, plan, prob := batch.Admit(r, m)
 	if !isBatch {
 		return next.ServeHTTP(w, r)
 	}
-	return h.serveBatch(w, r, m, op, next)
+	return h.serveBatch(w, r, m, op, plan, prob, next)
 }
 
 // applyMethodOverride judges a method override (a header, or the _method
@@ -216,16 +227,15 @@ func serveDeclarativeDelete(w http.ResponseWriter, r *http.Request, next caddyht
 	return nil
 }
 
-func (h *Handler) serveBatch(w http.ResponseWriter, r *http.Request, m policy.Match, op policy.Op, next caddyhttp.Handler) error {
+// serveBatch runs an admitted batch, or answers the problem that refused
+// it.
+func (h *Handler) serveBatch(w http.ResponseWriter, r *http.Request, m policy.Match, op policy.Op, plan *batch.Plan, prob *problem.Details, next caddyhttp.Handler) error {
 	obs := h.observe(r, m, op)
-	if !m.Resource.BatchEnabled(op) {
-		detail := fmt.Sprintf("batch %s is not enabled for %s", op, m.Resource.Collection)
-		obs.rejected(http.StatusMethodNotAllowed, detail)
-		return refuseMethod(w, m, detail)
-	}
-	plan, prob := batch.Parse(r, m, op)
 	if prob != nil {
 		obs.rejected(prob.Status, prob.Detail)
+		if prob.Status == http.StatusMethodNotAllowed {
+			w.Header().Set("Allow", m.Allow())
+		}
 		return prob.Write(w)
 	}
 	send := newSubrequests(r, obs.chain(next), m.Resource.Settings.MaxBodySize)

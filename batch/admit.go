@@ -1,0 +1,33 @@
+package batch
+
+import (
+	"fmt"
+	"net/http"
+
+	"github.com/caddy-batch/caddy-batch/policy"
+	"github.com/caddy-batch/caddy-batch/problem"
+)
+
+// Admit is the one front door of a batch. For a request to the collection
+// m matched, it tells whether the request is one of the four batch
+// operations and, if it is, applies every input rule of SPEC section 5
+// (the operation being on for the resource included): it returns the
+// plan, or the problem to answer with before anything is sent. A request
+// that is not a batch passes on as it came: a body read to decide is put
+// back.
+func Admit(r *http.Request, m policy.Match) (op policy.Op, isBatch bool, plan *Plan, prob *problem.Details) {
+	op, isBatch, err := detectOp(r, m.Resource)
+	switch {
+	case err != nil:
+		d := problem.New(http.StatusBadRequest, "invalid-batch", "reading the body: "+err.Error())
+		return op, true, nil, &d
+	case !isBatch:
+		return op, false, nil, nil
+	case !m.Resource.BatchEnabled(op):
+		d := problem.New(http.StatusMethodNotAllowed, "method-not-allowed",
+			fmt.Sprintf("batch %s is not enabled for %s", op, m.Resource.Collection))
+		return op, true, nil, &d
+	}
+	plan, prob = parsePlan(r, m, op)
+	return op, true, plan, prob
+}
