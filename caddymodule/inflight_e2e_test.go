@@ -164,8 +164,12 @@ func TestStorm(t *testing.T) {
 			if f.peakBatch < limit/2 {
 				t.Errorf("at most %d batch sub-requests in flight at once: the storm did not use the %d slots", f.peakBatch, limit)
 			}
-			if f.dialed != 0 {
-				t.Errorf("%d upstream connections dialed during the storm, want 0: the %d kept alive by the warm-up should serve it", f.dialed, f.warmConns)
+			// Go's transport starts a dial when no idle connection is free at
+			// the moment a request asks, even if one is put back a moment
+			// later; on a loaded machine that can happen once or twice. The
+			// storm without the bound dials hundreds.
+			if f.dialed > 2 {
+				t.Errorf("%d upstream connections dialed during the storm, want none (at most 2 racing a connection put back): the %d kept alive by the warm-up should serve it", f.dialed, f.warmConns)
 			}
 		})
 	}
