@@ -273,6 +273,9 @@ func (h *Handler) log(plan *batch.Plan, res *batch.Result, took time.Duration) {
 	if len(res.LeftBehind) > 0 {
 		fields = append(fields, zap.Strings("left_behind", res.LeftBehind))
 	}
+	if len(res.Preimages) > 0 {
+		fields = append(fields, zap.Any("preimages", res.Preimages))
+	}
 	if len(res.Errors) > 0 {
 		fields = append(fields, zap.Strings("errors", res.Errors))
 	}
