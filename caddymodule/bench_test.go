@@ -8,7 +8,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 )
@@ -69,13 +71,17 @@ http://%[2]s {
 			b.Fatalf("GET %s: %d", url, resp.StatusCode)
 		}
 	}
+	var cpuStart time.Duration
 	perItem := func(b *testing.B) {
-		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(ids)), "ns/item")
+		items := float64(b.N * len(ids))
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/items, "ns/item")
+		b.ReportMetric(float64((processCPU(b)-cpuStart).Nanoseconds())/items, "cpu-ns/item")
 	}
 
 	b.Run("path=batch", func(b *testing.B) {
 		url := "http://" + batchAddr + "/api/widgets?ids=" + strings.Join(ids, ",")
 		b.ReportAllocs()
+		cpuStart = processCPU(b)
 		for b.Loop() {
 			get(b, url)
 		}
@@ -84,6 +90,7 @@ http://%[2]s {
 	singles := func(addr string) func(b *testing.B) {
 		return func(b *testing.B) {
 			b.ReportAllocs()
+			cpuStart = processCPU(b)
 			for b.Loop() {
 				for _, id := range ids {
 					get(b, "http://"+addr+"/api/widgets/"+id)
@@ -100,6 +107,7 @@ http://%[2]s {
 	// at once as the batch does (concurrency 8).
 	b.Run("path=single-parallel8", func(b *testing.B) {
 		b.ReportAllocs()
+		cpuStart = processCPU(b)
 		for b.Loop() {
 			var wg sync.WaitGroup
 			next := make(chan string)
@@ -118,4 +126,70 @@ http://%[2]s {
 		}
 		perItem(b)
 	})
+}
+
+// processCPU is the CPU time (user and system) the test process has used:
+// client, Caddy and upstream together, since they share the process.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkGet100Latency is the client's wait for a 100-id batch GET at
+// concurrency 10 against an upstream that takes 20 ms per GET: its floor
+// is 100 / 10 × 20 ms = 200 ms, and the metric x-floor says how far above
+// it the gateway's own work puts the answer.
+//
+//	go test -run '^$' -bench Get100Latency -count 5 ./caddymodule
+func BenchmarkGet100Latency(b *testing.B) {
+	const delay, concurrency, n = 20 * time.Millisecond, 10, 100
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(delay)
+		id := r.URL.Path[strings.LastIndexByte(r.URL.Path, '/')+1:]
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"id":%s,"name":"widget %s"}`, id, id)
+	}))
+	defer upstream.Close()
+	addr := freeAddr(b)
+	loadCaddyfile(b, fmt.Sprintf(`{
+	admin off
+	auto_https off
+	persist_config off
+	log {
+		output discard
+	}
+}
+http://%[1]s {
+	batch {
+		concurrency %[3]d
+		resource /api/widgets {
+			collection GET
+			item GET
+		}
+	}
+	reverse_proxy %[2]s
+}
+`, addr, upstream.Listener.Addr(), concurrency))
+	defer caddy.Stop()
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = strconv.Itoa(i + 1)
+	}
+	url := "http://" + addr + "/api/widgets?ids=" + strings.Join(ids, ",")
+	for b.Loop() {
+		resp, err := http.Get(url)
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			b.Fatalf("%d", resp.StatusCode)
+		}
+	}
+	floor := time.Duration(n/concurrency) * delay
+	b.ReportMetric(float64(b.Elapsed())/float64(b.N)/float64(floor), "x-floor")
 }
