@@ -239,6 +239,9 @@ func (sg *saga) answered(ctx context.Context, i int, resp *SubResponse, err erro
 		default:
 			it.Outcome, st.failure = Failed, true
 		}
+		if !sg.keepBody(it, st, i) {
+			succeeded = false
+		}
 	})
 	if id := sg.items[i].ID; p.Op == policy.OpCreate && sg.isSaga() && id != "" && sg.state[i].applied {
 		sg.lockCreated(ctx, id)

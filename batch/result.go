@@ -1,6 +1,8 @@
 package batch
 
 import (
+	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -114,17 +116,11 @@ type Preimage struct {
 	Body json.RawMessage `json:"preimage"`
 }
 
-type envelope struct {
-	Atomicity string       `json:"atomicity"`
-	Outcome   Outcome      `json:"outcome"`
-	Succeeded int          `json:"succeeded"`
-	Failed    int          `json:"failed"`
-	Items     []ItemResult `json:"items"`
-}
-
 // Write answers the client: the envelope as JSON, or, for a failed
 // all-or-nothing batch, as RFC 9457 problem details with the envelope's
-// members added.
+// members added. The answer is written from the items' own bodies (see
+// writeEnvelope), never gathered into one buffer: a batch holds each
+// body once.
 func (r *Result) Write(w http.ResponseWriter) error {
 	h := w.Header()
 	if r.PreferenceApplied != "" {
@@ -144,27 +140,49 @@ func (r *Result) Write(w http.ResponseWriter) error {
 			break
 		}
 	}
-	env := envelope{
-		Atomicity: r.Atomicity.String(),
-		Outcome:   r.Outcome,
-		Succeeded: r.Succeeded,
-		Failed:    r.Failed,
-		Items:     r.Items,
+	contentType, head := "application/json", any(r.envelopeHead())
+	if r.Atomicity != policy.Partial && r.Outcome != Succeeded {
+		kind := "batch-failed"
+		switch r.Outcome {
+		case RolledBack:
+			kind = "batch-rolled-back"
+		case RollbackFailed:
+			kind = "rollback-failed"
+		}
+		contentType = problem.ContentType
+		head = struct {
+			problem.Details
+			envelopeHead
+		}{problem.New(r.Status, kind, r.Detail), r.envelopeHead()}
 	}
-	if r.Atomicity == policy.Partial || r.Outcome == Succeeded {
-		return problem.WriteJSON(w, r.Status, "application/json", env)
+	// Content-Length, not chunked: the answer is encoded twice, once only
+	// to count it, where a body costs its length and the other members a
+	// small marshal each. A client (or a proxy before it) then knows the
+	// answer's size before it comes, as with every other answer of the
+	// gateway, and an encoding error is found before the status is sent,
+	// when it can still become a 500.
+	var size byteCounter
+	if err := writeEnvelope(&size, head, r.Items); err != nil {
+		return err
 	}
-	kind := "batch-failed"
-	switch r.Outcome {
-	case RolledBack:
-		kind = "batch-rolled-back"
-	case RollbackFailed:
-		kind = "rollback-failed"
+	h.Set("Content-Type", contentType)
+	h.Set("Content-Length", strconv.FormatInt(int64(size), 10))
+	h.Set("X-Content-Type-Options", "nosniff") // as problem.WriteJSON: see there
+	w.WriteHeader(r.Status)
+	bw := answerWriters.Get().(*bufio.Writer)
+	bw.Reset(w)
+	defer func() {
+		bw.Reset(nil) // not to keep the client's writer alive in the pool
+		answerWriters.Put(bw)
+	}()
+	if err := writeEnvelope(bw, head, r.Items); err != nil {
+		return err
 	}
-	return problem.WriteJSON(w, r.Status, problem.ContentType, struct {
-		problem.Details
-		envelope
-	}{problem.New(r.Status, kind, r.Detail), env})
+	return bw.Flush()
+}
+
+func (r *Result) envelopeHead() envelopeHead {
+	return envelopeHead{Atomicity: r.Atomicity.String(), Outcome: r.Outcome, Succeeded: r.Succeeded, Failed: r.Failed}
 }
 
 // setResponse records the upstream's answer on the item.
@@ -177,7 +195,9 @@ func (it *ItemResult) setResponse(resp *SubResponse) {
 	// body is copied into the answer as it is: the answer would not be
 	// JSON any more.
 	case json.Valid(resp.Body) && utf8.Valid(resp.Body):
-		it.Body = resp.Body
+		// The answer carries the body byte for byte (writeEnvelope); the
+		// whitespace around it, insignificant in JSON, need not go too.
+		it.Body = bytes.TrimSpace(resp.Body)
 	default:
 		it.BodyText = cutText(resp.Body, bodyTextLimit)
 		if len(it.BodyText) > bodyTextLimit {

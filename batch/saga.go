@@ -14,6 +14,7 @@ import (
 	"context"
 	"encoding/json"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddy-batch/caddy-batch/policy"
@@ -75,6 +76,8 @@ type saga struct {
 	locks     *heldLocks
 	refusal   *refusal // why the batch did not start, if it did not
 	sentUndos int
+
+	answerBytes atomic.Int64 // the item bodies the answer will carry (keepBody)
 }
 
 // itemState is what the saga knows of an item beyond what the client is

@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"bytes"
 	"net/http"
+	"strconv"
 )
 
 // recorder is a sub-request's own ResponseWriter. It never wraps the
@@ -15,6 +16,7 @@ type recorder struct {
 	body     bytes.Buffer
 	limit    int
 	overflow bool
+	sized    bool // the body's buffer was sized from Content-Length, or could not be
 }
 
 func newRecorder(limit int64) *recorder {
@@ -35,12 +37,42 @@ func (r *recorder) WriteHeader(status int) {
 // error, so the handler finishes normally and the item keeps its status.
 func (r *recorder) Write(b []byte) (int, error) {
 	r.WriteHeader(http.StatusOK)
+	if !r.sized {
+		r.sized = true
+		r.size()
+	}
 	if room := r.limit - r.body.Len(); len(b) > room {
 		r.overflow = true
 		r.body.Write(b[:room])
 		return len(b), nil
 	}
 	return r.body.Write(b)
+}
+
+// size makes room for the whole body at once when the answer says how
+// long it is (reverse_proxy passes the upstream's Content-Length on): a
+// buffer grown by doubling copies a large body several times over and
+// ends up to twice its size, all of it held until the batch answers.
+// What the header claims is trusted only up to the limit; a body longer
+// than it claimed still grows as it comes.
+func (r *recorder) size() {
+	n, err := strconv.ParseInt(r.header.Get("Content-Length"), 10, 64)
+	if err == nil && n > 0 && n <= int64(r.limit) {
+		r.body.Grow(int(n))
+	}
+}
+
+// bytes returns the body kept. One that came without a Content-Length
+// grew by doubling; when much of its buffer is unused, it is copied to
+// one of its size, so that the batch holds each body once, not up to
+// twice, while the rest of its items come. A few hundred bytes unused
+// are not worth the copy.
+func (r *recorder) bytes() []byte {
+	b := r.body.Bytes()
+	if cap(b)-len(b) > max(len(b)/4, 256) {
+		return bytes.Clone(b)
+	}
+	return b
 }
 
 // Flush lets reverse_proxy flush a streamed answer; there is nowhere to

@@ -179,13 +179,13 @@ func answer(rec *recorder, err error) (*batch.SubResponse, error) {
 		}
 		return nil, err
 	}
-	resp := &batch.SubResponse{Status: rec.status, Header: rec.header, Body: rec.body.Bytes()}
+	resp := &batch.SubResponse{Status: rec.status, Header: rec.header}
 	if resp.Status == 0 {
 		resp.Status = http.StatusOK // as net/http answers a handler that wrote nothing
 	}
 	if rec.overflow {
-		resp.Body = nil
 		return resp, fmt.Errorf("%w (%d bytes)", batch.ErrBodyTooLarge, rec.limit)
 	}
+	resp.Body = rec.bytes()
 	return resp, err
 }
