@@ -93,6 +93,10 @@ func (sg *saga) cause(firstFailure int, clientCtx, batchCtx context.Context) str
 	switch {
 	case firstFailure >= 0:
 		it := &sg.items[firstFailure]
+		if is2xx(it.Status) && it.Error != "" {
+			// The upstream did what was asked; the gateway could not keep it.
+			return fmt.Sprintf("%s was answered %d, but %s", it.describe(), it.Status, it.Error)
+		}
 		if it.Error != "" {
 			return fmt.Sprintf("%s failed with %d (%s)", it.describe(), it.Status, it.Error)
 		}
