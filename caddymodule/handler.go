@@ -45,6 +45,9 @@ type Handler struct {
 	policy *policy.Policy
 	logger *zap.Logger
 	locks  *batch.LocalLocks
+	// storageLocks are set when a resource has item_locks storage.
+	storageLocks batch.Locker
+	idem         *idempotency
 }
 
 // Resource is one collection of the legacy API and its items.
@@ -93,9 +96,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("batch: %w", err)
 	}
 	h.policy = p
-	if err := h.provisionLocks(); err != nil {
+	storage := configStorage(ctx)
+	if err := h.provisionLocks(storage); err != nil {
 		return fmt.Errorf("batch: %w", err)
 	}
+	h.idem = newIdempotency(storage, h.logger)
 	return nil
 }
 
@@ -220,6 +225,7 @@ func (h *Handler) serveBatch(w http.ResponseWriter, r *http.Request, m policy.Ma
 		setOutcome(repl, 0, "rejected")
 		return refuseMethod(w, m, fmt.Sprintf("batch %s is not enabled for %s", op, m.Resource.Collection))
 	}
+	keyed := h.idem.watch(r, m, op) // before Parse reads the body, which it hashes
 	plan, prob := batch.Parse(r, m, op)
 	if prob != nil {
 		setOutcome(repl, 0, "rejected")
@@ -230,11 +236,14 @@ func (h *Handler) serveBatch(w http.ResponseWriter, r *http.Request, m policy.Ma
 			zap.String("detail", prob.Detail))
 		return prob.Write(w)
 	}
+	if done, err := keyed.claim(w, len(plan.Items)); done {
+		return err
+	}
 	send := newSubrequests(r, next, m.Resource.Settings.MaxBodySize)
-	result := batch.Run(r.Context(), plan, batch.Runtime{Send: send, Locks: h.locks})
+	result := batch.Run(r.Context(), plan, batch.Runtime{Send: send, Locks: h.lockerFor(m)})
 	setOutcome(repl, len(plan.Items), string(result.Outcome))
 	h.log(plan, result, time.Since(start))
-	return result.Write(w)
+	return keyed.write(w, result)
 }
 
 // setOutcome sets the placeholders an access log can use.
