@@ -36,12 +36,21 @@ const idemSite = `
 // startIdemGateway serves site with file_system storage in dir.
 func startIdemGateway(t *testing.T, api *legacyapi.API, dir, site string) *gateway {
 	t.Helper()
+	return startGatewayStorage(t, api, newUpstream(t, api), "storage file_system "+dir, site)
+}
+
+// newUpstream serves api on a free loopback port until the test ends,
+// and returns its host:port.
+func newUpstream(t *testing.T, api http.Handler) string {
+	t.Helper()
 	upstream := httptest.NewServer(api)
 	t.Cleanup(func() {
-		api.Close()
+		if a, ok := api.(*legacyapi.API); ok {
+			a.Close()
+		}
 		upstream.Close()
 	})
-	return startGatewayStorage(t, api, upstream.Listener.Addr().String(), "storage file_system "+dir, site)
+	return upstream.Listener.Addr().String()
 }
 
 // checkReplay checks that again is first replayed: the same status,

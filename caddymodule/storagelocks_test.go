@@ -3,7 +3,6 @@ package caddymodule
 import (
 	"context"
 	"errors"
-	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
@@ -114,12 +113,7 @@ func TestStorageLocksGateway(t *testing.T) {
 // option) and plays the other instance over other, the same storage.
 func testStorageLocksGateway(t *testing.T, storage string, other certmagic.Storage) {
 	api := legacyapi.New(legacyapi.Collection{Path: "/api/slow", WriteDelay: 700 * time.Millisecond, Seed: records("s", 1, 5)})
-	upstream := httptest.NewServer(api)
-	t.Cleanup(func() {
-		api.Close()
-		upstream.Close()
-	})
-	g := startGatewayStorage(t, api, upstream.Listener.Addr().String(), storage, `
+	g := startGatewayStorage(t, api, newUpstream(t, api), storage, `
 	batch {
 		item_locks storage
 		item_timeout 400ms
