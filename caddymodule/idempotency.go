@@ -273,8 +273,8 @@ func (k *keyedBatch) claim(w http.ResponseWriter, items int) (done bool, err err
 			return true, k.replay(w, repl, items, rec)
 		case rec.State == idemDone:
 			return refuse(problem.New(http.StatusConflict, "idempotency-answer-not-kept", fmt.Sprintf(
-				"the batch with this Idempotency-Key has finished (status %d, outcome %s), but its answer (%d bytes) was larger than max_response_size and was not kept; nothing was sent again",
-				rec.Answer.Status, rec.Outcome, rec.AnswerSize)), "")
+				"the batch with this Idempotency-Key has finished (outcome %s), but its answer (%d bytes) was larger than max_response_size and was not kept; nothing was sent again",
+				rec.Outcome, rec.AnswerSize)), "")
 		case now.Before(rec.LeaseUntil):
 			return refuse(inFlight(), "1")
 		default:

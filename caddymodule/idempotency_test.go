@@ -441,42 +441,79 @@ func TestIdempotencyRefusedBatchGivesItsKeyBack(t *testing.T) {
 	}
 }
 
-// TestIdempotencyAbandonedClaim: a claim whose owner stopped renewing it
-// (the gateway died mid-batch) is neither run again (the items' upstream
-// keys would be replayed) nor waited for: 409, without Retry-After.
-func TestIdempotencyAbandonedClaim(t *testing.T) {
+// TestIdempotencyStoredStates: what a request finds in a record left by
+// another gateway. A claim whose owner stopped renewing it (it died
+// mid-batch) is neither run again (the items' upstream keys would be
+// replayed) nor waited for: 409 without Retry-After. An answer too large
+// to keep is 409 too, and an unreadable record counts as none.
+func TestIdempotencyStoredStates(t *testing.T) {
 	api := seededAPI()
 	dir := t.TempDir()
 	g := startIdemGateway(t, api, dir, idemSite)
-	body := `[{"id": 1, "name": "a"}]`
-	// The request the dead gateway was serving, as its claim names it.
-	req := httptest.NewRequest("PATCH", "/api/widgets", strings.NewReader(body))
-	req.Header.Set("Idempotency-Key", "orphan")
-	idem := &idempotency{}
-	h := &Handler{Resources: []Resource{{Path: "/api/widgets", Collection: []string{"PATCH"}, Item: []string{"GET", "PUT", "PATCH"}}}}
-	p, err := h.buildPolicy(nil)
+	storage := &certmagic.FileStorage{Path: dir}
+	now := time.Now()
+	cases := []struct {
+		name   string
+		record func(fingerprint string) []byte
+		status int
+		kind   string
+	}{
+		{"abandoned", func(fp string) []byte {
+			return mustJSON(t, idemRecord{Version: 1, State: idemInFlight, Fingerprint: fp, Owner: "dead",
+				LeaseUntil: now.Add(-time.Second), Created: now.Add(-time.Minute), Expires: now.Add(time.Hour)})
+		}, 409, "idempotency-key-abandoned"},
+		{"answer not kept", func(fp string) []byte {
+			return mustJSON(t, idemRecord{Version: 1, State: idemDone, Fingerprint: fp, Created: now, Expires: now.Add(time.Hour),
+				Outcome: "succeeded", Answer: &idemAnswer{Status: 200}, AnswerSize: 20 << 20})
+		}, 409, "idempotency-answer-not-kept"},
+		{"unreadable", func(string) []byte { return []byte(`{"v": 99}`) }, 200, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			body := `[{"id": 1, "name": "a"}]`
+			key := "stored-" + c.name
+			// The request the other gateway served, as its record names it.
+			req := httptest.NewRequest("PATCH", "/api/widgets", strings.NewReader(body))
+			req.Header.Set("Idempotency-Key", key)
+			h := &Handler{Resources: []Resource{{Path: "/api/widgets", Collection: []string{"PATCH"}, Item: []string{"GET", "PUT", "PATCH"}}}}
+			p, err := h.buildPolicy(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, _ := p.Lookup("/api/widgets")
+			k := (&idempotency{}).watch(req, m, policy.OpUpdate)
+			if _, err := readAll(req); err != nil {
+				t.Fatal(err)
+			}
+			if err := storage.Store(context.Background(), k.key, c.record(k.fingerprint())); err != nil {
+				t.Fatal(err)
+			}
+			api.ResetLog()
+			r := g.do(t, "PATCH", "/api/widgets", body, "Idempotency-Key", key)
+			if c.kind == "" {
+				if r.Status != c.status || r.Header.Get("Idempotent-Replayed") != "" || len(writes(api.Requests())) != 1 {
+					t.Errorf("%v, want it run anew", r)
+				}
+				return
+			}
+			checkIdemProblem(t, r, c.status, c.kind)
+			if r.Header.Get("Retry-After") != "" {
+				t.Errorf("Retry-After %q on a key that will never run", r.Header.Get("Retry-After"))
+			}
+			if reqs := api.Requests(); len(reqs) > 0 {
+				t.Errorf("requests upstream:%s", describeRequests(reqs))
+			}
+		})
+	}
+}
+
+func mustJSON(t *testing.T, v any) []byte {
+	t.Helper()
+	raw, err := json.Marshal(v)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, _ := p.Lookup("/api/widgets")
-	k := idem.watch(req, m, policy.OpUpdate)
-	if _, err := readAll(req); err != nil {
-		t.Fatal(err)
-	}
-	now := time.Now()
-	rec := idemRecord{Version: 1, State: idemInFlight, Fingerprint: k.fingerprint(), Owner: "dead",
-		LeaseUntil: now.Add(-time.Second), Created: now.Add(-time.Minute), Expires: now.Add(time.Hour)}
-	if err := storeIdemRecord(context.Background(), &certmagic.FileStorage{Path: dir}, k.key, &rec); err != nil {
-		t.Fatal(err)
-	}
-	r := g.do(t, "PATCH", "/api/widgets", body, "Idempotency-Key", "orphan")
-	checkIdemProblem(t, r, 409, "idempotency-key-abandoned")
-	if r.Header.Get("Retry-After") != "" {
-		t.Errorf("Retry-After %q on a claim that will never finish", r.Header.Get("Retry-After"))
-	}
-	if reqs := api.Requests(); len(reqs) > 0 {
-		t.Errorf("requests upstream:%s", describeRequests(reqs))
-	}
+	return raw
 }
 
 func readAll(r *http.Request) ([]byte, error) {
