@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"regexp"
+	"strings"
 	"testing"
 )
 
@@ -43,8 +44,26 @@ func TestXcaddyBuildMatchesGoMod(t *testing.T) {
 	if b.CaddyVersion != string(caddy[1]) {
 		t.Errorf("xcaddy.json caddy_version %q, go.mod requires Caddy %s", b.CaddyVersion, caddy[1])
 	}
-	if len(b.Plugins) != 1 || b.Plugins[0].ModulePath != string(module[1]) || b.Plugins[0].Version == "" {
-		t.Errorf("xcaddy.json plugins %+v, want this module, %s, with a version", b.Plugins, module[1])
+	if len(b.Plugins) == 0 || b.Plugins[0].ModulePath != string(module[1]) || b.Plugins[0].Version == "" {
+		t.Errorf("xcaddy.json plugins %+v, want this module, %s, with a version, first", b.Plugins, module[1])
+	}
+	// Every other plugin is one cmd/caddy builds in: at the version go.mod
+	// requires, so that both builds are the same Caddy.
+	main, err := os.ReadFile("cmd/caddy/main.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range b.Plugins[min(1, len(b.Plugins)):] {
+		req := regexp.MustCompile(`(?m)^\s*` + regexp.QuoteMeta(p.ModulePath) + ` (v\S+)`).FindSubmatch(gomod)
+		switch {
+		case req == nil:
+			t.Errorf("xcaddy.json plugin %s is not required by go.mod", p.ModulePath)
+		case string(req[1]) != p.Version:
+			t.Errorf("xcaddy.json plugin %s %s, go.mod requires %s", p.ModulePath, p.Version, req[1])
+		}
+		if !strings.Contains(string(main), `_ "`+p.ModulePath+`"`) {
+			t.Errorf("xcaddy.json plugin %s is not built into cmd/caddy", p.ModulePath)
+		}
 	}
 	if len(b.Replacements) != 1 || b.Replacements[0].Old != string(module[1]) || b.Replacements[0].New != "." {
 		t.Errorf("xcaddy.json replacements %+v, want %s => . (this checkout)", b.Replacements, module[1])

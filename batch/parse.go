@@ -2,6 +2,7 @@ package batch
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -32,6 +33,18 @@ type Plan struct {
 	query          string // the client's query without the ids and _method parameters
 	header         http.Header
 	key            idempotencyKey
+	bodyDigest     []byte // SHA-256 of the body as the client sent it
+}
+
+// BodyDigest is the SHA-256 of the batch's body as the client sent it (of
+// nothing for a batch GET or DELETE, whose body the gateway never reads):
+// what an Idempotency-Key's fingerprint needs of the body.
+func (p *Plan) BodyDigest() []byte {
+	if p.bodyDigest == nil {
+		sum := sha256.Sum256(nil)
+		return sum[:]
+	}
+	return p.bodyDigest
 }
 
 // Item is one element of a batch.
@@ -79,7 +92,7 @@ func parsePlan(r *http.Request, m policy.Match, op policy.Op) (*Plan, *problem.D
 	default:
 		p.query = withoutParam(r.URL.RawQuery, MethodParam)
 		var elems []json.RawMessage
-		elems, prob = readElements(r, s)
+		elems, p.bodyDigest, prob = readElements(r, s)
 		if prob == nil {
 			p.Items, prob = itemsFromElements(elems, op, s.IDField)
 		}
@@ -227,24 +240,26 @@ func badDecodedID(id string) string {
 	return ""
 }
 
-func readElements(r *http.Request, s policy.Settings) ([]json.RawMessage, *problem.Details) {
+// readElements reads the batch body once and returns its elements and its
+// SHA-256.
+func readElements(r *http.Request, s policy.Settings) ([]json.RawMessage, []byte, *problem.Details) {
 	tooLarge := func() *problem.Details {
 		d := problem.New(http.StatusRequestEntityTooLarge, "body-too-large",
 			fmt.Sprintf("the body is larger than max_body_size (%d bytes)", s.MaxBodySize))
 		return &d
 	}
 	if r.ContentLength > s.MaxBodySize {
-		return nil, tooLarge()
+		return nil, nil, tooLarge()
 	}
 	if ct := r.Header.Get("Content-Type"); ct != "" && !isJSON(ct) {
 		d := problem.New(http.StatusUnsupportedMediaType, "unsupported-media-type",
 			fmt.Sprintf("a batch body must be JSON (application/json), not %q", ct))
-		return nil, &d
+		return nil, nil, &d
 	}
 	if ce := r.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
 		d := problem.New(http.StatusUnsupportedMediaType, "unsupported-media-type",
 			fmt.Sprintf("a batch body must not be encoded (Content-Encoding %q)", ce))
-		return nil, &d
+		return nil, nil, &d
 	}
 	var body []byte
 	if r.Body != nil {
@@ -253,32 +268,33 @@ func readElements(r *http.Request, s policy.Settings) ([]json.RawMessage, *probl
 		var tooBig *http.MaxBytesError
 		switch {
 		case errors.As(err, &tooBig):
-			return nil, tooLarge()
+			return nil, nil, tooLarge()
 		case err != nil:
-			return nil, invalid("reading the body: %v", err)
+			return nil, nil, invalid("reading the body: %v", err)
 		}
 	}
 	if int64(len(body)) > s.MaxBodySize {
-		return nil, tooLarge()
+		return nil, nil, tooLarge()
 	}
 	trimmed := bytes.TrimLeft(body, " \t\r\n")
 	if len(trimmed) == 0 || trimmed[0] != '[' {
 		if !json.Valid(body) {
-			return nil, invalid("the body is not valid JSON; a batch body is a JSON array of objects")
+			return nil, nil, invalid("the body is not valid JSON; a batch body is a JSON array of objects")
 		}
-		return nil, invalid("the body is a JSON %s; a batch body is a JSON array of objects", jsonKind(trimmed))
+		return nil, nil, invalid("the body is a JSON %s; a batch body is a JSON array of objects", jsonKind(trimmed))
 	}
 	var elems []json.RawMessage
 	if err := json.Unmarshal(body, &elems); err != nil {
-		return nil, invalid("the body is not valid JSON: %v", err)
+		return nil, nil, invalid("the body is not valid JSON: %v", err)
 	}
 	switch {
 	case len(elems) == 0:
-		return nil, invalid("the batch is empty: send one or more items")
+		return nil, nil, invalid("the batch is empty: send one or more items")
 	case len(elems) > s.MaxItems:
-		return nil, tooMany(len(elems), s)
+		return nil, nil, tooMany(len(elems), s)
 	}
-	return elems, nil
+	digest := sha256.Sum256(body)
+	return elems, digest[:], nil
 }
 
 func isJSON(contentType string) bool {

@@ -54,6 +54,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    compensation_timeout <duration>
 //	    idempotent_upstream  [on|off]
 //	    item_locks           local|storage
+//	    idempotency_ttl      <duration>
 //
 //	    resource <collection path template> {
 //	        collection <METHOD...>
@@ -266,6 +267,7 @@ var optionExamples = []struct{ name, example string }{
 	{"compensation_timeout", "compensation_timeout 30s"},
 	{"idempotent_upstream", "idempotent_upstream"},
 	{"item_locks", "item_locks local"},
+	{"idempotency_ttl", "idempotency_ttl 24h"},
 }
 
 func optionExample(name string) string {
@@ -418,6 +420,8 @@ func (o *Options) unmarshalOption(d *caddyfile.Dispenser, seen map[string]caddyf
 		return duration(&o.BatchTimeout)
 	case "compensation_timeout":
 		return duration(&o.CompensationTimeout)
+	case "idempotency_ttl":
+		return duration(&o.IdempotencyTTL)
 	case "ids_param":
 		return text(&o.IDsParam)
 	case "id_field":

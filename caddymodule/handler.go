@@ -60,6 +60,9 @@ type Handler struct {
 	slots  *pooledSlots
 	// untrackSlots stops the metrics counting the slots, at Cleanup.
 	untrackSlots func()
+	// storageLocks are set when a resource has item_locks storage.
+	storageLocks batch.Locker
+	idem         *idempotency
 }
 
 // Resource is one collection of the legacy API and its items.
@@ -108,7 +111,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("batch: %w", err)
 	}
 	h.policy = p
-	if err := h.provisionLocks(); err != nil {
+	storage := configStorage(ctx)
+	if err := h.provisionLocks(storage); err != nil {
 		return fmt.Errorf("batch: %w", err)
 	}
 	h.slots = h.provisionSlots()
@@ -116,6 +120,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("batch: registering metrics: %w", err)
 	}
+	h.idem = newIdempotency(storage, h.logger)
 	return nil
 }
 
@@ -238,10 +243,14 @@ func (h *Handler) serveBatch(w http.ResponseWriter, r *http.Request, m policy.Ma
 		}
 		return prob.Write(w)
 	}
+	keyed := h.idem.watch(r, m, op, plan.BodyDigest())
+	if done, err := keyed.claim(w, len(plan.Items)); done {
+		return err
+	}
 	send := newSubrequests(r, obs.chain(next), m.Resource.Settings.MaxBodySize)
-	result := batch.Run(r.Context(), plan, batch.Runtime{Send: send, Locks: obs.locks(h.locks), Slots: h.slots})
+	result := batch.Run(r.Context(), plan, batch.Runtime{Send: send, Locks: obs.locks(h.lockerFor(m)), Slots: h.slots})
 	obs.finished(plan, result)
-	return result.Write(w)
+	return keyed.write(w, result)
 }
 
 // setOutcome sets the placeholders an access log can use.

@@ -48,6 +48,9 @@ type gateway struct {
 	client *http.Client
 
 	addr, upstream string // host:port of the site and of the fake API
+	// storage is the storage global option: a test's own folder unless a
+	// test shares one, so that no record outlives the test.
+	storage string
 }
 
 // startGateway serves the site body (Caddyfile directives, with UPSTREAM
@@ -66,7 +69,14 @@ func startGateway(t testing.TB, api *legacyapi.API, site string) *gateway {
 // upstream (host:port), e.g. to take it down and bring it back.
 func startGatewayTo(t testing.TB, api *legacyapi.API, upstream, site string) *gateway {
 	t.Helper()
-	g := &gateway{API: api, client: &http.Client{Timeout: 60 * time.Second}, addr: freeAddr(t), upstream: upstream}
+	return startGatewayStorage(t, api, upstream, "storage file_system "+t.TempDir(), site)
+}
+
+// startGatewayStorage is startGatewayTo with the storage global option
+// given, e.g. "storage redis { ... }".
+func startGatewayStorage(t testing.TB, api *legacyapi.API, upstream, storage, site string) *gateway {
+	t.Helper()
+	g := &gateway{API: api, client: &http.Client{Timeout: 60 * time.Second}, addr: freeAddr(t), upstream: upstream, storage: storage}
 	g.URL = "http://" + g.addr
 	loadCaddyfile(t, g.config(site))
 	t.Cleanup(func() {
@@ -80,7 +90,11 @@ func startGatewayTo(t testing.TB, api *legacyapi.API, upstream, site string) *ga
 
 // config is the whole Caddyfile that serves site on g's address.
 func (g *gateway) config(site string) string {
-	return globalOptions + "http://" + g.addr + " {\n" + strings.ReplaceAll(site, "UPSTREAM", g.upstream) + "\n}\n"
+	globals := globalOptions
+	if g.storage != "" {
+		globals = strings.Replace(globals, "{\n", "{\n\t"+g.storage+"\n", 1)
+	}
+	return globals + "http://" + g.addr + " {\n" + strings.ReplaceAll(site, "UPSTREAM", g.upstream) + "\n}\n"
 }
 
 func loadCaddyfile(t testing.TB, config string) {

@@ -8,6 +8,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/certmagic"
+	"go.uber.org/zap"
 
 	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/policy"
@@ -29,17 +31,31 @@ type pooledLocks struct{ batch.LocalLocks }
 
 func (*pooledLocks) Destruct() error { return nil }
 
-// provisionLocks takes the handler's share of the local lock table.
-func (h *Handler) provisionLocks() error {
-	if h.policy.Uses(func(s policy.Settings) bool { return s.ItemLocks == policy.StorageLocks }) {
-		return errors.New("item_locks storage is not available yet in this build: use item_locks local (the default)")
-	}
+// provisionLocks takes the handler's share of the local lock table, and
+// sets up storage locks when a resource asks for them.
+func (h *Handler) provisionLocks(storage certmagic.Storage) error {
 	v, _, err := pools.LoadOrNew(localLocksKey, func() (caddy.Destructor, error) { return new(pooledLocks), nil })
 	if err != nil {
 		return err
 	}
 	h.locks = &v.(*pooledLocks).LocalLocks
+	if h.policy.Uses(func(s policy.Settings) bool { return s.ItemLocks == policy.StorageLocks }) {
+		if storage == nil {
+			return errors.New("item_locks storage needs Caddy's storage, and this context has none")
+		}
+		h.storageLocks = newStorageLocks(h.locks, storage, h.logger)
+	}
 	return nil
+}
+
+// lockerFor returns the locks of the matched resource's items: storage
+// locks take the local lock too, so writers of one process exclude each
+// other whatever their resource's item_locks.
+func (h *Handler) lockerFor(m policy.Match) batch.Locker {
+	if m.Resource.Settings.ItemLocks == policy.StorageLocks && h.storageLocks != nil {
+		return h.storageLocks
+	}
+	return h.locks
 }
 
 // Cleanup lets go of the handler's share of what the pools keep.
@@ -69,11 +85,19 @@ func isWrite(method string) bool {
 func (h *Handler) serveLockedWrite(w http.ResponseWriter, r *http.Request, m policy.Match, serve func() error) error {
 	key := m.ItemKey()
 	ctx, cancel := context.WithTimeout(r.Context(), m.Resource.Settings.ItemTimeout)
-	unlock, err := observeLocks(h.locks, r, m, lockBySingle).Lock(ctx, key)
+	unlock, err := observeLocks(h.lockerFor(m), r, m, lockBySingle).Lock(ctx, key)
 	cancel()
 	if err != nil {
 		if r.Context().Err() != nil {
 			return caddyhttp.Error(499, err)
+		}
+		if !errors.Is(err, batch.ErrLocked) {
+			// The storage failed: the write cannot be excluded from a
+			// saga on another instance, so it is not sent.
+			h.logger.Error("locking an item", zap.String("item", key), zap.Error(err))
+			w.Header().Set("Retry-After", "1")
+			return problem.New(http.StatusServiceUnavailable, "item-lock-unavailable", fmt.Sprintf(
+				"the lock of %s could not be taken (item_locks storage); nothing was changed, try again", key)).Write(w)
 		}
 		w.Header().Set("Retry-After", "1")
 		return problem.New(http.StatusConflict, "item-locked", fmt.Sprintf(

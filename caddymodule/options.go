@@ -109,6 +109,12 @@ type Options struct {
 	// reverse_proxy's keepalive_idle_conns_per_host (32 by default), so
 	// that batches reuse kept-alive connections. Default: 32.
 	MaxInFlight int `json:"max_in_flight,omitempty"`
+
+	// How long the answer of a batch write (create, update, delete) that
+	// carried an Idempotency-Key is kept in Caddy's storage, so that the
+	// same request again is answered with it instead of running again.
+	// Default: 24h.
+	IdempotencyTTL caddy.Duration `json:"idempotency_ttl,omitempty"`
 }
 
 // buildPolicy resolves every resource's settings (defaults, then the
@@ -219,6 +225,7 @@ func (o Options) apply(s policy.Settings) (policy.Settings, error) {
 	set(int64(o.CompensationTimeout), func() { s.CompensationTimeout = time.Duration(o.CompensationTimeout) })
 	set(o.MaxResponseSize, func() { s.MaxResponseSize = o.MaxResponseSize })
 	set(int64(o.MaxInFlight), func() { s.MaxInFlight = o.MaxInFlight })
+	set(int64(o.IdempotencyTTL), func() { s.IdempotencyTTL = time.Duration(o.IdempotencyTTL) })
 	if o.IDsParam != "" {
 		s.IDsParam = o.IDsParam
 	}

@@ -167,6 +167,9 @@ type Settings struct {
 	ItemLocks          ItemLocks
 	MaxResponseSize    int64
 	MaxInFlight        int
+	// IdempotencyTTL is how long the answer of a batch write that
+	// carried an Idempotency-Key is kept for replay.
+	IdempotencyTTL time.Duration
 }
 
 // ItemLocks says where the locks a saga takes on its items live.
@@ -217,6 +220,7 @@ func Defaults() Settings {
 		ItemLocks:           LocalLocks,
 		MaxResponseSize:     16 << 20,
 		MaxInFlight:         32,
+		IdempotencyTTL:      24 * time.Hour,
 	}
 }
 
@@ -253,6 +257,7 @@ func (s Settings) limits() []limit {
 		{"item_timeout", int64(s.ItemTimeout), durationLimit},
 		{"batch_timeout", int64(s.BatchTimeout), durationLimit},
 		{"compensation_timeout", int64(s.CompensationTimeout), durationLimit},
+		{"idempotency_ttl", int64(s.IdempotencyTTL), durationLimit},
 	}
 }
 
