@@ -340,6 +340,7 @@ func (k *keyedBatch) renew(max time.Duration) (stop func()) {
 // replay answers with a finished batch's stored answer.
 func (k *keyedBatch) replay(w http.ResponseWriter, repl *caddy.Replacer, items int, rec *idemRecord) error {
 	setOutcome(repl, items, "replayed")
+	metrics.replays.WithLabelValues(serverName(k.r), k.m.Resource.Collection.String(), k.op.String()).Inc()
 	k.idem.logger.Info("batch replayed",
 		zap.String("op", k.op.String()),
 		zap.String("resource", k.m.Resource.Collection.String()),

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/certmagic"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
 	"github.com/caddy-batch/caddy-batch/policy"
@@ -172,8 +174,12 @@ func TestIdempotencyRolledBackCreateReplayed(t *testing.T) {
 		t.Fatalf("the rollback left %v", items)
 	}
 	api.ResetLog()
+	replaysBefore := counted(metrics.replays)
 	again := g.do(t, "POST", "/api/things", body, key...)
 	checkReplay(t, api, first, again)
+	if n := counted(metrics.replays) - replaysBefore; n != 1 {
+		t.Errorf("caddy_http_batch_idempotent_replays_total grew by %v, want 1", n)
+	}
 	if b := again.batch(t); b.Outcome != "rolled_back" {
 		t.Errorf("the retry's outcome %q, want the stored rolled_back", b.Outcome)
 	}
@@ -541,4 +547,17 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// counted sums a counter vector's series, as a scrape would.
+func counted(c prometheus.Collector) float64 {
+	ch := make(chan prometheus.Metric, 64)
+	go func() { c.Collect(ch); close(ch) }()
+	var sum float64
+	for m := range ch {
+		var d dto.Metric
+		_ = m.Write(&d)
+		sum += d.GetCounter().GetValue()
+	}
+	return sum
 }

@@ -36,6 +36,7 @@ type batchMetrics struct {
 	compensations *prometheus.CounterVec
 	lockWait      *prometheus.HistogramVec
 	lockConflicts *prometheus.CounterVec
+	replays       *prometheus.CounterVec
 	slots         *slotGauges
 }
 
@@ -92,12 +93,17 @@ func newBatchMetrics() *batchMetrics {
 			Name: "lock_conflicts_total",
 			Help: "Item locks given up on because another write through the gateway held the item until the wait's timeout (answered 409), by the request that gave up.",
 		}, []string{"server", "resource", "request"}),
+		replays: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub,
+			Name: "idempotent_replays_total",
+			Help: "Batch writes answered from the stored answer of an earlier request with the same Idempotency-Key, with nothing sent upstream.",
+		}, labels()),
 		slots: newSlotGauges(ns, sub),
 	}
 }
 
 func (m *batchMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.batches, m.items, m.duration, m.itemsPerBatch, m.compensations, m.lockWait, m.lockConflicts, m.slots}
+	return []prometheus.Collector{m.batches, m.items, m.duration, m.itemsPerBatch, m.compensations, m.lockWait, m.lockConflicts, m.replays, m.slots}
 }
 
 // registerMetrics registers the module's collectors on a config's
