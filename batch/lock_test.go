@@ -27,11 +27,12 @@ func TestLocalLocks(t *testing.T) {
 		t.Fatalf("another item's lock: %v", err)
 	}
 	other()
-	got := make(chan struct{})
+	got, released := make(chan struct{}), make(chan struct{})
 	go func() {
 		u, _ := l.Lock(context.Background(), "/widgets/1")
 		close(got)
 		u()
+		close(released)
 	}()
 	select {
 	case <-got:
@@ -41,6 +42,7 @@ func TestLocalLocks(t *testing.T) {
 	unlock()
 	unlock() // releasing twice does no harm
 	<-got
+	<-released
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if len(l.held) != 0 {
