@@ -21,18 +21,7 @@ import (
 // section 10), on the file system storage and on Redis. It builds
 // cmd/caddy once, so it is skipped under -short.
 func TestCluster(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds cmd/caddy and runs two Caddy processes")
-	}
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		t.Skip("no go command to build cmd/caddy with")
-	}
-	bin := filepath.Join(t.TempDir(), "caddy")
-	build := exec.Command(goTool, "build", "-o", bin, "../cmd/caddy")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building cmd/caddy: %v\n%s", err, out)
-	}
+	bin := caddyBinary(t)
 
 	storages := []struct{ name, option string }{
 		{"file_system", "storage file_system " + t.TempDir()},
