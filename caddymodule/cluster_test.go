@@ -77,7 +77,7 @@ func testClusterLocks(t *testing.T, api *legacyapi.API, a, b *gateway) {
 	wg.Go(func() {
 		batch = a.do(t, "PATCH", "/api/widgets", `[{"id": 3, "name": "batch"}, {"id": 4, "name": ""}]`)
 	})
-	waitFor(t, "the batch's write of widget 3", func() bool {
+	eventually(t, 5*time.Second, "the batch's write of widget 3", func() bool {
 		for _, r := range api.Requests() {
 			if r.Method == "PATCH" && r.Path == "/api/widgets/3" {
 				return true

@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -199,3 +200,42 @@ func mentionsItem(detail string, index int) bool {
 const resourceMethods = `
 			collection GET POST PATCH DELETE
 			item       GET PUT PATCH DELETE`
+
+// inFlightMeter counts the requests the legacy API is serving at once, of
+// those counts admits (every one, when counts is nil).
+type inFlightMeter struct {
+	http.Handler
+	counts    func(*http.Request) bool
+	mu        sync.Mutex
+	now, peak int
+}
+
+func (m *inFlightMeter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if m.counts != nil && !m.counts(r) {
+		m.Handler.ServeHTTP(w, r)
+		return
+	}
+	m.mu.Lock()
+	m.now++
+	m.peak = max(m.peak, m.now)
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		m.now--
+		m.mu.Unlock()
+	}()
+	m.Handler.ServeHTTP(w, r)
+}
+
+// resetPeak starts a new peak from the requests in flight now.
+func (m *inFlightMeter) resetPeak() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.peak = m.now
+}
+
+func (m *inFlightMeter) peakInFlight() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.peak
+}

@@ -205,7 +205,7 @@ func TestIdempotencyInFlight(t *testing.T) {
 	var first response
 	var wg sync.WaitGroup
 	wg.Go(func() { first = g.do(t, "PATCH", "/api/slow", body, key...) })
-	waitFor(t, "the first write to reach the API", func() bool { return api.InFlight() > 0 })
+	eventually(t, 5*time.Second, "the first write to reach the API", func() bool { return api.InFlight() > 0 })
 
 	r := g.do(t, "PATCH", "/api/slow", body, key...)
 	checkIdemProblem(t, r, 409, "idempotency-key-in-use")
@@ -433,7 +433,7 @@ func TestIdempotencyRefusedBatchGivesItsKeyBack(t *testing.T) {
 `)
 	var wg sync.WaitGroup
 	wg.Go(func() { g.do(t, "PATCH", "/api/slow/1", `{"name": "single"}`) })
-	waitFor(t, "the single write to reach the API", func() bool { return api.InFlight() > 0 })
+	eventually(t, 5*time.Second, "the single write to reach the API", func() bool { return api.InFlight() > 0 })
 	key := []string{"Idempotency-Key", "locked-out"}
 	body := `[{"id": 1, "name": "batch"}]`
 	r := g.do(t, "PATCH", "/api/slow", body, key...)
@@ -534,18 +534,6 @@ func checkIdemProblem(t *testing.T, r response, status int, kind string) {
 	}
 	if err := json.Unmarshal(r.Body, &p); err != nil || !strings.HasSuffix(p.Type, "#problem-"+kind) || p.Status != status || p.Detail == "" {
 		t.Errorf("problem %+v (%v), want type %s", p, err, kind)
-	}
-}
-
-// waitFor polls cond for up to 5 seconds.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 

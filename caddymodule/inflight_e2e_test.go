@@ -26,44 +26,6 @@ import (
 // upstream can tell them from the batches' sub-requests.
 const plainHeader = "X-Test-Plain"
 
-// batchMeter counts the batches' sub-requests in flight at the upstream,
-// leaving out the requests marked with plainHeader.
-type batchMeter struct {
-	http.Handler
-	mu        sync.Mutex
-	now, peak int
-}
-
-func (m *batchMeter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Header.Get(plainHeader) != "" {
-		m.Handler.ServeHTTP(w, r)
-		return
-	}
-	m.mu.Lock()
-	m.now++
-	m.peak = max(m.peak, m.now)
-	m.mu.Unlock()
-	defer func() {
-		m.mu.Lock()
-		m.now--
-		m.mu.Unlock()
-	}()
-	m.Handler.ServeHTTP(w, r)
-}
-
-// resetPeak starts a new peak measure from what is in flight now.
-func (m *batchMeter) resetPeak() {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.peak = m.now
-}
-
-func (m *batchMeter) peakInFlight() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.peak
-}
-
 // startQuietGateway is startGatewayTo with Caddy logging at WARN: the
 // DEBUG line reverse_proxy writes per round trip would be most of the
 // cost of a storm, and would skew the latencies it measures.
@@ -184,7 +146,7 @@ func runStorm(t *testing.T, limit, clients, items, concurrency int) stormFigures
 	for i := 1; i <= items; i++ {
 		api.Inject(legacyapi.Fault{Method: "GET", Path: "/api/widgets/" + strconv.Itoa(i), Delay: apiDelay})
 	}
-	meter := &batchMeter{Handler: api}
+	meter := &inFlightMeter{Handler: api, counts: func(r *http.Request) bool { return r.Header.Get(plainHeader) == "" }}
 	srv := httptest.NewUnstartedServer(meter)
 	ln, conns := legacyapi.CountConns(srv.Listener)
 	srv.Listener = ln

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -771,45 +770,13 @@ func TestSagaBatchTimeoutLetsWritesFinish(t *testing.T) {
 	}
 }
 
-// gauge counts the requests of one method the legacy API is serving at
-// once.
-type gauge struct {
-	http.Handler
-	method    string
-	mu        sync.Mutex
-	now, peak int
-}
-
-func (g *gauge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method != g.method {
-		g.Handler.ServeHTTP(w, r)
-		return
-	}
-	g.mu.Lock()
-	g.now++
-	g.peak = max(g.peak, g.now)
-	g.mu.Unlock()
-	defer func() {
-		g.mu.Lock()
-		g.now--
-		g.mu.Unlock()
-	}()
-	g.Handler.ServeHTTP(w, r)
-}
-
-func (g *gauge) highest() int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.peak
-}
-
 // TestSagaUndoTimeBounded (case 9): five undos that hang, with
 // compensation_timeout 1s and compensation_retries 2, run side by side:
 // the batch answers within one compensation's budget (3×1s plus 300ms of
 // backoff) of its failure, not five of them in a row.
 func TestSagaUndoTimeBounded(t *testing.T) {
 	api := usersAPI(legacyapi.Collection{}, 6)
-	puts := &gauge{Handler: api, method: "PUT"}
+	puts := &inFlightMeter{Handler: api, counts: func(r *http.Request) bool { return r.Method == "PUT" }}
 	upstream := httptest.NewServer(puts)
 	t.Cleanup(func() {
 		api.Close() // the hanging PUTs end before the server closes
@@ -835,7 +802,7 @@ func TestSagaUndoTimeBounded(t *testing.T) {
 	if took > 9*time.Second {
 		t.Errorf("the batch answered after %s, want within batch_timeout and one compensation's budget (about 3.3s)", took)
 	}
-	if n := puts.highest(); n != 5 {
+	if n := puts.peakInFlight(); n != 5 {
 		t.Errorf("at most %d undo PUTs in flight at once, want all 5 side by side", n)
 	}
 	b := checkProblem(t, r, 500)

@@ -152,7 +152,7 @@ func testStorageLocksGateway(t *testing.T, storage string, other certmagic.Stora
 		g.do(t, "PATCH", "/api/slow", `[{"id": 3, "name": "c"}]`)
 		batchDone = time.Now()
 	})
-	waitFor(t, "the batch's write to reach the API", func() bool { return api.InFlight() > 0 })
+	eventually(t, 5*time.Second, "the batch's write to reach the API", func() bool { return api.InFlight() > 0 })
 	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	_, err = elsewhere.Lock(short, "/api/slow/3")
 	cancel()

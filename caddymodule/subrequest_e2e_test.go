@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -346,31 +345,11 @@ func TestBatchIdsAreEscapedIntoThePath(t *testing.T) {
 	}
 }
 
-// countingHandler counts the requests the legacy API is answering at once.
-type countingHandler struct {
-	http.Handler
-	mu       sync.Mutex
-	now, max int
-}
-
-func (c *countingHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	c.mu.Lock()
-	c.now++
-	c.max = max(c.max, c.now)
-	c.mu.Unlock()
-	defer func() {
-		c.mu.Lock()
-		c.now--
-		c.mu.Unlock()
-	}()
-	c.Handler.ServeHTTP(w, r)
-}
-
 // TestBatchConcurrencyBound: at most concurrency sub-requests of a batch
 // are in flight at once, and they do run side by side.
 func TestBatchConcurrencyBound(t *testing.T) {
 	api := seededAPI()
-	counting := &countingHandler{Handler: api}
+	counting := &inFlightMeter{Handler: api}
 	upstream := httptest.NewServer(counting)
 	t.Cleanup(func() {
 		api.Close()
@@ -392,8 +371,8 @@ func TestBatchConcurrencyBound(t *testing.T) {
 	checkEnvelope(t, g.do(t, "GET", "/api/widgets?ids="+strings.Join(ids, ","), nil), 200, "succeeded")
 	counting.mu.Lock()
 	defer counting.mu.Unlock()
-	if counting.max > 3 || counting.max < 2 {
-		t.Errorf("%d sub-requests in flight at once, want 2 or 3 (concurrency 3)", counting.max)
+	if n := counting.peakInFlight(); n > 3 || n < 2 {
+		t.Errorf("%d sub-requests in flight at once, want 2 or 3 (concurrency 3)", n)
 	}
 }
 
