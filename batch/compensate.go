@@ -253,15 +253,15 @@ func (sg *saga) settle(ctx context.Context, i int, outcome Outcome, reason strin
 // each attempt within compensation_timeout and all within ctx. c, if
 // given, counts the attempts and keeps the last one's status or error.
 func (sg *saga) retrying(ctx context.Context, req *SubRequest, c *Compensation) (*SubResponse, error) {
-	limit := fmt.Sprintf("the compensation's budget (%s)", sg.budget())
+	budget := limit{"the compensation's budget", sg.budget()}
 	for attempt := 1; ; attempt++ {
 		var resp *SubResponse
 		release, err := sg.slot(ctx, true)
 		if err == nil {
-			resp, err = sg.sendWithin(ctx, sg.s.CompensationTimeout, "compensation_timeout", limit, req.clone())
+			resp, err = sg.sendWithin(ctx, sg.s.CompensationTimeout, "compensation_timeout", budget, req.clone())
 			release()
 		} else {
-			err = &noAnswer{http.StatusGatewayTimeout, "no slot of max_in_flight came free within " + limit, err}
+			err = &noAnswer{http.StatusGatewayTimeout, "no slot of max_in_flight came free within " + budget.String(), err}
 		}
 		if c != nil {
 			sg.mu.Lock()

@@ -133,7 +133,11 @@ func (sg *saga) executeItem(batchCtx, ctx context.Context, i int) bool {
 			return false
 		}
 	}
-	resp, err := sg.sendWithin(ctx, sg.s.ItemTimeout, "item_timeout", sg.batchLimit(), req.clone())
+	sent := req
+	if p.Op.Writes() {
+		sent = req.clone() // req stays as it was sent, for a resend
+	}
+	resp, err := sg.sendWithin(ctx, sg.s.ItemTimeout, "item_timeout", sg.batchLimit(), sent)
 	return sg.answered(ctx, i, resp, err)
 }
 
@@ -331,18 +335,27 @@ func silent(err error) *noAnswer {
 func (sg *saga) sendItem(ctx context.Context, req *SubRequest) (*SubResponse, error) {
 	release, err := sg.slot(ctx, false)
 	if err != nil {
-		return nil, &noAnswer{http.StatusGatewayTimeout, "no slot of max_in_flight came free within " + sg.batchLimit(), err}
+		return nil, &noAnswer{http.StatusGatewayTimeout, "no slot of max_in_flight came free within " + sg.batchLimit().String(), err}
 	}
 	defer release()
 	return sg.sendWithin(ctx, sg.s.ItemTimeout, "item_timeout", sg.batchLimit(), req)
 }
 
-func (sg *saga) batchLimit() string { return fmt.Sprintf("batch_timeout (%s)", sg.s.BatchTimeout) }
+func (sg *saga) batchLimit() limit { return limit{"batch_timeout", sg.s.BatchTimeout} }
+
+// limit is a deadline a request is sent under, named for the client: it
+// is spelled out only when a request runs into it.
+type limit struct {
+	name string
+	d    time.Duration
+}
+
+func (l limit) String() string { return fmt.Sprintf("%s (%s)", l.name, l.d) }
 
 // sendWithin sends req, giving up after timeout (the option named
 // timeoutOption) or at parent's deadline (described by parentLimit). A
 // nil response comes with a *noAnswer.
-func (sg *saga) sendWithin(parent context.Context, timeout time.Duration, timeoutOption, parentLimit string, req *SubRequest) (*SubResponse, error) {
+func (sg *saga) sendWithin(parent context.Context, timeout time.Duration, timeoutOption string, parentLimit limit, req *SubRequest) (*SubResponse, error) {
 	ctx, cancel := context.WithTimeout(parent, timeout)
 	defer cancel()
 	resp, err := sg.rt.Send.Send(ctx, req)
@@ -355,7 +368,7 @@ func (sg *saga) sendWithin(parent context.Context, timeout time.Duration, timeou
 	na := silent(err)
 	switch {
 	case errors.Is(parent.Err(), context.DeadlineExceeded):
-		na.status, na.reason = http.StatusGatewayTimeout, "no answer within "+parentLimit
+		na.status, na.reason = http.StatusGatewayTimeout, "no answer within "+parentLimit.String()
 	case parent.Err() != nil:
 		na.reason = "the client went away before the answer came"
 	case errors.Is(ctx.Err(), context.DeadlineExceeded), errors.Is(err, context.DeadlineExceeded):
