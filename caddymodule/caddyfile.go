@@ -54,6 +54,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    compensation_timeout <duration>
 //	    idempotent_upstream  [on|off]
 //	    item_locks           local|storage
+//	    journal              [on|off]
 //
 //	    resource <collection path template> {
 //	        collection <METHOD...>
@@ -266,6 +267,7 @@ var optionExamples = []struct{ name, example string }{
 	{"compensation_timeout", "compensation_timeout 30s"},
 	{"idempotent_upstream", "idempotent_upstream"},
 	{"item_locks", "item_locks local"},
+	{"journal", "journal off"},
 }
 
 func optionExample(name string) string {
@@ -397,6 +399,8 @@ func (o *Options) unmarshalOption(d *caddyfile.Dispenser, seen map[string]caddyf
 		return flag(&o.IdempotentUpstream)
 	case "item_locks":
 		return text(&o.ItemLocks)
+	case "journal":
+		return flag(&o.Journal)
 	case "max_in_flight":
 		return number(&o.MaxInFlight)
 	case "max_response_size":

@@ -42,9 +42,10 @@ type Handler struct {
 	// through untouched. Required.
 	Resources []Resource `json:"resources,omitempty"`
 
-	policy *policy.Policy
-	logger *zap.Logger
-	locks  *batch.LocalLocks
+	policy   *policy.Policy
+	logger   *zap.Logger
+	locks    *batch.LocalLocks
+	journals *journalStore
 }
 
 // Resource is one collection of the legacy API and its items.
@@ -96,12 +97,20 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.provisionLocks(); err != nil {
 		return fmt.Errorf("batch: %w", err)
 	}
+	app, err := ctx.App("batch")
+	if err != nil {
+		return fmt.Errorf("batch: %w", err)
+	}
+	h.journals = app.(*App).register()
 	return nil
 }
 
 // ServeHTTP answers OPTIONS and refused methods for configured paths,
 // runs batches, and passes everything else on.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	if job, ok := r.Context().Value(recoveryCtxKey).(*recovery); ok {
+		return h.resume(w, r, next, job)
+	}
 	m, ok := h.policy.Lookup(r.URL.EscapedPath())
 	if !ok {
 		return next.ServeHTTP(w, r)
@@ -231,7 +240,7 @@ func (h *Handler) serveBatch(w http.ResponseWriter, r *http.Request, m policy.Ma
 		return prob.Write(w)
 	}
 	send := newSubrequests(r, next, m.Resource.Settings.MaxBodySize)
-	result := batch.Run(r.Context(), plan, batch.Runtime{Send: send, Locks: h.locks})
+	result := batch.Run(r.Context(), plan, batch.Runtime{Send: send, Locks: h.locks, Journal: h.journalFor(r, plan)})
 	setOutcome(repl, len(plan.Items), string(result.Outcome))
 	h.log(plan, result, time.Since(start))
 	return result.Write(w)

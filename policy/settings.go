@@ -167,6 +167,9 @@ type Settings struct {
 	ItemLocks          ItemLocks
 	MaxResponseSize    int64
 	MaxInFlight        int
+	// Journal says an all-or-nothing write batch keeps its saga in
+	// storage, so that another process can finish it if this one dies.
+	Journal bool
 }
 
 // ItemLocks says where the locks a saga takes on its items live.
@@ -217,6 +220,7 @@ func Defaults() Settings {
 		ItemLocks:           LocalLocks,
 		MaxResponseSize:     16 << 20,
 		MaxInFlight:         32,
+		Journal:             true,
 	}
 }
 
