@@ -345,14 +345,15 @@ func (j *journal) removeLater() {
 }
 
 func (j *journal) startRenewal() {
-	j.stopRenew, j.renewed = make(chan struct{}), make(chan struct{})
+	stop, renewed := make(chan struct{}), make(chan struct{})
+	j.stopRenew, j.renewed = stop, renewed
 	go func() {
-		defer close(j.renewed)
+		defer close(renewed)
 		tick := time.NewTicker(j.js.lease / 3)
 		defer tick.Stop()
 		for {
 			select {
-			case <-j.stopRenew:
+			case <-stop:
 				return
 			case <-tick.C:
 				j.renew()
