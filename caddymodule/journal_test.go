@@ -17,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap"
@@ -378,19 +377,5 @@ func startJournalGateway(t *testing.T, api *legacyapi.API, dir, app, site string
 
 func startJournalGatewayTo(t *testing.T, api *legacyapi.API, upstream, dir, app, site string) *gateway {
 	t.Helper()
-	g := &gateway{API: api, client: &http.Client{Timeout: 60 * time.Second}, addr: freeAddr(t), upstream: upstream}
-	g.URL = "http://" + g.addr
-	global := "\tstorage file_system " + dir + "\n"
-	if app != "" {
-		global += "\tbatch {\n\t\t" + app + "\n\t}\n"
-	}
-	config := strings.Replace(g.config(site), "\tadmin off\n", "\tadmin off\n"+global, 1)
-	testLogs.reset()
-	loadCaddyfile(t, config)
-	t.Cleanup(func() {
-		if err := caddy.Stop(); err != nil {
-			t.Errorf("stopping caddy: %v", err)
-		}
-	})
-	return g
+	return startJournalGatewayAt(t, api, upstream, freeAddr(t), dir, app, site)
 }
