@@ -19,5 +19,6 @@ func TestMain(m *testing.M) {
 	caddy.DefaultStorage.Path = dir
 	code := m.Run()
 	os.RemoveAll(dir)
+	removeBinary()
 	os.Exit(code)
 }
