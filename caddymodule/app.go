@@ -16,6 +16,10 @@ import (
 func init() {
 	caddy.RegisterModule(App{})
 	httpcaddyfile.RegisterGlobalOption("batch", parseGlobalOption)
+	// A process that exits lets the sagas it runs finish first, once its
+	// servers stopped taking requests: one cut short would wait a lease
+	// for another instance to undo it, when it can be finished now.
+	caddy.OnExit(func(context.Context) { owned.running.Wait() })
 }
 
 // App finishes the all-or-nothing batches that a Caddy process did not:
@@ -72,12 +76,6 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	a.journals = &journalStore{storage: ctx.Storage(), lease: time.Duration(a.Lease), logger: a.logger}
 	a.state = &appState{failed: map[string]string{}}
-	// A process that exits lets the sagas it runs finish first (after
-	// the servers stopped taking requests): one cut short would be left
-	// for another instance to undo, after a lease, when it could have
-	// been finished now. Exit functions run for the last config only,
-	// and owned counts the sagas of every config.
-	ctx.OnExit(func(context.Context) { owned.running.Wait() })
 	return nil
 }
 

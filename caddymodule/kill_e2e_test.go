@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -382,4 +383,65 @@ func TestJournalKillOneOfTwo(t *testing.T) {
 	lastUndo := awaitRecovery(t, api, before, dir, false)
 	t.Logf("recovered by the other instance: kill to last undo %v", lastUndo.Sub(killed).Round(time.Millisecond))
 	checkRecovered(t, api, before, tc, b)
+}
+
+// TestJournalGracefulStop stops a Caddy (SIGTERM) in the middle of an
+// all-or-nothing UPDATE. Its servers close the client's connection after
+// grace_period, which stops the batch, but the process waits for the
+// saga to finish before it exits: the API ends as before the batch or
+// with every item updated, never half, and no journal is left for a
+// recovery to find.
+func TestJournalGracefulStop(t *testing.T) {
+	bin := caddyBinary(t)
+	tc := killCases()[2] // update
+	api := killAPI(false)
+	upstream := httptest.NewServer(api)
+	defer upstream.Close()
+	defer api.Close()
+	before := api.Items("/api/widgets")
+	dir, addr := t.TempDir(), freeAddr(t)
+	p := startCaddyProcess(t, bin, killConfig(addr, upstream.Listener.Addr().String(), dir, ""), addr)
+	answered := make(chan int, 1)
+	go func() {
+		req, _ := http.NewRequest(tc.method, "http://"+addr+tc.target, strings.NewReader(tc.body))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := (&http.Client{Timeout: time.Minute}).Do(req)
+		if err != nil {
+			answered <- 0
+			return
+		}
+		resp.Body.Close()
+		answered <- resp.StatusCode
+	}()
+	for deadline := time.Now().Add(20 * time.Second); api.Writes().Applied < killAfterWrites; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the batch did not get to %d writes", killAfterWrites)
+		}
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- p.cmd.Wait() }()
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Errorf("caddy exited with %v:\n%s", err, p.tail(20))
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("caddy did not exit within 30s of SIGTERM")
+	}
+	t.Logf("the client got %d (0: the connection was closed)", <-answered)
+	if left := journalKeys(t, dir); len(left) != 0 {
+		t.Errorf("the stopped Caddy left its saga unfinished: %v", left)
+	}
+	after := api.Items("/api/widgets")
+	if reflect.DeepEqual(after, before) {
+		return
+	}
+	for id, rec := range after {
+		if rec["name"] != "renamed "+id {
+			t.Fatalf("half of the batch was left: item %s is %v\n got %v\nwant %v or every item renamed", id, rec, after, before)
+		}
+	}
 }
