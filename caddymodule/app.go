@@ -2,7 +2,7 @@ package caddymodule
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -79,13 +79,14 @@ func (a *App) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// Validate refuses durations that cannot work.
+// Validate refuses durations that cannot work: a lease shorter than a
+// second would lapse between two renewals of a busy storage.
 func (a *App) Validate() error {
-	if a.Lease < 0 {
-		return errors.New("batch: lease must be a positive duration, e.g. 30s")
+	if a.Lease < caddy.Duration(time.Second) {
+		return fmt.Errorf("batch: lease %s is too short: give a second or more, e.g. 30s", time.Duration(a.Lease))
 	}
-	if a.RecoveryInterval < 0 {
-		return errors.New("batch: recovery_interval must be a positive duration, e.g. 10s")
+	if a.RecoveryInterval < caddy.Duration(10*time.Millisecond) {
+		return fmt.Errorf("batch: recovery_interval %s is too short: give e.g. 10s", time.Duration(a.RecoveryInterval))
 	}
 	return nil
 }
