@@ -23,7 +23,7 @@ func (sg *saga) compensate(ctx context.Context) {
 	slots := make(chan struct{}, sg.s.Concurrency)
 	var wg sync.WaitGroup
 	for _, i := range slices.Backward(sg.started) {
-		if !sg.state[i].applied {
+		if !sg.state[i].applied || sg.undone(i) {
 			continue
 		}
 		slots <- struct{}{}
@@ -33,6 +33,15 @@ func (sg *saga) compensate(ctx context.Context) {
 		})
 	}
 	wg.Wait()
+}
+
+// undone reports whether item i's compensation already ended: a saga
+// resumed from its journal (Resume) may have done some of its undos
+// before it died, and an item put back must not be proved again (the
+// proof would find the pre-image, not the batch's write).
+func (sg *saga) undone(i int) bool {
+	o := sg.items[i].Outcome
+	return o == RolledBack || o == RollbackFailed
 }
 
 // budget is the most one item's compensation may take: every attempt its
