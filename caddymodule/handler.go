@@ -108,6 +108,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 // ServeHTTP answers OPTIONS and refused methods for configured paths,
 // runs batches, and passes everything else on.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	// A request made by the recovery (App.probe) carries a dead saga to
+	// finish through this route, not a client's request.
 	if job, ok := r.Context().Value(recoveryCtxKey).(*recovery); ok {
 		return h.resume(w, r, next, job)
 	}

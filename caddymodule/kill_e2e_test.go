@@ -190,6 +190,10 @@ type killCase struct {
 	// orphans says that creates in flight at the kill may be left (their
 	// ids cannot be learned), each named in the recovery's ERROR line.
 	orphans bool
+	// fault, if set, fails one item, so that the saga is compensating
+	// when it is killed after killAfter writes (default killAfterWrites).
+	fault     *legacyapi.Fault
+	killAfter int
 }
 
 func killCases() []killCase {
@@ -206,6 +210,11 @@ func killCases() []killCase {
 		{name: "create, idempotent upstream", method: "POST", target: "/api/widgets", body: create, options: "idempotent_upstream", keys: true},
 		{name: "update", method: "PATCH", target: "/api/widgets", body: "[" + strings.Join(updates, ",") + "]"},
 		{name: "delete", method: "DELETE", target: "/api/widgets?ids=" + strings.Join(ids, ",")},
+		// Items 1-7 are written, item 8 fails, and the saga is killed
+		// with its undos half sent: those recorded as being sent are read
+		// before anything is sent again.
+		{name: "update, killed while undoing", method: "PATCH", target: "/api/widgets", body: "[" + strings.Join(updates, ",") + "]",
+			fault: &legacyapi.Fault{Method: "PATCH", Path: "/api/widgets/8", Status: 500, Body: htmlError}, killAfter: 7 + 3},
 	}
 }
 
@@ -237,9 +246,13 @@ func sendAndKill(t *testing.T, p *caddyProcess, addr string, api *legacyapi.API,
 			t.Errorf("the batch was answered %d before the gateway was killed", resp.StatusCode)
 		}
 	}()
-	for deadline := time.Now().Add(20 * time.Second); api.Writes().Applied < killAfterWrites; time.Sleep(5 * time.Millisecond) {
+	after := killAfterWrites
+	if tc.killAfter > 0 {
+		after = tc.killAfter
+	}
+	for deadline := time.Now().Add(20 * time.Second); api.Writes().Applied < after; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("the batch did not get to %d writes: %v", killAfterWrites, api.Writes())
+			t.Fatalf("the batch did not get to %d writes: %v", after, api.Writes())
 		}
 	}
 	p.kill()
@@ -344,6 +357,9 @@ func TestJournalKillAndRestart(t *testing.T) {
 	for _, tc := range killCases() {
 		t.Run(tc.name, func(t *testing.T) {
 			api := killAPI(tc.keys)
+			if tc.fault != nil {
+				api.Inject(*tc.fault)
+			}
 			upstream := httptest.NewServer(api)
 			defer upstream.Close()
 			defer api.Close()
