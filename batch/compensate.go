@@ -23,7 +23,7 @@ func (sg *saga) compensate(ctx context.Context) {
 	slots := make(chan struct{}, sg.s.Concurrency)
 	var wg sync.WaitGroup
 	for _, i := range slices.Backward(sg.started) {
-		if !sg.state[i].applied {
+		if !sg.state[i].applied || sg.undone(i) {
 			continue
 		}
 		slots <- struct{}{}
@@ -33,6 +33,15 @@ func (sg *saga) compensate(ctx context.Context) {
 		})
 	}
 	wg.Wait()
+}
+
+// undone reports whether item i's compensation already ended: a saga
+// resumed from its journal (Resume) may have done some of its undos
+// before it died, and an item put back must not be proved again (the
+// proof would find the pre-image, not the batch's write).
+func (sg *saga) undone(i int) bool {
+	o := sg.items[i].Outcome
+	return o == RolledBack || o == RollbackFailed
 }
 
 // budget is the most one item's compensation may take: every attempt its
@@ -142,7 +151,7 @@ func (sg *saga) resolve(ctx context.Context, i int) bool {
 	if sg.s.IdempotentUpstream && st.sent != nil {
 		_ = sg.transition(ctx, i, PhaseUndoing, st.sent, nil)
 		resp, _ := sg.retrying(ctx, st.sent, nil)
-		if resp != nil && !resp.Resent && (resp.Status < 300 || resp.Status >= 400) {
+		if resp != nil && !resp.Resent && (resp.Status < 300 || resp.Status >= 400) && !provesNothing(resp.Status) {
 			if !is2xx(resp.Status) {
 				sg.notApplied(ctx, i, fmt.Sprintf("sent again with the same Idempotency-Key, it was answered %d: it did not take effect", resp.Status))
 				return false
@@ -216,6 +225,15 @@ func (sg *saga) resolve(ctx context.Context, i int) bool {
 		}
 	}
 	return true
+}
+
+// provesNothing reports whether an answer to a write sent again with the
+// same Idempotency-Key says nothing of what the first copy did: 409 is
+// the draft's "the first is still being served" (it may yet be
+// applied), and a 5xx may come from a proxy in front of the upstream, or
+// be the upstream's stored answer to a first copy that failed half way.
+func provesNothing(status int) bool {
+	return status == http.StatusConflict || status >= 500
 }
 
 // notApplied settles an unknown write that turned out not to have taken

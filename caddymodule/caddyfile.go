@@ -55,6 +55,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    idempotent_upstream  [on|off]
 //	    item_locks           local|storage
 //	    idempotency_ttl      <duration>
+//	    journal              [on|off]
 //
 //	    resource <collection path template> {
 //	        collection <METHOD...>
@@ -268,6 +269,7 @@ var optionExamples = []struct{ name, example string }{
 	{"idempotent_upstream", "idempotent_upstream"},
 	{"item_locks", "item_locks local"},
 	{"idempotency_ttl", "idempotency_ttl 24h"},
+	{"journal", "journal off"},
 }
 
 func optionExample(name string) string {
@@ -399,6 +401,8 @@ func (o *Options) unmarshalOption(d *caddyfile.Dispenser, seen map[string]caddyf
 		return flag(&o.IdempotentUpstream)
 	case "item_locks":
 		return text(&o.ItemLocks)
+	case "journal":
+		return flag(&o.Journal)
 	case "max_in_flight":
 		return number(&o.MaxInFlight)
 	case "max_response_size":

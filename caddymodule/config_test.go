@@ -134,7 +134,7 @@ var configMistakes = []configMistake{
 	{name: "unknown option, misspelt", config: batchBlock(caddyLines("\tmax_item 5"), usersResource), line: 3, syntax: true,
 		want: `unknown batch option "max_item": did you mean max_items?`},
 	{name: "unknown option", config: batchBlock(caddyLines("\tparallelism 4"), usersResource), line: 3, syntax: true,
-		want: `unknown batch option "parallelism" (this block takes resource, atomicity, allow_override, max_items, max_body_size, max_response_size, concurrency, max_in_flight, item_timeout, batch_timeout, ids_param, id_field, delete_semantics, restore_deleted, restore_updated, compensation_retries, compensation_timeout, idempotent_upstream, item_locks, idempotency_ttl)`},
+		want: `unknown batch option "parallelism" (this block takes resource, atomicity, allow_override, max_items, max_body_size, max_response_size, concurrency, max_in_flight, item_timeout, batch_timeout, ids_param, id_field, delete_semantics, restore_deleted, restore_updated, compensation_retries, compensation_timeout, idempotent_upstream, item_locks, idempotency_ttl, journal)`},
 	{name: "unknown option in a resource", config: batchBlock(caddyLines("\tresource /users {", "\t\tcolection GET", "\t}")), line: 4, syntax: true,
 		want: `unknown batch option "colection": did you mean collection?`},
 	{name: "resource subdirective outside a resource", config: batchBlock(caddyLines("\tcollection GET"), usersResource), line: 3, syntax: true,
@@ -447,11 +447,12 @@ func TestSettingsInheritance(t *testing.T) {
 	if err := json.Unmarshal([]byte(raw), &h); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: t.Context()})
-	defer cancel()
-	if err := h.Provision(ctx); err != nil {
+	// What Provision builds, without the app a bare Context cannot load.
+	p, err := h.buildPolicy(nil)
+	if err != nil {
 		t.Fatal(err)
 	}
+	h.policy = p
 	plain := policy.Defaults()
 	plain.SetAtomicity(policy.Partial)
 	plain.Atomicity[policy.OpDelete] = policy.AllOrNothing

@@ -63,6 +63,7 @@ type Handler struct {
 	// storageLocks are set when a resource has item_locks storage.
 	storageLocks batch.Locker
 	idem         *idempotency
+	journals     *journalStore
 }
 
 // Resource is one collection of the legacy API and its items.
@@ -121,12 +122,22 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("batch: registering metrics: %w", err)
 	}
 	h.idem = newIdempotency(storage, h.logger)
+	app, err := ctx.App("batch")
+	if err != nil {
+		return fmt.Errorf("batch: %w", err)
+	}
+	h.journals = app.(*App).register()
 	return nil
 }
 
 // ServeHTTP answers OPTIONS and refused methods for configured paths,
 // runs batches, and passes everything else on.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	// A request made by the recovery (App.probe) carries a dead saga to
+	// finish through this route, not a client's request.
+	if job, ok := r.Context().Value(recoveryCtxKey).(*recovery); ok {
+		return h.resume(w, r, next, job)
+	}
 	m, ok := h.policy.Lookup(r.URL.EscapedPath())
 	if !ok {
 		return next.ServeHTTP(w, r)
@@ -248,7 +259,7 @@ func (h *Handler) serveBatch(w http.ResponseWriter, r *http.Request, m policy.Ma
 		return err
 	}
 	send := newSubrequests(r, obs.chain(next), m.Resource.Settings.MaxBodySize)
-	result := batch.Run(r.Context(), plan, batch.Runtime{Send: send, Locks: obs.locks(h.lockerFor(m)), Slots: h.slots})
+	result := batch.Run(r.Context(), plan, batch.Runtime{Send: send, Locks: obs.locks(h.lockerFor(m)), Slots: h.slots, Journal: h.journalFor(r, plan)})
 	obs.finished(plan, result)
 	return keyed.write(w, result)
 }

@@ -115,6 +115,13 @@ type Options struct {
 	// same request again is answered with it instead of running again.
 	// Default: 24h.
 	IdempotencyTTL caddy.Duration `json:"idempotency_ttl,omitempty"`
+	// Whether an all-or-nothing write batch keeps its saga in Caddy's
+	// storage (a journal), so that if this process dies mid-batch, it or
+	// another instance sharing the storage finishes the saga: undoes
+	// what the batch did, with the same proofs. The journal holds the
+	// batch's forwarded headers (Authorization included) until the saga
+	// ends. Default: true.
+	Journal *bool `json:"journal,omitempty"`
 }
 
 // buildPolicy resolves every resource's settings (defaults, then the
@@ -249,6 +256,9 @@ func (o Options) apply(s policy.Settings) (policy.Settings, error) {
 	}
 	if o.IdempotentUpstream != nil {
 		s.IdempotentUpstream = *o.IdempotentUpstream
+	}
+	if o.Journal != nil {
+		s.Journal = *o.Journal
 	}
 	parse("item_locks", o.ItemLocks, func(v string) (err error) {
 		s.ItemLocks, err = policy.ParseItemLocks(v)

@@ -170,6 +170,9 @@ type Settings struct {
 	// IdempotencyTTL is how long the answer of a batch write that
 	// carried an Idempotency-Key is kept for replay.
 	IdempotencyTTL time.Duration
+	// Journal says an all-or-nothing write batch keeps its saga in
+	// storage, so that another process can finish it if this one dies.
+	Journal bool
 }
 
 // ItemLocks says where the locks a saga takes on its items live.
@@ -221,6 +224,7 @@ func Defaults() Settings {
 		MaxResponseSize:     16 << 20,
 		MaxInFlight:         32,
 		IdempotencyTTL:      24 * time.Hour,
+		Journal:             true,
 	}
 }
 

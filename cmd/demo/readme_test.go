@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/caddyserver/caddy/v2"
 )
 
 // TestReadmeSession runs every curl command of the README's console
@@ -48,6 +50,10 @@ func startDemo(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Sagas keep their journals in Caddy's default storage, where every
+	// Caddy of the same user (another test run included) looks for
+	// journals to finish: this run's must be its own.
+	caddy.DefaultStorage.Path = t.TempDir()
 	gateway := freeAddr(t)
 	_, port, _ := net.SplitHostPort(gateway)
 	if !bytes.Contains(raw, []byte("\n:8080 {")) {

@@ -1,0 +1,174 @@
+package caddymodule
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"go.uber.org/zap"
+)
+
+func init() {
+	caddy.RegisterModule(App{})
+	httpcaddyfile.RegisterGlobalOption("batch", parseGlobalOption)
+	// A process that exits lets the sagas it runs finish first, once its
+	// servers stopped taking requests: one cut short would wait a lease
+	// for another instance to undo it, when it can be finished now.
+	caddy.OnExit(func(context.Context) { owned.running.Wait() })
+}
+
+// App finishes the all-or-nothing batches that a Caddy process did not:
+// at start, and then every recovery_interval, it looks in Caddy's
+// storage for saga journals whose owner's lease lapsed (the process
+// died, or left the cluster), takes each over under a storage lock, and
+// undoes what the batch did, with the same proofs, sending through the
+// handler chain of the server the batch came in on. Every batch handler
+// loads it; it needs no configuration of its own.
+type App struct {
+	// How long the owner of a saga holds the saga's journal without
+	// renewing its lease; the owner renews it every third of this while
+	// the saga runs. A saga whose owner died is taken over by another
+	// process this long after the last renewal, so clocks of instances
+	// that share a storage must agree to well within it. Default: 30s.
+	Lease caddy.Duration `json:"lease,omitempty"`
+
+	// How often this process looks for journals whose owner's lease
+	// lapsed. Default: 10s.
+	RecoveryInterval caddy.Duration `json:"recovery_interval,omitempty"`
+
+	ctx           caddy.Context
+	logger        *zap.Logger
+	journals      *journalStore
+	state         *appState
+	stop, stopped chan struct{}
+}
+
+type appState struct {
+	mu       sync.Mutex
+	handlers int
+	// failed names the sagas this process could not finish, with why,
+	// so that each is logged once and not every interval.
+	failed map[string]string
+}
+
+// CaddyModule returns the Caddy module information.
+func (App) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "batch",
+		New: func() caddy.Module { return new(App) },
+	}
+}
+
+// Provision only prepares: caddy validate provisions too, and must start
+// nothing and write nothing.
+func (a *App) Provision(ctx caddy.Context) error {
+	a.ctx, a.logger = ctx, ctx.Logger()
+	if a.Lease == 0 {
+		a.Lease = caddy.Duration(30 * time.Second)
+	}
+	if a.RecoveryInterval == 0 {
+		a.RecoveryInterval = caddy.Duration(10 * time.Second)
+	}
+	a.journals = &journalStore{storage: ctx.Storage(), lease: time.Duration(a.Lease), logger: a.logger}
+	a.state = &appState{failed: map[string]string{}}
+	return nil
+}
+
+// Validate refuses durations that cannot work: a lease shorter than a
+// second would lapse between two renewals of a busy storage.
+func (a *App) Validate() error {
+	if a.Lease < caddy.Duration(time.Second) {
+		return fmt.Errorf("batch: lease %s is too short: give a second or more, e.g. 30s", time.Duration(a.Lease))
+	}
+	if a.RecoveryInterval < caddy.Duration(10*time.Millisecond) {
+		return fmt.Errorf("batch: recovery_interval %s is too short: give e.g. 10s", time.Duration(a.RecoveryInterval))
+	}
+	return nil
+}
+
+// register is how a batch handler joins the app, in its Provision: it
+// gets the config's journals.
+func (a *App) register() *journalStore {
+	a.state.mu.Lock()
+	defer a.state.mu.Unlock()
+	a.state.handlers++
+	return a.journals
+}
+
+// Start starts looking for journals to finish. With no batch handler in
+// the config there is no chain to finish them through, so it does not.
+func (a *App) Start() error {
+	a.stop, a.stopped = make(chan struct{}), make(chan struct{})
+	a.state.mu.Lock()
+	handlers := a.state.handlers
+	a.state.mu.Unlock()
+	if handlers == 0 {
+		close(a.stopped)
+		return nil
+	}
+	go a.recoverLoop()
+	return nil
+}
+
+// Stop stops looking for journals. Sagas this process is finishing go on
+// to their end, as batches in flight do.
+func (a *App) Stop() error {
+	if a.stop == nil {
+		return nil
+	}
+	close(a.stop)
+	<-a.stopped
+	return nil
+}
+
+// parseGlobalOption reads the global option that configures the app:
+//
+//	{
+//	    batch {
+//	        lease             <duration>
+//	        recovery_interval <duration>
+//	    }
+//	}
+func parseGlobalOption(d *caddyfile.Dispenser, _ any) (any, error) {
+	var a App
+	d.Next() // the option's name
+	if d.NextArg() {
+		return nil, d.Errf("the batch global option takes a block, not %q", d.Val())
+	}
+	for d.NextBlock(0) {
+		name := d.Val()
+		var dst *caddy.Duration
+		switch name {
+		case "lease":
+			dst = &a.Lease
+		case "recovery_interval":
+			dst = &a.RecoveryInterval
+		default:
+			return nil, d.Errf("unknown batch global option %q (it takes lease, recovery_interval)", name)
+		}
+		if !d.NextArg() {
+			return nil, d.Errf("%s takes a duration, e.g. %s 10s", name, name)
+		}
+		v, err := caddy.ParseDuration(d.Val())
+		if err != nil || v <= 0 {
+			return nil, d.Errf("%s takes a positive duration such as 10s, not %q", name, d.Val())
+		}
+		*dst = caddy.Duration(v)
+		if d.NextArg() {
+			return nil, d.Errf("%s takes one duration", name)
+		}
+	}
+	return httpcaddyfile.App{Name: "batch", Value: caddyconfig.JSON(a, nil)}, nil
+}
+
+// Interface guards
+var (
+	_ caddy.App         = (*App)(nil)
+	_ caddy.Provisioner = (*App)(nil)
+	_ caddy.Validator   = (*App)(nil)
+)
