@@ -549,3 +549,28 @@ func counted(c prometheus.Collector) float64 {
 	}
 	return sum
 }
+
+// The batch app sweeps expired records itself, every recovery_interval.
+func TestIdempotencySweptByTheApp(t *testing.T) {
+	api := seededAPI()
+	dir := t.TempDir()
+	g := startGatewayStorage(t, api, newUpstream(t, api), "storage file_system "+dir+"\n\tbatch {\n\t\trecovery_interval 1s\n\t}", `
+	batch {
+		idempotency_ttl 1s
+		resource /api/widgets {`+resourceMethods+`
+		}
+	}
+	reverse_proxy UPSTREAM
+`)
+	if r := g.do(t, "PATCH", "/api/widgets", `[{"id": 1, "name": "a"}]`, "Idempotency-Key", "swept"); r.Status != 200 {
+		t.Fatalf("%v", r)
+	}
+	storage := &certmagic.FileStorage{Path: dir}
+	if keys, _ := storage.List(context.Background(), idemPrefix, false); len(keys) != 1 {
+		t.Fatalf("records %v, want the batch's", keys)
+	}
+	eventually(t, 10*time.Second, "the app to sweep the expired record", func() bool {
+		keys, _ := storage.List(context.Background(), idemPrefix, false)
+		return len(keys) == 0
+	})
+}

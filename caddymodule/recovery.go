@@ -21,8 +21,9 @@ import (
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
-// recoverLoop looks for journals to finish, at start and then every
-// recovery_interval, until Stop.
+// recoverLoop looks for journals to finish, and sweeps expired
+// Idempotency-Key records, at start and then every recovery_interval,
+// until Stop.
 func (a *App) recoverLoop() {
 	defer close(a.stopped)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -38,11 +39,26 @@ func (a *App) recoverLoop() {
 	defer tick.Stop()
 	for {
 		a.scan(ctx)
+		a.sweepIdempotency(ctx)
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
 		}
+	}
+}
+
+// sweepIdempotency deletes the Idempotency-Key records that expired
+// (SPEC section 9): one instance's sweep serves every instance of a
+// cluster, and a sweep that races another only deletes what both found
+// expired.
+func (a *App) sweepIdempotency(ctx context.Context) {
+	n, err := sweepIdempotency(ctx, a.journals.storage, time.Now())
+	switch {
+	case err != nil && ctx.Err() == nil:
+		a.logger.Warn("sweeping expired Idempotency-Key records", zap.Error(err))
+	case n > 0:
+		a.logger.Debug("swept expired Idempotency-Key records", zap.Int("deleted", n))
 	}
 }
 
