@@ -66,8 +66,7 @@ type saga struct {
 	backoff func(attempt int) time.Duration
 	paths   policy.ItemPaths
 
-	// mu orders transitions: items run on their own goroutines, and the
-	// journal sees one transition at a time.
+	// mu guards the items' state: items run on their own goroutines.
 	mu      sync.Mutex
 	items   []ItemResult
 	state   []itemState

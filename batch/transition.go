@@ -7,8 +7,10 @@ import (
 
 // Journal records a saga's transitions, so that a saga cut short (its
 // gateway killed) can be finished by another. The saga calls it
-// synchronously and in order: an item's write is sent only after Record
-// returned nil for its PhaseSending transition.
+// synchronously: an item's write is sent only after Record returned nil
+// for its PhaseSending transition. One item's transitions come in order;
+// different items' may come at once (Record must be safe for that, and
+// may store several in one write).
 type Journal interface {
 	// Begin records the batch's intent, before anything is written.
 	Begin(ctx context.Context, p *Plan) error
@@ -70,16 +72,21 @@ type Transition struct {
 // it means the write must not be sent.
 func (sg *saga) transition(ctx context.Context, i int, phase Phase, req *SubRequest, change func(it *ItemResult, st *itemState)) error {
 	sg.mu.Lock()
-	defer sg.mu.Unlock()
 	it, st := &sg.items[i], &sg.state[i]
 	if change != nil {
 		change(it, st)
 	}
 	if !sg.isSaga() {
+		sg.mu.Unlock()
 		return nil
 	}
 	st.phase = phase
-	return sg.rt.Journal.Record(ctx, Transition{Index: i, Phase: phase, Request: req, Item: sg.snapshotItem(i)})
+	t := Transition{Index: i, Phase: phase, Request: req, Item: sg.snapshotItem(i)}
+	sg.mu.Unlock()
+	// Outside the lock, so that a journal can store the records of
+	// several items in one write; an item's own transitions come from
+	// one goroutine, in order.
+	return sg.rt.Journal.Record(ctx, t)
 }
 
 // journalFailed refuses a batch whose intent could not be recorded:

@@ -191,11 +191,18 @@ type journal struct {
 	js   *journalStore
 	saga string
 
-	mu     sync.Mutex
-	intent *intent // until it is stored, with the first segment
-	seq    int     // the next segment's number
-	items  []itemRecord
-	at     map[int]int // position in items, by item index
+	mu sync.Mutex
+	// committed is signalled when a store of the records ends: writes of
+	// several items that want their records stored together wait for one
+	// store (group commit).
+	committed      *sync.Cond
+	flushing       bool
+	started, ended uint64           // stores begun and ended, counted
+	failed         map[uint64]error // the stores that failed, by number
+	intent         *intent          // until it is stored, with the first segment
+	seq            int              // the next segment's number
+	items          []itemRecord
+	at             map[int]int // position in items, by item index
 	// stored is set once anything may be in storage.
 	stored     bool
 	leaseUntil time.Time
@@ -223,13 +230,19 @@ func (js *journalStore) newJournal(r *http.Request) *journal {
 	if srv, ok := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok {
 		in.Server = srv.Name()
 	}
-	return &journal{js: js, saga: in.Saga, intent: in, at: map[int]int{}}
+	return newJournalOf(&journal{js: js, saga: in.Saga, intent: in})
+}
+
+func newJournalOf(j *journal) *journal {
+	j.at, j.failed = map[int]int{}, map[uint64]error{}
+	j.committed = sync.NewCond(&j.mu)
+	return j
 }
 
 // takeOver is the journal of a dead owner's saga, which this process now
 // owns until leaseUntil (renewed): it goes on after the last segment.
 func (js *journalStore) takeOver(saga string, next int, leaseUntil time.Time) *journal {
-	j := &journal{js: js, saga: saga, seq: next, at: map[int]int{}, stored: true, leaseUntil: leaseUntil}
+	j := newJournalOf(&journal{js: js, saga: saga, seq: next, stored: true, leaseUntil: leaseUntil})
 	j.startRenewal()
 	return j
 }
@@ -256,12 +269,37 @@ func (j *journal) Record(ctx context.Context, t batch.Transition) error {
 		j.items = append(j.items, itemRecord{Index: t.Index, Item: t.Item})
 	}
 	if t.Phase == batch.PhaseSending || t.Phase == batch.PhaseUndoing {
-		return j.flush(ctx)
+		return j.commit(ctx)
 	}
 	return nil
 }
 
-// flush stores what is kept as the next segment.
+// commit returns once every record kept so far is stored. The first
+// caller stores; callers that come while a store is in flight wait, and
+// the next store takes all their records at once: with concurrency 8,
+// eight writes about to be sent cost one storage write, not eight in a
+// row, and none is sent before its own record is stored. j.mu is held.
+func (j *journal) commit(ctx context.Context) error {
+	want := j.started + 1 // the first store to begin after this record was kept
+	for j.ended < want {
+		if j.flushing {
+			j.committed.Wait()
+			continue
+		}
+		j.flushing = true
+		j.started++
+		n := j.started
+		if err := j.flush(ctx); err != nil {
+			j.failed[n] = err
+		}
+		j.ended, j.flushing = n, false
+		j.committed.Broadcast()
+	}
+	return j.failed[want]
+}
+
+// flush stores what is kept as the next segment. j.mu is held, and let
+// go while the storage works, so that records keep coming meanwhile.
 func (j *journal) flush(ctx context.Context) error {
 	now := time.Now()
 	if j.intent == nil && now.After(j.leaseUntil.Add(-j.js.lease/6)) {
@@ -270,29 +308,46 @@ func (j *journal) flush(ctx context.Context) error {
 		// never told about.
 		return fmt.Errorf("the saga's lease in storage lapsed at %s (it could not be renewed)", j.leaseUntil.Format(time.RFC3339))
 	}
-	seg := segment{Version: journalVersion, Seq: j.seq, Intent: j.intent, Items: j.items}
+	in, items := j.intent, j.items
+	j.items = nil
+	clear(j.at)
 	expires := now.Add(j.js.lease)
-	if j.intent != nil {
-		j.intent.Expires = expires
+	if in != nil {
+		in.Expires = expires
 	}
-	b, err := json.Marshal(seg)
+	b, err := json.Marshal(segment{Version: journalVersion, Seq: j.seq, Intent: in, Items: items})
 	if err != nil {
+		j.keepAgain(items)
 		return fmt.Errorf("encoding the saga's journal: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storageTimeout)
 	defer cancel()
 	j.stored = true
-	if err := j.js.storage.Store(ctx, segmentKey(j.saga, j.seq), b); err != nil {
+	key := segmentKey(j.saga, j.seq)
+	j.mu.Unlock()
+	err = j.js.storage.Store(ctx, key, b)
+	j.mu.Lock()
+	if err != nil {
+		j.keepAgain(items)
 		return fmt.Errorf("storing the saga's journal: %w", err)
 	}
 	j.seq++
-	j.items = j.items[:0]
-	clear(j.at)
-	if j.intent != nil {
+	if in != nil {
 		j.intent, j.leaseUntil = nil, expires
 		j.startRenewal()
 	}
 	return nil
+}
+
+// keepAgain keeps the records a failed store did not store, unless a
+// newer record of the same item came meanwhile.
+func (j *journal) keepAgain(items []itemRecord) {
+	for _, it := range items {
+		if _, newer := j.at[it.Index]; !newer {
+			j.at[it.Index] = len(j.items)
+			j.items = append(j.items, it)
+		}
+	}
 }
 
 // End removes the journal: the saga is over, whatever its outcome.
