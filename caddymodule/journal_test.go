@@ -241,8 +241,8 @@ func TestJournalWriteAhead(t *testing.T) {
 		t.Errorf("%d of %d writes and undos were recorded before they were sent, want 9 of 9", checked, changes)
 	}
 	keys, stores := storage.count()
-	if stores != changes {
-		t.Errorf("the journal wrote storage %d times for %d requests that change the upstream; want one each", stores, changes)
+	if stores > changes {
+		t.Errorf("the journal wrote storage %d times for %d requests that change the upstream; want one each at the most", stores, changes)
 	}
 	if keys != 0 {
 		t.Errorf("%d keys left in storage after the saga ended", keys)
@@ -377,4 +377,63 @@ func startJournalGateway(t *testing.T, api *legacyapi.API, dir, app, site string
 func startJournalGatewayTo(t *testing.T, api *legacyapi.API, upstream, dir, app, site string) *gateway {
 	t.Helper()
 	return startJournalGatewayAt(t, api, upstream, freeAddr(t), dir, app, site)
+}
+
+// slowStorage is a storage whose every store takes a while, as a synced
+// file does.
+type slowStorage struct {
+	*memStorage
+	delay time.Duration
+}
+
+func (s slowStorage) Store(ctx context.Context, key string, value []byte) error {
+	time.Sleep(s.delay)
+	return s.memStorage.Store(ctx, key, value)
+}
+
+// TestJournalGroupCommit: writes that start together share one store of
+// their records, and none is sent before its own record is stored.
+func TestJournalGroupCommit(t *testing.T) {
+	api := seededAPI()
+	upstream := httptest.NewServer(api)
+	defer upstream.Close()
+	defer api.Close()
+	var elems []string
+	for i := range 16 {
+		elems = append(elems, fmt.Sprintf(`{"name":"g%d"}`, i))
+	}
+	_, plan := planOf(t, `batch {
+		concurrency 8
+		resource /api/widgets {`+resourceMethods+`
+		}
+	}`, "POST", "/api/widgets", "["+strings.Join(elems, ",")+"]")
+	mem := newMemStorage()
+	js := &journalStore{storage: slowStorage{mem, 20 * time.Millisecond}, lease: time.Minute, logger: zap.NewNop()}
+	j := js.newJournal(httptest.NewRequest("POST", "/api/widgets", nil))
+	var mu sync.Mutex
+	var recorded, writes int
+	sender := &directSender{base: upstream.URL, client: upstream.Client(), check: func(req *batch.SubRequest) {
+		if req.Method == http.MethodGet {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		writes++
+		for _, it := range storedItems(t, js, j.saga) {
+			if it.Phase >= batch.PhaseSending && it.Sent != nil && it.Sent.Header.Get("Idempotency-Key") == req.Header.Get("Idempotency-Key") {
+				recorded++
+				return
+			}
+		}
+		t.Errorf("a create reached the upstream before the journal recorded it")
+	}}
+	if res := batch.Run(context.Background(), plan, batch.Runtime{Send: sender, Journal: j}); res.Outcome != batch.Succeeded {
+		t.Fatalf("outcome %s: %s", res.Outcome, res.Detail)
+	}
+	if writes != 16 || recorded != writes {
+		t.Errorf("%d of %d creates were recorded before they were sent, want 16 of 16", recorded, writes)
+	}
+	if _, stores := mem.count(); stores >= writes {
+		t.Errorf("%d stores for %d creates sent 8 at a time: their records were not stored together", stores, writes)
+	}
 }
