@@ -537,7 +537,7 @@ func checkIdemProblem(t *testing.T, r response, status int, kind string) {
 	}
 }
 
-// counted sums a counter vector's series, as a scrape would.
+// counted sums a collector's counter and gauge series, as a scrape would.
 func counted(c prometheus.Collector) float64 {
 	ch := make(chan prometheus.Metric, 64)
 	go func() { c.Collect(ch); close(ch) }()
@@ -545,7 +545,7 @@ func counted(c prometheus.Collector) float64 {
 	for m := range ch {
 		var d dto.Metric
 		_ = m.Write(&d)
-		sum += d.GetCounter().GetValue()
+		sum += d.GetCounter().GetValue() + d.GetGauge().GetValue()
 	}
 	return sum
 }

@@ -169,6 +169,13 @@ func (o *ownedSagas) has(saga string) bool {
 // done ends a saga; its journal may still be kept (see remove).
 func (o *ownedSagas) done() { o.running.Done() }
 
+// count is how many sagas this process has a journal for.
+func (o *ownedSagas) count() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.ids)
+}
+
 func (o *ownedSagas) forget(saga string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()

@@ -419,6 +419,9 @@ func TestJournalGroupCommit(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		writes++
+		if counted(metrics.pending) < 1 {
+			t.Error("caddy_http_batch_journals_pending does not count the saga in flight")
+		}
 		for _, it := range storedItems(t, js, j.saga) {
 			if it.Phase >= batch.PhaseSending && it.Sent != nil && it.Sent.Header.Get("Idempotency-Key") == req.Header.Get("Idempotency-Key") {
 				recorded++
@@ -429,6 +432,9 @@ func TestJournalGroupCommit(t *testing.T) {
 	}}
 	if res := batch.Run(context.Background(), plan, batch.Runtime{Send: sender, Journal: j}); res.Outcome != batch.Succeeded {
 		t.Fatalf("outcome %s: %s", res.Outcome, res.Detail)
+	}
+	if n := counted(metrics.pending); n != 0 {
+		t.Errorf("caddy_http_batch_journals_pending is %v after the saga ended, want 0", n)
 	}
 	if writes != 16 || recorded != writes {
 		t.Errorf("%d of %d creates were recorded before they were sent, want 16 of 16", recorded, writes)

@@ -37,6 +37,8 @@ type batchMetrics struct {
 	lockWait      *prometheus.HistogramVec
 	lockConflicts *prometheus.CounterVec
 	replays       *prometheus.CounterVec
+	recovered     *prometheus.CounterVec
+	pending       prometheus.GaugeFunc
 	slots         *slotGauges
 }
 
@@ -98,12 +100,22 @@ func newBatchMetrics() *batchMetrics {
 			Name: "idempotent_replays_total",
 			Help: "Batch writes answered from the stored answer of an earlier request with the same Idempotency-Key, with nothing sent upstream.",
 		}, labels()),
+		recovered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub,
+			Name: "journals_recovered_total",
+			Help: "Sagas of dead owners this process finished from their journals, by the batch outcome they ended with: rolled_back, or rollback_failed.",
+		}, []string{"outcome"}),
+		pending: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub,
+			Name: "journals_pending",
+			Help: "Sagas this process keeps a journal for: running, or being finished for a dead owner.",
+		}, func() float64 { return float64(owned.count()) }),
 		slots: newSlotGauges(ns, sub),
 	}
 }
 
 func (m *batchMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.batches, m.items, m.duration, m.itemsPerBatch, m.compensations, m.lockWait, m.lockConflicts, m.replays, m.slots}
+	return []prometheus.Collector{m.batches, m.items, m.duration, m.itemsPerBatch, m.compensations, m.lockWait, m.lockConflicts, m.replays, m.recovered, m.pending, m.slots}
 }
 
 // registerMetrics registers the module's collectors on a config's

@@ -188,6 +188,7 @@ func (a *App) finish(saga string, dead lease, st *storedSaga, until time.Time) {
 }
 
 func (a *App) logRecovered(saga string, dead lease, st *storedSaga, res *batch.Result, took time.Duration) {
+	metrics.recovered.WithLabelValues(string(res.Outcome)).Inc()
 	level, msg := zapcore.InfoLevel, "recovered a batch whose gateway died"
 	if res.Outcome == batch.RollbackFailed {
 		level, msg = zapcore.ErrorLevel, "recovered a batch whose gateway died: items left behind"

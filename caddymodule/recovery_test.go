@@ -212,6 +212,7 @@ func TestRecoverFinishesADeadSaga(t *testing.T) {
 				t.Fatal("the dead saga changed nothing at the upstream")
 			}
 			api.ResetLog()
+			recoveredBefore := counted(metrics.recovered)
 			startJournalGatewayAt(t, api, upstream, addr, dir, "lease 1s\n\t\trecovery_interval 100ms", tc.recoverySite())
 
 			time.Sleep(lease / 4)
@@ -224,6 +225,9 @@ func TestRecoverFinishesADeadSaga(t *testing.T) {
 				if r.Header.Get("X-Chain") != "recovered" || r.Header.Get("Authorization") != "Bearer journal-test" {
 					t.Errorf("%s %s did not come through the handler chain with the client's headers: %v", r.Method, r.Path, r.Header)
 				}
+			}
+			if n := counted(metrics.recovered) - recoveredBefore; n != 1 {
+				t.Errorf("caddy_http_batch_journals_recovered_total grew by %v, want 1", n)
 			}
 			logged := recoveryLog(t)
 			if logged["outcome"] != "rolled_back" || logged["level"] != "info" {
