@@ -143,19 +143,7 @@ func (o *observation) log(plan *batch.Plan, res *batch.Result, took time.Duratio
 		zap.Duration("duration", took),
 		zap.Int("compensations", res.Compensations),
 	)
-	if res.Detail != "" {
-		fields = append(fields, zap.String("detail", res.Detail))
-	}
-	if len(res.LeftBehind) > 0 {
-		fields = append(fields, zap.Strings("left_behind", res.LeftBehind))
-	}
-	if len(res.Preimages) > 0 {
-		fields = append(fields, zap.Any("preimages", res.Preimages))
-	}
-	if len(res.Errors) > 0 {
-		fields = append(fields, zap.Strings("errors", res.Errors))
-	}
-	ce.Write(fields...)
+	ce.Write(append(fields, outcomeFields(res)...)...)
 }
 
 // watchedChain tells, for each sub-request, whether the handler chain
@@ -185,4 +173,24 @@ func (c watchedChain) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
 		c.o.unreached.Add(1)
 	}
 	return err
+}
+
+// outcomeFields are what a log line says of how a batch ended, beyond its
+// outcome: why it failed, what it left behind (with the pre-images an
+// operator repairs by hand), and the sub-requests' underlying errors.
+func outcomeFields(res *batch.Result) []zap.Field {
+	var fields []zap.Field
+	if res.Detail != "" {
+		fields = append(fields, zap.String("detail", res.Detail))
+	}
+	if len(res.LeftBehind) > 0 {
+		fields = append(fields, zap.Strings("left_behind", res.LeftBehind))
+	}
+	if len(res.Preimages) > 0 {
+		fields = append(fields, zap.Any("preimages", res.Preimages))
+	}
+	if len(res.Errors) > 0 {
+		fields = append(fields, zap.Strings("errors", res.Errors))
+	}
+	return fields
 }

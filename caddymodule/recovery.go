@@ -212,19 +212,7 @@ func (a *App) logRecovered(saga string, dead lease, st *storedSaga, res *batch.R
 		zap.Int("compensations", res.Compensations),
 		zap.Duration("duration", took),
 	}
-	if res.Detail != "" {
-		fields = append(fields, zap.String("detail", res.Detail))
-	}
-	if len(res.LeftBehind) > 0 {
-		fields = append(fields, zap.Strings("left_behind", res.LeftBehind))
-	}
-	if len(res.Preimages) > 0 {
-		fields = append(fields, zap.Any("preimages", res.Preimages))
-	}
-	if len(res.Errors) > 0 {
-		fields = append(fields, zap.Strings("errors", res.Errors))
-	}
-	ce.Write(fields...)
+	ce.Write(append(fields, outcomeFields(res)...)...)
 }
 
 // failedOnce logs that a saga could not be taken over or finished, once
