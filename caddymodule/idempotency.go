@@ -374,18 +374,8 @@ func (k *keyedBatch) write(w http.ResponseWriter, res *batch.Result) error {
 		}
 		return rec.answer().write(w)
 	}
-	now := i.now()
-	done := *k.record
-	done.State, done.Owner, done.LeaseUntil = idemDone, "", time.Time{}
-	done.Expires = now.Add(k.m.Resource.Settings.IdempotencyTTL)
-	done.Outcome = string(res.Outcome)
-	done.Answer = rec.answer()
-	if limit := k.m.Resource.Settings.MaxResponseSize + answerSlack; int64(len(done.Answer.Body)) > limit {
-		kept := *done.Answer
-		kept.Body = nil
-		done.Answer, done.AnswerSize = &kept, rec.body.Len()
-	}
-	if err := storeIdemRecord(ctx, i.storage, k.key, &done); err != nil {
+	done := i.answered(k.record, k.m.Resource.Settings, res, rec)
+	if err := storeIdemRecord(ctx, i.storage, k.key, done); err != nil {
 		// The client still gets its answer; a retry finds the claim,
 		// whose lease lapses, and is told the answer was not kept.
 		i.logger.Error("storing a batch answer for replay", zap.String("record", k.key), zap.Error(err))
@@ -401,6 +391,55 @@ func nothingSent(res *batch.Result) bool {
 		}
 	}
 	return true
+}
+
+// answered is a claimed record done: the batch's answer, as rec
+// captured it, kept for replay for idempotency_ttl.
+func (i *idempotency) answered(claimed *idemRecord, s policy.Settings, res *batch.Result, rec *answerRecorder) *idemRecord {
+	done := *claimed
+	done.State, done.Owner, done.LeaseUntil = idemDone, "", time.Time{}
+	done.Expires = i.now().Add(s.IdempotencyTTL)
+	done.Outcome = string(res.Outcome)
+	done.Answer = rec.answer()
+	if limit := s.MaxResponseSize + answerSlack; int64(len(done.Answer.Body)) > limit {
+		kept := *done.Answer
+		kept.Body = nil
+		done.Answer, done.AnswerSize = &kept, rec.body.Len()
+	}
+	return &done
+}
+
+// settleRecovered keeps, for replay, the answer of a saga that a recovery
+// finished: the client whose gateway died never got an answer, and its
+// retry with the same Idempotency-Key must get this one (rolled_back, or
+// rollback_failed), not run the batch again, which would have the
+// upstream replay its stored answers to the items' keys. The record is
+// found as the batch claimed it: by the client's key, credentials,
+// resource and operation, all in the saga's snapshot.
+func (i *idempotency) settleRecovered(ctx context.Context, m policy.Match, snap *batch.Snapshot, res *batch.Result) {
+	if i == nil {
+		return
+	}
+	key := snap.Key
+	if snap.KeyQuoted {
+		key = `"` + key + `"`
+	}
+	name := hashFields("batch idempotency v1", key, credentials(snap.Header),
+		m.Resource.Collection.String(), m.CollectionPath(), snap.Op)
+	recordKey := idemPrefix + "/" + name
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unlockTimeout)
+	defer cancel()
+	claimed, err := loadIdemRecord(ctx, i.storage, recordKey)
+	if err != nil || claimed == nil || claimed.State != idemInFlight {
+		return // no key was sent (the saga's key was made), or it is settled
+	}
+	rec := &answerRecorder{header: http.Header{}}
+	if err := res.Write(rec); err != nil {
+		return
+	}
+	if err := storeIdemRecord(ctx, i.storage, recordKey, i.answered(claimed, m.Resource.Settings, res, rec)); err != nil {
+		i.logger.Error("storing a recovered batch's answer for replay", zap.String("record", recordKey), zap.Error(err))
+	}
 }
 
 func loadIdemRecord(ctx context.Context, s certmagic.Storage, key string) (*idemRecord, error) {

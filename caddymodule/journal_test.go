@@ -146,7 +146,7 @@ func (s *directSender) Send(ctx context.Context, sr *batch.SubRequest) (*batch.S
 
 // planOf plans a batch as the handler configured by site's one batch
 // block would (a Caddyfile batch directive).
-func planOf(t *testing.T, directive, method, target, body string) (*Handler, *batch.Plan) {
+func planOf(t *testing.T, directive, method, target, body string, header ...string) (*Handler, *batch.Plan) {
 	t.Helper()
 	var h Handler
 	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(directive)); err != nil {
@@ -162,6 +162,11 @@ func planOf(t *testing.T, directive, method, target, body string) (*Handler, *ba
 		r.Header.Set("Content-Type", "application/json")
 	}
 	r.Header.Set("Authorization", "Bearer journal-test")
+	for i := 0; i+1 < len(header); i += 2 {
+		if header[i+1] != "" {
+			r.Header.Set(header[i], header[i+1])
+		}
+	}
 	m, ok := p.Lookup(r.URL.EscapedPath())
 	if !ok {
 		t.Fatalf("no resource at %s", target)

@@ -329,6 +329,9 @@ func (h *Handler) resume(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		Slots:   h.slots,
 	}
 	job.res, job.err = batch.Resume(r.Context(), job.snap, h.policy.Lookup, rt)
+	if job.err == nil {
+		h.idem.settleRecovered(r.Context(), m, job.snap, job.res)
+	}
 	return nil
 }
 

@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
+	"github.com/caddy-batch/caddy-batch/policy"
 )
 
 // mortalStorage is a storage that dies with the gateway that uses it:
@@ -102,6 +104,7 @@ type deadSagaCase struct {
 	target     string
 	body       string
 	nth        int
+	key        string // the client's Idempotency-Key, if any
 }
 
 // directive is the batch block of a dead saga's gateway, and of the one
@@ -153,7 +156,7 @@ func deadSaga(t *testing.T, tc deadSagaCase, api *legacyapi.API, dir, addr strin
 		srv.Close()
 	})
 	before = api.Items(tc.collection)
-	_, plan := planOf(t, tc.directive(), tc.method, tc.target, tc.body)
+	_, plan := planOf(t, tc.directive(), tc.method, tc.target, tc.body, "Idempotency-Key", tc.key)
 	storage := &mortalStorage{Storage: &certmagic.FileStorage{Path: dir}}
 	js := &journalStore{storage: storage, lease: lease, logger: zap.NewNop()}
 	j := js.newJournal(httptest.NewRequest(tc.method, tc.target, nil))
@@ -347,5 +350,54 @@ func TestGlobalOptionMistakes(t *testing.T) {
 	a := &App{Lease: caddy.Duration(100 * time.Millisecond), RecoveryInterval: caddy.Duration(time.Second)}
 	if err := a.Validate(); err == nil || !strings.Contains(err.Error(), "lease 100ms is too short") {
 		t.Errorf("a 100ms lease: %v", err)
+	}
+}
+
+// TestRecoverSettlesTheIdempotencyKey: the client of a batch whose
+// gateway died never got an answer, and retries with its Idempotency-Key.
+// Once the recovery has finished the saga, the retry is answered with the
+// recovered outcome, and nothing is sent upstream: the batch is not run
+// again over the items the upstream already answered under their keys.
+func TestRecoverSettlesTheIdempotencyKey(t *testing.T) {
+	tc := deadSagaCases[0] // update
+	tc.key = `"after-the-crash"`
+	dir, addr := t.TempDir(), freeAddr(t)
+	api := tc.api()
+	upstream, before := deadSaga(t, tc, api, dir, addr, 2*time.Second)
+
+	// The record the dead gateway claimed for the batch, as its claim
+	// left it: in flight, its owner's lease lapsed.
+	h, _ := planOf(t, tc.directive(), tc.method, tc.target, tc.body)
+	req := httptest.NewRequest(tc.method, tc.target, strings.NewReader(tc.body))
+	req.Header.Set("Authorization", "Bearer journal-test")
+	req.Header.Set("Idempotency-Key", tc.key)
+	m, _ := h.policy.Lookup(tc.target)
+	digest := sha256.Sum256([]byte(tc.body))
+	k := (&idempotency{}).watch(req, m, policy.OpUpdate, digest[:])
+	now := time.Now()
+	claimed := idemRecord{Version: 1, State: idemInFlight, Fingerprint: k.fingerprint(), Resource: tc.collection, Op: "update",
+		Owner: "dead", LeaseUntil: now.Add(-time.Second), Created: now, Expires: now.Add(time.Hour)}
+	storage := &certmagic.FileStorage{Path: dir}
+	if err := storeIdemRecord(context.Background(), storage, k.key, &claimed); err != nil {
+		t.Fatal(err)
+	}
+
+	api.ResetLog()
+	g := startJournalGatewayAt(t, api, upstream, addr, dir, "lease 1s\n\t\trecovery_interval 100ms", tc.recoverySite())
+	waitRecovered(t, api, tc.collection, before, dir, 10*time.Second)
+	eventually(t, 5*time.Second, "the record to be settled", func() bool {
+		rec, err := loadIdemRecord(context.Background(), storage, k.key)
+		return err == nil && rec != nil && rec.State == idemDone
+	})
+	api.ResetLog()
+	r := g.do(t, tc.method, "/v1"+tc.target, tc.body, "Authorization", "Bearer journal-test", "Idempotency-Key", tc.key)
+	if r.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("the retry was not replayed: %v", r)
+	}
+	if b := r.batch(t); b.Outcome != "rolled_back" {
+		t.Errorf("the retry's outcome %q, want the recovered rolled_back", b.Outcome)
+	}
+	if reqs := api.Requests(); len(reqs) != 0 {
+		t.Errorf("the retry reached the upstream: %s", describeRequests(reqs))
 	}
 }
