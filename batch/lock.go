@@ -167,6 +167,16 @@ type refusal struct {
 }
 
 func lockRefusal(key string, err error) *refusal {
+	if !errors.Is(err, ErrLocked) {
+		// Not another writer: the locks themselves failed (a storage
+		// that is down, under item_locks storage).
+		return &refusal{
+			status:     503,
+			detail:     fmt.Sprintf("the lock of %s could not be taken (the item locks are unavailable); nothing was changed, try again", key),
+			retryAfter: "1",
+			cause:      err,
+		}
+	}
 	return &refusal{
 		status:     409,
 		detail:     fmt.Sprintf("another write through the gateway holds %s; nothing was changed, try again", key),

@@ -201,3 +201,20 @@ func TestConcurrentBatchesSerialize(t *testing.T) {
 		}
 	}
 }
+
+// brokenLocks fail without another holder: a storage that is down.
+type brokenLocks struct{}
+
+func (brokenLocks) Lock(context.Context, string) (func(), error) {
+	return nil, errors.New("storage unreachable")
+}
+
+// Locks that fail (not another writer) refuse the batch with 503, not
+// 409, and send nothing.
+func TestLocksUnavailable(t *testing.T) {
+	f := newFake().seed("1")
+	p := mustPlan(t, newRequest("DELETE", "/widgets?ids=1", ""))
+	w := write(t, newSaga(p, Runtime{Send: f, Locks: brokenLocks{}}, noBackoff).run(context.Background()))
+	equal(t, "status", w.Code, 503)
+	equal(t, "sent", len(f.sent()), 0)
+}
