@@ -30,17 +30,7 @@ func BenchmarkGet100(b *testing.B) {
 	}))
 	defer upstream.Close()
 	batchAddr, plainAddr := freeAddr(b), freeAddr(b)
-	// Logging stays off: reverse_proxy's debug lines would be most of the
-	// cost of either path.
-	loadCaddyfile(b, fmt.Sprintf(`{
-	admin off
-	auto_https off
-	persist_config off
-	log {
-		output discard
-	}
-}
-http://%[1]s {
+	loadCaddyfile(b, fmt.Sprintf(quietGlobalOptions+`http://%[1]s {
 	batch {
 		resource /api/widgets {
 			collection GET
@@ -154,15 +144,7 @@ func BenchmarkGet100Latency(b *testing.B) {
 	}))
 	defer upstream.Close()
 	addr := freeAddr(b)
-	loadCaddyfile(b, fmt.Sprintf(`{
-	admin off
-	auto_https off
-	persist_config off
-	log {
-		output discard
-	}
-}
-http://%[1]s {
+	loadCaddyfile(b, fmt.Sprintf(quietGlobalOptions+`http://%[1]s {
 	batch {
 		concurrency %[3]d
 		resource /api/widgets {

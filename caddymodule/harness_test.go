@@ -41,6 +41,20 @@ const globalOptions = `{
 }
 `
 
+// quietGlobalOptions are the global options of the benchmarks and
+// measurements: as globalOptions keep Caddy off the admin port and the
+// disk, and it logs nothing, since reverse_proxy's debug lines would be
+// most of what is measured.
+const quietGlobalOptions = `{
+	admin off
+	auto_https off
+	persist_config off
+	log {
+		output discard
+	}
+}
+`
+
 // gateway is a running Caddy in front of a fake legacy API.
 type gateway struct {
 	URL    string

@@ -153,15 +153,7 @@ func TestLargeBatchGetHeap(t *testing.T) {
 // upstream, with the batch options given, and logs nothing: log lines
 // would be most of what the process allocates.
 func memoryConfig(addr, upstream, options string) string {
-	return fmt.Sprintf(`{
-	admin off
-	auto_https off
-	persist_config off
-	log {
-		output discard
-	}
-}
-http://%s {
+	return fmt.Sprintf(quietGlobalOptions+`http://%s {
 	batch {
 		%s
 		resource /api/blobs {

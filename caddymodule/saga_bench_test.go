@@ -35,15 +35,7 @@ func BenchmarkUpdate100(b *testing.B) {
 	defer upstream.Close()
 	defer api.Close()
 	batchAddr, plainAddr := freeAddr(b), freeAddr(b)
-	loadCaddyfile(b, fmt.Sprintf(`{
-	admin off
-	auto_https off
-	persist_config off
-	log {
-		output discard
-	}
-}
-http://%[1]s {
+	loadCaddyfile(b, fmt.Sprintf(quietGlobalOptions+`http://%[1]s {
 	route {
 		batch {
 			# The journal's cost is BenchmarkCreate100Journal's to measure.
