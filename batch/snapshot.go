@@ -135,11 +135,9 @@ func Resume(ctx context.Context, snap *Snapshot, lookup func(path string) (polic
 			sg.items[i].Error = "the gateway that sent it stopped before its answer was recorded"
 			sg.state[i].applied, sg.state[i].failure = true, true
 		case PhaseUndoing:
-			sg.state[i].resumed = true
-			if sg.items[i].Outcome == Unknown {
-				// A resend (idempotent_upstream) was under way: resolve again.
-				sg.state[i].resumed = false
-			}
+			// An undo may have been sent. An item still unknown was being
+			// resent (idempotent_upstream) instead: it is resolved again.
+			sg.state[i].resumed = sg.items[i].Outcome != Unknown
 		}
 		if it.Phase >= PhaseSending {
 			sg.started = append(sg.started, i)
