@@ -22,8 +22,9 @@ func (sg *saga) execute(clientCtx, batchCtx context.Context) {
 	stop := make(chan struct{})
 	halt := sync.OnceFunc(func() { close(stop) })
 	defer context.AfterFunc(clientCtx, halt)()
+	writeCtx := context.WithoutCancel(clientCtx)
 	sg.started = sg.fanOut(batchCtx, sg.pending(), stop, func(i int) {
-		if !sg.executeItem(batchCtx, context.WithoutCancel(clientCtx), i) && sg.allOrNothing() {
+		if !sg.executeItem(batchCtx, writeCtx, i) && sg.allOrNothing() {
 			halt()
 		}
 	})

@@ -79,7 +79,14 @@ const bodyTextLimit = 4 << 10
 
 // keptHeaders are the item response headers a client may need: where a
 // created item lives, its validators, and when to retry.
-var keptHeaders = []string{"Location", "ETag", "Last-Modified", "Retry-After"}
+// Each is named in the answer as it is usually spelled, and looked up
+// under its canonical key.
+var keptHeaders = []struct{ name, key string }{
+	{"Location", "Location"},
+	{"ETag", "Etag"},
+	{"Last-Modified", "Last-Modified"},
+	{"Retry-After", "Retry-After"},
+}
 
 // Result is a finished batch.
 type Result struct {
@@ -209,22 +216,25 @@ func (it *ItemResult) setResponse(resp *SubResponse) {
 	var challenge string
 	switch resp.Status {
 	case http.StatusUnauthorized:
-		challenge = "WWW-Authenticate"
+		challenge = "Www-Authenticate"
 	case http.StatusProxyAuthRequired:
 		challenge = "Proxy-Authenticate"
 	case http.StatusMethodNotAllowed:
 		challenge = "Allow"
 	}
-	if v := resp.Header.Values(challenge); challenge != "" && len(v) > 0 {
-		it.challenge = http.Header{http.CanonicalHeaderKey(challenge): slices.Clone(v)}
+	// Header keys are canonical here (Go's client and Caddy's recorder
+	// both make them so): indexing the map spares the canonicalization
+	// that Header.Get does for every item.
+	if v := resp.Header[challenge]; challenge != "" && len(v) > 0 {
+		it.challenge = http.Header{challenge: slices.Clone(v)}
 	}
 	it.Headers = nil
-	for _, name := range keptHeaders {
-		if v := resp.Header.Get(name); v != "" {
+	for _, h := range keptHeaders {
+		if v := resp.Header[h.key]; len(v) > 0 && v[0] != "" {
 			if it.Headers == nil {
 				it.Headers = map[string]string{}
 			}
-			it.Headers[name] = v
+			it.Headers[h.name] = v[0]
 		}
 	}
 }

@@ -38,7 +38,8 @@ type SubResponse struct {
 	// Resent is true when the request went out more than once: an HTTP
 	// client may resend a request on a fresh connection when a kept-alive
 	// one dies under it. The answer is to the last copy; an earlier copy
-	// may have taken effect all the same.
+	// may have taken effect all the same. Only writes report it: a read
+	// sent twice changed nothing.
 	Resent bool
 }
 

@@ -73,6 +73,10 @@ func (s *subrequests) Send(ctx context.Context, sr *batch.SubRequest) (resp *bat
 	}
 	u := *s.parent.URL
 	u.Path, u.RawPath, u.RawQuery, u.Fragment, u.RawFragment = path, sr.Path, sr.RawQuery, "", ""
+	requestURI := sr.Path // what u.RequestURI() gives, sr.Path being escaped already
+	if sr.RawQuery != "" {
+		requestURI += "?" + sr.RawQuery
+	}
 	req := &http.Request{
 		Method:     sr.Method,
 		URL:        &u,
@@ -83,7 +87,7 @@ func (s *subrequests) Send(ctx context.Context, sr *batch.SubRequest) (resp *bat
 		Host:       s.parent.Host,
 		RemoteAddr: s.parent.RemoteAddr,
 		TLS:        s.parent.TLS,
-		RequestURI: u.RequestURI(),
+		RequestURI: requestURI,
 		Body:       http.NoBody,
 	}
 	if sr.Body != nil {
@@ -95,8 +99,11 @@ func (s *subrequests) Send(ctx context.Context, sr *batch.SubRequest) (resp *bat
 		req.ContentLength = int64(len(sr.Body))
 		req.Body = io.NopCloser(bytes.NewReader(sr.Body))
 	}
+	// A resent read changes nothing, so only a write's copies are counted.
 	var resends resendTrace
-	ctx = httptrace.WithClientTrace(ctx, resends.trace())
+	if sr.Method != http.MethodGet && sr.Method != http.MethodHead {
+		ctx = httptrace.WithClientTrace(ctx, resends.trace())
+	}
 	rec := newRecorder(s.maxBody)
 	repl := caddy.NewReplacer()
 	req = caddyhttp.PrepareRequest(req.WithContext(ctx), repl, rec, s.server)
