@@ -52,8 +52,8 @@ func forwardHeader(client http.Header) http.Header {
 	}
 	// The method of a sub-request is the gateway's decision: an override
 	// would let the upstream turn an item's GET into a DELETE.
-	for _, name := range methodOverrideHeaders {
-		h.Del(name)
+	for _, o := range methodOverrideHeaders {
+		delete(h, o.key)
 	}
 	for name := range h {
 		if strings.HasPrefix(name, "Content-") {
@@ -94,4 +94,19 @@ func (k idempotencyKey) forItem(index int, suffix string) string {
 		return `"` + v + `"`
 	}
 	return v
+}
+
+// headerName is a header as it is usually spelled, for messages and
+// answers, and its canonical key, under which Go's header maps hold it:
+// indexing the map with the key spares Header.Get's canonicalization,
+// which allocates for a name like X-HTTP-Method-Override on every
+// request.
+type headerName struct{ name, key string }
+
+func headerNames(names ...string) []headerName {
+	out := make([]headerName, len(names))
+	for i, n := range names {
+		out[i] = headerName{n, http.CanonicalHeaderKey(n)}
+	}
+	return out
 }

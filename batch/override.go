@@ -12,7 +12,7 @@ import (
 // methodOverrideHeaders name a method for frameworks that let a client
 // tunnel PUT, PATCH or DELETE through POST (Google's APIs, Rails,
 // Express's method-override, Symfony, Laravel).
-var methodOverrideHeaders = []string{"X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override"}
+var methodOverrideHeaders = headerNames("X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override")
 
 // MethodParam is the query parameter that does what the override
 // headers do.
@@ -45,9 +45,9 @@ func FindMethodOverride(r *http.Request) (o MethodOverride, ok bool, err error) 
 		}
 		return nil
 	}
-	for _, name := range methodOverrideHeaders {
-		for _, v := range r.Header.Values(name) {
-			if err := consider(name, v); err != nil {
+	for _, h := range methodOverrideHeaders {
+		for _, v := range r.Header[h.key] {
+			if err := consider(h.name, v); err != nil {
 				return MethodOverride{}, false, err
 			}
 		}
@@ -73,8 +73,8 @@ func FindMethodOverride(r *http.Request) (o MethodOverride, ok bool, err error) 
 // handlers after the gateway, and the upstream, see the request only as
 // the method the gateway judged.
 func RemoveMethodOverride(r *http.Request) {
-	for _, name := range methodOverrideHeaders {
-		r.Header.Del(name)
+	for _, h := range methodOverrideHeaders {
+		delete(r.Header, h.key)
 	}
 	if r.URL != nil {
 		if q := withoutParam(r.URL.RawQuery, MethodParam); q != r.URL.RawQuery {

@@ -79,14 +79,7 @@ const bodyTextLimit = 4 << 10
 
 // keptHeaders are the item response headers a client may need: where a
 // created item lives, its validators, and when to retry.
-// Each is named in the answer as it is usually spelled, and looked up
-// under its canonical key.
-var keptHeaders = []struct{ name, key string }{
-	{"Location", "Location"},
-	{"ETag", "Etag"},
-	{"Last-Modified", "Last-Modified"},
-	{"Retry-After", "Retry-After"},
-}
+var keptHeaders = headerNames("Location", "ETag", "Last-Modified", "Retry-After")
 
 // Result is a finished batch.
 type Result struct {
