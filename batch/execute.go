@@ -23,7 +23,7 @@ func (sg *saga) execute(clientCtx, batchCtx context.Context) {
 	halt := sync.OnceFunc(func() { close(stop) })
 	defer context.AfterFunc(clientCtx, halt)()
 	writeCtx := context.WithoutCancel(clientCtx)
-	sg.started = sg.fanOut(batchCtx, sg.pending(), stop, func(i int) {
+	sg.started = sg.fanOut(batchCtx, sg.pending(), stop, func(batchCtx context.Context, i int) {
 		if !sg.executeItem(batchCtx, writeCtx, i) && sg.allOrNothing() {
 			halt()
 		}
@@ -40,31 +40,39 @@ func (sg *saga) execute(clientCtx, batchCtx context.Context) {
 // fanOut runs work on each index in order, at most Concurrency at once.
 // Once stop is closed or ctx is done it starts nothing new, and lets
 // what is in flight finish. It returns the indices in start order.
-func (sg *saga) fanOut(ctx context.Context, indices []int, stop <-chan struct{}, work func(i int)) []int {
-	slots := make(chan struct{}, sg.s.Concurrency)
-	var wg sync.WaitGroup
+//
+// work gets ctx through a context of its worker's own: contexts made
+// under one shared parent (an item's deadline, for each sub-request)
+// would all take that parent's lock, and Concurrency workers contend for
+// one lock where each could have its own.
+func (sg *saga) fanOut(ctx context.Context, indices []int, stop <-chan struct{}, work func(ctx context.Context, i int)) []int {
+	var mu sync.Mutex
 	var started []int
-loop:
-	for _, i := range indices {
+	take := func() (int, bool) {
+		mu.Lock()
+		defer mu.Unlock()
 		select {
 		case <-stop:
-			break loop
+			return 0, false
 		case <-ctx.Done():
-			break loop
-		case slots <- struct{}{}:
-		}
-		// A free slot and a stop can be ready together; the stop wins.
-		select {
-		case <-stop:
-			break loop
-		case <-ctx.Done():
-			break loop
+			return 0, false
 		default:
 		}
+		if len(started) == len(indices) {
+			return 0, false
+		}
+		i := indices[len(started)]
 		started = append(started, i)
+		return i, true
+	}
+	var wg sync.WaitGroup
+	for range min(sg.s.Concurrency, len(indices)) {
 		wg.Go(func() {
-			defer func() { <-slots }()
-			work(i)
+			workerCtx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			for i, ok := take(); ok; i, ok = take() {
+				work(workerCtx, i)
+			}
 		})
 	}
 	wg.Wait()

@@ -24,7 +24,7 @@ func (sg *saga) preflight(ctx context.Context) bool {
 	}
 	stop := make(chan struct{})
 	halt := sync.OnceFunc(func() { close(stop) })
-	sg.fanOut(ctx, sg.pending(), stop, func(i int) {
+	sg.fanOut(ctx, sg.pending(), stop, func(ctx context.Context, i int) {
 		if !sg.readPreimage(ctx, i) {
 			halt()
 		}
