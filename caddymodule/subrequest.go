@@ -77,7 +77,10 @@ func (s *subrequests) Send(ctx context.Context, sr *batch.SubRequest) (resp *bat
 	if sr.RawQuery != "" {
 		requestURI += "?" + sr.RawQuery
 	}
-	req := &http.Request{
+	// A value, not a pointer: WithContext below copies it to the heap,
+	// and PrepareRequest copies that again; only one copy need be made
+	// here.
+	req := http.Request{
 		Method:     sr.Method,
 		URL:        &u,
 		Proto:      "HTTP/1.1",
@@ -100,17 +103,18 @@ func (s *subrequests) Send(ctx context.Context, sr *batch.SubRequest) (resp *bat
 		req.Body = io.NopCloser(bytes.NewReader(sr.Body))
 	}
 	// A resent read changes nothing, so only a write's copies are counted.
-	var resends resendTrace
+	var resends *resendTrace
 	if sr.Method != http.MethodGet && sr.Method != http.MethodHead {
+		resends = new(resendTrace)
 		ctx = httptrace.WithClientTrace(ctx, resends.trace())
 	}
 	rec := newRecorder(s.maxBody)
 	repl := caddy.NewReplacer()
-	req = caddyhttp.PrepareRequest(req.WithContext(ctx), repl, rec, s.server)
+	prepared := caddyhttp.PrepareRequest(req.WithContext(ctx), repl, rec, s.server)
 	// Placeholders the sub-request cannot answer itself (an authenticated
 	// user, say) fall back to the batch request's.
 	repl.Map(s.parentRepl.Get)
-	subCtx := req.Context()
+	subCtx := prepared.Context()
 	maps.Copy(subCtx.Value(caddyhttp.VarsCtxKey).(map[string]any), s.vars)
 	// Routes in a group with the batch handler's own route must be
 	// skipped, as they are for the batch request itself.
@@ -126,10 +130,10 @@ func (s *subrequests) Send(ctx context.Context, sr *batch.SubRequest) (resp *bat
 			resp, err = nil, fmt.Errorf("the handler chain panicked: %v", p)
 		}
 	}()
-	err = s.next.ServeHTTP(rec, req)
+	err = s.next.ServeHTTP(rec, prepared)
 	resp, err = answer(rec, err)
 	if resp != nil {
-		resp.Resent = resends.resent()
+		resp.Resent = resends != nil && resends.resent()
 	}
 	return resp, err
 }
