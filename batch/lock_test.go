@@ -103,12 +103,14 @@ func TestCreatedIDIsLocked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	unlock()
-	select {
-	case <-done:
-	default:
-		t.Error("the created item's lock was let go before the saga ended")
+	// Whoever gets the lock next comes after the undo: the proof read
+	// and the delete were both sent while the saga held it.
+	if got := f.sentWith("DELETE"); len(got) != 1 {
+		t.Errorf("the created item's lock was let go before its undo: %d deletes sent", len(got))
 	}
+	unlock()
+	res := <-done
+	equal(t, "outcome", res.Outcome, RolledBack)
 }
 
 // failing fails one batch's write of one item with 500, whatever the
