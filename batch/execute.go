@@ -201,12 +201,16 @@ func (sg *saga) answered(ctx context.Context, i int, resp *SubResponse, err erro
 	p := sg.plan
 	write := p.Op.Writes()
 	var succeeded bool
+	var ans itemAnswer
+	if resp != nil {
+		ans = answerOf(resp)
+	}
 	_ = sg.transition(ctx, i, PhaseAnswered, nil, func(it *ItemResult, st *itemState) {
 		if resp == nil {
 			recordNoAnswer(it, st, err, write)
 			return
 		}
-		it.setResponse(resp)
+		it.setAnswer(ans)
 		if err != nil {
 			it.Error, it.cause = "the answer's body was cut short", err
 			if errors.Is(err, ErrBodyTooLarge) {

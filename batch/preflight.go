@@ -1,7 +1,6 @@
 package batch
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net/http"
@@ -48,6 +47,10 @@ func (sg *saga) readPreimage(ctx context.Context, i int) bool {
 	resp, err := sg.sendItem(ctx, req)
 	declarative := sg.plan.Op == policy.OpDelete && sg.s.DeleteSemantics == policy.Declarative
 	ok := true
+	var ans itemAnswer
+	if resp != nil {
+		ans = answerOf(resp)
+	}
 	_ = sg.transition(ctx, i, PhaseRead, nil, func(it *ItemResult, st *itemState) {
 		switch {
 		case resp == nil:
@@ -57,12 +60,12 @@ func (sg *saga) readPreimage(ctx context.Context, i int) bool {
 		case resp.Status == http.StatusNotFound && declarative:
 			it.Status, it.Outcome, st.settled = http.StatusNoContent, Succeeded, true
 		case !is2xx(resp.Status):
-			it.setResponse(resp)
+			it.setAnswer(ans)
 			it.Outcome, st.failure = Failed, true
 			it.Error = "the item could not be read before the write (GET " + req.Path + ")"
 			ok = false
-		case jsonKind(bytes.TrimSpace(resp.Body)) != "object" || !validJSON(resp.Body):
-			it.setResponse(resp)
+		case jsonKind(ans.body) != "object":
+			it.setAnswer(ans)
 			it.Status, it.Outcome, st.failure = http.StatusBadGateway, Failed, true
 			it.Error = fmt.Sprintf("GET %s did not answer a JSON object, so the item could not be put back if the batch failed", req.Path)
 			ok = false

@@ -185,27 +185,35 @@ func (r *Result) envelopeHead() envelopeHead {
 	return envelopeHead{Atomicity: r.Atomicity.String(), Outcome: r.Outcome, Succeeded: r.Succeeded, Failed: r.Failed}
 }
 
-// setResponse records the upstream's answer on the item.
-func (it *ItemResult) setResponse(resp *SubResponse) {
-	it.Status = resp.Status
-	it.Body, it.BodyText = nil, ""
+// itemAnswer is what an item shows of an upstream answer. It is worked
+// out before the saga's lock is taken (answerOf), so that checking a
+// large body holds up none of the batch's other items.
+type itemAnswer struct {
+	status    int
+	body      json.RawMessage // set only when valid JSON and valid UTF-8
+	bodyText  string
+	challenge http.Header
+	headers   map[string]string
+}
+
+func answerOf(resp *SubResponse) itemAnswer {
+	a := itemAnswer{status: resp.Status}
 	switch {
 	case len(resp.Body) == 0:
 	// json.Valid lets invalid UTF-8 through inside strings, and a raw
 	// body is copied into the answer as it is: the answer would not be
 	// JSON any more.
-	case json.Valid(resp.Body) && utf8.Valid(resp.Body):
+	case validJSON(resp.Body):
 		// The answer carries the body byte for byte (writeEnvelope); the
 		// whitespace around it, insignificant in JSON, need not go too.
-		it.Body = bytes.TrimSpace(resp.Body)
+		a.body = bytes.TrimSpace(resp.Body)
 	default:
-		it.BodyText = cutText(resp.Body, bodyTextLimit)
-		if len(it.BodyText) > bodyTextLimit {
+		a.bodyText = cutText(resp.Body, bodyTextLimit)
+		if len(a.bodyText) > bodyTextLimit {
 			// Each run of invalid bytes became a 3-byte U+FFFD.
-			it.BodyText = cutText([]byte(it.BodyText), bodyTextLimit)
+			a.bodyText = cutText([]byte(a.bodyText), bodyTextLimit)
 		}
 	}
-	it.challenge = nil
 	var challenge string
 	switch resp.Status {
 	case http.StatusUnauthorized:
@@ -219,18 +227,27 @@ func (it *ItemResult) setResponse(resp *SubResponse) {
 	// both make them so): indexing the map spares the canonicalization
 	// that Header.Get does for every item.
 	if v := resp.Header[challenge]; challenge != "" && len(v) > 0 {
-		it.challenge = http.Header{challenge: slices.Clone(v)}
+		a.challenge = http.Header{challenge: slices.Clone(v)}
 	}
-	it.Headers = nil
 	for _, h := range keptHeaders {
 		if v := resp.Header[h.key]; len(v) > 0 && v[0] != "" {
-			if it.Headers == nil {
-				it.Headers = map[string]string{}
+			if a.headers == nil {
+				a.headers = map[string]string{}
 			}
-			it.Headers[h.name] = v[0]
+			a.headers[h.name] = v[0]
 		}
 	}
+	return a
 }
+
+// setAnswer records an upstream's answer on the item.
+func (it *ItemResult) setAnswer(a itemAnswer) {
+	it.Status, it.Body, it.BodyText, it.challenge, it.Headers = a.status, a.body, a.bodyText, a.challenge, a.headers
+}
+
+// setResponse records resp on the item, where the time its body takes to
+// check does not matter (an answer that fails the batch).
+func (it *ItemResult) setResponse(resp *SubResponse) { it.setAnswer(answerOf(resp)) }
 
 // clearResponse forgets an answer that no longer describes the item.
 func (it *ItemResult) clearResponse() {
