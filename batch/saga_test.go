@@ -534,7 +534,9 @@ func TestPreflight(t *testing.T) {
 			fake:   func() *fakeSender { return newFake().seed("1").on("GET", "/widgets/2", reply(200, `[1,2]`)) },
 			status: 502, items: []string{"not_attempted", "failed"}, detail: []string{"item 1", "JSON object"}},
 		{name: "update, a pre-image that is a JSON object but not UTF-8", method: "PATCH", target: "/widgets", body: `[{"id":"1","v":1},{"id":"2","v":1}]`,
-			fake:   func() *fakeSender { return newFake().seed("1").on("GET", "/widgets/2", reply(200, "{\"name\":\"\xff\"}")) },
+			fake: func() *fakeSender {
+				return newFake().seed("1").on("GET", "/widgets/2", reply(200, "{\"name\":\"\xff\"}"))
+			},
 			status: 502, items: []string{"not_attempted", "failed"}, detail: []string{"item 1", "JSON object"}},
 		{name: "delete, a pre-image that is HTML", method: "DELETE", target: "/widgets?ids=1,2",
 			fake:   func() *fakeSender { return newFake().seed("1").on("GET", "/widgets/2", reply(200, `<html>ok</html>`)) },
