@@ -28,12 +28,7 @@ import (
 // Client, Caddy and upstream share the process; their goroutines carry the
 // profiler label role=client, gateway or upstream, so that a CPU profile can
 // be cut to what a Caddy process of its own would spend, and the module's
-// share of it read:
-//
-//	go test -run '^$' -bench 'Get100/path=batch' -benchtime 4s -cpuprofile cpu.prof ./caddymodule
-//	go tool pprof -top -tagfocus role=gateway caddymodule.test cpu.prof | grep Showing
-//	go tool pprof -top -tagfocus role=gateway -focus 'caddy-batch/(batch|caddymodule|policy|problem)' \
-//	    -ignore 'reverseproxy|caddyhttp.HandlerFunc.ServeHTTP|caddyhttp.\(\*Subroute\)' caddymodule.test cpu.prof | grep Showing
+// share of it read: the README's Performance section has the commands.
 func BenchmarkGet100(b *testing.B) {
 	upstream := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id := r.URL.Path[strings.LastIndexByte(r.URL.Path, '/')+1:]
