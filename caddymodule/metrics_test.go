@@ -101,8 +101,9 @@ var labelValues = map[string]*regexp.Regexp{
 	"result":    regexp.MustCompile(`^(rolled_back|rollback_failed)$`),
 	"request":   regexp.MustCompile(`^(batch|single)$`),
 	// A template: literal segments and {variables}; the tests' ids are
-	// numbers, and no test's template has a number for a segment.
-	"resource": regexp.MustCompile(`^(/([a-z]+|\{[a-z]+\}))+/?$`),
+	// numbers, and no test's template has a segment that is a number
+	// (a literal one starts with a letter: /v1/api/gadgets).
+	"resource": regexp.MustCompile(`^(/([a-z][a-z0-9]*|\{[a-z]+\}))+/?$`),
 }
 
 // checkLabels fails the test if a batch metric has a label that is not
