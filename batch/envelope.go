@@ -71,7 +71,7 @@ func writeEnvelope(w io.Writer, head any, items []ItemResult) error {
 				return err
 			}
 		}
-		if it.BodyText == "" && it.Headers == nil && it.Error == "" && it.Compensation == nil {
+		if it.BodyText == "" && len(it.Headers) == 0 && it.Error == "" && it.Compensation == nil {
 			buf.WriteByte('}')
 		} else {
 			mark := buf.Len()

@@ -76,7 +76,7 @@ func TestEnvelopeAsMarshalled(t *testing.T) {
 				{Index: 5, ID: "5", Status: 500, Outcome: Failed, BodyText: "oops"},
 				{Index: 6, ID: "6", Status: 200, Outcome: RolledBack, Body: json.RawMessage(`"x"`), Compensation: &Compensation{Method: "DELETE", Path: "/widgets/6", Status: 204, Attempts: 1}},
 				{Index: 7, ID: "q\"é\u2028 ~\\\\", Status: 404, Outcome: Failed},
-				{Index: 8, ID: `back\slash "quoted"`, Outcome: NotAttempted},
+				{Index: 8, ID: `back\slash "quoted"`, Outcome: NotAttempted, Headers: map[string]string{}},
 			},
 		}
 	}
