@@ -3,7 +3,6 @@ package caddymodule
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"runtime/pprof"
@@ -64,14 +63,7 @@ http://%[2]s {
 		var resp *http.Response
 		var err error
 		asRole("client", func() { resp, err = client.Get(url) })
-		if err != nil {
-			b.Fatal(err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			b.Fatalf("GET %s: %d", url, resp.StatusCode)
-		}
+		drain(b, resp, err, http.StatusOK)
 	}
 	var cpuStart time.Duration
 	perItem := func(b *testing.B) {
@@ -181,14 +173,7 @@ func BenchmarkGet100Latency(b *testing.B) {
 	url := "http://" + addr + "/api/widgets?ids=" + strings.Join(ids, ",")
 	for b.Loop() {
 		resp, err := http.Get(url)
-		if err != nil {
-			b.Fatal(err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			b.Fatalf("%d", resp.StatusCode)
-		}
+		drain(b, resp, err, http.StatusOK)
 	}
 	floor := time.Duration(n/concurrency) * delay
 	b.ReportMetric(float64(b.Elapsed())/float64(b.N)/float64(floor), "x-floor")

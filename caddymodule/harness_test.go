@@ -132,6 +132,21 @@ func adaptCaddyfile(t testing.TB, config string) []byte {
 	return cfgJSON
 }
 
+// drain fails a benchmark whose request got no answer, or another status
+// than want, and reads the answer whole, so that its connection is kept
+// for the next request.
+func drain(b testing.TB, resp *http.Response, err error, want int) {
+	b.Helper()
+	if err != nil {
+		b.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != want {
+		b.Fatalf("%s %s: %d, want %d", resp.Request.Method, resp.Request.URL, resp.StatusCode, want)
+	}
+}
+
 func freeAddr(t testing.TB) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")

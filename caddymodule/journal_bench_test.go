@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -91,14 +90,7 @@ http://%[1]s {
 					req, _ := http.NewRequest("POST", "http://"+addr+"/api/widgets", bytes.NewReader(body))
 					req.Header.Set("Content-Type", "application/json")
 					resp, err := client.Do(req)
-					if err != nil {
-						b.Fatal(err)
-					}
-					_, _ = io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-					if resp.StatusCode != http.StatusCreated {
-						b.Fatalf("%d, want 201", resp.StatusCode)
-					}
+					drain(b, resp, err, http.StatusCreated)
 				}
 			})
 		}

@@ -3,7 +3,6 @@ package caddymodule
 import (
 	"bytes"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -69,14 +68,7 @@ http://%[2]s {
 			req.Header.Set(header[i], header[i+1])
 		}
 		resp, err := client.Do(req)
-		if err != nil {
-			b.Fatal(err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != want {
-			b.Fatalf("%s %s: %d, want %d", method, url, resp.StatusCode, want)
-		}
+		drain(b, resp, err, want)
 	}
 	url := "http://" + batchAddr + "/api/widgets"
 	b.Run("outcome=succeeded", func(b *testing.B) {
