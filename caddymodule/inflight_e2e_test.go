@@ -384,10 +384,12 @@ func startUpstream(t testing.TB, api *legacyapi.API) string {
 func TestInFlightSlotsSharedAcrossReload(t *testing.T) {
 	const limit = 4
 	api := seededAPI()
+	// The old config's batch holds its slots until the new config's batch
+	// is seen waiting, however long the reload takes on a loaded machine.
+	release := make(chan struct{})
 	for i := 1; i <= 8; i++ {
-		for _, c := range []string{"/api/widgets/", "/api/gadgets/"} {
-			api.Inject(legacyapi.Fault{Method: "GET", Path: c + strconv.Itoa(i), Delay: 400 * time.Millisecond})
-		}
+		api.Inject(legacyapi.Fault{Method: "GET", Path: "/api/widgets/" + strconv.Itoa(i), Until: release})
+		api.Inject(legacyapi.Fault{Method: "GET", Path: "/api/gadgets/" + strconv.Itoa(i), Delay: 50 * time.Millisecond})
 	}
 	site := func(n int) string {
 		return fmt.Sprintf(`
@@ -439,6 +441,7 @@ func TestInFlightSlotsSharedAcrossReload(t *testing.T) {
 	eventually(t, 5*time.Second, "the new config's batch to wait for a slot", func() bool {
 		return slots.Waiting() > 0 || api.InFlight() > limit
 	})
+	close(release)
 	for range 2 {
 		r := <-answers
 		if b := checkEnvelope(t, r, http.StatusOK, "succeeded"); len(b.Items) != 8 {

@@ -189,6 +189,10 @@ type Fault struct {
 	// Delay waits this long before answering; the wait ends early if the
 	// client goes away (nothing is sent then) or Close is called.
 	Delay time.Duration
+	// Until, when non-nil, holds the answer (after any Delay) until the
+	// channel is closed, so a test decides exactly how long a request is
+	// at the upstream; the hold ends early like Delay's.
+	Until <-chan struct{}
 	// Hang never answers: the handler blocks until the client gives up or
 	// Close is called. On Close the connection is dropped, so the client
 	// never sees an answer.
@@ -556,6 +560,9 @@ func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if f.Delay > 0 && !a.wait(r.Context(), f.Delay) {
 		return // the client is gone; there is nobody to answer
 	}
+	if f.Until != nil && !holdUntil(r.Context(), a.closed, f.Until) {
+		return
+	}
 	switch {
 	case f.Hang:
 		select {
@@ -603,14 +610,19 @@ func (a *API) takeFault(method, path string) *Fault {
 func (a *API) wait(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
+	return holdUntil(ctx, a.closed, t.C)
+}
+
+// holdUntil blocks until released fires or closed is closed (true), or the
+// client goes away first (false).
+func holdUntil[T any](ctx context.Context, closed <-chan struct{}, released <-chan T) bool {
 	select {
 	case <-ctx.Done():
 		return false
-	case <-a.closed:
-		return true
-	case <-t.C:
-		return true
+	case <-closed:
+	case <-released:
 	}
+	return true
 }
 
 // drop closes the connection without an answer. Hijacking is not possible on

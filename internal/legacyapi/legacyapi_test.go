@@ -379,6 +379,32 @@ func TestFaults(t *testing.T) {
 		}
 	})
 
+	t.Run("until", func(t *testing.T) {
+		api, srv := start(t)
+		release := make(chan struct{})
+		api.Inject(Fault{Method: "GET", Path: "/api/users/1", Until: release})
+		answered := make(chan answer, 1)
+		go func() {
+			a, err := send(http.DefaultClient, "GET", srv.URL+"/api/users/1", "", nil)
+			if err != nil {
+				a.body = err.Error()
+			}
+			answered <- a
+		}()
+		select {
+		case a := <-answered:
+			t.Fatalf("answered %d before the release", a.status)
+		case <-time.After(100 * time.Millisecond):
+		}
+		if n := api.InFlight(); n != 1 {
+			t.Errorf("%d requests in flight while held, want 1", n)
+		}
+		close(release)
+		if a := <-answered; a.status != 200 || a.body != `{"id":1,"name":"Ada"}` {
+			t.Errorf("after the release: %d %s", a.status, a.body)
+		}
+	})
+
 	t.Run("times and order", func(t *testing.T) {
 		api, srv := start(t)
 		api.Inject(Fault{Method: "GET", Path: "/api/users/1", Status: 500, Times: 2})
