@@ -239,3 +239,12 @@ func (m *inFlightMeter) peakInFlight() int {
 	defer m.mu.Unlock()
 	return m.peak
 }
+
+// heldUntilReleased is f with its answer held, instead of delayed, until
+// release is called: a test's other writer then acts inside the batch's
+// window however slow the machine is.
+func heldUntilReleased(f legacyapi.Fault) (held legacyapi.Fault, release func()) {
+	ch := make(chan struct{})
+	f.Delay, f.Until = 0, ch
+	return f, sync.OnceFunc(func() { close(ch) })
+}

@@ -13,15 +13,14 @@ import (
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
 )
 
-// TestBatchConfigReloadInFlight reloads Caddy's config while slow
-// batches run. A reload does not wait for them: caddy.Load returns once
+// TestBatchConfigReloadInFlight reloads Caddy's config while batches
+// run, each held at the upstream until the new config serves. A reload does not wait for them: caddy.Load returns once
 // the new config serves, the old servers drain within grace_period, and
 // the old config's context (the one the module was provisioned with) is
 // cancelled at once. Every batch in flight must still finish correctly,
 // including the compensations of one that fails after the reload, and a
 // batch sent after the reload must get the new config.
 func TestBatchConfigReloadInFlight(t *testing.T) {
-	const slow = 800 * time.Millisecond
 	site := func(extra string) string {
 		return `
 	batch {
@@ -44,13 +43,16 @@ func TestBatchConfigReloadInFlight(t *testing.T) {
 	}
 
 	widgets, gadgets := api.Items("/api/widgets"), api.Items("/api/gadgets")
+	// Each batch's slow request is held at the upstream until the new
+	// config is seen serving, however long the reload takes.
+	release := make(chan struct{})
 	for _, f := range []legacyapi.Fault{
-		{Method: "GET", Path: "/api/widgets/2", Delay: slow},
-		{Method: "PATCH", Path: "/api/widgets/4", Delay: slow},
-		{Method: "PATCH", Path: "/api/widgets/6", Delay: slow},
-		{Method: "POST", Path: "/api/widgets", Delay: slow, Times: 1},
-		{Method: "DELETE", Path: "/api/gadgets/8", Delay: slow},
-		{Method: "DELETE", Path: "/api/gadgets/10", Delay: slow},
+		{Method: "GET", Path: "/api/widgets/2", Until: release},
+		{Method: "PATCH", Path: "/api/widgets/4", Until: release},
+		{Method: "PATCH", Path: "/api/widgets/6", Until: release},
+		{Method: "POST", Path: "/api/widgets", Until: release, Times: 1},
+		{Method: "DELETE", Path: "/api/gadgets/8", Until: release},
+		{Method: "DELETE", Path: "/api/gadgets/10", Until: release},
 		{Method: "DELETE", Path: "/api/gadgets/11", Status: 500, Body: htmlError},
 	} {
 		api.Inject(f)
@@ -116,6 +118,7 @@ func TestBatchConfigReloadInFlight(t *testing.T) {
 	if len(b.Items) != 2 || !sameJSON(t, b.Items[1].Body, map[string]any{"id": 2, "name": "z2"}) {
 		t.Errorf("batch GET on the new resource: %s", r.Body)
 	}
+	close(release)
 
 	for i, want := range inFlight {
 		r := <-answers[i]

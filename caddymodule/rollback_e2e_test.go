@@ -434,14 +434,14 @@ func TestBatchUpstreamDownMidBatch(t *testing.T) {
 		method, path string
 		body         string
 		collection   string
-		delayed      legacyapi.Fault // the second item's request
+		delayed      legacyapi.Fault // the second item's request, held until the upstream is down
 	}{
 		{"update", "PATCH", "/api/widgets", `[{"id": 11, "name": "a"}, {"id": 12, "name": "b"}, {"id": 13, "name": "c"}]`, "/api/widgets",
-			legacyapi.Fault{Method: "PATCH", Path: "/api/widgets/12", Delay: 400 * time.Millisecond}},
+			legacyapi.Fault{Method: "PATCH", Path: "/api/widgets/12"}},
 		{"delete", "DELETE", "/api/gadgets?ids=11,12,13", "", "/api/gadgets",
-			legacyapi.Fault{Method: "DELETE", Path: "/api/gadgets/12", Delay: 400 * time.Millisecond}},
+			legacyapi.Fault{Method: "DELETE", Path: "/api/gadgets/12"}},
 		{"create", "POST", "/api/widgets", `[{"name": "a"}, {"name": "b"}, {"name": "c"}]`, "/api/widgets",
-			legacyapi.Fault{Method: "POST", Path: "/api/widgets", Delay: 400 * time.Millisecond, Times: 1}},
+			legacyapi.Fault{Method: "POST", Path: "/api/widgets", Times: 1}},
 	}
 	for _, op := range ops {
 		for _, comesBack := range []bool{true, false} {
@@ -471,7 +471,8 @@ func TestBatchUpstreamDownMidBatch(t *testing.T) {
 				if op.name == "create" {
 					api.Inject(passThrough("POST", "/api/widgets", 1))
 				}
-				api.Inject(op.delayed)
+				delayed, release := heldUntilReleased(op.delayed)
+				api.Inject(delayed)
 
 				answer := make(chan response, 1)
 				go func() {
@@ -493,6 +494,7 @@ func TestBatchUpstreamDownMidBatch(t *testing.T) {
 					return n >= 2 || op.name != "create" && n >= 1
 				})
 				up.down()
+				release()
 				if comesBack {
 					// A compensation starts with the read that proves it.
 					eventually(t, 5*time.Second, "a compensation refused", func() bool { return refusedAttempt(http.MethodGet) })

@@ -277,7 +277,8 @@ func TestSagaUndoLosesNoLaterWrite(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			api := usersAPI(legacyapi.Collection{ETags: etags}, 2)
 			g := startGateway(t, api, usersSite(slowSaga...))
-			api.Inject(slowFailure)
+			held, release := heldUntilReleased(slowFailure)
+			api.Inject(held)
 
 			a := start(g.URL, "PATCH", "/users", batchA)
 			eventually(t, 5*time.Second, "A's write to user 2", func() bool { return received(api, "PATCH", "/users/2") })
@@ -287,6 +288,7 @@ func TestSagaUndoLosesNoLaterWrite(t *testing.T) {
 			if a.answered() {
 				t.Fatal("A answered before B's write: the window was missed")
 			}
+			release()
 			r := a.answer(t)
 
 			holds(t, api, "", "1", user(1, "B"))
@@ -322,7 +324,8 @@ func TestSagaDeleteOfAChangedItem(t *testing.T) {
 	t.Run("ETags: A's DELETE carries If-Match and fails 412, B's write stands", func(t *testing.T) {
 		api := usersAPI(legacyapi.Collection{ETags: true, PutCreates: true}, 4)
 		g := startGateway(t, api, usersSite(slowSaga...))
-		api.Inject(slowDelete)
+		held, release := heldUntilReleased(slowDelete)
+		api.Inject(held)
 
 		a := start(g.URL, "DELETE", "/users?ids=3,4", "")
 		eventually(t, 5*time.Second, "A's DELETE of user 3", func() bool { return received(api, "DELETE", "/users/3") })
@@ -332,6 +335,7 @@ func TestSagaDeleteOfAChangedItem(t *testing.T) {
 		if a.answered() {
 			t.Fatal("A answered before B's write: the window was missed")
 		}
+		release()
 		r := a.answer(t)
 
 		holds(t, api, "", "3", user(3, "B"))
@@ -351,7 +355,8 @@ func TestSagaDeleteOfAChangedItem(t *testing.T) {
 	t.Run("no ETags, B straight at the upstream: A deletes B's version and re-creates the pre-image", func(t *testing.T) {
 		api := usersAPI(legacyapi.Collection{PutCreates: true}, 4)
 		g := startGateway(t, api, usersSite(slowSaga...))
-		api.Inject(slowDelete)
+		held, release := heldUntilReleased(slowDelete)
+		api.Inject(held)
 		api.Inject(legacyapi.Fault{Method: "DELETE", Path: "/users/4", Status: 500, Body: htmlError})
 
 		a := start(g.URL, "DELETE", "/users?ids=3,4", "")
@@ -362,6 +367,7 @@ func TestSagaDeleteOfAChangedItem(t *testing.T) {
 		if a.answered() {
 			t.Fatal("A answered before B's write: the window was missed")
 		}
+		release()
 		r := a.answer(t)
 
 		// The upstream has no validator, so neither A's DELETE nor its
@@ -424,7 +430,8 @@ func TestSagaRecreateOverANewerItem(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			api := usersAPI(legacyapi.Collection{PutCreates: true, ETags: etags}, 4)
 			g := startGateway(t, api, usersSite(slowSaga...))
-			api.Inject(legacyapi.Fault{Method: "DELETE", Path: "/users/4", Delay: time.Second, Status: 500, Body: htmlError})
+			held, release := heldUntilReleased(legacyapi.Fault{Method: "DELETE", Path: "/users/4", Status: 500, Body: htmlError})
+			api.Inject(held)
 
 			a := start(g.URL, "DELETE", "/users?ids=3,4", "")
 			eventually(t, 5*time.Second, "A's DELETE of user 4", func() bool { return received(api, "DELETE", "/users/4") })
@@ -435,6 +442,7 @@ func TestSagaRecreateOverANewerItem(t *testing.T) {
 			if a.answered() {
 				t.Fatal("A answered before B's write: the window was missed")
 			}
+			release()
 			r := a.answer(t)
 
 			holds(t, api, "", "3", user(3, "B"))
@@ -595,10 +603,6 @@ func TestSagaUndoDeletesOnlyWhatItCreated(t *testing.T) {
 	})
 
 	bare := legacyapi.Collection{AssignIDs: true, CreateAnswer: legacyapi.AnswerBare, PutCreates: true}
-	slowSecondCreate := []legacyapi.Fault{
-		passThrough("POST", "/users", 1),
-		{Method: "POST", Path: "/users", Delay: time.Second, Status: 500, Body: htmlError, Times: 1},
-	}
 
 	t.Run("ids assigned, bare 201: the element's id 3 is not where the item went", func(t *testing.T) {
 		api := usersAPI(bare, 2)
@@ -624,9 +628,9 @@ func TestSagaUndoDeletesOnlyWhatItCreated(t *testing.T) {
 	t.Run("ids assigned, bare 201: a user 3 someone else made meanwhile is not deleted", func(t *testing.T) {
 		api := usersAPI(bare, 2)
 		g := startGateway(t, api, site)
-		for _, f := range slowSecondCreate {
-			api.Inject(f)
-		}
+		api.Inject(passThrough("POST", "/users", 1))
+		held, release := heldUntilReleased(legacyapi.Fault{Method: "POST", Path: "/users", Status: 500, Body: htmlError, Times: 1})
+		api.Inject(held)
 
 		a := start(g.URL, "POST", "/users", `[{"id": 3, "name": "batch"}, {"name": "second"}]`)
 		eventually(t, 5*time.Second, "the second create", func() bool { return len(sent(api, "POST", "/users")) == 2 })
@@ -636,6 +640,7 @@ func TestSagaUndoDeletesOnlyWhatItCreated(t *testing.T) {
 		if a.answered() {
 			t.Fatal("A answered before B's write: the window was missed")
 		}
+		release()
 		r := a.answer(t)
 
 		holds(t, api, "", "3", user(3, "B"))
