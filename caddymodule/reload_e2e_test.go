@@ -14,10 +14,10 @@ import (
 )
 
 // TestBatchConfigReloadInFlight reloads Caddy's config while batches
-// run, each held at the upstream until the new config serves. A reload does not wait for them: caddy.Load returns once
-// the new config serves, the old servers drain within grace_period, and
-// the old config's context (the one the module was provisioned with) is
-// cancelled at once. Every batch in flight must still finish correctly,
+// run, each held at the upstream until the new config serves. A reload
+// does not wait for them: caddy.Load returns once the new config serves,
+// the old servers drain within grace_period, and the old config's context
+// (the one the module was provisioned with) is cancelled at once. Every batch in flight must still finish correctly,
 // including the compensations of one that fails after the reload, and a
 // batch sent after the reload must get the new config.
 func TestBatchConfigReloadInFlight(t *testing.T) {
