@@ -28,17 +28,33 @@ import (
 // profiler label role=client, gateway or upstream, so that a CPU profile can
 // be cut to what a Caddy process of its own would spend, and the module's
 // share of it read: the README's Performance section has the commands.
+// BenchmarkGet100Process runs the same cases with Caddy as a process of its
+// own.
 func BenchmarkGet100(b *testing.B) {
-	upstream := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id := r.URL.Path[strings.LastIndexByte(r.URL.Path, '/')+1:]
-		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(w, `{"id":%s,"name":"widget %s","price":12.5}`, id, id)
-	}))
+	upstream := httptest.NewUnstartedServer(widgetUpstream)
 	asRole("upstream", upstream.Start)
 	defer upstream.Close()
 	batchAddr, plainAddr := freeAddr(b), freeAddr(b)
 	asRole("gateway", func() {
-		loadCaddyfile(b, fmt.Sprintf(quietGlobalOptions+`http://%[1]s {
+		loadCaddyfile(b, quietGlobalOptions+get100Sites(batchAddr, plainAddr, upstream.Listener.Addr().String()))
+	})
+	defer caddy.Stop()
+	get100Cases(b, batchAddr, plainAddr, "cpu-ns/item", processCPU)
+}
+
+// widgetUpstream is the upstream of the Get100 benchmarks: an instant
+// answer of a small JSON object per item.
+var widgetUpstream = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	id := r.URL.Path[strings.LastIndexByte(r.URL.Path, '/')+1:]
+	w.Header().Set("Content-Type", "application/json")
+	fmt.Fprintf(w, `{"id":%s,"name":"widget %s","price":12.5}`, id, id)
+})
+
+// get100Sites is the Caddyfile of the Get100 benchmarks' two sites in
+// front of upstream: one with the batch handler, one with a plain
+// reverse_proxy.
+func get100Sites(batchAddr, plainAddr, upstream string) string {
+	return fmt.Sprintf(`http://%[1]s {
 	batch {
 		resource /api/widgets {
 			collection GET
@@ -50,14 +66,29 @@ func BenchmarkGet100(b *testing.B) {
 http://%[2]s {
 	reverse_proxy %[3]s
 }
-`, batchAddr, plainAddr, upstream.Listener.Addr()))
-	})
-	defer caddy.Stop()
+`, batchAddr, plainAddr, upstream)
+}
 
+// get100IDs are the ids of a Get100 batch.
+func get100IDs() []string {
 	ids := make([]string, 100)
 	for i := range ids {
 		ids[i] = strconv.Itoa(i + 1)
 	}
+	return ids
+}
+
+// get100BatchURL is the 100-id batch GET of the batch site at addr.
+func get100BatchURL(addr string) string {
+	return "http://" + addr + "/api/widgets?ids=" + strings.Join(get100IDs(), ",")
+}
+
+// get100Cases runs the Get100 cases against the two sites of
+// get100Sites: a 100-id batch GET, and the same GETs one by one and 8 at
+// a time. Besides ns/item it reports, as cpuMetric, the CPU time that
+// cpuClock counts per item.
+func get100Cases(b *testing.B, batchAddr, plainAddr, cpuMetric string, cpuClock func(testing.TB) time.Duration) {
+	ids := get100IDs()
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
 	get := func(b *testing.B, url string) {
 		var resp *http.Response
@@ -69,13 +100,13 @@ http://%[2]s {
 	perItem := func(b *testing.B) {
 		items := float64(b.N * len(ids))
 		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/items, "ns/item")
-		b.ReportMetric(float64((processCPU(b)-cpuStart).Nanoseconds())/items, "cpu-ns/item")
+		b.ReportMetric(float64((cpuClock(b)-cpuStart).Nanoseconds())/items, cpuMetric)
 	}
 
 	b.Run("path=batch", func(b *testing.B) {
-		url := "http://" + batchAddr + "/api/widgets?ids=" + strings.Join(ids, ",")
+		url := get100BatchURL(batchAddr)
 		b.ReportAllocs()
-		cpuStart = processCPU(b)
+		cpuStart = cpuClock(b)
 		for b.Loop() {
 			get(b, url)
 		}
@@ -84,7 +115,7 @@ http://%[2]s {
 	singles := func(addr string) func(b *testing.B) {
 		return func(b *testing.B) {
 			b.ReportAllocs()
-			cpuStart = processCPU(b)
+			cpuStart = cpuClock(b)
 			for b.Loop() {
 				for _, id := range ids {
 					get(b, "http://"+addr+"/api/widgets/"+id)
@@ -101,7 +132,7 @@ http://%[2]s {
 	// at once as the batch does (concurrency 8).
 	b.Run("path=single-parallel8", func(b *testing.B) {
 		b.ReportAllocs()
-		cpuStart = processCPU(b)
+		cpuStart = cpuClock(b)
 		for b.Loop() {
 			var wg sync.WaitGroup
 			next := make(chan string)
@@ -130,7 +161,7 @@ func asRole(name string, f func()) {
 
 // processCPU is the CPU time (user and system) the test process has used:
 // client, Caddy and upstream together, since they share the process.
-func processCPU(b *testing.B) time.Duration {
+func processCPU(b testing.TB) time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		b.Fatal(err)
@@ -145,7 +176,7 @@ func processCPU(b *testing.B) time.Duration {
 //
 //	go test -run '^$' -bench Get100Latency -count 5 ./caddymodule
 func BenchmarkGet100Latency(b *testing.B) {
-	const delay, concurrency, n = 20 * time.Millisecond, 10, 100
+	const delay, concurrency, n = 20 * time.Millisecond, 10, 100 // n: the ids of get100BatchURL
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		time.Sleep(delay)
 		id := r.URL.Path[strings.LastIndexByte(r.URL.Path, '/')+1:]
@@ -166,11 +197,7 @@ func BenchmarkGet100Latency(b *testing.B) {
 }
 `, addr, upstream.Listener.Addr(), concurrency))
 	defer caddy.Stop()
-	ids := make([]string, n)
-	for i := range ids {
-		ids[i] = strconv.Itoa(i + 1)
-	}
-	url := "http://" + addr + "/api/widgets?ids=" + strings.Join(ids, ",")
+	url := get100BatchURL(addr)
 	for b.Loop() {
 		resp, err := http.Get(url)
 		drain(b, resp, err, http.StatusOK)

@@ -66,7 +66,7 @@ http://%[1]s {
 }
 
 // startCaddyProcess runs the binary with config until it serves addr.
-func startCaddyProcess(t *testing.T, bin, config, addr string) *caddyProcess {
+func startCaddyProcess(t testing.TB, bin, config, addr string) *caddyProcess {
 	t.Helper()
 	dir := t.TempDir()
 	file := filepath.Join(dir, "Caddyfile")

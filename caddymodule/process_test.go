@@ -21,7 +21,7 @@ var builtCaddy struct {
 // caddyBinary returns the path of a cmd/caddy binary: $BATCH_TEST_CADDY
 // when set (.ci/run builds one binary for every step), else one built
 // for this run. Tests that need it are skipped under -short.
-func caddyBinary(t *testing.T) string {
+func caddyBinary(t testing.TB) string {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("runs cmd/caddy as a process of its own")
