@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"reflect"
 	"strconv"
 	"strings"
@@ -217,15 +218,17 @@ func send(client *http.Client, base, method, path, body string) (response, error
 }
 
 // TestOverlappingWritersSerialize sends all-or-nothing batch updates and
-// single PATCHes at once, through one Caddy, over a few shared ids, some
-// batches failing on purpose (one element the legacy API refuses). Every
-// batch must succeed or be rolled back, every single write succeed, and
-// each widget must end as the last committed write to it left it, in the
-// order the legacy API received them: writes to one item never
-// interleave with a saga's (its locks), and a rolled-back batch leaves no
-// trace, whatever else wrote to its items before and after.
+// deletes, and single PATCHes and DELETEs, at once through one Caddy over
+// a few shared ids. Some batches fail on purpose (an element the legacy
+// API refuses), and the first DELETE of one id is answered 503 without
+// being applied, whoever sends it. No batch may end rollback_failed, and
+// the legacy API must hold what the committed writes (single writes
+// answered 2xx, writes of batches that succeeded) leave when replayed in
+// the order it received them: writes to one item never interleave with a
+// saga's (its locks), and a batch that failed leaves no trace, whatever
+// else wrote to its items before and after.
 func TestOverlappingWritersSerialize(t *testing.T) {
-	const clients, nIDs, rounds = 30, 5, 2
+	const clients, nIDs, rounds = 40, 8, 2
 	for _, tc := range []struct {
 		name    string
 		etags   bool
@@ -243,7 +246,7 @@ func TestOverlappingWritersSerialize(t *testing.T) {
 }
 
 func testOverlappingWriters(t *testing.T, round, clients, nIDs int, etags bool, options string) {
-	api := legacyapi.New(legacyapi.Collection{Path: "/api/widgets", ETags: etags, Seed: records("w", 1, nIDs)})
+	api := legacyapi.New(legacyapi.Collection{Path: "/api/widgets", PutCreates: true, ETags: etags, Seed: records("w", 1, nIDs)})
 	g := startGateway(t, api, `
 	batch {
 		concurrency 3
@@ -255,31 +258,46 @@ func testOverlappingWriters(t *testing.T, round, clients, nIDs int, etags bool, 
 	}
 	reverse_proxy UPSTREAM
 `)
+	api.Inject(legacyapi.Fault{Method: "DELETE", Path: fmt.Sprintf("/api/widgets/%d", 1+rand.IntN(nIDs)), Status: 503, Body: htmlError, Times: 1})
+
+	// Every request names its client in the query, which the gateway
+	// keeps on each sub-request of a batch (SPEC §5).
 	type write struct {
-		single  bool
-		failing bool
-		path    string
-		method  string
-		body    string
+		single, failing bool
+		method, path    string
+		body            string
 	}
 	writes := make([]write, clients)
 	for c := range writes {
-		if c%3 == 0 {
-			id := 1 + rand.IntN(nIDs)
-			writes[c] = write{single: true, method: "PATCH", path: fmt.Sprintf("/api/widgets/%d", id), body: fmt.Sprintf(`{"v":%d}`, c)}
-			continue
-		}
+		by := fmt.Sprintf("?by=%d", c)
+		id := 1 + rand.IntN(nIDs)
 		perm := rand.Perm(nIDs)[:2+rand.IntN(3)]
-		failing := rand.IntN(3) == 0
-		elems := make([]map[string]any, len(perm))
-		for k, i := range perm {
-			elems[k] = map[string]any{"id": i + 1, "v": c}
+		switch c % 10 {
+		case 0, 5:
+			writes[c] = write{single: true, method: "PATCH", path: fmt.Sprintf("/api/widgets/%d%s", id, by), body: fmt.Sprintf(`{"v":%d}`, c)}
+		case 1:
+			// Creates the widget again if it was deleted (PUT creates here).
+			writes[c] = write{single: true, method: "PUT", path: fmt.Sprintf("/api/widgets/%d%s", id, by), body: fmt.Sprintf(`{"id":%d,"name":"w%d","v":%d}`, id, id, c)}
+		case 2:
+			writes[c] = write{single: true, method: "DELETE", path: fmt.Sprintf("/api/widgets/%d%s", id, by)}
+		case 3:
+			var ids []string
+			for _, i := range perm[:2] {
+				ids = append(ids, strconv.Itoa(i+1))
+			}
+			writes[c] = write{method: "DELETE", path: "/api/widgets" + by + "&ids=" + strings.Join(ids, ",")}
+		default:
+			failing := rand.IntN(3) == 0
+			elems := make([]map[string]any, len(perm))
+			for k, i := range perm {
+				elems[k] = map[string]any{"id": i + 1, "v": c}
+			}
+			if failing {
+				elems[len(elems)-1]["name"] = "" // the legacy API's 422
+			}
+			body, _ := json.Marshal(elems)
+			writes[c] = write{failing: failing, method: "PATCH", path: "/api/widgets" + by, body: string(body)}
 		}
-		if failing {
-			elems[len(elems)-1]["name"] = "" // the legacy API's 422
-		}
-		body, _ := json.Marshal(elems)
-		writes[c] = write{failing: failing, method: "PATCH", path: "/api/widgets", body: string(body)}
 	}
 
 	client := &http.Client{Timeout: 90 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: clients}}
@@ -298,52 +316,71 @@ func testOverlappingWriters(t *testing.T, round, clients, nIDs int, etags bool, 
 	wg.Wait()
 
 	committed := make([]bool, clients)
+	ended := map[string]int{}
+	defer func() { t.Logf("round %d: %v", round, ended) }()
 	for c, w := range writes {
 		r := answers[c]
 		switch {
 		case errs[c] != nil:
 			t.Fatalf("round %d: client %d: %v", round, c, errs[c])
 		case w.single:
-			if r.Status != http.StatusOK {
-				t.Fatalf("round %d: single PATCH %s: %d %s", round, w.path, r.Status, r.Body)
+			// 201: a PUT that created the widget again; 404: another
+			// client deleted it first; 503: the fault.
+			committed[c] = r.Status == http.StatusOK || r.Status == http.StatusCreated
+			if !committed[c] && r.Status != http.StatusNotFound && r.Status != http.StatusServiceUnavailable {
+				t.Fatalf("round %d: single %s %s: %d %s", round, w.method, w.path, r.Status, r.Body)
 			}
-			committed[c] = true
+			ended[fmt.Sprintf("single %s %d", w.method, r.Status)]++
 		default:
 			var b batchAnswer
 			if err := json.Unmarshal(r.Body, &b); err != nil {
 				t.Fatalf("round %d: batch %d: %d %s", round, c, r.Status, r.Body)
 			}
-			want := "succeeded"
-			if w.failing {
-				want = "rolled_back"
-			}
-			if b.Outcome != want {
+			// failed: a target deleted before the batch began, or the
+			// fault on its first write; rolled_back: a failure after a
+			// write took effect.
+			if b.Outcome != "succeeded" && b.Outcome != "failed" && b.Outcome != "rolled_back" || w.failing && b.Outcome == "succeeded" {
 				t.Fatalf("round %d: batch %d (failing on purpose: %v): %d %s", round, c, w.failing, r.Status, r.Body)
 			}
-			committed[c] = !w.failing
+			committed[c] = b.Outcome == "succeeded"
+			ended["batch "+w.method+" "+b.Outcome]++
 		}
 	}
 
-	// Each widget's last committed write, in the order the legacy API
-	// received the writes to it.
-	want := map[string]any{}
+	// Replay the committed writes in the order the legacy API received
+	// them; undos (their keys end in :undo) and reads change nothing in
+	// the replay.
+	want := map[string]map[string]any{}
+	for i := 1; i <= nIDs; i++ {
+		want[strconv.Itoa(i)] = map[string]any{"id": json.Number(strconv.Itoa(i)), "name": "w" + strconv.Itoa(i)}
+	}
 	for _, req := range api.Requests() {
-		if req.Method != http.MethodPatch || strings.HasSuffix(strings.Trim(req.Header.Get("Idempotency-Key"), `"`), ":undo") {
-			continue // reads, and the undos' restores
+		if req.Method == http.MethodGet || strings.HasSuffix(strings.Trim(req.Header.Get("Idempotency-Key"), `"`), ":undo") {
+			continue
 		}
-		var patch struct{ V *int }
-		if err := json.Unmarshal(req.Body, &patch); err != nil || patch.V == nil {
-			t.Fatalf("round %d: a PATCH the test did not write: %s %s (Idempotency-Key %s)", round, req.Path, req.Body, req.Header.Get("Idempotency-Key"))
+		q, _ := url.ParseQuery(req.RawQuery)
+		c, err := strconv.Atoi(q.Get("by"))
+		if err != nil || req.Method != http.MethodPatch && req.Method != http.MethodPut && req.Method != http.MethodDelete {
+			t.Fatalf("round %d: a request the test did not make: %s %s?%s %s", round, req.Method, req.Path, req.RawQuery, req.Body)
 		}
-		if committed[*patch.V] {
-			want[strings.TrimPrefix(req.Path, "/api/widgets/")] = json.Number(strconv.Itoa(*patch.V))
+		if !committed[c] {
+			continue
+		}
+		id := strings.TrimPrefix(req.Path, "/api/widgets/")
+		switch req.Method {
+		case http.MethodDelete:
+			delete(want, id)
+		case http.MethodPut:
+			want[id] = map[string]any{"id": json.Number(id), "name": "w" + id, "v": json.Number(strconv.Itoa(c))}
+		default:
+			want[id]["v"] = json.Number(strconv.Itoa(c))
 		}
 	}
 	for i := 1; i <= nIDs; i++ {
 		id := strconv.Itoa(i)
-		rec, _ := api.Item("/api/widgets", id)
-		if rec["v"] != want[id] || rec["name"] != "w"+id {
-			t.Errorf("round %d: widget %s is %v; its last committed write set v to %v", round, id, rec, want[id])
+		rec, exists := api.Item("/api/widgets", id)
+		if w, ok := want[id]; exists != ok || !reflect.DeepEqual(rec, w) {
+			t.Errorf("round %d: widget %s is %v (exists: %v); the committed writes leave %v (exists: %v)", round, id, rec, exists, w, ok)
 		}
 	}
 }
