@@ -219,6 +219,7 @@ type API struct {
 	mu      sync.Mutex
 	faults  []*armedFault
 	log     []Request
+	applied []Request             // the writes carried out, in the order they were
 	version uint64                // the last record version handed out
 	lastJob int                   // the last job number handed out (AnswerAccepted)
 	keys    map[string]*keyRecord // Idempotency-Key records, by scope and key
@@ -448,19 +449,35 @@ func (a *API) Writes() Writes {
 func (a *API) Requests() []Request {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	out := make([]Request, len(a.log))
-	for i, r := range a.log {
+	return copyRequests(a.log)
+}
+
+// AppliedWrites returns a copy of every write the API carried out
+// (answered 2xx) since creation or the last ResetLog, in the order it
+// carried them out. Requests' arrival order is not that order for writes
+// that reach the API at once: a test that judges what overwrote what
+// reads this one.
+func (a *API) AppliedWrites() []Request {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return copyRequests(a.applied)
+}
+
+// copyRequests is a deep copy of rs, for a caller to keep.
+func copyRequests(rs []Request) []Request {
+	out := make([]Request, len(rs))
+	for i, r := range rs {
 		out[i] = Request{Method: r.Method, Path: r.Path, RawQuery: r.RawQuery, Header: r.Header.Clone(), Body: bytes.Clone(r.Body)}
 	}
 	return out
 }
 
-// ResetLog forgets the requests received so far, so a test can look only at
-// what one step sent.
+// ResetLog forgets the requests received and the writes applied so far, so
+// a test can look only at what one step sent.
 func (a *API) ResetLog() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.log = nil
+	a.log, a.applied = nil, nil
 }
 
 // InFlight returns how many requests are being served now: from the
@@ -688,6 +705,7 @@ func (a *API) process(r *http.Request, path string, body []byte) response {
 	}
 	if write && res.status >= 200 && res.status < 300 {
 		a.writes.Applied++
+		a.applied = append(a.applied, Request{Method: r.Method, Path: path, RawQuery: r.URL.RawQuery, Header: r.Header.Clone(), Body: bytes.Clone(body)})
 	}
 	if key != nil {
 		key.res, key.done = res.clone(), true

@@ -1240,3 +1240,56 @@ func TestCountConns(t *testing.T) {
 		t.Errorf("%d connections, want 3", got)
 	}
 }
+
+// AppliedWrites lists the writes carried out in the order they took
+// effect, which is not their arrival order when one is held; reads and
+// refused writes are not in it, and ResetLog forgets it.
+func TestAppliedWrites(t *testing.T) {
+	api, srv := start(t)
+	release := make(chan struct{})
+	api.Inject(Fault{Method: "PATCH", Path: "/api/users/1", Until: release, Times: 1})
+	held := make(chan answer, 1)
+	go func() {
+		a, err := send(http.DefaultClient, "PATCH", srv.URL+"/api/users/1", `{"name":"first"}`, nil)
+		if err != nil {
+			a.body = err.Error()
+		}
+		held <- a
+	}()
+	for len(api.Requests()) == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	do(t, "PATCH", srv.URL+"/api/users/1", `{"name":"second"}`)
+	do(t, "GET", srv.URL+"/api/users/1", "")
+	do(t, "PATCH", srv.URL+"/api/users/99", `{"name":"nobody"}`) // 404
+	do(t, "PATCH", srv.URL+"/api/users/2", `{"name":""}`)        // 422
+	close(release)
+	if a := <-held; a.status != 200 {
+		t.Fatalf("held PATCH: %d %s", a.status, a.body)
+	}
+	var arrived, applied []string
+	for _, r := range api.Requests() {
+		arrived = append(arrived, r.Method+" "+r.Path+" "+string(r.Body))
+	}
+	for _, r := range api.AppliedWrites() {
+		applied = append(applied, r.Method+" "+r.Path+" "+string(r.Body))
+	}
+	wantArrived := []string{
+		`PATCH /api/users/1 {"name":"first"}`, `PATCH /api/users/1 {"name":"second"}`, `GET /api/users/1 `,
+		`PATCH /api/users/99 {"name":"nobody"}`, `PATCH /api/users/2 {"name":""}`,
+	}
+	wantApplied := []string{`PATCH /api/users/1 {"name":"second"}`, `PATCH /api/users/1 {"name":"first"}`}
+	if !slices.Equal(arrived, wantArrived) {
+		t.Errorf("Requests() = %q, want %q", arrived, wantArrived)
+	}
+	if !slices.Equal(applied, wantApplied) {
+		t.Errorf("AppliedWrites() = %q, want %q", applied, wantApplied)
+	}
+	if rec, _ := api.Item("/api/users", "1"); rec["name"] != "first" {
+		t.Errorf("user 1 is %v, want the held write's name, applied last", rec)
+	}
+	api.ResetLog()
+	if got := api.AppliedWrites(); len(got) != 0 {
+		t.Errorf("AppliedWrites() after ResetLog = %v", got)
+	}
+}
