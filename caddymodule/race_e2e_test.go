@@ -420,6 +420,15 @@ func TestUndoNeverOverwritesDirectWriters(t *testing.T) {
 				case <-time.After(time.Duration(1+rand.IntN(5)) * time.Millisecond):
 				}
 				id := 1 + rand.IntN(nIDs)
+				if rand.IntN(2) == 0 {
+					// The newest item: most likely one a batch has just
+					// created.
+					for k := range api.Items("/api/widgets") {
+						if n, _ := strconv.Atoi(k); n > id {
+							id = n
+						}
+					}
+				}
 				path := fmt.Sprintf("/api/widgets/%d?by=direct", id)
 				var err error
 				switch rand.IntN(8) {
@@ -444,19 +453,26 @@ func TestUndoNeverOverwritesDirectWriters(t *testing.T) {
 		wg.Go(func() {
 			perm := rand.Perm(nIDs)[:2+rand.IntN(3)]
 			method, path, body := "PATCH", "/api/widgets", ""
-			if b%3 == 0 {
+			switch b % 4 {
+			case 0:
 				var ids []string
 				for _, i := range perm {
 					ids = append(ids, strconv.Itoa(i+1))
 				}
 				method, path = "DELETE", "/api/widgets?ids="+strings.Join(ids, ",")
-			} else {
+			default:
 				elems := make([]map[string]any, len(perm))
 				for k, i := range perm {
 					elems[k] = map[string]any{"id": i + 1, "v": fmt.Sprintf("b%d", b)}
+					if b%4 == 3 {
+						elems[k] = map[string]any{"name": fmt.Sprintf("new b%d-%d", b, k)}
+					}
 				}
-				if b%3 == 1 {
+				if b%8 == 1 || b%8 == 7 {
 					elems[len(elems)-1]["name"] = "" // the legacy API's 422
+				}
+				if b%4 == 3 {
+					method = "POST"
 				}
 				raw, _ := json.Marshal(elems)
 				body = string(raw)
@@ -488,6 +504,15 @@ func TestUndoNeverOverwritesDirectWriters(t *testing.T) {
 	reborn := 0
 	for _, w := range applied {
 		key := keyOf(w)
+		if w.Method == http.MethodPost {
+			// A create's effect is on the item it made: the id its batch
+			// answered with.
+			var b, i int
+			if _, err := fmt.Sscanf(key, "b%d:%d", &b, &i); err != nil || i >= len(answers[b].Items) {
+				t.Fatalf("a create the test cannot place: %s (%q)", w.Body, key)
+			}
+			w.Path = "/api/widgets/" + answers[b].Items[i].ID
+		}
 		if write, ok := strings.CutSuffix(key, ":undo"); ok {
 			prev := last[w.Path]
 			switch {
