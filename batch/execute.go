@@ -250,6 +250,12 @@ func (sg *saga) answered(ctx context.Context, i int, resp *SubResponse, err erro
 					it.ID = id
 				}
 			}
+		case write && (resp.Status == http.StatusBadGateway || resp.Status == http.StatusGatewayTimeout):
+			// What a proxy in front of the upstream answers when the
+			// upstream's own answer did not reach it (RFC 9110, 15.6.3
+			// and 15.6.5): the write may have been applied all the same.
+			it.Outcome, st.applied, st.failure = Unknown, true, true
+			it.Error = fmt.Sprintf("the write was answered %d, which a proxy in front of the upstream sends when the upstream's answer did not reach it: it may have taken effect", resp.Status)
 		case resp.Status == http.StatusPreconditionFailed && st.preETag != "":
 			it.Outcome, st.failure = Failed, true
 			it.Error = "the item changed after the batch read it (If-Match failed), so the write was not applied"

@@ -42,6 +42,10 @@ type answer struct {
 	// effectThenErr lets the store apply the request, then loses the
 	// answer: the write happened, the gateway cannot know.
 	effectThenErr error
+	// effectThenStatus lets the store apply the request, then answers
+	// this status with an error page instead: a proxy in front of the
+	// upstream whose answer did not reach it.
+	effectThenStatus int
 	// resent lets the store apply the request twice and answers the
 	// second copy, marked Resent: an HTTP client that resent the request
 	// after its first connection died.
@@ -245,6 +249,9 @@ func (f *fakeSender) Send(ctx context.Context, req *SubRequest) (*SubResponse, e
 	}
 	if a.effectThenErr != nil {
 		return nil, a.effectThenErr
+	}
+	if a.effectThenStatus != 0 {
+		return &SubResponse{Status: a.effectThenStatus, Header: http.Header{"Content-Type": {"text/html"}}, Body: []byte("<h1>Bad Gateway</h1>")}, nil
 	}
 	return resp, nil
 }

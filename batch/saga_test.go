@@ -706,6 +706,55 @@ func TestUnknown(t *testing.T) {
 			t.Errorf("detail %q does not name item 1", w.Detail)
 		}
 	})
+	t.Run("an update a proxy answered 502 after it was applied is read, and undone", func(t *testing.T) {
+		f := newFake().seed("1", "2").on("PATCH", "/widgets/2", answer{effectThenStatus: 502})
+		before := f.state()
+		w := write(t, run1(t, "PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":2}]`, f, concurrency(1)))
+		equalSlices(t, "sent", f.sent(), []string{"GET /widgets/1", "GET /widgets/2", "PATCH /widgets/1", "PATCH /widgets/2", "GET /widgets/2", "PUT /widgets/2", "GET /widgets/1", "PUT /widgets/1"})
+		equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "rolled_back"})
+		equalSlices(t, "statuses", w.Statuses(), []int{200, 502})
+		equal(t, "status", w.Code, 502)
+		if !strings.Contains(w.Items[1].Error, "may have taken effect") {
+			t.Errorf("item 1's error %q does not say the write may have taken effect", w.Items[1].Error)
+		}
+		f.checkUnchanged(t, before)
+	})
+	t.Run("a delete answered 504 that did not take effect is failed, after a read", func(t *testing.T) {
+		f := newFake().seed("1", "2").on("DELETE", "/widgets/1", reply(504, "<h1>Gateway Timeout</h1>"))
+		before := f.state()
+		w := write(t, run1(t, "DELETE", "/widgets?ids=1,2", "", f, concurrency(1)))
+		equalSlices(t, "sent", f.sent(), []string{"GET /widgets/1", "GET /widgets/2", "DELETE /widgets/1", "GET /widgets/1"})
+		equalSlices(t, "outcomes", w.Outcomes(), []string{"failed", "not_attempted"})
+		equal(t, "status", w.Code, 504)
+		equal(t, "outcome", w.Outcome, "failed")
+		f.checkUnchanged(t, before)
+	})
+	t.Run("a create with no id a proxy answered 502: rollback_failed", func(t *testing.T) {
+		f := newFake().on("POST", "/widgets", answer{}, answer{effectThenStatus: 502})
+		w := write(t, run1(t, "POST", "/widgets", elements(2), f, concurrency(1)))
+		equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "rollback_failed"})
+		equal(t, "status", w.Code, 500)
+	})
+	t.Run("partial: a write answered 504 is unknown, and left", func(t *testing.T) {
+		f := newFake().seed("1", "2").on("PATCH", "/widgets/2", answer{effectThenStatus: 504})
+		w := write(t, run1(t, "PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":2}]`, f, partial))
+		equalSlices(t, "outcomes", w.Outcomes(), []string{"succeeded", "unknown"})
+		equal(t, "status", w.Code, 207)
+		equal(t, "sub-requests", len(f.log()), 2)
+	})
+	t.Run("the upstream's own 500 and 503 are failures, not unknown", func(t *testing.T) {
+		for _, status := range []int{500, 503} {
+			f := newFake().seed("1", "2").on("PATCH", "/widgets/2", reply(status, "down"))
+			w := write(t, run1(t, "PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":2}]`, f, concurrency(1)))
+			equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "failed"})
+			equalSlices(t, "sent", f.sent(), []string{"GET /widgets/1", "GET /widgets/2", "PATCH /widgets/1", "PATCH /widgets/2", "GET /widgets/1", "PUT /widgets/1"})
+		}
+	})
+	t.Run("a read answered 502 is failed, not unknown", func(t *testing.T) {
+		f := newFake().seed("1", "2").on("GET", "/widgets/2", reply(502, "<h1>Bad Gateway</h1>"))
+		w := write(t, run1(t, "GET", "/widgets?ids=1,2", "", f, partial))
+		equalSlices(t, "outcomes", w.Outcomes(), []string{"succeeded", "failed"})
+	})
 	t.Run("ErrNotSent is failed, not unknown, and not compensated", func(t *testing.T) {
 		f := newFake().on("POST", "/widgets", answer{}, answer{err: notSent()})
 		w := write(t, run1(t, "POST", "/widgets", `[{"name":"a"},{"id":"b","name":"b"},{"name":"c"}]`, f, concurrency(1)))

@@ -85,8 +85,9 @@ type Options struct {
 	CompensationTimeout caddy.Duration `json:"compensation_timeout,omitempty"`
 
 	// Whether the upstream honours Idempotency-Key: a write whose outcome
-	// is unknown (sent, but no answer came) is then sent again with the
-	// same key to learn what it did, before it is undone. Default: false.
+	// is unknown (sent, and no answer said what it did) is then sent again
+	// with the same key to learn what it did, before it is undone.
+	// Default: false.
 	IdempotentUpstream *bool `json:"idempotent_upstream,omitempty"`
 
 	// Where the locks an all-or-nothing batch takes on the items it

@@ -74,6 +74,15 @@ func TestBatchAllOrNothingFaults(t *testing.T) {
 		{name: "update, connection dropped after it was applied", method: "PATCH", path: widgets, body: updateBody(`"two"`), collection: widgets,
 			faults: []legacyapi.Fault{{Method: "PATCH", Path: "/api/widgets/2", Drop: true, AfterApply: true}},
 			status: []int{502}, outcomes: []string{"rolled_back", "rolled_back", "not_attempted"}, itemStatus: 502, compensated: true, notSent: "/api/widgets/3"},
+		// A proxy in front of the legacy API answers 502 or 504 when the
+		// API's own answer does not reach it: the write may have been
+		// applied, so the saga reads the item to learn, and undoes it.
+		{name: "update, a proxy's 502 after it was applied", method: "PATCH", path: widgets, body: updateBody(`"two"`), collection: widgets,
+			faults: []legacyapi.Fault{{Method: "PATCH", Path: "/api/widgets/2", Status: 502, Body: htmlError, AfterApply: true}},
+			status: []int{502}, outcomes: []string{"rolled_back", "rolled_back", "not_attempted"}, itemStatus: 502, bodyText: htmlError, compensated: true, notSent: "/api/widgets/3"},
+		{name: "update, a proxy's 504, not applied", method: "PATCH", path: widgets, body: updateBody(`"two"`), collection: widgets,
+			faults: []legacyapi.Fault{{Method: "PATCH", Path: "/api/widgets/2", Status: 504, Body: htmlError}},
+			status: []int{504}, outcomes: []string{"rolled_back", "failed", "not_attempted"}, itemStatus: 504, itemError: "did not take effect", notSent: "/api/widgets/3"},
 		// Dropped once: Go's transport may resend the PATCH (it carries an
 		// Idempotency-Key) on a new connection, and then it succeeds; the
 		// third item fails either way, so the batch must end undone.
@@ -96,6 +105,10 @@ func TestBatchAllOrNothingFaults(t *testing.T) {
 			body: createBody(`{"id": 700, "name": "second"}`), collection: widgets,
 			faults: []legacyapi.Fault{passThrough("POST", widgets, 1), {Method: "POST", Path: widgets, Hang: true, AfterApply: true, Times: 1}},
 			status: []int{504}, outcomes: []string{"rolled_back", "rolled_back", "not_attempted"}, itemStatus: 504, compensated: true},
+		{name: "create, a proxy's 504 after it was applied (id known)", method: "POST", path: widgets,
+			body: createBody(`{"id": 700, "name": "second"}`), collection: widgets,
+			faults: []legacyapi.Fault{passThrough("POST", widgets, 1), {Method: "POST", Path: widgets, Status: 504, Body: htmlError, AfterApply: true, Times: 1}},
+			status: []int{504}, outcomes: []string{"rolled_back", "rolled_back", "not_attempted"}, itemStatus: 504, compensated: true},
 		{name: "create, connection dropped after it was applied (id known)", method: "POST", path: widgets,
 			body: createBody(`{"id": 700, "name": "second"}`), collection: widgets,
 			faults: []legacyapi.Fault{passThrough("POST", widgets, 1), {Method: "POST", Path: widgets, Drop: true, AfterApply: true}},
@@ -111,6 +124,9 @@ func TestBatchAllOrNothingFaults(t *testing.T) {
 		{name: "delete, hangs past item_timeout after it was applied", method: "DELETE", path: gadgets + "?ids=1,2,3", collection: gadgets,
 			faults: []legacyapi.Fault{{Method: "DELETE", Path: "/api/gadgets/2", Hang: true, AfterApply: true}},
 			status: []int{504}, outcomes: []string{"rolled_back", "rolled_back", "not_attempted"}, itemStatus: 504, compensated: true, notSent: "/api/gadgets/3"},
+		{name: "delete, a proxy's 502 after it was applied", method: "DELETE", path: gadgets + "?ids=1,2,3", collection: gadgets,
+			faults: []legacyapi.Fault{{Method: "DELETE", Path: "/api/gadgets/2", Status: 502, Body: htmlError, AfterApply: true}},
+			status: []int{502}, outcomes: []string{"rolled_back", "rolled_back", "not_attempted"}, itemStatus: 502, compensated: true, notSent: "/api/gadgets/3"},
 		{name: "delete, connection dropped after it was applied", method: "DELETE", path: gadgets + "?ids=1,2,3", collection: gadgets,
 			faults: []legacyapi.Fault{{Method: "DELETE", Path: "/api/gadgets/2", Drop: true, AfterApply: true}},
 			status: []int{502}, outcomes: []string{"rolled_back", "rolled_back", "not_attempted"}, itemStatus: 502, compensated: true, notSent: "/api/gadgets/3"},
