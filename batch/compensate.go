@@ -95,6 +95,10 @@ func (sg *saga) undoItem(ctx context.Context, i int) {
 	switch {
 	case resp == nil:
 		sg.settle(ctx, i, RollbackFailed, "", nil)
+	case resp.Status == http.StatusPreconditionFailed && c.Attempts > 1 && sg.alreadyUndone(ctx, i):
+		// An earlier attempt took effect though its answer was lost, and
+		// the condition now fails on the undo's own result.
+		sg.settle(ctx, i, RolledBack, "", nil)
 	case resp.Status == http.StatusPreconditionFailed:
 		sg.settle(ctx, i, RollbackFailed, "the item changed after the batch wrote it (the undo's precondition failed), so it was left as it is", nil)
 	case u.Method == http.MethodDelete && gone(resp.Status) && (u.Proof != nil || st.createdFrom != "element"):

@@ -682,3 +682,42 @@ func TestBatchWriteResentByTheTransport(t *testing.T) {
 		})
 	}
 }
+
+// TestUndoAppliedButUnanswered: with strong ETags, an undo's first
+// attempt takes effect but a proxy answers it 502, so the retry's
+// condition fails on the undo's own result (412). The item is as the
+// undo leaves it, and is reported rolled_back, not left behind.
+func TestUndoAppliedButUnanswered(t *testing.T) {
+	for _, op := range []struct {
+		name, method, path, body, collection, undo, undone string
+	}{
+		{"update, restored by put", "PATCH", "/api/widgets", `[{"id": 1, "name": "one"}, {"id": 2, "name": ""}]`, "/api/widgets", "PUT", "/api/widgets/1"},
+		{"delete, re-created by put", "DELETE", "/api/gadgets?ids=1,2", "", "/api/gadgets", "PUT", "/api/gadgets/1"},
+	} {
+		t.Run(op.name, func(t *testing.T) {
+			api := legacyapi.New(
+				legacyapi.Collection{Path: "/api/widgets", ETags: true, Seed: records("w", 1, 3)},
+				legacyapi.Collection{Path: "/api/gadgets", ETags: true, PutCreates: true, Seed: records("g", 1, 3)},
+			)
+			g := startGateway(t, api, faultSite)
+			if op.collection == "/api/gadgets" {
+				api.Inject(legacyapi.Fault{Method: "DELETE", Path: "/api/gadgets/2", Status: 409, ContentType: "text/plain", Body: "locked"})
+			}
+			api.Inject(legacyapi.Fault{Method: op.undo, Path: op.undone, Status: 502, Body: htmlError, AfterApply: true, Times: 1})
+			before := api.Items(op.collection)
+			var body any
+			if op.body != "" {
+				body = op.body
+			}
+			r := g.do(t, op.method, op.path, body)
+			b := checkProblem(t, r, r.Status)
+			if b.Outcome != "rolled_back" || b.Items[0].Outcome != "rolled_back" {
+				t.Fatalf("outcome %q, item 0 %q (compensation %+v), want rolled_back: %s", b.Outcome, b.Items[0].Outcome, b.Items[0].Compensation, r.Body)
+			}
+			if c := b.Items[0].Compensation; c == nil || c.Attempts != 2 || c.Status != http.StatusPreconditionFailed {
+				t.Errorf("compensation %+v, want two attempts, the second answered 412", c)
+			}
+			sameState(t, api, op.collection, before)
+		})
+	}
+}
