@@ -576,3 +576,146 @@ func TestUndoNeverOverwritesDirectWriters(t *testing.T) {
 	}
 	t.Logf("batch outcomes %v; %d writes carried out; %d re-creates after a direct writer's own delete", outcomes, len(applied), reborn)
 }
+
+// TestFaultStormKeepsPromises sends all-or-nothing and partial batch
+// updates and deletes at once through one Caddy, over shared ids, while
+// the legacy API fails a random request now and then in every way it can:
+// an answer lost after the write was applied, a proxy's 502 or 504 after
+// it was applied, its own 500 or 503, a hang past item_timeout. The
+// faults hit whatever comes first, the batches' writes, preflight and
+// proof reads, and undos alike. Judged by the writes the API carried out,
+// in order: every undo lands on its own batch's write, no batch that
+// failed leaves a write of its own as an item's last unless it names that
+// item as left behind (rollback_failed, or unknown in partial mode), and
+// an item reported rolled_back had its write undone.
+func TestFaultStormKeepsPromises(t *testing.T) {
+	for _, etags := range []bool{false, true} {
+		t.Run(fmt.Sprintf("etags %v", etags), func(t *testing.T) {
+			testFaultStorm(t, etags)
+		})
+	}
+}
+
+func testFaultStorm(t *testing.T, etags bool) {
+	const batches, nIDs, faults = 30, 8, 40
+	api := legacyapi.New(legacyapi.Collection{Path: "/api/widgets", PutCreates: true, ETags: etags, Seed: records("w", 1, nIDs)})
+	g := startGateway(t, api, `
+	batch {
+		concurrency 3
+		item_timeout 300ms
+		batch_timeout 30s
+		compensation_timeout 1s
+		compensation_retries 3
+		allow_override
+		resource /api/widgets {`+resourceMethods+`
+		}
+	}
+	reverse_proxy UPSTREAM
+`)
+	kinds := []legacyapi.Fault{
+		{Drop: true, AfterApply: true},
+		{Drop: true},
+		{Status: 502, Body: htmlError, AfterApply: true},
+		{Status: 504, Body: htmlError},
+		{Status: 500, Body: htmlError},
+		{Status: 503, Body: htmlError},
+		{Hang: true, AfterApply: true},
+	}
+	methods := []string{"GET", "PATCH", "PUT", "DELETE"}
+	for range faults {
+		f := kinds[rand.IntN(len(kinds))]
+		f.Method, f.Path, f.Times = methods[rand.IntN(len(methods))], fmt.Sprintf("/api/widgets/%d", 1+rand.IntN(nIDs)), 1
+		api.Inject(f)
+	}
+
+	client := &http.Client{Timeout: 90 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: batches}}
+	defer client.CloseIdleConnections()
+	answers := make([]batchAnswer, batches)
+	partial := func(b int) bool { return b%5 == 4 }
+	var wg sync.WaitGroup
+	for b := range batches {
+		wg.Go(func() {
+			perm := rand.Perm(nIDs)[:2+rand.IntN(3)]
+			method, path, body := "PATCH", "/api/widgets", ""
+			if b%3 == 0 {
+				var ids []string
+				for _, i := range perm {
+					ids = append(ids, strconv.Itoa(i+1))
+				}
+				method, path = "DELETE", "/api/widgets?ids="+strings.Join(ids, ",")
+			} else {
+				elems := make([]map[string]any, len(perm))
+				for k, i := range perm {
+					elems[k] = map[string]any{"id": i + 1, "v": fmt.Sprintf("b%d", b)}
+				}
+				raw, _ := json.Marshal(elems)
+				body = string(raw)
+			}
+			header := http.Header{"Idempotency-Key": {fmt.Sprintf(`"b%d"`, b)}}
+			if partial(b) {
+				header.Set("Prefer", "atomicity=partial")
+			}
+			r, err := sendHeader(client, g.URL, method, path, body, header)
+			if err != nil {
+				t.Errorf("batch %d: %v", b, err)
+				return
+			}
+			if err := json.Unmarshal(r.Body, &answers[b]); err != nil {
+				t.Errorf("batch %d: %d, not a batch answer: %s", b, r.Status, r.Body)
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+
+	keyOf := func(r legacyapi.Request) string { return strings.Trim(r.Header.Get("Idempotency-Key"), `"`) }
+	// item names the batch item whose own write carried key; an undo's
+	// key names none.
+	item := func(key string) (b, i int, ok bool) {
+		if _, err := fmt.Sscanf(key, "b%d:%d", &b, &i); err != nil || strings.HasSuffix(key, ":undo") {
+			return 0, 0, false
+		}
+		return b, i, b < batches && i < len(answers[b].Items)
+	}
+	last := map[string]string{} // item path -> key of the last write carried out on it
+	undone := map[string]bool{}
+	wrote := map[string]bool{}
+	for _, w := range api.AppliedWrites() {
+		key := keyOf(w)
+		if write, ok := strings.CutSuffix(key, ":undo"); ok {
+			// On its batch's write, or on itself: a retried undo whose
+			// first copy took effect.
+			if last[w.Path] != write && last[w.Path] != key {
+				t.Errorf("the undo %s %s (%s) landed on a write it did not make (%q)", w.Method, w.Path, key, last[w.Path])
+			}
+			undone[write] = true
+		} else {
+			wrote[key] = true
+		}
+		last[w.Path] = key
+	}
+	outcomes := map[string]int{}
+	for b, a := range answers {
+		outcomes[a.Outcome]++
+		for _, it := range a.Items {
+			key := fmt.Sprintf("b%d:%d", b, it.Index)
+			if it.Outcome == "rolled_back" && wrote[key] && !undone[key] {
+				t.Errorf("batch %d item %d (id %s) is reported rolled_back, but its write was never undone", b, it.Index, it.ID)
+			}
+		}
+	}
+	for path, key := range last {
+		b, i, ok := item(key)
+		if !ok {
+			continue // an undo's
+		}
+		a, it := answers[b], answers[b].Items[i]
+		kept := a.Outcome == "succeeded" || it.Outcome == "rollback_failed" || partial(b) && (it.Outcome == "succeeded" || it.Outcome == "unknown")
+		if !kept {
+			t.Errorf("%s was last written by batch %d item %d, which ended %s (item %s) and does not say it left it", path, b, i, a.Outcome, it.Outcome)
+		}
+	}
+	t.Logf("batch outcomes %v", outcomes)
+}
