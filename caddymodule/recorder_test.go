@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"bytes"
 	"errors"
+	"math"
 	"strconv"
 	"testing"
 
@@ -67,7 +68,7 @@ func TestRecorderBodyBuffer(t *testing.T) {
 // once: not grown by doubling, not copied again when whole.
 func TestRecorderSizedOnce(t *testing.T) {
 	body := bytes.Repeat([]byte("x"), 1<<20)
-	allocs := testing.AllocsPerRun(5, func() {
+	receive := func() {
 		rec := newRecorder(2 << 20)
 		rec.Header().Set("Content-Length", strconv.Itoa(len(body)))
 		for rest := body; len(rest) > 0; rest = rest[32<<10:] {
@@ -76,7 +77,15 @@ func TestRecorderSizedOnce(t *testing.T) {
 		if _, err := answer(rec, nil); err != nil {
 			t.Fatal(err)
 		}
-	})
+	}
+	// AllocsPerRun counts the whole process's allocations, and goroutines
+	// that earlier tests leave behind for a while (certmagic's lock-file
+	// keepers wake every 5 s) allocate too: the least of several runs is
+	// the recorder's own count.
+	allocs := math.Inf(1)
+	for range 5 {
+		allocs = min(allocs, testing.AllocsPerRun(5, receive))
+	}
 	// The recorder, its header, the buffer, the answer: 6 in all. Grown
 	// from nothing, the buffer alone would take 5 more.
 	if allocs > 8 {
