@@ -219,7 +219,7 @@ type API struct {
 	mu      sync.Mutex
 	faults  []*armedFault
 	log     []Request
-	applied []Request             // the writes carried out, in the order they were
+	applied []Request             // the writes carried out, in that order
 	version uint64                // the last record version handed out
 	lastJob int                   // the last job number handed out (AnswerAccepted)
 	keys    map[string]*keyRecord // Idempotency-Key records, by scope and key
