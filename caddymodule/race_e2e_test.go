@@ -241,20 +241,25 @@ func TestOverlappingWritersSerialize(t *testing.T) {
 		name    string
 		etags   bool
 		options string
+		tenants bool
 	}{
-		{"re-read proofs, restore by put", false, "restore_updated put"},
-		{"etags, restore by patch", true, "restore_updated patch"},
+		{"re-read proofs, restore by put", false, "restore_updated put", false},
+		{"etags, restore by patch", true, "restore_updated patch", false},
+		// The same ids in two tenants, chosen by ?tenant=: one lock per
+		// id (the query is not in a lock's name), and every request of a
+		// batch, undos included, must reach its own tenant.
+		{"two tenants, re-read proofs", false, "restore_updated put", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for round := range rounds {
-				testOverlappingWriters(t, round, clients, nIDs, tc.etags, tc.options)
+				testOverlappingWriters(t, round, clients, nIDs, tc.etags, tc.options, tc.tenants)
 			}
 		})
 	}
 }
 
-func testOverlappingWriters(t *testing.T, round, clients, nIDs int, etags bool, options string) {
-	api := legacyapi.New(legacyapi.Collection{Path: "/api/widgets", PutCreates: true, ETags: etags, Seed: records("w", 1, nIDs)})
+func testOverlappingWriters(t *testing.T, round, clients, nIDs int, etags bool, options string, twoTenants bool) {
+	api := legacyapi.New(legacyapi.Collection{Path: "/api/widgets", PutCreates: true, ETags: etags, Tenants: twoTenants, Seed: records("w", 1, nIDs)})
 	g := startGateway(t, api, `
 	batch {
 		concurrency 3
@@ -267,6 +272,16 @@ func testOverlappingWriters(t *testing.T, round, clients, nIDs int, etags bool, 
 	}
 	reverse_proxy UPSTREAM
 `)
+	tenants := []string{""} // the default tenant holds the seeds
+	if twoTenants {
+		tenants = append(tenants, "t1")
+		for i := 1; i <= nIDs; i++ {
+			if _, err := send(http.DefaultClient, "http://"+g.upstream, "PUT", fmt.Sprintf("/api/widgets/%d?tenant=t1", i), fmt.Sprintf(`{"id":%d,"name":"w%d"}`, i, i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		api.ResetLog()
+	}
 	api.Inject(legacyapi.Fault{Method: "DELETE", Path: fmt.Sprintf("/api/widgets/%d", 1+rand.IntN(nIDs)), Status: 503, Body: htmlError, Times: 1})
 
 	// Every request names its client in the query, which the gateway
@@ -279,6 +294,9 @@ func testOverlappingWriters(t *testing.T, round, clients, nIDs int, etags bool, 
 	writes := make([]write, clients)
 	for c := range writes {
 		by := fmt.Sprintf("?by=%d", c)
+		if tenant := tenants[c/10%len(tenants)]; tenant != "" {
+			by += "&tenant=" + tenant
+		}
 		id := 1 + rand.IntN(nIDs)
 		perm := rand.Perm(nIDs)[:2+rand.IntN(3)]
 		switch c % 10 {
@@ -372,9 +390,11 @@ func testOverlappingWriters(t *testing.T, round, clients, nIDs int, etags bool, 
 	// Replay the committed writes in the order the legacy API received
 	// them; undos (their keys end in :undo) and reads change nothing in
 	// the replay.
-	want := map[string]map[string]any{}
-	for i := 1; i <= nIDs; i++ {
-		want[strconv.Itoa(i)] = map[string]any{"id": json.Number(strconv.Itoa(i)), "name": "w" + strconv.Itoa(i)}
+	want := map[string]map[string]any{} // by tenant/id
+	for _, tenant := range tenants {
+		for i := 1; i <= nIDs; i++ {
+			want[tenant+"/"+strconv.Itoa(i)] = map[string]any{"id": json.Number(strconv.Itoa(i)), "name": "w" + strconv.Itoa(i)}
+		}
 	}
 	for _, req := range api.Requests() {
 		if req.Method == http.MethodGet || strings.HasSuffix(strings.Trim(req.Header.Get("Idempotency-Key"), `"`), ":undo") {
@@ -395,20 +415,23 @@ func testOverlappingWriters(t *testing.T, round, clients, nIDs int, etags bool, 
 			continue
 		}
 		id := strings.TrimPrefix(req.Path, "/api/widgets/")
+		item := q.Get("tenant") + "/" + id
 		switch req.Method {
 		case http.MethodDelete:
-			delete(want, id)
+			delete(want, item)
 		case http.MethodPut:
-			want[id] = map[string]any{"id": json.Number(id), "name": "w" + id, "v": json.Number(strconv.Itoa(c))}
+			want[item] = map[string]any{"id": json.Number(id), "name": "w" + id, "v": json.Number(strconv.Itoa(c))}
 		default:
-			want[id]["v"] = json.Number(strconv.Itoa(c))
+			want[item]["v"] = json.Number(strconv.Itoa(c))
 		}
 	}
-	for i := 1; i <= nIDs; i++ {
-		id := strconv.Itoa(i)
-		rec, exists := api.Item("/api/widgets", id)
-		if w, ok := want[id]; exists != ok || !reflect.DeepEqual(rec, w) {
-			t.Errorf("round %d: widget %s is %v (exists: %v); the committed writes leave %v (exists: %v)", round, id, rec, exists, w, ok)
+	for _, tenant := range tenants {
+		for i := 1; i <= nIDs; i++ {
+			id := strconv.Itoa(i)
+			rec, exists := api.TenantItem("/api/widgets", tenant, id)
+			if w, ok := want[tenant+"/"+id]; exists != ok || !reflect.DeepEqual(rec, w) {
+				t.Errorf("round %d: widget %q/%s is %v (exists: %v); the committed writes leave %v (exists: %v)", round, tenant, id, rec, exists, w, ok)
+			}
 		}
 	}
 }
