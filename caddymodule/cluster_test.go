@@ -53,6 +53,33 @@ func TestCluster(t *testing.T) {
 	}
 }
 
+// TestClusterOverlappingWritersSerialize runs the overlapping writers of
+// TestOverlappingWritersSerialize against two Caddy processes that share
+// a Redis storage with item_locks storage, each client sent to one or
+// the other: writers on different instances must not interleave with a
+// saga either.
+func TestClusterOverlappingWritersSerialize(t *testing.T) {
+	const clients, nIDs = 16, 6
+	bin := caddyBinary(t)
+	host, port, prefix := redisServer(t)
+	api := legacyapi.New(legacyapi.Collection{Path: "/api/widgets", PutCreates: true, Seed: records("w", 1, nIDs)})
+	upstream := newUpstream(t, api)
+	site := `
+	batch {
+		item_locks storage
+		concurrency 3
+		item_timeout 30s
+		batch_timeout 60s
+		allow_override
+		resource /api/widgets {` + resourceMethods + `
+		}
+	}
+	reverse_proxy ` + upstream
+	a := startInstance(t, bin, redisOption(host, port, prefix), site)
+	b := startInstance(t, bin, redisOption(host, port, prefix), site)
+	overlappingWriters(t, 0, api, upstream, []string{a.URL, b.URL}, clients, nIDs, false)
+}
+
 func testClusterReplay(t *testing.T, api *legacyapi.API, a, b *gateway) {
 	key := []string{"Idempotency-Key", "cluster-key", "Authorization", "Bearer alice"}
 	body := `[{"id": 1, "name": "a"}, {"id": 2, "name": "b"}]`

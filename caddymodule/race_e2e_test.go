@@ -272,11 +272,18 @@ func testOverlappingWriters(t *testing.T, round, clients, nIDs int, etags bool, 
 	}
 	reverse_proxy UPSTREAM
 `)
+	overlappingWriters(t, round, api, g.upstream, []string{g.URL}, clients, nIDs, twoTenants)
+}
+
+// overlappingWriters is TestOverlappingWritersSerialize's round against
+// api (served at upstream, host:port), its clients sent in turn to each
+// of gateways (base URLs).
+func overlappingWriters(t *testing.T, round int, api *legacyapi.API, upstream string, gateways []string, clients, nIDs int, twoTenants bool) {
 	tenants := []string{""} // the default tenant holds the seeds
 	if twoTenants {
 		tenants = append(tenants, "t1")
 		for i := 1; i <= nIDs; i++ {
-			if _, err := send(http.DefaultClient, "http://"+g.upstream, "PUT", fmt.Sprintf("/api/widgets/%d?tenant=t1", i), fmt.Sprintf(`{"id":%d,"name":"w%d"}`, i, i)); err != nil {
+			if _, err := send(http.DefaultClient, "http://"+upstream, "PUT", fmt.Sprintf("/api/widgets/%d?tenant=t1", i), fmt.Sprintf(`{"id":%d,"name":"w%d"}`, i, i)); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -341,7 +348,7 @@ func testOverlappingWriters(t *testing.T, round, clients, nIDs int, etags bool, 
 			if w.partial {
 				header = http.Header{"Prefer": {"atomicity=partial"}}
 			}
-			answers[c], errs[c] = sendHeader(client, g.URL, w.method, w.path, w.body, header)
+			answers[c], errs[c] = sendHeader(client, gateways[c%len(gateways)], w.method, w.path, w.body, header)
 		})
 	}
 	close(start)
