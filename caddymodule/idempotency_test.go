@@ -5,6 +5,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -573,4 +575,91 @@ func TestIdempotencySweptByTheApp(t *testing.T) {
 		keys, _ := storage.List(context.Background(), idemPrefix, false)
 		return len(keys) == 0
 	})
+}
+
+// TestIdempotencyConcurrentCopies sends each of several keyed batch
+// writes five times at once, some copies with another body. Whatever the
+// interleaving, each batch runs once: the legacy API carries out each of
+// its item writes at most once, every copy with the first's body is
+// answered either 409 (the first still running) or exactly as the first,
+// and every copy with another body 409 or 422.
+func TestIdempotencyConcurrentCopies(t *testing.T) {
+	const keys, copies = 8, 5
+	api := legacyapi.New(legacyapi.Collection{Path: "/api/widgets", WriteDelay: 20 * time.Millisecond, Seed: records("w", 1, 2*keys)})
+	g := startIdemGateway(t, api, t.TempDir(), `
+	batch {
+		resource /api/widgets {`+resourceMethods+`
+		}
+	}
+	reverse_proxy UPSTREAM
+`)
+	client := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: keys * copies}}
+	defer client.CloseIdleConnections()
+	body := func(k, variant int) string {
+		return fmt.Sprintf(`[{"id": %d, "name": "k%d-%d"}, {"id": %d, "name": "k%d-%d"}]`, 2*k+1, k, variant, 2*k+2, k, variant)
+	}
+	answers := make([][copies]response, keys)
+	var wg sync.WaitGroup
+	for k := range keys {
+		for c := range copies {
+			wg.Go(func() {
+				// Staggered, so that some copies meet the first running
+				// and some find it done.
+				time.Sleep(time.Duration(rand.IntN(c*80+1)) * time.Millisecond)
+				r, err := sendHeader(client, g.URL, "PATCH", "/api/widgets", body(k, c/4), http.Header{"Idempotency-Key": {fmt.Sprintf(`"key-%d"`, k)}})
+				if err != nil {
+					t.Errorf("key %d copy %d: %v", k, c, err)
+				}
+				answers[k][c] = r
+			})
+		}
+	}
+	wg.Wait()
+
+	applied := map[string]int{}
+	for _, w := range api.AppliedWrites() {
+		applied[w.Path]++
+	}
+	for path, n := range applied {
+		if n != 1 {
+			t.Errorf("%s was written %d times", path, n)
+		}
+	}
+	seen := map[string]int{}
+	defer func() { t.Logf("answers: %v", seen) }()
+	for k := range keys {
+		var first *response
+		for c := range copies {
+			if r := &answers[k][c]; r.Status == http.StatusOK && r.Header.Get("Idempotent-Replayed") == "" {
+				if first != nil {
+					t.Fatalf("key %d ran twice: %v and %v", k, *first, *r)
+				}
+				first = r
+			}
+		}
+		if first == nil {
+			t.Fatalf("key %d never ran: %v", k, answers[k])
+		}
+		var ran struct {
+			Items []struct{ Body struct{ Name string } }
+		}
+		if err := json.Unmarshal(first.Body, &ran); err != nil || len(ran.Items) != 2 {
+			t.Fatalf("key %d: %v", k, *first)
+		}
+		firstVariant := strings.HasSuffix(ran.Items[0].Body.Name, "-1")
+		for c := range copies {
+			r := answers[k][c]
+			sameBody := (c/4 == 1) == firstVariant
+			seen[fmt.Sprintf("%d replayed=%s", r.Status, r.Header.Get("Idempotent-Replayed"))]++
+			switch {
+			case &answers[k][c] == first:
+			case r.Status == http.StatusConflict:
+				checkIdemProblem(t, r, 409, "idempotency-key-in-use")
+			case !sameBody:
+				checkIdemProblem(t, r, 422, "idempotency-key-reused")
+			case r.Header.Get("Idempotent-Replayed") != "true" || r.Status != first.Status || !bytes.Equal(r.Body, first.Body):
+				t.Errorf("key %d copy %d: %v, want 409 or the first's answer replayed (%v)", k, c, r, *first)
+			}
+		}
+	}
 }
