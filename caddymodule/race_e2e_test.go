@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -535,76 +536,25 @@ func TestUndoNeverOverwritesDirectWriters(t *testing.T) {
 				raw, _ := json.Marshal(elems)
 				body = string(raw)
 			}
-			req, _ := http.NewRequest(method, g.URL+path, strings.NewReader(body))
-			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set("Idempotency-Key", fmt.Sprintf(`"b%d"`, b))
-			resp, err := client.Do(req)
-			if err != nil {
-				t.Errorf("batch %d: %v", b, err)
-				return
-			}
-			defer resp.Body.Close()
-			if err := json.NewDecoder(resp.Body).Decode(&answers[b]); err != nil {
-				t.Errorf("batch %d: %d, not a batch answer: %v", b, resp.StatusCode, err)
-			}
+			answers[b] = sendKeyedBatch(t, client, g.URL, b, method, path, body, nil)
 		})
 	}
 	wg.Wait()
 	close(done)
 	direct.Wait()
 
-	// keyOf is the Idempotency-Key a write carried, unquoted: "b3:1" for
-	// batch 3's item 1, "b3:1:undo" for its undo, "" for a direct write.
-	keyOf := func(r legacyapi.Request) string { return strings.Trim(r.Header.Get("Idempotency-Key"), `"`) }
-	applied := api.AppliedWrites()
-	last := map[string]legacyapi.Request{} // item path -> the last write carried out on it
-	undone := map[string]bool{}            // keys of batch writes whose undo was carried out
-	reborn := 0
-	for _, w := range applied {
-		key := keyOf(w)
-		if w.Method == http.MethodPost {
-			// A create's effect is on the item it made: the id its batch
-			// answered with.
-			var b, i int
-			if _, err := fmt.Sscanf(key, "b%d:%d", &b, &i); err != nil || i >= len(answers[b].Items) {
-				t.Fatalf("a create the test cannot place: %s (%q)", w.Body, key)
-			}
-			w.Path = "/api/widgets/" + answers[b].Items[i].ID
-		}
-		if write, ok := strings.CutSuffix(key, ":undo"); ok {
-			prev := last[w.Path]
-			switch {
-			case keyOf(prev) == write:
-			case w.Header.Get("If-None-Match") == "*" && prev.Method == http.MethodDelete:
-				// A re-create proves only that the item is absent: a
-				// direct writer that created it again and deleted it
-				// again in between cannot be seen (the README says so).
-				reborn++
-			default:
-				t.Errorf("the undo %s %s (%s) landed on a write it did not make: %s %s (%q)", w.Method, w.Path, key, prev.Method, prev.Body, keyOf(prev))
-			}
-			undone[write] = true
-		}
-		last[w.Path] = w
+	l := judgeUndos(t, api, answers)
+	if l.repeated != 0 {
+		t.Errorf("%d undos landed on themselves: a retried conditional undo must fail on its own result", l.repeated)
 	}
-	wrote := map[string]bool{}
-	for _, w := range applied {
-		wrote[keyOf(w)] = true
-	}
-	outcomes := map[string]int{}
 	for b, a := range answers {
-		outcomes[a.Outcome]++
 		for _, it := range a.Items {
-			key := fmt.Sprintf("b%d:%d", b, it.Index)
-			if it.Outcome == "rolled_back" && wrote[key] && !undone[key] {
-				t.Errorf("batch %d item %d (id %s) is reported rolled_back, but its write was never undone", b, it.Index, it.ID)
-			}
 			if it.Outcome == "rollback_failed" && it.Compensation == nil {
 				t.Errorf("batch %d item %d (id %s) is rollback_failed without saying why", b, it.Index, it.ID)
 			}
 		}
 	}
-	t.Logf("batch outcomes %v; %d writes carried out; %d re-creates after a direct writer's own delete", outcomes, len(applied), reborn)
+	t.Logf("batch outcomes %v; %d writes carried out; %d re-creates after a direct writer's own delete", l.outcomes, len(l.applied), l.reborn)
 }
 
 // TestFaultStormKeepsPromises sends all-or-nothing and partial batch
@@ -681,18 +631,11 @@ func testFaultStorm(t *testing.T, etags bool) {
 				raw, _ := json.Marshal(elems)
 				body = string(raw)
 			}
-			header := http.Header{"Idempotency-Key": {fmt.Sprintf(`"b%d"`, b)}}
+			var header http.Header
 			if partial(b) {
-				header.Set("Prefer", "atomicity=partial")
+				header = http.Header{"Prefer": {"atomicity=partial"}}
 			}
-			r, err := sendHeader(client, g.URL, method, path, body, header)
-			if err != nil {
-				t.Errorf("batch %d: %v", b, err)
-				return
-			}
-			if err := json.Unmarshal(r.Body, &answers[b]); err != nil {
-				t.Errorf("batch %d: %d, not a batch answer: %s", b, r.Status, r.Body)
-			}
+			answers[b] = sendKeyedBatch(t, client, g.URL, b, method, path, body, header)
 		})
 	}
 	wg.Wait()
@@ -700,7 +643,6 @@ func testFaultStorm(t *testing.T, etags bool) {
 		return
 	}
 
-	keyOf := func(r legacyapi.Request) string { return strings.Trim(r.Header.Get("Idempotency-Key"), `"`) }
 	// item names the batch item whose own write carried key; an undo's
 	// key names none.
 	item := func(key string) (b, i int, ok bool) {
@@ -709,35 +651,12 @@ func testFaultStorm(t *testing.T, etags bool) {
 		}
 		return b, i, b < batches && i < len(answers[b].Items)
 	}
-	last := map[string]string{} // item path -> key of the last write carried out on it
-	undone := map[string]bool{}
-	wrote := map[string]bool{}
-	for _, w := range api.AppliedWrites() {
-		key := keyOf(w)
-		if write, ok := strings.CutSuffix(key, ":undo"); ok {
-			// On its batch's write, or on itself: a retried undo whose
-			// first copy took effect.
-			if last[w.Path] != write && last[w.Path] != key {
-				t.Errorf("the undo %s %s (%s) landed on a write it did not make (%q)", w.Method, w.Path, key, last[w.Path])
-			}
-			undone[write] = true
-		} else {
-			wrote[key] = true
-		}
-		last[w.Path] = key
+	l := judgeUndos(t, api, answers)
+	if l.reborn != 0 {
+		t.Errorf("%d undos re-created an item another batch had deleted", l.reborn)
 	}
-	outcomes := map[string]int{}
-	for b, a := range answers {
-		outcomes[a.Outcome]++
-		for _, it := range a.Items {
-			key := fmt.Sprintf("b%d:%d", b, it.Index)
-			if it.Outcome == "rolled_back" && wrote[key] && !undone[key] {
-				t.Errorf("batch %d item %d (id %s) is reported rolled_back, but its write was never undone", b, it.Index, it.ID)
-			}
-		}
-	}
-	for path, key := range last {
-		b, i, ok := item(key)
+	for path, w := range l.last {
+		b, i, ok := item(batchKey(w))
 		if !ok {
 			continue // an undo's
 		}
@@ -747,5 +666,92 @@ func testFaultStorm(t *testing.T, etags bool) {
 			t.Errorf("%s was last written by batch %d item %d, which ended %s (item %s) and does not say it left it", path, b, i, a.Outcome, it.Outcome)
 		}
 	}
-	t.Logf("batch outcomes %v", outcomes)
+	t.Logf("batch outcomes %v", l.outcomes)
+}
+
+// sendKeyedBatch sends batch b of a randomized test, with the
+// Idempotency-Key "b<b>" (so that its sub-requests carry "b<b>:<item>")
+// and header, and returns its answer.
+func sendKeyedBatch(t *testing.T, client *http.Client, base string, b int, method, path, body string, header http.Header) batchAnswer {
+	h := http.Header{"Idempotency-Key": {fmt.Sprintf(`"b%d"`, b)}}
+	maps.Copy(h, header)
+	var a batchAnswer
+	r, err := sendHeader(client, base, method, path, body, h)
+	if err != nil {
+		t.Errorf("batch %d: %v", b, err)
+		return a
+	}
+	if err := json.Unmarshal(r.Body, &a); err != nil {
+		t.Errorf("batch %d: %d, not a batch answer: %s", b, r.Status, r.Body)
+	}
+	return a
+}
+
+// batchKey is the Idempotency-Key a write to the legacy API carried,
+// unquoted: "b3:1" for item 1 of the batch sendKeyedBatch sent as 3,
+// "b3:1:undo" for its undo, "" for a write the gateway did not send.
+func batchKey(r legacyapi.Request) string {
+	return strings.Trim(r.Header.Get("Idempotency-Key"), `"`)
+}
+
+// undoLedger is what the writes a legacy API carried out say of the
+// undos of batches sent by sendKeyedBatch.
+type undoLedger struct {
+	applied  []legacyapi.Request
+	last     map[string]legacyapi.Request // item path -> the last write carried out on it
+	outcomes map[string]int               // batches by outcome
+	// Undos that landed on something other than their batch's write, of
+	// the two kinds a caller may allow: a re-create after another
+	// writer's delete (a missing item has no ETag to tell deletes apart),
+	// and a retried undo on its own first copy.
+	reborn, repeated int
+}
+
+// judgeUndos walks the writes api carried out, in order, for the batches
+// whose answers are given. It fails the test where an undo landed on a
+// write its batch did not make (beyond the two kinds undoLedger counts),
+// and where an item reported rolled_back had its write carried out and
+// no undo after it.
+func judgeUndos(t *testing.T, api *legacyapi.API, answers []batchAnswer) undoLedger {
+	t.Helper()
+	l := undoLedger{applied: api.AppliedWrites(), last: map[string]legacyapi.Request{}, outcomes: map[string]int{}}
+	wrote := map[string]bool{}  // keys of batch writes carried out
+	undone := map[string]bool{} // keys of batch writes whose undo was carried out
+	for _, w := range l.applied {
+		key := batchKey(w)
+		if w.Method == http.MethodPost {
+			// A create's effect is on the item it made: the id its batch
+			// answered with.
+			var b, i int
+			if _, err := fmt.Sscanf(key, "b%d:%d", &b, &i); err != nil || b >= len(answers) || i >= len(answers[b].Items) {
+				t.Fatalf("a create the test cannot place: %s (%q)", w.Body, key)
+			}
+			w.Path = "/api/widgets/" + answers[b].Items[i].ID
+		}
+		if write, isUndo := strings.CutSuffix(key, ":undo"); isUndo {
+			switch prev := l.last[w.Path]; {
+			case batchKey(prev) == write:
+			case batchKey(prev) == key:
+				l.repeated++
+			case w.Header.Get("If-None-Match") == "*" && prev.Method == http.MethodDelete:
+				l.reborn++
+			default:
+				t.Errorf("the undo %s %s (%s) landed on a write it did not make: %s %s (%q)", w.Method, w.Path, key, prev.Method, prev.Body, batchKey(prev))
+			}
+			undone[write] = true
+		} else {
+			wrote[key] = true
+		}
+		l.last[w.Path] = w
+	}
+	for b, a := range answers {
+		l.outcomes[a.Outcome]++
+		for _, it := range a.Items {
+			key := fmt.Sprintf("b%d:%d", b, it.Index)
+			if it.Outcome == "rolled_back" && wrote[key] && !undone[key] {
+				t.Errorf("batch %d item %d (id %s) is reported rolled_back, but its write was never undone", b, it.Index, it.ID)
+			}
+		}
+	}
+	return l
 }
