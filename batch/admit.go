@@ -10,11 +10,11 @@ import (
 
 // Admit is the one front door of a batch. For a request to the collection
 // m matched, it tells whether the request is one of the four batch
-// operations and, if it is, applies every input rule of SPEC section 5
-// (the operation being on for the resource included): it returns the
-// plan, or the problem to answer with before anything is sent. A request
-// that is not a batch passes on as it came: a body read to decide is put
-// back.
+// operations and, if it is, applies every input rule of README's "Bad
+// input" (the operation being on for the resource included): it returns
+// the plan, or the problem to answer with before anything is sent. A
+// request that is not a batch passes on as it came: a body read to
+// decide is put back.
 func Admit(r *http.Request, m policy.Match) (op policy.Op, isBatch bool, plan *Plan, prob *problem.Details) {
 	op, isBatch, err := detectOp(r, m.Resource)
 	switch {

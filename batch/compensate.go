@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -219,9 +218,13 @@ func (sg *saga) resolve(ctx context.Context, i int) bool {
 		}
 	case policy.OpCreate:
 		switch {
-		case gone(resp.Status):
+		case gone(resp.Status) && st.createdFrom == "location":
 			sg.notApplied(ctx, i, "a read after it showed that nothing was created under its id")
 			return false
+		case gone(resp.Status):
+			// Only the element named this id: the upstream may have
+			// ignored it and created the item under an id of its own.
+			st.noUndo = fmt.Sprintf("nothing is at id %q, which only the element named: the upstream may have created the item under an id of its own, so whatever the create made, if anything, is left behind", id)
 		case holdsMembers(resp.Body, p.Items[i].Body, sg.s.IDField):
 			st.undo = &Undo{Method: http.MethodDelete, Path: sg.itemPath(id), IfMatch: strongETag(resp.Header)}
 		default:
@@ -326,5 +329,11 @@ func statusOf(resp *SubResponse) int {
 }
 
 func joinReasons(a, b string) string {
-	return strings.TrimPrefix(a+"; "+b, "; ")
+	switch {
+	case a == "":
+		return b
+	case b == "":
+		return a
+	}
+	return a + "; " + b
 }

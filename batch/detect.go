@@ -12,8 +12,12 @@ import (
 // detectOp tells whether r, a request to a collection, is one of the four
 // batch operations, and which:
 //
-//   - GET or DELETE with the ids parameter (even empty: that is a bad
-//     batch, not a LIST);
+//   - GET with the ids parameter (even empty: that is a bad batch, not a
+//     LIST);
+//   - DELETE, always while batch delete is on (so a DELETE without the
+//     ids parameter is a bad batch: many legacy APIs read a DELETE of the
+//     whole collection as "delete everything"), and otherwise only with
+//     the ids parameter (so it can be refused as a batch that is off);
 //   - POST whose body is a JSON array (its first byte other than
 //     whitespace is '['); a POST of an object is a single create;
 //   - PATCH, always while batch update is on (so a non-array body is a bad
@@ -28,7 +32,7 @@ func detectOp(r *http.Request, res *policy.Resource) (policy.Op, bool, error) {
 	case http.MethodGet:
 		return policy.OpGet, hasParam(r.URL.RawQuery, res.Settings.IDsParam), nil
 	case http.MethodDelete:
-		return policy.OpDelete, hasParam(r.URL.RawQuery, res.Settings.IDsParam), nil
+		return policy.OpDelete, res.BatchEnabled(policy.OpDelete) || hasParam(r.URL.RawQuery, res.Settings.IDsParam), nil
 	case http.MethodPatch:
 		if res.BatchEnabled(policy.OpUpdate) {
 			return policy.OpUpdate, true, nil

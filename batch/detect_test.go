@@ -15,6 +15,7 @@ import (
 // body it read back intact.
 func TestDetect(t *testing.T) {
 	updateOff := func(r *policy.ResourceSpec) { r.Batch = []string{"get", "create", "delete"} }
+	deleteOff := func(r *policy.ResourceSpec) { r.Batch = []string{"get", "create", "update"} }
 	keys := settings(func(s *policy.Settings) { s.IDsParam = "keys" })
 	tests := []struct {
 		name           string
@@ -40,7 +41,11 @@ func TestDetect(t *testing.T) {
 		{name: "DELETE with ids after a bad escape", method: "DELETE", target: "/widgets?a%=&ids=1,2", op: policy.OpDelete, batch: true},
 		{name: "DELETE with ids", method: "DELETE", target: "/widgets?ids=1", op: policy.OpDelete, batch: true},
 		{name: "DELETE with empty ids", method: "DELETE", target: "/widgets?ids=", op: policy.OpDelete, batch: true},
-		{name: "DELETE without ids", method: "DELETE", target: "/widgets", op: policy.OpDelete},
+		// A bare DELETE is a bad batch while batch delete is on, not a
+		// "delete everything" passed to the legacy API.
+		{name: "DELETE without ids, delete on", method: "DELETE", target: "/widgets?force=1", op: policy.OpDelete, batch: true},
+		{name: "DELETE without ids, delete off", method: "DELETE", target: "/widgets", mods: []specMod{deleteOff}, op: policy.OpDelete},
+		{name: "DELETE with ids, delete off", method: "DELETE", target: "/widgets?ids=1", mods: []specMod{deleteOff}, op: policy.OpDelete, batch: true},
 		{name: "POST of an array", method: "POST", target: "/widgets", body: `[{"a":1}]`, op: policy.OpCreate, batch: true},
 		{name: "POST of an array after whitespace", method: "POST", target: "/widgets", body: " \r\n\t [{}]", op: policy.OpCreate, batch: true},
 		{name: "POST of an array after a lot of whitespace", method: "POST", target: "/widgets", body: strings.Repeat(" ", 3000) + "[]", op: policy.OpCreate, batch: true},

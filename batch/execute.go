@@ -92,8 +92,8 @@ func (sg *saga) pending() []int {
 }
 
 // executeItem sends item i's own request and records the answer. It
-// reports whether the item succeeded. Waiting (for a lock, a slot, or a
-// check of a create's id) counts against the batch (batchCtx); once sent,
+// reports whether the item succeeded. Waiting (for a lock or a slot)
+// counts against the batch (batchCtx); once sent,
 // a write runs under ctx, to its own item_timeout.
 func (sg *saga) executeItem(batchCtx, ctx context.Context, i int) bool {
 	p, id := sg.plan, sg.items[i].ID
@@ -103,9 +103,6 @@ func (sg *saga) executeItem(batchCtx, ctx context.Context, i int) bool {
 		ctx = batchCtx // a read is cut by the batch's deadline and its client
 		req = sg.request(ForItem, http.MethodGet, sg.itemPath(id), nil, "")
 	case policy.OpCreate:
-		if sg.isSaga() && id != "" && !sg.checkFree(batchCtx, i) {
-			return false
-		}
 		req = sg.request(ForItem, http.MethodPost, p.collectionPath, p.Items[i].Body, p.key.forItem(i, ""))
 	case policy.OpUpdate:
 		req = sg.request(ForItem, http.MethodPatch, sg.itemPath(id), p.Items[i].Body, p.key.forItem(i, ""))
@@ -147,7 +144,7 @@ func (sg *saga) executeItem(batchCtx, ctx context.Context, i int) bool {
 		sent = req.clone() // req stays as it was sent, for a resend
 	}
 	resp, err := sg.sendWithin(ctx, sg.s.ItemTimeout, "item_timeout", sg.batchLimit(), sent)
-	return sg.answered(ctx, i, resp, err)
+	return sg.answered(ctx, i, sent, resp, err)
 }
 
 // slot waits for a slot of max_in_flight, if the runtime bounds them.
@@ -156,33 +153,6 @@ func (sg *saga) slot(ctx context.Context, urgent bool) (func(), error) {
 		return func() {}, nil
 	}
 	return sg.rt.Slots.Acquire(ctx, urgent)
-}
-
-// checkFree reads the id a create's element carries, before the create:
-// the item must not exist, so that an undo that deletes that id deletes
-// what the batch created and nothing else.
-func (sg *saga) checkFree(ctx context.Context, i int) bool {
-	id := sg.items[i].ID
-	resp, err := sg.sendItem(ctx, sg.read(ForPreflight, id))
-	switch {
-	case resp == nil:
-		_ = sg.transition(ctx, i, PhaseSettled, nil, func(it *ItemResult, st *itemState) {
-			recordNoAnswer(it, st, err, false)
-			it.Error = "whether the id is free could not be checked before the create: " + it.Error
-		})
-		return false
-	case resp.Status == http.StatusNotFound || resp.Status == http.StatusGone:
-		return true
-	case is2xx(resp.Status):
-		sg.fail(ctx, i, http.StatusConflict, fmt.Sprintf("an item with id %q already exists; a batch create may only name ids that are free", id), nil)
-	default:
-		_ = sg.transition(ctx, i, PhaseSettled, nil, func(it *ItemResult, st *itemState) {
-			it.setResponse(resp)
-			it.Outcome, st.failure = Failed, true
-			it.Error = "whether the id is free could not be checked before the create (GET " + sg.itemPath(id) + ")"
-		})
-	}
-	return false
 }
 
 // fail settles item i as failed by the gateway, with nothing sent.
@@ -194,10 +164,10 @@ func (sg *saga) fail(ctx context.Context, i, status int, reason string, cause er
 	})
 }
 
-// answered records the answer to item i's own request, and for a write
-// that took effect, how to undo it. It reports whether the item
+// answered records the answer to item i's own request (req), and for a
+// write that took effect, how to undo it. It reports whether the item
 // succeeded.
-func (sg *saga) answered(ctx context.Context, i int, resp *SubResponse, err error) bool {
+func (sg *saga) answered(ctx context.Context, i int, req *SubRequest, resp *SubResponse, err error) bool {
 	p := sg.plan
 	write := p.Op.Writes()
 	var succeeded bool
@@ -205,6 +175,7 @@ func (sg *saga) answered(ctx context.Context, i int, resp *SubResponse, err erro
 	if resp != nil {
 		ans = answerOf(resp)
 	}
+	hint := sg.movedHint(req, resp)
 	_ = sg.transition(ctx, i, PhaseAnswered, nil, func(it *ItemResult, st *itemState) {
 		if resp == nil {
 			recordNoAnswer(it, st, err, write)
@@ -242,12 +213,15 @@ func (sg *saga) answered(ctx context.Context, i int, resp *SubResponse, err erro
 			// create): the first may well have done what was asked.
 			it.Outcome, st.applied, st.failure = Unknown, true, true
 			it.Error = "the request was sent twice (a connection dropped) and an earlier copy may have taken effect"
+		case notCarriedOut(resp.Status):
+			it.Outcome, st.failure = Failed, true
+			it.Error = joinReasons(fmt.Sprintf("the upstream answered %d: the request was not carried out at this URL", resp.Status), hint)
 		case write && resp.Status >= 300 && resp.Status < 400:
 			it.Outcome, st.applied, st.failure = Unknown, true, true
 			it.Error = fmt.Sprintf("the upstream answered the write with a redirect (%d): it may have taken effect", resp.Status)
 			if p.Op == policy.OpCreate {
 				if id, ok := p.Match.IDFromLocation(resp.Header.Get("Location")); ok && badID(id) == "" {
-					it.ID = id
+					it.ID, st.createdFrom = id, "location"
 				}
 			}
 		case write && (resp.Status == http.StatusBadGateway || resp.Status == http.StatusGatewayTimeout):

@@ -359,6 +359,7 @@ var (
 	override       = settings(func(s *policy.Settings) { s.AllowOverride = true })
 	restoreByPost  = settings(func(s *policy.Settings) { s.RestoreDeleted = policy.RestorePost })
 	restoreByPatch = settings(func(s *policy.Settings) { s.RestoreUpdated = policy.RestorePatch })
+	conditional    = settings(func(s *policy.Settings) { s.ConditionalWrites = true })
 )
 
 func concurrency(n int) specMod {

@@ -103,7 +103,7 @@ func TestSubRequestsCarryNoMethodOverride(t *testing.T) {
 			// An update whose second item fails, so that preflight reads
 			// and an undo are sent too.
 			f := newFake().seed("1", "2").on("PATCH", "/widgets/2", reply(409, `{}`))
-			run(mustPlan(t, newRequest(tt.method, tt.target, tt.body, override...), concurrency(1)), f)
+			run(mustPlan(t, newRequest(tt.method, tt.target, tt.body, override...), concurrency(1), scopeQuery("notify")), f)
 			log := f.log()
 			if len(log) == 0 {
 				t.Fatal("nothing was sent")

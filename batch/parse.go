@@ -10,6 +10,7 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -63,9 +64,9 @@ type Item struct {
 	first int
 }
 
-// parsePlan applies SPEC section 5's input rules to a batch request on the
-// collection m matched, reading the body once; it returns the plan, or the
-// problem to answer with before any sub-request is sent.
+// parsePlan applies the input rules (README, "Bad input") to a batch
+// request on the collection m matched, reading the body once; it returns
+// the plan, or the problem to answer with before any sub-request is sent.
 func parsePlan(r *http.Request, m policy.Match, op policy.Op) (*Plan, *problem.Details) {
 	s := m.Resource.Settings
 	p := &Plan{
@@ -87,20 +88,50 @@ func parsePlan(r *http.Request, m policy.Match, op policy.Op) (*Plan, *problem.D
 		var ids []string
 		ids, p.query, prob = idsFromQuery(r.URL.RawQuery, s)
 		if prob == nil {
-			p.Items, prob = itemsFromIDs(ids, op)
+			p.Items, prob = itemsFromIDs(ids, op, s.IDFormat)
 		}
 	default:
 		p.query = withoutParam(r.URL.RawQuery, MethodParam)
 		var elems []json.RawMessage
 		elems, p.bodyDigest, prob = readElements(r, s)
 		if prob == nil {
-			p.Items, prob = itemsFromElements(elems, op, s.IDField)
+			p.Items, prob = itemsFromElements(elems, op, s)
 		}
+	}
+	if prob == nil && op.Writes() && p.Atomicity == policy.AllOrNothing {
+		prob = unscopedParam(p.query, s)
 	}
 	if prob != nil {
 		return nil, prob
 	}
 	return p, nil
+}
+
+// unscopedParam refuses a parameter of an all-or-nothing write batch's
+// query that scope_query does not name (README, "Configuration"). The
+// saga reads and puts back whole items with the query on every request:
+// a parameter that scopes them must be there, and one that shapes them
+// ($select, fields) must not, or an undo would put back a partial item
+// and erase what it did not read. Only the operator knows which is which.
+func unscopedParam(query string, s policy.Settings) *problem.Details {
+	var param string
+	unscoped := errors.New("unscoped")
+	if eachParam(query, func(_, key, _ string) error {
+		if slices.Contains(s.ScopeQuery, key) {
+			return nil
+		}
+		param = key
+		return unscoped
+	}) == nil {
+		return nil
+	}
+	alternative := "send the batch without it"
+	if s.AllowOverride {
+		alternative += ", or as partial (Prefer: atomicity=partial)"
+	}
+	return invalid("the query parameter %q is not kept on an all-or-nothing batch write: the saga reads and puts back whole items, "+
+		"and a parameter that shapes them would make an undo erase what it did not read. "+
+		"If it scopes the request (a tenant, an API key), name it in scope_query; otherwise %s", param, alternative)
 }
 
 func invalid(format string, args ...any) *problem.Details {
@@ -175,6 +206,11 @@ func idsFromQuery(rawQuery string, s policy.Settings) ([]string, string, *proble
 	switch {
 	case err != nil:
 		return nil, "", invalid("the %s parameter is not valid percent-encoding: %v", s.IDsParam, err)
+	case ids == nil:
+		// Only a DELETE comes here without the parameter: a GET without
+		// it is a list, and passes through.
+		return nil, "", invalid("a DELETE on the collection needs the %s parameter (?%s=1,2): many legacy APIs read a DELETE of the whole collection as \"delete everything\", so the gateway does not pass it on",
+			s.IDsParam, s.IDsParam)
 	case len(ids) == 1 && ids[0] == "":
 		return nil, "", invalid("the %s parameter is empty: give one or more ids, separated by commas", s.IDsParam)
 	case len(ids) > s.MaxItems:
@@ -183,12 +219,13 @@ func idsFromQuery(rawQuery string, s policy.Settings) ([]string, string, *proble
 	return ids, strings.Join(rest, "&"), nil
 }
 
-func itemsFromIDs(ids []string, op policy.Op) ([]Item, *problem.Details) {
+func itemsFromIDs(ids []string, op policy.Op, format policy.IDFormat) ([]Item, *problem.Details) {
 	items := make([]Item, len(ids))
 	seen := make(map[string]int, len(ids))
 	for i, id := range ids {
-		if reason := badID(id); reason != "" {
-			return nil, invalid("item %d: id %q %s", i, id, reason)
+		id, prob := checkID(i, id, format)
+		if prob != nil {
+			return nil, prob
 		}
 		items[i] = Item{ID: id, first: i}
 		if j, dup := seen[id]; dup {
@@ -201,6 +238,20 @@ func itemsFromIDs(ids []string, op policy.Op) ([]Item, *problem.Details) {
 		seen[id] = i
 	}
 	return items, nil
+}
+
+// checkID returns the canonical text of item i's id under the format,
+// which is what the batch sends, locks, compares for duplicates and
+// reports (README, "Configuration": id_format), or the problem with it.
+func checkID(i int, id string, format policy.IDFormat) (string, *problem.Details) {
+	canonical, err := format.Canonical(id)
+	if err != nil {
+		return "", invalid("item %d: %v", i, err)
+	}
+	if reason := badID(canonical); reason != "" {
+		return "", invalid("item %d: id %q %s", i, canonical, reason)
+	}
+	return canonical, nil
 }
 
 // badID says why an id could reach a path other than its item's, or
@@ -322,7 +373,8 @@ func jsonKind(v []byte) string {
 	return "number"
 }
 
-func itemsFromElements(elems []json.RawMessage, op policy.Op, idField string) ([]Item, *problem.Details) {
+func itemsFromElements(elems []json.RawMessage, op policy.Op, s policy.Settings) ([]Item, *problem.Details) {
+	idField := s.IDField
 	items := make([]Item, len(elems))
 	seen := make(map[string]int, len(elems))
 	for i, elem := range elems {
@@ -354,8 +406,9 @@ func itemsFromElements(elems []json.RawMessage, op policy.Op, idField string) ([
 			}
 			return nil, invalid("item %d: field %q must be a string or an integer, not %s", i, idField, what)
 		}
-		if reason := badID(id); reason != "" {
-			return nil, invalid("item %d: id %q %s", i, id, reason)
+		id, prob := checkID(i, id, s.IDFormat)
+		if prob != nil {
+			return nil, prob
 		}
 		it.ID = id
 		if op == policy.OpUpdate {

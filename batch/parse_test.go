@@ -11,7 +11,7 @@ import (
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
-// inputCase is one row of SPEC §5's input table.
+// inputCase is one row of README's "Bad input" table.
 type inputCase struct {
 	name         string
 	method       string
@@ -25,7 +25,7 @@ type inputCase struct {
 	itemsIfValid int      // items of an accepted batch
 }
 
-// SPEC §5, input rules: every bad input is answered before any
+// README, "Bad input": every bad input is answered before any
 // sub-request is sent, with a problem whose detail names what was wrong
 // (for an item: its index and id).
 func TestInputRules(t *testing.T) {
@@ -35,6 +35,8 @@ func TestInputRules(t *testing.T) {
 		t.Fatalf("exact is %d bytes", len(exact))
 	}
 	smallBody := settings(func(s *policy.Settings) { s.MaxBodySize = 64 })
+	integers := idFormat(policy.IDInteger)
+	uuids := idFormat(policy.IDUUID)
 	unknownLength := func(r *http.Request) { r.ContentLength = -1 }
 
 	tests := []inputCase{
@@ -110,6 +112,46 @@ func TestInputRules(t *testing.T) {
 
 		// a query that is not percent-encoding
 		{name: "bad escape in ids", method: "GET", target: "/widgets?ids=1,%zz", status: 400, detail: []string{"percent-encoding"}},
+
+		// a DELETE on the collection without the ids parameter while batch
+		// DELETE is on → 400
+		{name: "DELETE without ids", method: "DELETE", target: "/widgets", status: 400, detail: []string{"ids parameter", "?ids=1,2", "delete everything"}},
+		{name: "DELETE without ids, with other parameters", method: "DELETE", target: "/widgets?force=1&idsx=1", status: 400, detail: []string{"ids parameter"}},
+		{name: "DELETE without ids, custom ids_param", method: "DELETE", target: "/widgets?ids=1", mods: []specMod{settings(func(s *policy.Settings) { s.IDsParam = "keys" })},
+			status: 400, detail: []string{"keys parameter", "?keys=1,2"}},
+
+		// under id_format integer, an id that is not a decimal integer;
+		// under uuid, one that is not a UUID → 400
+		{name: "integer: not an integer in ids", method: "GET", target: "/widgets?ids=3,3x", mods: []specMod{integers}, status: 400,
+			detail: []string{"item 1", `"3x"`, "not an integer", "id_format integer", "id_format any"}},
+		{name: "integer: 3.json", method: "DELETE", target: "/widgets?ids=3.json", mods: []specMod{integers}, status: 400, detail: []string{"item 0", `"3.json"`, "not an integer"}},
+		{name: "integer: empty id", method: "DELETE", target: "/widgets?ids=1,,2", mods: []specMod{integers}, status: 400, detail: []string{"item 1", `""`}},
+		{name: "integer: string 3.0 in an update", method: "PATCH", target: "/widgets", body: `[{"id":1,"a":1},{"id":"3.0","a":2}]`, mods: []specMod{integers}, status: 400,
+			detail: []string{"item 1", `"3.0"`, "not an integer"}},
+		{name: "integer: number 1.0 in an update", method: "PATCH", target: "/widgets", body: `[{"id":1.0,"a":1}]`, mods: []specMod{integers}, status: 400, detail: []string{"item 0", "1.0", "integer"}},
+		{name: "integer: a word in a create", method: "POST", target: "/widgets", body: `[{"name":"a"},{"id":"seven","name":"b"}]`, mods: []specMod{integers}, status: 400,
+			detail: []string{"item 1", `"seven"`, "not an integer"}},
+		{name: "integer: 3 and 03 in a delete", method: "DELETE", target: "/widgets?ids=3,03", mods: []specMod{integers}, status: 400, detail: []string{"items 0 and 1", `"3"`}},
+		{name: "integer: 3 and +3 in a delete", method: "DELETE", target: "/widgets?ids=%2B3,3", mods: []specMod{integers}, status: 400, detail: []string{"items 0 and 1", `"3"`}},
+		{name: "integer: 3 and \"003\" in an update", method: "PATCH", target: "/widgets", body: `[{"id":3,"a":1},{"id":"003","a":2}]`, mods: []specMod{integers}, status: 400,
+			detail: []string{"items 0 and 1", `"3"`}},
+		{name: "integer: 3 and 03 in a get are fetched once", method: "GET", target: "/widgets?ids=3,03,%2B3", mods: []specMod{integers}, itemsIfValid: 3},
+		{name: "any: 3 and 03 are two ids", method: "DELETE", target: "/widgets?ids=3,03", itemsIfValid: 2},
+		{name: "uuid: not a UUID", method: "GET", target: "/widgets?ids=0f8fad5b-d9cb-469f-a165-70867728950e,42", mods: []specMod{uuids}, status: 400,
+			detail: []string{"item 1", `"42"`, "not a UUID", "id_format uuid"}},
+		{name: "uuid: a hyphen out of place", method: "DELETE", target: "/widgets?ids=0f8fad5bd-9cb-469f-a165-70867728950e", mods: []specMod{uuids}, status: 400, detail: []string{"item 0", "not a UUID"}},
+		{name: "uuid: an integer in an update", method: "PATCH", target: "/widgets", body: `[{"id":7,"a":1}]`, mods: []specMod{uuids}, status: 400, detail: []string{"item 0", `"7"`, "not a UUID"}},
+		{name: "uuid: two spellings in a delete", method: "DELETE", target: "/widgets?ids=0F8FAD5B-D9CB-469F-A165-70867728950E,0f8fad5bd9cb469fa16570867728950e", mods: []specMod{uuids}, status: 400,
+			detail: []string{"items 0 and 1", `"0f8fad5b-d9cb-469f-a165-70867728950e"`}},
+
+		// an all-or-nothing write batch whose query holds a parameter
+		// scope_query does not name → 400
+		{name: "unscoped parameter on a delete", method: "DELETE", target: "/widgets?ids=1&fields=name", status: 400, detail: []string{`"fields"`, "scope_query"}},
+		{name: "unscoped parameter on a create", method: "POST", target: "/widgets?$select[]=name", body: elements(1), status: 400, detail: []string{`"$select[]"`, "scope_query"}},
+		{name: "unscoped parameter among scoped ones", method: "PATCH", target: "/widgets?tenant=a&include=x", body: `[{"id":1}]`, mods: []specMod{scopeQuery("tenant")}, status: 400,
+			detail: []string{`"include"`}},
+		{name: "scoped parameter", method: "PATCH", target: "/widgets?tenant=a", body: `[{"id":1}]`, mods: []specMod{scopeQuery("tenant")}, itemsIfValid: 1},
+		{name: "any parameter on a partial write", method: "DELETE", target: "/widgets?ids=1&fields=name", mods: []specMod{partial}, itemsIfValid: 1},
 	}
 
 	// an id containing /, \, a control character, or equal to . or .. (after
@@ -133,7 +175,7 @@ func TestInputRules(t *testing.T) {
 	hostileJSON := []struct{ json, id string }{
 		{`".."`, ".."}, {`"."`, "."}, {`"1/2"`, "1/2"}, {`"/"`, "/"}, {`"a\\b"`, `a\b`},
 		{`"\u0000"`, "\x00"}, {`"a\nb"`, "a\nb"}, {`"\u007f"`, "\x7f"}, {`"\u0085"`, "\u0085"},
-		// SPEC: "(after percent-decoding)". A JSON id is checked as the
+		// README: "(after percent-decoding)". A JSON id is checked as the
 		// upstream may come to see it once decoded, like a query id.
 		{`"%2e%2e"`, "%2e%2e"}, {`"%2E."`, "%2E."}, {`"1%2F2"`, "1%2F2"}, {`"a%5Cb"`, "a%5Cb"},
 		{`"%00"`, "%00"}, {`"%7F"`, "%7F"}, {`"%FF"`, "%FF"},
@@ -182,6 +224,58 @@ func TestInputRules(t *testing.T) {
 				if !strings.Contains(prob.Detail, s) {
 					t.Errorf("detail %q does not contain %q", prob.Detail, s)
 				}
+			}
+		})
+	}
+}
+
+func idFormat(f policy.IDFormat) specMod {
+	return settings(func(s *policy.Settings) { s.IDFormat = f })
+}
+
+// Under id_format, an item's id is its canonical text: what the batch
+// sends, locks and reports. A create's element goes as the client wrote
+// it; an update's loses its id member anyway.
+func TestIDFormatCanonicalIDs(t *testing.T) {
+	tests := []struct {
+		name                 string
+		format               policy.IDFormat
+		method, target, body string
+		ids                  []string
+		sent                 []string
+		bodies               []string // of the writes, when there is a body
+	}{
+		{name: "integer get", format: policy.IDInteger, method: "GET", target: "/widgets?ids=007,%2B8,-0",
+			ids: []string{"7", "8", "0"}, sent: []string{"GET /widgets/7", "GET /widgets/8", "GET /widgets/0"}},
+		{name: "integer get, two spellings fetched once", format: policy.IDInteger, method: "GET", target: "/widgets?ids=3,03",
+			ids: []string{"3", "3"}, sent: []string{"GET /widgets/3"}},
+		{name: "integer delete", format: policy.IDInteger, method: "DELETE", target: "/widgets?ids=-03",
+			ids: []string{"-3"}, sent: []string{"DELETE /widgets/-3"}},
+		{name: "integer update", format: policy.IDInteger, method: "PATCH", target: "/widgets", body: `[{"id":"07","v":1},{"id":8,"v":2}]`,
+			ids: []string{"7", "8"}, sent: []string{"PATCH /widgets/7", "PATCH /widgets/8"}, bodies: []string{`{"v":1}`, `{"v":2}`}},
+		{name: "integer create", format: policy.IDInteger, method: "POST", target: "/widgets", body: `[{"id":"+09","v":1}]`,
+			ids: []string{"9"}, sent: []string{"POST /widgets"}, bodies: []string{`{"id":"+09","v":1}`}},
+		{name: "uuid delete", format: policy.IDUUID, method: "DELETE", target: "/widgets?ids=0F8FAD5BD9CB469FA16570867728950E",
+			ids: []string{"0f8fad5b-d9cb-469f-a165-70867728950e"}, sent: []string{"DELETE /widgets/0f8fad5b-d9cb-469f-a165-70867728950e"}},
+		{name: "any keeps the text", format: policy.IDAny, method: "DELETE", target: "/widgets?ids=007",
+			ids: []string{"007"}, sent: []string{"DELETE /widgets/007"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := mustPlan(t, newRequest(tt.method, tt.target, tt.body), partial, concurrency(1), idFormat(tt.format))
+			var got []string
+			for _, it := range p.Items {
+				got = append(got, it.ID)
+			}
+			equalSlices(t, "ids", got, tt.ids)
+			f := newFake()
+			w := write(t, run(p, f))
+			equalSlices(t, "sent", f.sent(), tt.sent)
+			for i, b := range tt.bodies {
+				equal(t, fmt.Sprintf("write %d body", i), f.log()[i].Body, b)
+			}
+			if tt.method != "POST" { // a created item is reported by the id its answer names
+				equalSlices(t, "reported ids", w.IDs(), tt.ids)
 			}
 		})
 	}

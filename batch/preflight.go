@@ -10,21 +10,32 @@ import (
 )
 
 // preflight is the saga's third step: it reads every target of an
-// all-or-nothing update or delete before anything is written. A missing
-// target fails the batch while nothing has changed; the bodies read are
-// the pre-images an undo puts back, and a strong ETag read with one makes
-// the write conditional. It reports whether the batch may go on.
-//
-// A create's ids are checked item by item, just before each create (see
-// checkFree): an existing id fails the batch there.
+// all-or-nothing update or delete, and every id a create's element
+// carries, before anything is written. A missing target, or an id a
+// create names that already exists, fails the batch while nothing has
+// changed. The bodies read are the pre-images an undo puts back, and a
+// strong ETag read with one makes the write conditional. It reports
+// whether the batch may go on.
 func (sg *saga) preflight(ctx context.Context) bool {
-	if op := sg.plan.Op; op != policy.OpUpdate && op != policy.OpDelete {
+	var read func(ctx context.Context, i int) bool
+	switch sg.plan.Op {
+	case policy.OpUpdate, policy.OpDelete:
+		read = sg.readPreimage
+	case policy.OpCreate:
+		read = sg.checkFree
+	default:
 		return true
+	}
+	var targets []int
+	for _, i := range sg.pending() {
+		if sg.items[i].ID != "" {
+			targets = append(targets, i)
+		}
 	}
 	stop := make(chan struct{})
 	halt := sync.OnceFunc(func() { close(stop) })
-	sg.fanOut(ctx, sg.pending(), stop, func(ctx context.Context, i int) {
-		if !sg.readPreimage(ctx, i) {
+	sg.fanOut(ctx, targets, stop, func(ctx context.Context, i int) {
+		if !read(ctx, i) {
 			halt()
 		}
 	})
@@ -62,7 +73,7 @@ func (sg *saga) readPreimage(ctx context.Context, i int) bool {
 		case !is2xx(resp.Status):
 			it.setAnswer(ans)
 			it.Outcome, st.failure = Failed, true
-			it.Error = "the item could not be read before the write (GET " + req.Path + ")"
+			it.Error = joinReasons("the item could not be read before the write (GET "+req.Path+")", sg.movedHint(req, resp))
 			ok = false
 		case jsonKind(ans.body) != "object":
 			it.setAnswer(ans)
@@ -74,6 +85,34 @@ func (sg *saga) readPreimage(ctx context.Context, i int) bool {
 		}
 	})
 	return ok
+}
+
+// checkFree reads the id a create's element carries: the item must not
+// exist, so that an undo that deletes that id deletes what the batch
+// created and nothing else.
+func (sg *saga) checkFree(ctx context.Context, i int) bool {
+	id := sg.items[i].ID
+	req := sg.read(ForPreflight, id)
+	resp, err := sg.sendItem(ctx, req)
+	if resp != nil && gone(resp.Status) {
+		return true
+	}
+	_ = sg.transition(ctx, i, PhaseRead, nil, func(it *ItemResult, st *itemState) {
+		switch {
+		case resp == nil:
+			recordNoAnswer(it, st, err, false)
+			it.Error = "whether the id is free could not be checked before the create: " + it.Error
+		case is2xx(resp.Status):
+			it.clearResponse()
+			it.Status, it.Outcome, st.failure = http.StatusConflict, Failed, true
+			it.Error = fmt.Sprintf("an item with id %q already exists; a batch create may only name ids that are free", id)
+		default:
+			it.setResponse(resp)
+			it.Outcome, st.failure = Failed, true
+			it.Error = joinReasons("whether the id is free could not be checked before the create (GET "+req.Path+")", sg.movedHint(req, resp))
+		}
+	})
+	return false
 }
 
 // strongETag returns the answer's ETag if it is strong: only a strong

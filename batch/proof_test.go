@@ -74,8 +74,9 @@ func TestProofCreateAlreadyDeletedIsUndone(t *testing.T) {
 	equal(t, "DELETEs sent", len(f.sentWith("DELETE")), 0)
 }
 
-// With strong ETags the upstream proves it: the forward write carries the
-// preflight's ETag, the undo the write's, and no proof read is needed.
+// With strong ETags and conditional_writes the upstream proves it: the
+// forward write carries the preflight's ETag, the undo the write's, and no
+// proof read is needed.
 func TestProofByETag(t *testing.T) {
 	t.Run("update", func(t *testing.T) {
 		f := newFake().
@@ -84,7 +85,7 @@ func TestProofByETag(t *testing.T) {
 			on("PATCH", "/widgets/1", reply(200, `{"id":"1","v":1}`, "ETag", `"a2"`)).
 			on("PATCH", "/widgets/2", reply(500, ``)).
 			on("PUT", "/widgets/1", reply(200, `{"id":"1","v":0}`))
-		w := write(t, run1(t, "PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":1}]`, f, concurrency(1)))
+		w := write(t, run1(t, "PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":1}]`, f, concurrency(1), conditional))
 		equalSlices(t, "sent", f.sent(), []string{"GET /widgets/1", "GET /widgets/2", "PATCH /widgets/1", "PATCH /widgets/2", "PUT /widgets/1"})
 		log := f.log()
 		equal(t, "write 1 If-Match", log[2].Header.Get("If-Match"), `"a1"`)
@@ -96,7 +97,7 @@ func TestProofByETag(t *testing.T) {
 		f := newFake().
 			on("GET", "/widgets/1", reply(200, `{"id":"1"}`, "ETag", `"a1"`)).
 			on("PATCH", "/widgets/1", reply(412, ``))
-		w := write(t, run1(t, "PATCH", "/widgets", `[{"id":"1","v":1}]`, f))
+		w := write(t, run1(t, "PATCH", "/widgets", `[{"id":"1","v":1}]`, f, conditional))
 		equal(t, "status", w.Code, 412)
 		if !strings.Contains(w.Items[0].Error, "changed after the batch read it") {
 			t.Errorf("error %q", w.Items[0].Error)
@@ -108,7 +109,7 @@ func TestProofByETag(t *testing.T) {
 			on("PATCH", "/widgets/1", reply(200, `{"id":"1","v":1}`, "ETag", `"a2"`)).
 			on("PATCH", "/widgets/2", reply(500, ``)).
 			on("PUT", "/widgets/1", reply(412, ``))
-		w := write(t, run1(t, "PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":1}]`, f, concurrency(1)))
+		w := write(t, run1(t, "PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":1}]`, f, concurrency(1), conditional))
 		equalSlices(t, "outcomes", w.Outcomes(), []string{"rollback_failed", "failed"})
 		equal(t, "PUT attempts (412 is not retried)", len(f.sentWith("PUT")), 1)
 	})
@@ -119,12 +120,55 @@ func TestProofByETag(t *testing.T) {
 			on("DELETE", "/widgets/1", reply(204, ``)).
 			on("DELETE", "/widgets/2", reply(500, ``)).
 			on("PUT", "/widgets/1", reply(201, `{"id":"1"}`))
-		w := write(t, run1(t, "DELETE", "/widgets?ids=1,2", "", f, concurrency(1)))
+		w := write(t, run1(t, "DELETE", "/widgets?ids=1,2", "", f, concurrency(1), conditional))
 		equalSlices(t, "sent", f.sent(), []string{"GET /widgets/1", "GET /widgets/2", "DELETE /widgets/1", "DELETE /widgets/2", "PUT /widgets/1"})
 		log := f.log()
 		equal(t, "delete If-Match", log[2].Header.Get("If-Match"), `"a1"`)
 		equal(t, "re-create If-None-Match", log[4].Header.Get("If-None-Match"), "*")
 		equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "failed"})
+	})
+}
+
+// Without conditional_writes a strong ETag is no proof: many frameworks
+// send one on every GET and ignore If-Match on writes. The conditions are
+// still sent, and every undo is proved by a read first, where the write's
+// ETag on the read counts.
+func TestProofByReadWithoutConditionalWrites(t *testing.T) {
+	t.Run("update: the read carries the write's ETag", func(t *testing.T) {
+		f := newFake().
+			on("GET", "/widgets/1", reply(200, `{"id":"1","v":0}`, "ETag", `"a1"`), reply(200, `{"id":"1","v":1,"at":"t2"}`, "ETag", `"a2"`)).
+			on("PATCH", "/widgets/1", reply(200, `{"id":"1","v":1}`, "ETag", `"a2"`)).
+			on("PATCH", "/widgets/2", reply(500, ``)).
+			on("PUT", "/widgets/1", reply(200, `{"id":"1","v":0}`))
+		f.seed("2")
+		w := write(t, run1(t, "PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":1}]`, f, concurrency(1)))
+		equalSlices(t, "sent", f.sent(), []string{"GET /widgets/1", "GET /widgets/2", "PATCH /widgets/1", "PATCH /widgets/2", "GET /widgets/1", "PUT /widgets/1"})
+		equal(t, "undo If-Match (still sent)", f.log()[5].Header.Get("If-Match"), `"a2"`)
+		equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "failed"})
+	})
+	t.Run("update: an unenforced ETag does not hide another writer", func(t *testing.T) {
+		// The API answers the proof read with the batch's own ETag but a
+		// body another writer left: ETags are not compared by an API that
+		// does not enforce them, and a body that is not the write's
+		// answer is another writer's.
+		f := newFake().
+			on("GET", "/widgets/1", reply(200, `{"id":"1","v":0}`, "ETag", `"a1"`), reply(200, `{"id":"1","v":9}`, "ETag", `"x9"`)).
+			on("PATCH", "/widgets/1", reply(200, `{"id":"1","v":1}`, "ETag", `"a2"`)).
+			on("PATCH", "/widgets/2", reply(500, ``))
+		f.seed("2")
+		w := write(t, run1(t, "PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":1}]`, f, concurrency(1)))
+		equalSlices(t, "outcomes", w.Outcomes(), []string{"rollback_failed", "failed"})
+		equal(t, "PUTs sent", len(f.sentWith("PUT")), 0)
+	})
+	t.Run("delete: the re-create is read first, and still conditional", func(t *testing.T) {
+		f := newFake().
+			on("GET", "/widgets/1", reply(200, `{"id":"1"}`, "ETag", `"a1"`), reply(200, `{"id":"1","name":"someone else's"}`, "ETag", `"z1"`)).
+			on("GET", "/widgets/2", reply(200, `{"id":"2"}`, "ETag", `"b1"`)).
+			on("DELETE", "/widgets/1", reply(204, ``)).
+			on("DELETE", "/widgets/2", reply(500, ``))
+		w := write(t, run1(t, "DELETE", "/widgets?ids=1,2", "", f, concurrency(1)))
+		equalSlices(t, "sent", f.sent(), []string{"GET /widgets/1", "GET /widgets/2", "DELETE /widgets/1", "DELETE /widgets/2", "GET /widgets/1"})
+		equalSlices(t, "outcomes", w.Outcomes(), []string{"rollback_failed", "failed"})
 	})
 }
 
@@ -231,7 +275,7 @@ func TestUndosRunInParallel(t *testing.T) {
 // The preflight and every undo keep the client's query.
 func TestQueryOnEverySubRequest(t *testing.T) {
 	f := newFake().seed("1", "2").on("DELETE", "/widgets/2", reply(500, ``))
-	run1(t, "DELETE", "/widgets?ids=1,2&tenant=t2", "", f, concurrency(1))
+	run1(t, "DELETE", "/widgets?ids=1,2&tenant=t2", "", f, concurrency(1), scopeQuery("tenant"))
 	for _, c := range f.log() {
 		if c.RawQuery != "tenant=t2" {
 			t.Errorf("%s went without the query: %q", c, c.RawQuery)

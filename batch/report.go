@@ -21,6 +21,7 @@ func (sg *saga) report(clientCtx, batchCtx context.Context) *Result {
 		Compensations:     sg.sentUndos,
 		PreferenceApplied: p.PreferenceApplied,
 		RetryAfter:        retryAfter(sg.items, time.Now()),
+		Warning:           sg.warning,
 	}
 	firstFailure := -1
 	rolledBack := 0

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -12,10 +13,19 @@ import (
 )
 
 // ---------------------------------------------------------------------
-// What each sub-request looks like (SPEC §5, "Sub-requests").
+// What each sub-request looks like (README, "Batch requests and
+// responses").
+
+// scopeQuery names the query parameters an all-or-nothing write batch
+// keeps (scope_query).
+func scopeQuery(names ...string) specMod {
+	return settings(func(s *policy.Settings) { s.ScopeQuery = names })
+}
 
 // Other query parameters are kept on each sub-request, in their order;
-// the ids parameter goes.
+// the ids parameter goes. An all-or-nothing write keeps only what
+// scope_query names, and is refused when the query holds anything else
+// (TestScopeQuery).
 func TestSubRequestQuery(t *testing.T) {
 	keys := settings(func(s *policy.Settings) { s.IDsParam = "keys" })
 	tests := []struct {
@@ -34,10 +44,13 @@ func TestSubRequestQuery(t *testing.T) {
 			paths: []string{"/widgets/1", "/widgets/2"}, query: "ids=9"},
 		{name: "batch DELETE", method: "DELETE", target: "/widgets?force=1&ids=1,2", mods: []specMod{partial},
 			paths: []string{"/widgets/1", "/widgets/2"}, query: "force=1"},
-		// SPEC names only a batch GET's query; the engine keeps a create's
-		// and an update's query on their writes too.
-		{name: "batch CREATE", method: "POST", target: "/widgets?notify=0", body: elements(2),
-			paths: []string{"/widgets", "/widgets"}, query: "notify=0"},
+		{name: "batch CREATE, partial", method: "POST", target: "/widgets?notify=0&fields=a", body: elements(2), mods: []specMod{partial},
+			paths: []string{"/widgets", "/widgets"}, query: "notify=0&fields=a"},
+		{name: "batch CREATE, scoped", method: "POST", target: "/widgets?tenant=t%201", body: elements(2), mods: []specMod{scopeQuery("tenant")},
+			paths: []string{"/widgets", "/widgets"}, query: "tenant=t%201"},
+		{name: "batch DELETE, scoped, in the client's order and spelling", method: "DELETE", target: "/widgets?key=k&ids=1,2&%74enant=a+b&key=j",
+			mods:  []specMod{scopeQuery("tenant", "key")},
+			paths: []string{"/widgets/1", "/widgets/2", "/widgets/1", "/widgets/2"}, query: "key=k&%74enant=a+b&key=j"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -258,7 +271,7 @@ func TestIdempotencyKeys(t *testing.T) {
 }
 
 // ---------------------------------------------------------------------
-// Prefer: atomicity=... (SPEC §5).
+// Prefer: atomicity=... (README, "Configuration": allow_override).
 
 func TestPreferAtomicity(t *testing.T) {
 	partialResource := settings(func(s *policy.Settings) { s.SetAtomicity(policy.Partial) })
@@ -401,5 +414,76 @@ func TestCutText(t *testing.T) {
 	}
 	for _, tt := range tests {
 		equal(t, fmt.Sprintf("cutText(%q, %d)", tt.in, tt.limit), cutText([]byte(tt.in), tt.limit), tt.want)
+	}
+}
+
+// An all-or-nothing write batch carries only the query parameters
+// scope_query names, on every request it sends: any other is refused
+// before anything is sent, since one that shapes the items ($select,
+// fields) would make the preflight read a partial item and an undo put
+// only that back. A batch GET, and a partial batch (configured, or
+// chosen with Prefer under allow_override), keep the whole query.
+func TestScopeQuery(t *testing.T) {
+	tenant := scopeQuery("tenant", "api_key")
+	tests := []struct {
+		name, method, target, body string
+		header                     []string
+		mods                       []specMod
+		refused                    string // the parameter the detail names; "" when accepted
+		query                      string // what every sub-request carries, when accepted
+	}{
+		{name: "delete, shaping parameter", method: "DELETE", target: "/widgets?ids=1,2&$select[]=name", refused: "$select[]"},
+		{name: "delete, escaped shaping parameter", method: "DELETE", target: "/widgets?ids=1&%24select%5B%5D=name", mods: []specMod{tenant}, refused: "$select[]"},
+		{name: "update, one unscoped among scoped", method: "PATCH", target: "/widgets?tenant=a&fields=name&api_key=k", body: `[{"id":1,"v":1}]`, mods: []specMod{tenant}, refused: "fields"},
+		{name: "create, bare parameter", method: "POST", target: "/widgets?include", body: elements(1), refused: "include"},
+		{name: "create, the ids parameter is not a batch's own", method: "POST", target: "/widgets?ids=1", body: elements(1), refused: "ids"},
+		{name: "update, scoped", method: "PATCH", target: "/widgets?api_key=k&tenant=a", body: `[{"id":1,"v":1}]`, mods: []specMod{tenant}, query: "api_key=k&tenant=a"},
+		{name: "delete, _method is not the client's", method: "DELETE", target: "/widgets?ids=1&_method=DELETE", query: ""},
+		{name: "delete, partial", method: "DELETE", target: "/widgets?ids=1&fields=name", mods: []specMod{partial}, query: "fields=name"},
+		{name: "update, partial by Prefer", method: "PATCH", target: "/widgets?fields=name", body: `[{"id":1,"v":1}]`,
+			header: []string{"Prefer", "atomicity=partial"}, mods: []specMod{override}, query: "fields=name"},
+		{name: "get", method: "GET", target: "/widgets?ids=1&fields=name", query: "fields=name"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFake().seed("1", "2")
+			p, prob := parse(t, newRequest(tt.method, tt.target, tt.body, tt.header...), append(tt.mods, concurrency(1))...)
+			if tt.refused != "" {
+				if prob == nil {
+					t.Fatalf("accepted; want 400 naming %q", tt.refused)
+				}
+				equal(t, "status", prob.Status, 400)
+				for _, s := range []string{strconv.Quote(tt.refused), "all-or-nothing", "scope_query"} {
+					if !strings.Contains(prob.Detail, s) {
+						t.Errorf("detail %q does not contain %q", prob.Detail, s)
+					}
+				}
+				return
+			}
+			if prob != nil {
+				t.Fatalf("refused: %d %s", prob.Status, prob.Detail)
+			}
+			run(p, f)
+			if len(f.log()) == 0 {
+				t.Fatal("nothing was sent")
+			}
+			for _, c := range f.log() {
+				equal(t, c.String()+" query", c.RawQuery, tt.query)
+			}
+		})
+	}
+}
+
+// The refusal says how to send the batch as partial when the client may
+// choose it.
+func TestScopeQueryDetailOffersPartial(t *testing.T) {
+	target := "/widgets?ids=1&fields=name"
+	_, prob := parse(t, newRequest("DELETE", target, ""))
+	if prob == nil || strings.Contains(prob.Detail, "Prefer") {
+		t.Errorf("without allow_override: %+v; want a refusal that does not offer Prefer", prob)
+	}
+	_, prob = parse(t, newRequest("DELETE", target, ""), override)
+	if prob == nil || !strings.Contains(prob.Detail, "Prefer: atomicity=partial") {
+		t.Errorf("with allow_override: %+v; want a refusal that offers Prefer: atomicity=partial", prob)
 	}
 }

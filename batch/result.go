@@ -105,7 +105,11 @@ type Result struct {
 	// they can name internal addresses.
 	Errors []string
 	// Detail explains a failed batch in one sentence.
-	Detail            string
+	Detail string
+	// Warning is what the operator should change in the configuration,
+	// found while the batch ran (a resource declared without the trailing
+	// slash its legacy API redirects to, say); empty when nothing was.
+	Warning           string
 	PreferenceApplied string
 	RetryAfter        string
 }

@@ -77,6 +77,11 @@ type saga struct {
 	sentUndos int
 
 	answerBytes atomic.Int64 // the item bodies the answer will carry (keepBody)
+
+	// warning is what the operator should fix in the configuration,
+	// found while the batch ran (movedHint); set once.
+	warnOnce sync.Once
+	warning  string
 }
 
 // itemState is what the saga knows of an item beyond what the client is

@@ -44,6 +44,10 @@ type Proof struct {
 	// from what the batch sent rather than read from the upstream).
 	Expect json.RawMessage
 	Subset bool
+	// ETag is the strong ETag the batch's write was answered with: a read
+	// that carries it proves the item as the batch left it, whatever its
+	// body.
+	ETag string
 	// GoneIsUndone counts an item that is already missing as undone: what
 	// the batch created was deleted by someone else. Without it a missing
 	// item proves nothing: the create may have put it elsewhere.
@@ -51,44 +55,77 @@ type Proof struct {
 }
 
 // undoAnswered computes the undo of item i's write from its answer, or
-// says why there can be none.
+// says why there can be none. An answer that is the item (namesItem) is
+// the item as the write left it, whatever the legacy API normalised or
+// ignored; only an answer that is not falls back to what was sent. A
+// strong ETag on the answer becomes the undo's condition, and replaces
+// the proof read only where the upstream enforces conditions
+// (conditional_writes).
 func (sg *saga) undoAnswered(it *ItemResult, st *itemState, i int, resp *SubResponse) (*Undo, string) {
 	p := sg.plan
+	var u *Undo
+	var expect []byte // the item as the write left it, if the answer says
+	var sent []byte   // what the write sent, when the answer does not say
 	switch p.Op {
 	case policy.OpCreate:
 		if it.ID == "" {
 			return nil, fmt.Sprintf("the created item cannot be deleted: the upstream named no id (no Location naming an item of %s, no %q in the body)", p.collectionPath, sg.s.IDField)
 		}
-		accepted := resp.Status == http.StatusAccepted
-		u := &Undo{Method: http.MethodDelete, Path: sg.itemPath(it.ID)}
-		if etag := strongETag(resp.Header); etag != "" && !accepted {
-			u.IfMatch = etag
+		u = &Undo{Method: http.MethodDelete, Path: sg.itemPath(it.ID)}
+		if resp.Status == http.StatusAccepted {
+			// A 202's body and validators describe the pending request,
+			// not the item.
+			u.Proof = &Proof{Expect: withoutMember(p.Items[i].Body, sg.s.IDField), Subset: true}
 			return u, ""
 		}
-		u.Proof = &Proof{GoneIsUndone: st.createdFrom != "element" && !accepted}
-		if isObject(resp.Body) && !accepted {
-			u.Proof.Expect = resp.Body
-		} else {
-			u.Proof.Expect, u.Proof.Subset = withoutMember(p.Items[i].Body, sg.s.IDField), true
-		}
-		return u, ""
+		sent = withoutMember(p.Items[i].Body, sg.s.IDField)
 	case policy.OpUpdate:
-		u := sg.restore(i, st)
-		if etag := strongETag(resp.Header); etag != "" {
-			u.IfMatch = etag
-			return u, ""
-		}
-		u.Proof = &Proof{}
-		if isObject(resp.Body) && holdsMembers(resp.Body, p.Items[i].Body, "") {
-			u.Proof.Expect = resp.Body
-		} else {
-			u.Proof.Expect, u.Proof.Subset = mergePatch(st.preimage, p.Items[i].Body), true
-		}
-		return u, ""
+		u = sg.restore(i, st)
+		sent = mergePatch(st.preimage, p.Items[i].Body)
 	case policy.OpDelete:
 		return sg.recreate(it.ID, st), ""
+	default:
+		return nil, "a read needs no undo"
 	}
-	return nil, "a read needs no undo"
+	if sg.namesItem(resp.Body, it.ID) {
+		expect = resp.Body
+	}
+	etag := strongETag(resp.Header)
+	u.IfMatch = etag
+	if etag != "" && sg.s.ConditionalWrites {
+		return u, ""
+	}
+	u.Proof = &Proof{ETag: etag, Expect: expect}
+	if expect == nil {
+		u.Proof.Expect, u.Proof.Subset = sent, true
+	}
+	// What a create made under an id the upstream named is undone if
+	// someone deleted it since; under the element's own id, a missing
+	// item proves nothing (the upstream may have put it elsewhere).
+	u.Proof.GoneIsUndone = p.Op == policy.OpCreate && st.createdFrom != "element"
+	return u, ""
+}
+
+// namesItem reports whether an answer's body is item id itself: a JSON
+// object whose id field names it. Such a body is the item as the
+// upstream stored it; a body that is not ({}, a status object, nothing)
+// says nothing of the item.
+func (sg *saga) namesItem(body []byte, id string) bool {
+	if !isObject(body) {
+		return false
+	}
+	var members map[string]json.RawMessage
+	if json.Unmarshal(body, &members) != nil {
+		return false
+	}
+	got, ok := idFromJSON(members[sg.s.IDField])
+	if !ok || got == "" {
+		return false
+	}
+	if canonical, err := sg.s.IDFormat.Canonical(got); err == nil {
+		got = canonical
+	}
+	return got == id
 }
 
 // restore is the undo of an update: the pre-image put back whole (PUT),
@@ -103,15 +140,16 @@ func (sg *saga) restore(i int, st *itemState) *Undo {
 
 // recreate is the undo of a delete: the pre-image created again, only
 // where the item is still absent. A PUT carries If-None-Match: *, which
-// is proof enough when the upstream showed it knows validators (the
-// preflight read a strong ETag); otherwise, and for a POST, a read proves
-// the item absent first.
+// is proof enough when the upstream enforces conditions
+// (conditional_writes) and showed it knows validators (the preflight read
+// a strong ETag); otherwise, and for a POST, a read proves the item
+// absent first.
 func (sg *saga) recreate(id string, st *itemState) *Undo {
 	if sg.s.RestoreDeleted == policy.RestorePost {
 		return &Undo{Method: http.MethodPost, Path: sg.plan.collectionPath, Body: st.preimage, Proof: &Proof{Absent: true}, WantID: id}
 	}
 	u := &Undo{Method: http.MethodPut, Path: sg.itemPath(id), Body: st.preimage, IfNoneMatch: "*"}
-	if st.preETag == "" {
+	if st.preETag == "" || !sg.s.ConditionalWrites {
 		u.Proof = &Proof{Absent: true}
 	}
 	return u
@@ -175,7 +213,8 @@ func (proof *Proof) check(resp *SubResponse, idField string) string {
 		return "the item is gone, so whether it was the batch's could not be proved"
 	case !is2xx(resp.Status):
 		return fmt.Sprintf("the item could not be read to prove it is as the batch left it (GET answered %d)", resp.Status)
-	case proof.Subset && holdsMembers(resp.Body, proof.Expect, idField),
+	case proof.ETag != "" && strongETag(resp.Header) == proof.ETag,
+		proof.Subset && holdsMembers(resp.Body, proof.Expect, idField),
 		!proof.Subset && sameJSON(resp.Body, proof.Expect):
 		return ""
 	}

@@ -53,9 +53,12 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    compensation_retries <n>
 //	    compensation_timeout <duration>
 //	    idempotent_upstream  [on|off]
+//	    conditional_writes   [on|off]
 //	    item_locks           local|storage
 //	    idempotency_ttl      <duration>
 //	    journal              [on|off]
+//	    scope_query          <param...>
+//	    id_format            any|integer|uuid
 //
 //	    resource <collection path template> {
 //	        collection <METHOD...>
@@ -267,9 +270,12 @@ var optionExamples = []struct{ name, example string }{
 	{"compensation_retries", "compensation_retries 3"},
 	{"compensation_timeout", "compensation_timeout 30s"},
 	{"idempotent_upstream", "idempotent_upstream"},
+	{"conditional_writes", "conditional_writes"},
 	{"item_locks", "item_locks local"},
 	{"idempotency_ttl", "idempotency_ttl 24h"},
 	{"journal", "journal off"},
+	{"scope_query", "scope_query tenant api_key"},
+	{"id_format", "id_format integer"},
 }
 
 func optionExample(name string) string {
@@ -399,6 +405,16 @@ func (o *Options) unmarshalOption(d *caddyfile.Dispenser, seen map[string]caddyf
 		return flag(&o.AllowOverride)
 	case "idempotent_upstream":
 		return flag(&o.IdempotentUpstream)
+	case "conditional_writes":
+		return flag(&o.ConditionalWrites)
+	case "scope_query":
+		if len(args) == 0 {
+			return d.Errf("scope_query takes one or more query parameter names, e.g. %s", optionExample(name))
+		}
+		o.ScopeQuery = args
+		return nil
+	case "id_format":
+		return text(&o.IDFormat)
 	case "item_locks":
 		return text(&o.ItemLocks)
 	case "journal":

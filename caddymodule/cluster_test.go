@@ -71,13 +71,14 @@ func TestClusterOverlappingWritersSerialize(t *testing.T) {
 		item_timeout 30s
 		batch_timeout 60s
 		allow_override
+		scope_query by
 		resource /api/widgets {` + resourceMethods + `
 		}
 	}
 	reverse_proxy ` + upstream
 	a := startInstance(t, bin, redisOption(host, port, prefix), site)
 	b := startInstance(t, bin, redisOption(host, port, prefix), site)
-	overlappingWriters(t, 0, api, upstream, []string{a.URL, b.URL}, clients, nIDs, false)
+	overlappingWriters(t, 0, api, upstream, []string{a.URL, b.URL}, clients, nIDs, overlap{})
 }
 
 func testClusterReplay(t *testing.T, api *legacyapi.API, a, b *gateway) {

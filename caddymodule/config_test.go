@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -134,7 +135,7 @@ var configMistakes = []configMistake{
 	{name: "unknown option, misspelt", config: batchBlock(caddyLines("\tmax_item 5"), usersResource), line: 3, syntax: true,
 		want: `unknown batch option "max_item": did you mean max_items?`},
 	{name: "unknown option", config: batchBlock(caddyLines("\tparallelism 4"), usersResource), line: 3, syntax: true,
-		want: `unknown batch option "parallelism" (this block takes resource, atomicity, allow_override, max_items, max_body_size, max_response_size, concurrency, max_in_flight, item_timeout, batch_timeout, ids_param, id_field, delete_semantics, restore_deleted, restore_updated, compensation_retries, compensation_timeout, idempotent_upstream, item_locks, idempotency_ttl, journal)`},
+		want: `unknown batch option "parallelism" (this block takes resource, atomicity, allow_override, max_items, max_body_size, max_response_size, concurrency, max_in_flight, item_timeout, batch_timeout, ids_param, id_field, delete_semantics, restore_deleted, restore_updated, compensation_retries, compensation_timeout, idempotent_upstream, conditional_writes, item_locks, idempotency_ttl, journal, scope_query, id_format)`},
 	{name: "unknown option in a resource", config: batchBlock(caddyLines("\tresource /users {", "\t\tcolection GET", "\t}")), line: 4, syntax: true,
 		want: `unknown batch option "colection": did you mean collection?`},
 	{name: "resource subdirective outside a resource", config: batchBlock(caddyLines("\tcollection GET"), usersResource), line: 3, syntax: true,
@@ -193,6 +194,28 @@ var configMistakes = []configMistake{
 		want: `id_field takes one value, e.g. id_field id`},
 	{name: "empty value", config: batchBlock(caddyLines("\tid_field \"\""), usersResource), line: 3, syntax: true,
 		want: `id_field takes a value, not an empty string, e.g. id_field id`},
+	{name: "conditional_writes with a bad value", config: batchBlock(caddyLines("\tconditional_writes yes"), usersResource), line: 3, syntax: true,
+		want: `conditional_writes takes no value, or on or off, not "yes"`},
+	{name: "scope_query without names", config: batchBlock(caddyLines("\tscope_query"), usersResource), line: 3, syntax: true,
+		want: `scope_query takes one or more query parameter names, e.g. scope_query tenant api_key`},
+	{name: "scope_query set twice", config: batchBlock(caddyLines("\tscope_query tenant", "\tscope_query api_key"), usersResource), line: 4, syntax: true,
+		want: `scope_query is set twice (lines 3 and 4): keep one`},
+	{name: "scope_query with an empty name", config: batchBlock(caddyLines("\tscope_query tenant \"\""), usersResource), line: 3,
+		want: `scope_query holds an empty name: name each query parameter that scopes a request, e.g. scope_query tenant api_key`},
+	{name: "scope_query naming the ids parameter", config: batchBlock(caddyLines("\tscope_query tenant ids"), usersResource), line: 3,
+		want: `scope_query must not name "ids", the ids parameter (ids_param): the gateway takes the ids out of the query and sends each item's id in its path; remove it from scope_query`},
+	{name: "scope_query naming a resource's ids parameter", config: batchBlock(caddyLines("\tscope_query tenant keys"), usersResource[:3], caddyLines("\t\tids_param keys", "\t}")), line: 4,
+		want: `resource /users: scope_query must not name "keys", the ids parameter (ids_param): the gateway takes the ids out of the query and sends each item's id in its path; remove it from scope_query`},
+	{name: "scope_query naming _method", config: batchBlock(usersResource[:3], caddyLines("\t\tscope_query _method", "\t}")), line: 6,
+		want: `resource /users: scope_query must not name "_method": the gateway reads that parameter as a method override and never passes it on; remove it from scope_query`},
+	{name: "scope_query naming one twice", config: batchBlock(caddyLines("\tscope_query tenant api_key tenant"), usersResource), line: 3,
+		want: `scope_query names "tenant" twice: keep one`},
+	{name: "unknown id_format, misspelt", config: batchBlock(caddyLines("\tid_format intger"), usersResource), line: 3,
+		want: `unknown id_format "intger" (want any, integer or uuid): did you mean integer?`},
+	{name: "unknown id_format in a resource", config: batchBlock(usersResource[:3], caddyLines("\t\tid_format number", "\t}")), line: 6,
+		want: `resource /users: unknown id_format "number" (want any, integer or uuid)`},
+	{name: "id_format without value", config: batchBlock(caddyLines("\tid_format"), usersResource), line: 3, syntax: true,
+		want: `id_format takes one value, e.g. id_format integer`},
 	{name: "unknown delete_semantics", config: batchBlock(caddyLines("\tdelete_semantics soft"), usersResource), line: 3,
 		want: `unknown delete_semantics "soft" (want imperative or declarative)`},
 	{name: "unknown restore_deleted", config: batchBlock(caddyLines("\trestore_deleted patch"), usersResource), line: 3,
@@ -407,6 +430,10 @@ func TestProvisionErrors(t *testing.T) {
 			`atomicity upsert: unknown batch operation "upsert" (want get, create, update or delete)`},
 		{"ids_param that is the method override parameter", `{"ids_param":"_method","resources":[{"path":"/a","collection":["GET"]}]}`,
 			`ids_param must not be "_method": the gateway reads that parameter as a method override; choose another name, e.g. ids`},
+		{"id_format in upper case", `{"resources":[{"path":"/a","collection":["GET"],"id_format":"UUID"}]}`,
+			`resource /a: unknown id_format "UUID" (want any, integer or uuid): did you mean uuid?`},
+		{"scope_query naming the method override parameter", `{"scope_query":["tenant","_method"],"resources":[{"path":"/a","collection":["GET"]}]}`,
+			`scope_query must not name "_method": the gateway reads that parameter as a method override and never passes it on; remove it from scope_query`},
 		{"the Caddyfile's none in JSON", `{"resources":[{"path":"/a","collection":["GET"],"batch":["none"]}]}`,
 			`resource /a: batch: "none" is no operation: an empty list turns every operation off`},
 		{"lower-case methods", `{"resources":[{"path":"/a","collection":["get", "delet"]}]}`,
@@ -439,9 +466,13 @@ func TestSettingsInheritance(t *testing.T) {
 		"operation_atomicity": {"delete": "all_or_nothing"},
 		"max_items": 7,
 		"item_timeout": "2s",
+		"conditional_writes": true,
+		"scope_query": ["tenant"],
+		"id_format": "integer",
 		"resources": [
 			{"path": "/plain", "collection": ["GET", "POST", "DELETE"], "item": ["GET", "PUT", "DELETE"]},
-			{"path": "/tuned", "collection": ["GET"], "item": ["GET"], "atomicity": "all_or_nothing", "max_items": 3, "compensation_retries": 0, "allow_override": true}
+			{"path": "/tuned", "collection": ["GET"], "item": ["GET"], "atomicity": "all_or_nothing", "max_items": 3, "compensation_retries": 0, "allow_override": true,
+				"conditional_writes": false, "scope_query": ["api_key", "tenant"], "id_format": "uuid"}
 		]
 	}`
 	if err := json.Unmarshal([]byte(raw), &h); err != nil {
@@ -457,16 +488,18 @@ func TestSettingsInheritance(t *testing.T) {
 	plain.SetAtomicity(policy.Partial)
 	plain.Atomicity[policy.OpDelete] = policy.AllOrNothing
 	plain.MaxItems, plain.ItemTimeout = 7, 2*time.Second
+	plain.ConditionalWrites, plain.ScopeQuery, plain.IDFormat = true, []string{"tenant"}, policy.IDInteger
 	tuned := plain
 	tuned.SetAtomicity(policy.AllOrNothing)
 	tuned.MaxItems, tuned.CompensationRetries, tuned.AllowOverride = 3, 0, true
+	tuned.ConditionalWrites, tuned.ScopeQuery, tuned.IDFormat = false, []string{"api_key", "tenant"}, policy.IDUUID
 
 	for path, want := range map[string]policy.Settings{"/plain": plain, "/tuned": tuned} {
 		m, ok := h.policy.Lookup(path)
 		if !ok {
 			t.Fatalf("no resource at %s", path)
 		}
-		if got := m.Resource.Settings; got != want {
+		if got := m.Resource.Settings; !reflect.DeepEqual(got, want) {
 			t.Errorf("%s settings\n got %+v\nwant %+v", path, got, want)
 		}
 	}

@@ -30,6 +30,7 @@ import (
 // idemSite is a batch handler for seededAPI's widgets and gadgets.
 const idemSite = `
 	batch {
+		scope_query tenant
 		resource /api/widgets {` + resourceMethods + `
 		}
 		resource /api/gadgets {` + resourceMethods + `

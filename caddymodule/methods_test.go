@@ -97,7 +97,7 @@ func TestMethodMap(t *testing.T) {
 		{name: "item GET passes through", method: "GET", path: "/api/widgets/1", status: 200, reached: true},
 		{name: "LIST passes through with its paging", method: "GET", path: "/api/widgets?offset=2&limit=3", status: 200, reached: true},
 		{name: "single create passes through", method: "POST", path: "/api/widgets", body: map[string]any{"name": "single"}, status: 201, reached: true},
-		{name: "collection DELETE without ids passes through", method: "DELETE", path: "/api/widgets", status: 405, reached: true},
+		{name: "collection DELETE without ids is a bad batch while batch delete is on", method: "DELETE", path: "/api/widgets", status: 400, problem: true},
 		{name: "imperative DELETE of a missing item: the 404 stands", method: "DELETE", path: "/api/widgets/999", status: 404, reached: true},
 		{name: "declarative DELETE of a missing item: 204", method: "DELETE", path: "/api/gadgets/999", status: 204, reached: true},
 		{name: "declarative DELETE of an item: the upstream's answer", method: "DELETE", path: "/api/gadgets/2", status: 200, reached: true},

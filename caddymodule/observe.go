@@ -108,6 +108,11 @@ func (o *observation) finished(plan *batch.Plan, res *batch.Result) {
 	setOutcome(o.repl, len(plan.Items), string(res.Outcome))
 	metrics.finished(o.labels, res, took)
 	o.log(plan, res, took)
+	if res.Warning != "" {
+		if ce := o.logger.Check(zapcore.WarnLevel, "batch: the resource's configuration does not fit the legacy API"); ce != nil {
+			ce.Write(append(o.request, zap.String("resource", o.labels.resource), zap.String("fix", res.Warning))...)
+		}
+	}
 }
 
 // unreachable reports that the upstream could not be reached at all: the

@@ -90,6 +90,34 @@ type Options struct {
 	// Default: false.
 	IdempotentUpstream *bool `json:"idempotent_upstream,omitempty"`
 
+	// Whether the upstream enforces If-Match / If-None-Match on writes:
+	// an undo's condition (a strong ETag, If-None-Match: *) then replaces
+	// the read that proves the item is as the batch left it. Without it
+	// every undo is proved by a read, and the conditions are still sent:
+	// many frameworks put strong ETags on GETs and ignore If-Match on
+	// writes (Django's ConditionalGetMiddleware, Spring's
+	// ShallowEtagHeaderFilter). Default: false.
+	ConditionalWrites *bool `json:"conditional_writes,omitempty"`
+
+	// The query parameters that scope or authenticate a request (a
+	// tenant, an API key), e.g. ["tenant", "api_key"]. An all-or-nothing
+	// write batch reads and undoes items for its own purposes, so it
+	// sends these on every request it makes, and refuses with 400 a
+	// client query that holds any other parameter: one that shapes the
+	// representation ($select, fields, include) would make it read a
+	// partial item and put back only that. A batch GET and a partial
+	// batch keep the whole query. The ids parameter and _method cannot
+	// be named. A resource's list replaces the handler's. Default: none.
+	ScopeQuery []string `json:"scope_query,omitempty"`
+
+	// What the upstream's ids are, so that two spellings of one item are
+	// one item: "integer" takes 03, +3 and 3 as the id 3 (sent, locked,
+	// compared for duplicates and reported as 3) and refuses an id that
+	// is not a decimal integer; "uuid" takes ids in lower case with
+	// hyphens and refuses one that is not a UUID; "any" takes an id as
+	// its text. Default: any.
+	IDFormat string `json:"id_format,omitempty"`
+
 	// Where the locks an all-or-nothing batch takes on the items it
 	// writes live: "local" locks within this Caddy process; "storage"
 	// through Caddy's storage, across the instances that share it.
@@ -261,6 +289,16 @@ func (o Options) apply(s policy.Settings) (policy.Settings, error) {
 	if o.Journal != nil {
 		s.Journal = *o.Journal
 	}
+	if o.ConditionalWrites != nil {
+		s.ConditionalWrites = *o.ConditionalWrites
+	}
+	if o.ScopeQuery != nil {
+		s.ScopeQuery = o.ScopeQuery
+	}
+	parse("id_format", o.IDFormat, func(v string) (err error) {
+		s.IDFormat, err = policy.ParseIDFormat(v)
+		return err
+	})
 	parse("item_locks", o.ItemLocks, func(v string) (err error) {
 		s.ItemLocks, err = policy.ParseItemLocks(v)
 		return err

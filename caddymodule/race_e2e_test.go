@@ -239,49 +239,84 @@ func sendHeader(client *http.Client, base, method, path, body string, header htt
 func TestOverlappingWritersSerialize(t *testing.T) {
 	const clients, nIDs, rounds = 40, 8, 2
 	for _, tc := range []struct {
-		name    string
-		etags   bool
-		options string
-		tenants bool
+		name        string
+		etags       bool
+		options     string
+		tenants     bool
+		normalising bool
 	}{
-		{"re-read proofs, restore by put", false, "restore_updated put", false},
-		{"etags, restore by patch", true, "restore_updated patch", false},
+		{"re-read proofs, restore by put", false, "restore_updated put", false, false},
+		{"etags, restore by patch", true, "restore_updated patch", false, false},
+		// Every write trimmed, stamped and stripped of an unknown member:
+		// the write's answer is what each undo's proof expects.
+		{"normalising API, re-read proofs, restore by put", false, "restore_updated put", false, true},
+		{"normalising API, etags, restore by patch", true, "restore_updated patch\n\t\tconditional_writes", false, true},
 		// The same ids in two tenants, chosen by ?tenant=: one lock per
 		// id (the query is not in a lock's name), and every request of a
 		// batch, undos included, must reach its own tenant.
-		{"two tenants, re-read proofs", false, "restore_updated put", true},
+		{"two tenants, re-read proofs", false, "restore_updated put", true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for round := range rounds {
-				testOverlappingWriters(t, round, clients, nIDs, tc.etags, tc.options, tc.tenants)
+				testOverlappingWriters(t, round, clients, nIDs, tc.etags, tc.options, overlap{twoTenants: tc.tenants, normalising: tc.normalising})
 			}
 		})
 	}
 }
 
-func testOverlappingWriters(t *testing.T, round, clients, nIDs int, etags bool, options string, twoTenants bool) {
-	api := legacyapi.New(legacyapi.Collection{Path: "/api/widgets", PutCreates: true, ETags: etags, Tenants: twoTenants, Seed: records("w", 1, nIDs)})
+func testOverlappingWriters(t *testing.T, round, clients, nIDs int, etags bool, options string, mode overlap) {
+	api := legacyapi.New(legacyapi.Collection{Path: "/api/widgets", PutCreates: true, ETags: etags, Tenants: mode.twoTenants,
+		Normalize: mode.normalising, Fields: mode.fields(), Seed: records("w", 1, nIDs)})
 	g := startGateway(t, api, `
 	batch {
 		concurrency 3
 		item_timeout 20s
 		batch_timeout 60s
 		allow_override
+		scope_query by tenant
 		`+options+`
 		resource /api/widgets {`+resourceMethods+`
 		}
 	}
 	reverse_proxy UPSTREAM
 `)
-	overlappingWriters(t, round, api, g.upstream, []string{g.URL}, clients, nIDs, twoTenants)
+	overlappingWriters(t, round, api, g.upstream, []string{g.URL}, clients, nIDs, mode)
+}
+
+// overlap is how a round of overlapping writers meets the legacy API.
+type overlap struct {
+	// twoTenants: the same ids in two tenants, chosen by ?tenant=.
+	twoTenants bool
+	// normalising: the API trims what it stores, stamps updated_at on
+	// every save and ignores members it does not know, as real
+	// frameworks do; the writes send padded notes and an unknown member.
+	normalising bool
+}
+
+// fields are the members a normalising API knows.
+func (m overlap) fields() []string {
+	if m.normalising {
+		return []string{"name", "v", "note"}
+	}
+	return nil
+}
+
+// extra is what a write of client c sends besides its v: a padded note
+// and a member the API does not know, which a normalising API trims and
+// ignores.
+func (m overlap) extra(c int) string {
+	if !m.normalising {
+		return ""
+	}
+	return fmt.Sprintf(`,"note":"  n%d  ","nickname":"x"`, c)
 }
 
 // overlappingWriters is TestOverlappingWritersSerialize's round against
 // api (served at upstream, host:port), its clients sent in turn to each
 // of gateways (base URLs).
-func overlappingWriters(t *testing.T, round int, api *legacyapi.API, upstream string, gateways []string, clients, nIDs int, twoTenants bool) {
+func overlappingWriters(t *testing.T, round int, api *legacyapi.API, upstream string, gateways []string, clients, nIDs int, mode overlap) {
 	tenants := []string{""} // the default tenant holds the seeds
-	if twoTenants {
+	if mode.twoTenants {
 		tenants = append(tenants, "t1")
 		for i := 1; i <= nIDs; i++ {
 			if _, err := send(http.DefaultClient, "http://"+upstream, "PUT", fmt.Sprintf("/api/widgets/%d?tenant=t1", i), fmt.Sprintf(`{"id":%d,"name":"w%d"}`, i, i)); err != nil {
@@ -293,7 +328,8 @@ func overlappingWriters(t *testing.T, round int, api *legacyapi.API, upstream st
 	api.Inject(legacyapi.Fault{Method: "DELETE", Path: fmt.Sprintf("/api/widgets/%d", 1+rand.IntN(nIDs)), Status: 503, Body: htmlError, Times: 1})
 
 	// Every request names its client in the query, which the gateway
-	// keeps on each sub-request of a batch (SPEC §5).
+	// keeps on each sub-request of a batch (scope_query names it, for the
+	// all-or-nothing ones).
 	type write struct {
 		single, failing, partial bool
 		method, path             string
@@ -309,10 +345,10 @@ func overlappingWriters(t *testing.T, round int, api *legacyapi.API, upstream st
 		perm := rand.Perm(nIDs)[:2+rand.IntN(3)]
 		switch c % 10 {
 		case 0, 5:
-			writes[c] = write{single: true, method: "PATCH", path: fmt.Sprintf("/api/widgets/%d%s", id, by), body: fmt.Sprintf(`{"v":%d}`, c)}
+			writes[c] = write{single: true, method: "PATCH", path: fmt.Sprintf("/api/widgets/%d%s", id, by), body: fmt.Sprintf(`{"v":%d%s}`, c, mode.extra(c))}
 		case 1:
 			// Creates the widget again if it was deleted (PUT creates here).
-			writes[c] = write{single: true, method: "PUT", path: fmt.Sprintf("/api/widgets/%d%s", id, by), body: fmt.Sprintf(`{"id":%d,"name":"w%d","v":%d}`, id, id, c)}
+			writes[c] = write{single: true, method: "PUT", path: fmt.Sprintf("/api/widgets/%d%s", id, by), body: fmt.Sprintf(`{"id":%d,"name":"w%d","v":%d%s}`, id, id, c, mode.extra(c))}
 		case 2:
 			writes[c] = write{single: true, method: "DELETE", path: fmt.Sprintf("/api/widgets/%d%s", id, by)}
 		case 3:
@@ -326,6 +362,9 @@ func overlappingWriters(t *testing.T, round int, api *legacyapi.API, upstream st
 			elems := make([]map[string]any, len(perm))
 			for k, i := range perm {
 				elems[k] = map[string]any{"id": i + 1, "v": c}
+				if mode.normalising {
+					elems[k]["note"], elems[k]["nickname"] = fmt.Sprintf("  n%d  ", c), "x"
+				}
 			}
 			if failing {
 				elems[len(elems)-1]["name"] = "" // the legacy API's 422
@@ -432,11 +471,17 @@ func overlappingWriters(t *testing.T, round int, api *legacyapi.API, upstream st
 		default:
 			want[item]["v"] = json.Number(strconv.Itoa(c))
 		}
+		if mode.normalising && req.Method != http.MethodDelete {
+			want[item]["note"] = fmt.Sprintf("n%d", c) // trimmed; the unknown member ignored
+		}
 	}
 	for _, tenant := range tenants {
 		for i := 1; i <= nIDs; i++ {
 			id := strconv.Itoa(i)
 			rec, exists := api.TenantItem("/api/widgets", tenant, id)
+			if mode.normalising && exists {
+				rec = withoutStamp(rec) // the API's own clock, which an undo does not put back
+			}
 			if w, ok := want[tenant+"/"+id]; exists != ok || !reflect.DeepEqual(rec, w) {
 				t.Errorf("round %d: widget %q/%s is %v (exists: %v); the committed writes leave %v (exists: %v)", round, tenant, id, rec, exists, w, ok)
 			}
@@ -450,13 +495,21 @@ func overlappingWriters(t *testing.T, round int, api *legacyapi.API, upstream st
 // lock. In the order the API carried writes out, an undo lands only
 // right on top of its own batch's write to that item, never on another
 // writer's; and an item reported rolled_back had its write undone.
+// The API enforces its ETags' conditions: with conditional_writes they
+// are the undos' proofs; without, every undo is also read first.
 func TestUndoNeverOverwritesDirectWriters(t *testing.T) {
+	t.Run("conditions and reads", func(t *testing.T) { testUndoNeverOverwritesDirectWriters(t, "") })
+	t.Run("conditional_writes", func(t *testing.T) { testUndoNeverOverwritesDirectWriters(t, "conditional_writes") })
+}
+
+func testUndoNeverOverwritesDirectWriters(t *testing.T, options string) {
 	const batches, directWriters, nIDs = 36, 3, 8
 	api := legacyapi.New(legacyapi.Collection{Path: "/api/widgets", PutCreates: true, ETags: true, Seed: records("w", 1, nIDs)})
 	g := startGateway(t, api, `
 	batch {
 		concurrency 3
 		batch_timeout 60s
+		`+options+`
 		resource /api/widgets {`+resourceMethods+`
 		}
 	}
@@ -570,15 +623,20 @@ func TestUndoNeverOverwritesDirectWriters(t *testing.T) {
 // an item reported rolled_back had its write undone.
 func TestFaultStormKeepsPromises(t *testing.T) {
 	for _, etags := range []bool{false, true} {
-		t.Run(fmt.Sprintf("etags %v", etags), func(t *testing.T) {
-			testFaultStorm(t, etags)
-		})
+		for _, normalising := range []bool{false, true} {
+			t.Run(fmt.Sprintf("etags %v, normalising %v", etags, normalising), func(t *testing.T) {
+				testFaultStorm(t, etags, normalising)
+			})
+		}
 	}
 }
 
-func testFaultStorm(t *testing.T, etags bool) {
+// testFaultStorm is one storm; a normalising legacy API trims what it
+// stores, stamps updated_at and ignores members it does not know.
+func testFaultStorm(t *testing.T, etags, normalising bool) {
 	const batches, nIDs, faults = 30, 8, 40
-	api := legacyapi.New(legacyapi.Collection{Path: "/api/widgets", PutCreates: true, ETags: etags, Seed: records("w", 1, nIDs)})
+	mode := overlap{normalising: normalising}
+	api := legacyapi.New(legacyapi.Collection{Path: "/api/widgets", PutCreates: true, ETags: etags, Normalize: normalising, Fields: mode.fields(), Seed: records("w", 1, nIDs)})
 	g := startGateway(t, api, `
 	batch {
 		concurrency 3
@@ -627,6 +685,9 @@ func testFaultStorm(t *testing.T, etags bool) {
 				elems := make([]map[string]any, len(perm))
 				for k, i := range perm {
 					elems[k] = map[string]any{"id": i + 1, "v": fmt.Sprintf("b%d", b)}
+					if normalising {
+						elems[k]["v"], elems[k]["nickname"] = fmt.Sprintf("  b%d ", b), "x"
+					}
 				}
 				raw, _ := json.Marshal(elems)
 				body = string(raw)
@@ -717,8 +778,15 @@ func judgeUndos(t *testing.T, api *legacyapi.API, answers []batchAnswer) undoLed
 	l := undoLedger{applied: api.AppliedWrites(), last: map[string]legacyapi.Request{}, outcomes: map[string]int{}}
 	wrote := map[string]bool{}  // keys of batch writes carried out
 	undone := map[string]bool{} // keys of batch writes whose undo was carried out
+	// A create is undone, with no undo of its own, when another writer
+	// deleted what it made (README, "All-or-nothing: what it promises").
+	created := map[string]string{} // item path -> the key of the create that made it
+	deletedBy := map[string]bool{} // keys of creates whose item another writer deleted
 	for _, w := range l.applied {
 		key := batchKey(w)
+		if w.Method == http.MethodDelete && created[w.Path] != "" && key != created[w.Path]+":undo" {
+			deletedBy[created[w.Path]] = true
+		}
 		if w.Method == http.MethodPost {
 			// A create's effect is on the item it made: the id its batch
 			// answered with.
@@ -727,6 +795,7 @@ func judgeUndos(t *testing.T, api *legacyapi.API, answers []batchAnswer) undoLed
 				t.Fatalf("a create the test cannot place: %s (%q)", w.Body, key)
 			}
 			w.Path = "/api/widgets/" + answers[b].Items[i].ID
+			created[w.Path] = key
 		}
 		if write, isUndo := strings.CutSuffix(key, ":undo"); isUndo {
 			switch prev := l.last[w.Path]; {
@@ -748,7 +817,7 @@ func judgeUndos(t *testing.T, api *legacyapi.API, answers []batchAnswer) undoLed
 		l.outcomes[a.Outcome]++
 		for _, it := range a.Items {
 			key := fmt.Sprintf("b%d:%d", b, it.Index)
-			if it.Outcome == "rolled_back" && wrote[key] && !undone[key] {
+			if it.Outcome == "rolled_back" && wrote[key] && !undone[key] && !deletedBy[key] {
 				t.Errorf("batch %d item %d (id %s) is reported rolled_back, but its write was never undone", b, it.Index, it.ID)
 			}
 		}

@@ -229,6 +229,9 @@ func TestRecoverFinishesADeadSaga(t *testing.T) {
 					t.Errorf("%s %s did not come through the handler chain with the client's headers: %v", r.Method, r.Path, r.Header)
 				}
 			}
+			// The journal is removed before the recovery is counted and
+			// logged: wait for that too.
+			eventually(t, 5*time.Second, "the recovery to be counted", func() bool { return counted(metrics.recovered)-recoveredBefore >= 1 })
 			if n := counted(metrics.recovered) - recoveredBefore; n != 1 {
 				t.Errorf("caddy_http_batch_journals_recovered_total grew by %v, want 1", n)
 			}

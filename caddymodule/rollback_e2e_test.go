@@ -94,10 +94,6 @@ func TestBatchAllOrNothingFaults(t *testing.T) {
 		// CREATE
 		{name: "create, 4xx: the legacy API's own 422 page", method: "POST", path: widgets, body: createBody(`{"name": ""}`), collection: widgets,
 			status: []int{422}, outcomes: []string{"rolled_back", "failed", "not_attempted"}, itemStatus: 422, bodyText: "Validation failed"},
-		{name: "create, 4xx: 409 duplicate id", method: "POST", path: widgets, body: createBody(`{"id": 1, "name": "dup"}`), collection: widgets,
-			// The id is checked free before the create: the gateway refuses
-			// it, and the legacy API never sees a create of an existing id.
-			status: []int{409}, outcomes: []string{"rolled_back", "failed", "not_attempted"}, itemStatus: 409, itemError: "already exists"},
 		{name: "create, 5xx with an HTML page", method: "POST", path: widgets, body: createBody(`{"name": "second"}`), collection: widgets,
 			faults: []legacyapi.Fault{passThrough("POST", widgets, 1), {Method: "POST", Path: widgets, Status: 500, Body: htmlError, Times: 1}},
 			status: []int{502}, outcomes: []string{"rolled_back", "failed", "not_attempted"}, itemStatus: 500, bodyText: htmlError},

@@ -516,12 +516,18 @@ func (m Match) Path() string { return m.path }
 
 // ItemKey names the matched item (an item match) by its path rebuilt from
 // the template, so that every spelling of one item's path (escapes, a
-// trailing slash, dot segments) names it alike: the key its lock is taken
-// under.
+// trailing slash, dot segments, and under id_format its id's spellings)
+// names it alike: the key its lock is taken under, as a batch's lock on
+// the same item. An id that is not of the format is taken as written: a
+// single request passes through as it came, and its lock names what the
+// upstream is sent.
 func (m Match) ItemKey() string {
 	var buf [maxSegments]string
 	segs, _ := splitPath(m.path, buf[:0])
 	vars, _ := m.Resource.Item.bind(segs)
+	if id, err := m.Resource.Settings.IDFormat.Canonical(vars[idVariable]); err == nil {
+		vars[idVariable] = id
+	}
 	return m.Resource.Item.expand(vars)
 }
 

@@ -203,6 +203,12 @@ func TestNewRefuses(t *testing.T) {
 		{"negative timeout", base(func(s *ResourceSpec) { s.Settings.ItemTimeout = -time.Second }), 0, "item_timeout", `item_timeout must be greater than zero, not -1s`},
 		{"negative retries", base(func(s *ResourceSpec) { s.Settings.CompensationRetries = -1 }), 0, "compensation_retries", `compensation_retries must be 0 or more, not -1`},
 		{"empty id field", base(func(s *ResourceSpec) { s.Settings.IDField = "" }), 0, "id_field", `id_field must not be empty`},
+		{"empty scope_query name", base(func(s *ResourceSpec) { s.Settings.ScopeQuery = []string{"tenant", ""} }), 0, "scope_query", `scope_query holds an empty name`},
+		{"scope_query names the ids parameter", base(func(s *ResourceSpec) { s.Settings.ScopeQuery = []string{"ids"} }), 0, "scope_query", `scope_query must not name "ids", the ids parameter`},
+		{"scope_query names a custom ids parameter", base(func(s *ResourceSpec) { s.Settings.IDsParam, s.Settings.ScopeQuery = "keys", []string{"keys"} }), 0, "scope_query",
+			`scope_query must not name "keys", the ids parameter`},
+		{"scope_query names _method", base(func(s *ResourceSpec) { s.Settings.ScopeQuery = []string{"_method"} }), 0, "scope_query", `scope_query must not name "_method"`},
+		{"scope_query names one twice", base(func(s *ResourceSpec) { s.Settings.ScopeQuery = []string{"tenant", "key", "tenant"} }), 0, "scope_query", `scope_query names "tenant" twice: keep one`},
 		{"same path twice", append(base(func(*ResourceSpec) {}), base(func(*ResourceSpec) {})...), 1, "",
 			`resource /a is declared twice (resources[0] and resources[1]): merge them into one`},
 		{"same path twice, with lines", []ResourceSpec{

@@ -3,6 +3,7 @@ package policy
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -164,15 +165,30 @@ type Settings struct {
 	// write whose outcome is unknown may be sent again with the same key
 	// to learn it.
 	IdempotentUpstream bool
-	ItemLocks          ItemLocks
-	MaxResponseSize    int64
-	MaxInFlight        int
+	// ConditionalWrites says the upstream enforces If-Match and
+	// If-None-Match on writes, so an undo's condition may stand in for
+	// the read that proves the item is as the batch left it. Many
+	// upstreams put strong ETags on reads and ignore the conditions on
+	// writes, so without it every undo is proved by a read.
+	ConditionalWrites bool
+	ItemLocks         ItemLocks
+	MaxResponseSize   int64
+	MaxInFlight       int
 	// IdempotencyTTL is how long the answer of a batch write that
 	// carried an Idempotency-Key is kept for replay.
 	IdempotencyTTL time.Duration
 	// Journal says an all-or-nothing write batch keeps its saga in
 	// storage, so that another process can finish it if this one dies.
 	Journal bool
+	// ScopeQuery names the query parameters that scope or authenticate a
+	// request (a tenant, an API key): the only ones an all-or-nothing
+	// write batch carries onto its sub-requests. Any other parameter may
+	// shape the representation, and a saga that read a shaped item would
+	// put back only what it read (README, "Configuration").
+	ScopeQuery []string
+	// IDFormat says what the upstream's ids are, so that two spellings
+	// of one id name one item.
+	IDFormat IDFormat
 }
 
 // ItemLocks says where the locks a saga takes on its items live.
@@ -204,8 +220,8 @@ func ParseItemLocks(s string) (ItemLocks, error) {
 	return 0, unknown("item_locks", s, []string{"local", "storage"})
 }
 
-// Defaults returns the settings SPEC section 3 gives for an option that
-// is not configured.
+// Defaults returns the settings README's "Configuration" gives for an
+// option that is not configured.
 func Defaults() Settings {
 	return Settings{
 		MaxItems:            100,
@@ -323,6 +339,30 @@ func (s Settings) Validate() error {
 	if s.IDsParam == MethodParam {
 		errs = append(errs, OptionError("ids_param",
 			fmt.Errorf("ids_param must not be %q: the gateway reads that parameter as a method override; choose another name, e.g. ids", s.IDsParam)))
+	}
+	errs = append(errs, s.checkScopeQuery())
+	return errors.Join(errs...)
+}
+
+// checkScopeQuery refuses a scope_query name that no query can use: the
+// gateway takes the ids parameter and _method out of every batch's query
+// itself, so naming them would promise a parameter that is never sent.
+func (s Settings) checkScopeQuery() error {
+	var errs []error
+	fail := func(format string, args ...any) {
+		errs = append(errs, OptionError("scope_query", fmt.Errorf(format, args...)))
+	}
+	for i, name := range s.ScopeQuery {
+		switch {
+		case name == "":
+			fail("scope_query holds an empty name: name each query parameter that scopes a request, e.g. scope_query tenant api_key")
+		case name == s.IDsParam:
+			fail("scope_query must not name %q, the ids parameter (ids_param): the gateway takes the ids out of the query and sends each item's id in its path; remove it from scope_query", name)
+		case name == MethodParam:
+			fail("scope_query must not name %q: the gateway reads that parameter as a method override and never passes it on; remove it from scope_query", name)
+		case slices.Contains(s.ScopeQuery[:i], name):
+			fail("scope_query names %q twice: keep one", name)
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -12,15 +12,20 @@
 // Other habits are opt-in per collection, off by default, and combine
 // freely: ETags with conditional writes, Idempotency-Key replay, tenants
 // chosen by a query parameter, an API key in the query string, creates
-// answered 202/303/bare 201, ids always assigned by the server, and slow
-// writes. InFlight, PeakInFlight and CountConns let a test measure the load
-// a client puts on the API.
+// answered 202/303/bare 201, ids always assigned by the server, slow
+// writes, writes that normalise what they store and drop unknown or
+// read-only members, a query parameter selecting the members answered,
+// integer ids read leniently ("03", "3.json"), ETags hashed from the
+// answer body with no condition enforced, and URLs that must end with a
+// slash, the others redirected. InFlight, PeakInFlight and CountConns let
+// a test measure the load a client puts on the API.
 package legacyapi
 
 import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"html"
@@ -132,6 +137,81 @@ type Collection struct {
 	// answered at once. With HonorKeys the key is claimed before the wait,
 	// so a resend during it is a 409. Default: 0, no delay.
 	WriteDelay time.Duration
+	// Normalize imitates a model that cleans up what it is sent, as a
+	// serializer's trim_whitespace and an email field do: on every POST,
+	// PUT and PATCH that stores a record, each top-level string member the
+	// write sends ("id" included) is trimmed of surrounding white space,
+	// and "email", if a string, is lower-cased; members the write does not
+	// send are left as stored. The server also sets "updated_at" on every
+	// stored write, whatever the client sent, to an RFC 3339 UTC timestamp
+	// of fixed width with nanoseconds, from a clock the whole API shares
+	// that starts at 2026-01-01T00:00:00Z and advances one nanosecond per
+	// record stored (seeds included), so it is deterministic, new on every
+	// write and ordered as text as in time. Validation judges the
+	// normalised record (a name of "  " is a 422), and the answer carries
+	// the record as stored, which is not what was sent. Seeds are stored as
+	// given. Default false: members are stored as sent.
+	Normalize bool
+	// Fields, when not empty, imitates a serializer's declared fields: a
+	// POST, PUT or PATCH silently drops every top-level member of its body
+	// that is not listed, apart from "id" and "updated_at", and is
+	// otherwise applied. Stored members (seeds') are not affected until a
+	// PUT replaces the record. Default: every member is stored.
+	Fields []string
+	// ReadOnly names members a write cannot set, as a serializer's
+	// read_only_fields: they are dropped from a POST, PUT or PATCH body, so
+	// a create stores the record without them, a PUT keeps the replaced
+	// record's values and a PATCH leaves them as they were (null does not
+	// remove them). Only seeds give them values, except an "updated_at"
+	// that Normalize sets. Naming "id" makes the server choose the id of
+	// every POST, as AssignIDs does. Default: none.
+	ReadOnly []string
+	// SelectParam, when set, names a query parameter that selects the
+	// members answered, as FeathersJS's "$select[]" or a "fields"
+	// parameter of Django REST framework's dynamic fields: it may be
+	// repeated and each value may be a comma-separated list of member
+	// names. A request that selects at least one name has every record it
+	// is answered with (an item's GET or HEAD, each element of a list, the
+	// record a POST, PUT or PATCH answers) reduced to "id" and the selected
+	// members it has; the write itself is applied whole. A parameter with
+	// no name in it (?fields=) selects nothing, so records are answered
+	// whole. Default "": no parameter selects.
+	SelectParam string
+	// LenientIDs imitates an ORM that casts an item's path segment to an
+	// integer: the segment, once unescaped, loses an optional ".json"
+	// suffix (in any case), then a leading "+", then leading zeros ("00" is
+	// "0"), so "03", "+3", "3.json" and "3.JSON" all name the record "3",
+	// for every method. A segment that is not then a decimal integer names
+	// no item: it is answered 404 as an unknown path is, before the API
+	// key or a TrailingSlash redirect. Records are stored under, and
+	// Location headers name, their canonical id. Default false: the
+	// segment is the id exactly.
+	LenientIDs bool
+	// ContentETags imitates Django's ConditionalGetMiddleware or Spring's
+	// ShallowEtagHeaderFilter, which tag what the view rendered rather
+	// than a row version: every 200 answer to a GET or HEAD of an item or
+	// of the collection carries a strong ETag hashed from its body (the
+	// hex of the first 8 bytes of its SHA-256, quoted), so equal bodies
+	// have equal tags whatever wrote them, and the tag of an answer shaped
+	// by SelectParam is that of the shaped body. Write answers carry none,
+	// and no condition is ever enforced: If-Match and If-None-Match on
+	// writes are ignored, never a 412, and GET answers no 304. It replaces
+	// ETags' tags and enforcement, so New panics when both are set.
+	// Default false: no such tags.
+	ContentETags bool
+	// TrailingSlash imitates Django REST framework's default router with
+	// APPEND_SLASH: the collection is served at Path+"/" and its items at
+	// Path+"/<id>/". A request for Path or Path+"/<id>" without the slash,
+	// whatever its method, is answered 301 Moved Permanently with an HTML
+	// page and an absolute Location of the same escaped path with "/"
+	// appended, the query kept, before the API key or an Idempotency-Key
+	// is looked at; nothing is applied, so a write is lost unless the
+	// client sends it again to the new URL (Go's client follows a 301 of
+	// any write with a bodiless GET). Location headers of items end with
+	// "/".
+	// Faults match the path as received. Default false: items are served
+	// without the slash only, the collection with or without it.
+	TrailingSlash bool
 	// Seed holds the initial records. Each must have an "id" that is a number
 	// (e.g. 1) or a non-empty string.
 	Seed []map[string]any
@@ -305,6 +385,9 @@ func New(cols ...Collection) *API {
 		if c.CreateAnswer < AnswerCreated || c.CreateAnswer > AnswerBare {
 			panic(fmt.Sprintf("legacyapi: collection %q: unknown CreateAnswer %d", c.Path, c.CreateAnswer))
 		}
+		if c.ETags && c.ContentETags {
+			panic(fmt.Sprintf("legacyapi: collection %q: ETags and ContentETags exclude each other", c.Path))
+		}
 		if _, dup := a.cols[c.Path]; dup {
 			panic(fmt.Sprintf("legacyapi: collection %q declared twice", c.Path))
 		}
@@ -323,7 +406,7 @@ func New(cols ...Collection) *API {
 			if _, dup := t.records[key]; dup {
 				panic(fmt.Sprintf("legacyapi: collection %q seed %d: duplicate id %q", c.Path, i, key))
 			}
-			a.store(t, key, rec)
+			a.store(t, key, rec, false)
 		}
 		a.cols[c.Path] = col
 	}
@@ -669,9 +752,12 @@ func write(w http.ResponseWriter, r *http.Request, res response) {
 // the state. It is called without mu and takes it for as long as it reads
 // or changes the state.
 func (a *API) process(r *http.Request, path string, body []byte) response {
-	c, id := a.route(path)
+	c, id, slash := a.route(path)
 	if c == nil {
 		return notFound(path)
+	}
+	if c.TrailingSlash && !slash {
+		return appendSlash(r, path)
 	}
 	if c.APIKey != "" && r.URL.Query().Get("api_key") != c.APIKey {
 		res := htmlPage(http.StatusUnauthorized, "A valid api_key query parameter is required.")
@@ -706,6 +792,9 @@ func (a *API) process(r *http.Request, path string, body []byte) response {
 	if write && res.status >= 200 && res.status < 300 {
 		a.writes.Applied++
 		a.applied = append(a.applied, Request{Method: r.Method, Path: path, RawQuery: r.URL.RawQuery, Header: r.Header.Clone(), Body: bytes.Clone(body)})
+	}
+	if c.ContentETags && (r.Method == http.MethodGet || r.Method == http.MethodHead) && res.status == http.StatusOK {
+		res.header.Set("ETag", contentTag(res.body))
 	}
 	if key != nil {
 		key.res, key.done = res.clone(), true
@@ -747,21 +836,59 @@ func (a *API) claimKey(scope string, body []byte) (*keyRecord, response) {
 	return nil, res
 }
 
-// route finds the collection a path names, and the unescaped item id when
-// it names an item ("" for the collection itself). It reads only what New
+// route finds the collection a path names, and the item id when it names
+// an item ("" for the collection itself): the unescaped segment, or with
+// LenientIDs its canonical form. slash reports a trailing slash, which
+// only a TrailingSlash collection's items may have. It reads only what New
 // built, so it needs no lock.
-func (a *API) route(path string) (c *collection, id string) {
-	if c := a.cols[strings.TrimSuffix(path, "/")]; c != nil {
-		return c, ""
+func (a *API) route(path string) (c *collection, id string, slash bool) {
+	trimmed, slash := strings.CutSuffix(path, "/")
+	if c := a.cols[trimmed]; c != nil {
+		return c, "", slash
 	}
-	i := strings.LastIndexByte(path, '/')
-	if c := a.cols[path[:max(i, 0)]]; c != nil && i+1 < len(path) {
-		id, err := url.PathUnescape(path[i+1:])
-		if err == nil && id != "" {
-			return c, id
-		}
+	i := strings.LastIndexByte(trimmed, '/')
+	c = a.cols[trimmed[:max(i, 0)]]
+	if c == nil || (slash && !c.TrailingSlash) {
+		return nil, "", false
 	}
-	return nil, ""
+	id, err := url.PathUnescape(trimmed[i+1:])
+	ok := err == nil && id != ""
+	if ok && c.LenientIDs {
+		id, ok = lenientID(id)
+	}
+	if !ok {
+		return nil, "", false
+	}
+	return c, id, slash
+}
+
+// lenientID reads an item's path segment as an ORM that casts it to an
+// integer does, and returns the canonical form, or false when it is no
+// integer. See Collection.LenientIDs.
+func lenientID(seg string) (string, bool) {
+	if n := len(seg) - len(".json"); n >= 0 && strings.EqualFold(seg[n:], ".json") {
+		seg = seg[:n]
+	}
+	seg = strings.TrimPrefix(seg, "+")
+	if !isDigits(seg) {
+		return "", false
+	}
+	if seg = strings.TrimLeft(seg, "0"); seg == "" {
+		return "0", true
+	}
+	return seg, true
+}
+
+// appendSlash redirects a request to its path with a slash appended, as
+// Django's APPEND_SLASH does.
+func appendSlash(r *http.Request, path string) response {
+	loc := origin(r) + path + "/"
+	if r.URL.RawQuery != "" {
+		loc += "?" + r.URL.RawQuery
+	}
+	res := htmlPage(http.StatusMovedPermanently, "The resource has moved to "+loc+".")
+	res.header.Set("Location", loc)
+	return res
 }
 
 // tenant is the tenant a request addresses.
@@ -783,9 +910,14 @@ func (c *collection) table(tenant string) *table {
 	return t
 }
 
-// store puts a record under key with a new version. Callers hold mu.
-func (a *API) store(t *table, key string, fields map[string]any) *record {
+// store puts a record under key with a new version; with stamp, its
+// updated_at is set from that version (see Collection.Normalize). Callers
+// hold mu.
+func (a *API) store(t *table, key string, fields map[string]any, stamp bool) *record {
 	a.version++
+	if stamp {
+		fields["updated_at"] = updatedAt(a.version)
+	}
 	rec := &record{fields: fields, version: a.version}
 	t.records[key] = rec
 	return rec
@@ -811,9 +943,10 @@ func (a *API) handleCollection(c *collection, t *table, r *http.Request, body []
 		if limit >= 0 {
 			keys = keys[:min(limit, len(keys))]
 		}
+		sel := c.selected(r)
 		list := make([]any, len(keys))
 		for i, k := range keys {
-			list[i] = t.records[k].fields
+			list[i] = only(t.records[k].fields, sel)
 		}
 		return jsonAnswer(http.StatusOK, list)
 
@@ -822,6 +955,7 @@ func (a *API) handleCollection(c *collection, t *table, r *http.Request, body []
 		if err != nil {
 			return plain(http.StatusBadRequest, "body must be a JSON object")
 		}
+		c.accept(rec, nil)
 		if res, bad := checkName(rec); bad {
 			return res
 		}
@@ -853,7 +987,7 @@ func (a *API) handleCollection(c *collection, t *table, r *http.Request, body []
 			}
 			rec["id"] = json.Number(key)
 		}
-		return a.created(c, r, key, a.store(t, key, rec))
+		return a.created(c, r, key, a.store(t, key, rec, c.Normalize))
 
 	default:
 		return methodNotAllowed(r.Method, "GET, HEAD, POST")
@@ -874,7 +1008,7 @@ func (a *API) created(c *collection, r *http.Request, key string, rec *record) r
 	case AnswerBare:
 		return response{status: http.StatusCreated, header: http.Header{}}
 	}
-	res := c.recordAnswer(http.StatusCreated, rec)
+	res := c.recordAnswer(r, http.StatusCreated, rec)
 	res.header.Set("Location", location(r, c, key))
 	return res
 }
@@ -886,7 +1020,7 @@ func (a *API) handleItem(c *collection, t *table, id string, r *http.Request, bo
 		if old == nil {
 			return notFound(r.URL.EscapedPath())
 		}
-		return c.recordAnswer(http.StatusOK, old)
+		return c.recordAnswer(r, http.StatusOK, old)
 
 	case http.MethodPut:
 		if res, failed := c.preconditions(r, old, true); failed {
@@ -896,12 +1030,13 @@ func (a *API) handleItem(c *collection, t *table, id string, r *http.Request, bo
 		if err != nil {
 			return plain(http.StatusBadRequest, "body must be a JSON object")
 		}
+		c.accept(rec, old)
 		if res, bad := checkName(rec); bad {
 			return res
 		}
 		if old != nil {
 			rec["id"] = old.fields["id"]
-			return c.recordAnswer(http.StatusOK, a.store(t, id, rec))
+			return c.recordAnswer(r, http.StatusOK, a.store(t, id, rec, c.Normalize))
 		}
 		if !c.PutCreates {
 			return notFound(r.URL.EscapedPath())
@@ -911,7 +1046,7 @@ func (a *API) handleItem(c *collection, t *table, id string, r *http.Request, bo
 		if k, ok := idKey(rec["id"]); !ok || k != id {
 			rec["id"] = pathIDValue(id)
 		}
-		res := c.recordAnswer(http.StatusCreated, a.store(t, id, rec))
+		res := c.recordAnswer(r, http.StatusCreated, a.store(t, id, rec, c.Normalize))
 		res.header.Set("Location", location(r, c, id))
 		return res
 
@@ -926,6 +1061,9 @@ func (a *API) handleItem(c *collection, t *table, id string, r *http.Request, bo
 		if err != nil {
 			return plain(http.StatusBadRequest, "body must be a JSON object")
 		}
+		// The stored record already holds its read-only members, so none
+		// needs copying into the patch.
+		c.accept(patch, nil)
 		merged := make(map[string]any, len(old.fields)+len(patch))
 		for k, v := range old.fields {
 			merged[k] = v
@@ -942,7 +1080,7 @@ func (a *API) handleItem(c *collection, t *table, id string, r *http.Request, bo
 		if res, bad := checkName(merged); bad {
 			return res
 		}
-		return c.recordAnswer(http.StatusOK, a.store(t, id, merged))
+		return c.recordAnswer(r, http.StatusOK, a.store(t, id, merged, c.Normalize))
 
 	case http.MethodDelete:
 		if res, failed := c.preconditions(r, old, false); failed {
@@ -964,10 +1102,89 @@ func (rec *record) etag() string {
 	return `"v` + strconv.FormatUint(rec.version, 10) + `"`
 }
 
-// recordAnswer answers with a record as JSON, with its ETag when the
-// collection has ETags.
-func (c *collection) recordAnswer(status int, rec *record) response {
-	res := jsonAnswer(status, rec.fields)
+// accept turns a write's body into what the collection stores, as a
+// serializer does: members Fields does not list or ReadOnly names are
+// dropped, and with Normalize strings are cleaned up. old is the record a
+// PUT replaces (nil when none), whose read-only members survive it.
+func (c *collection) accept(body map[string]any, old *record) {
+	for k, v := range body {
+		switch {
+		case slices.Contains(c.ReadOnly, k),
+			len(c.Fields) > 0 && k != "id" && k != "updated_at" && !slices.Contains(c.Fields, k):
+			delete(body, k)
+		case c.Normalize:
+			if s, ok := v.(string); ok {
+				s = strings.TrimSpace(s)
+				if k == "email" {
+					s = strings.ToLower(s)
+				}
+				body[k] = s
+			}
+		}
+	}
+	if old == nil {
+		return
+	}
+	for _, k := range c.ReadOnly {
+		if v, has := old.fields[k]; has {
+			body[k] = v
+		}
+	}
+}
+
+// updatedAtEpoch is where Normalize's clock starts; a fixed instant keeps
+// answers reproducible from run to run.
+var updatedAtEpoch = time.Date(2026, time.January, 1, 0, 0, 0, 0, time.UTC)
+
+// updatedAt is the updated_at of a record version: nine fractional digits
+// always, so that the text sorts as the time does.
+func updatedAt(version uint64) string {
+	return updatedAtEpoch.Add(time.Duration(version)).Format("2006-01-02T15:04:05.000000000Z07:00")
+}
+
+// selected is the member names a request selects with the collection's
+// SelectParam; none means the whole record.
+func (c *collection) selected(r *http.Request) []string {
+	if c.SelectParam == "" {
+		return nil
+	}
+	var names []string
+	for _, v := range r.URL.Query()[c.SelectParam] {
+		for _, name := range strings.Split(v, ",") {
+			if name != "" {
+				names = append(names, name)
+			}
+		}
+	}
+	return names
+}
+
+// only is a record's fields reduced to "id" and the named members it has,
+// or the fields themselves when no member is named.
+func only(fields map[string]any, names []string) map[string]any {
+	if len(names) == 0 {
+		return fields
+	}
+	out := map[string]any{"id": fields["id"]}
+	for _, name := range names {
+		if v, has := fields[name]; has {
+			out[name] = v
+		}
+	}
+	return out
+}
+
+// contentTag is a strong entity tag hashed from an answer's body, as
+// ContentETags computes it.
+func contentTag(body []byte) string {
+	sum := sha256.Sum256(body)
+	return `"` + hex.EncodeToString(sum[:8]) + `"`
+}
+
+// recordAnswer answers r with a record as JSON, reduced to the members r
+// selects, with the record's ETag when the collection has ETags.
+func (c *collection) recordAnswer(r *http.Request, status int, rec *record) response {
+	res := jsonAnswer(status, only(rec.fields, c.selected(r)))
 	if c.ETags && res.status == status {
 		res.header.Set("ETag", rec.etag())
 	}
@@ -1032,7 +1249,11 @@ func preconditionFailed(header string) response {
 // location builds an absolute URL from the request's Host, as legacy
 // frameworks do, so the gateway has to cope with absolute Location headers.
 func location(r *http.Request, c *collection, id string) string {
-	return origin(r) + c.Path + "/" + url.PathEscape(id)
+	loc := origin(r) + c.Path + "/" + url.PathEscape(id)
+	if c.TrailingSlash {
+		loc += "/"
+	}
+	return loc
 }
 
 // origin is "<scheme>://<host>" of the request, as the client addressed it.

@@ -267,6 +267,7 @@ func TestNewPanicsOnMalformedDeclaration(t *testing.T) {
 		{Path: "/a", Seed: []map[string]any{{"name": "no id"}}},
 		{Path: "/a", Seed: []map[string]any{{"id": 1}, {"id": 1}}},
 		{Path: "/a", Seed: []map[string]any{{"id": true}}},
+		{Path: "/a", ETags: true, ContentETags: true},
 	} {
 		func() {
 			defer func() {
@@ -1291,5 +1292,489 @@ func TestAppliedWrites(t *testing.T) {
 	api.ResetLog()
 	if got := api.AppliedWrites(); len(got) != 0 {
 		t.Errorf("AppliedWrites() after ResetLog = %v", got)
+	}
+}
+
+// noRedirects is a client that hands back redirects instead of following
+// them, so a test sees the 301 or 303 itself.
+var noRedirects = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+
+// stored is the record the API holds under id in /api/users, as JSON, or
+// "absent".
+func stored(api *API, id string) string {
+	rec, ok := api.Item("/api/users", id)
+	if !ok {
+		return "absent"
+	}
+	return mustJSON(rec)
+}
+
+func TestNormalize(t *testing.T) {
+	api, srv := startWith(t, with(func(c *Collection) { c.Normalize, c.PutCreates = true, true })...)
+	tests := []struct {
+		name, method, path, body string
+		status                   int
+		col, id                  string // where the write stores its record
+		want                     string // that record, updated_at aside
+	}{
+		{"post trims and lower-cases", "POST", "/api/users", `{"name":"  Dee \n","email":" Dee@Example.COM ","note":" x ","n":1,"tags":[" a "],"updated_at":"1999"}`, 201,
+			"/api/users", "1000", `{"email":"dee@example.com","id":1000,"n":1,"name":"Dee","note":"x","tags":[" a "]}`},
+		{"post trims a string id", "POST", "/gadgets", `{"id":" g1 ","name":"G "}`, 201, "/gadgets", "g1", `{"id":"g1","name":"G"}`},
+		{"put replaces normalised", "PUT", "/api/users/2", `{"name":" Bobby","email":"B@X.ORG","updated_at":null}`, 200,
+			"/api/users", "2", `{"email":"b@x.org","id":2,"name":"Bobby"}`},
+		{"patch normalises what it sends", "PATCH", "/api/users/10", `{"email":"CY@X.ORG ","updated_at":"2000-01-01T00:00:00Z"}`, 200,
+			"/api/users", "10", `{"email":"cy@x.org","id":10,"name":"Cy","role":"admin"}`},
+		{"put creates normalised", "PUT", "/gadgets/9", `{"name":"Cog  "}`, 201, "/gadgets", "9", `{"id":9,"name":"Cog"}`},
+		{"email not a string is kept", "PATCH", "/api/users/1", `{"email":5}`, 200, "/api/users", "1", `{"email":5,"id":1,"name":"Ada"}`},
+	}
+	var stamps []string
+	for _, tc := range tests {
+		a := do(t, tc.method, srv.URL+tc.path, tc.body)
+		if a.status != tc.status {
+			t.Fatalf("%s: %d %s, want %d", tc.name, a.status, a.body, tc.status)
+		}
+		rec := decode(t, a.body).(map[string]any)
+		stamp, _ := rec["updated_at"].(string)
+		if _, err := time.Parse(time.RFC3339Nano, stamp); err != nil || len(stamp) != len("2026-01-01T00:00:00.000000000Z") {
+			t.Errorf("%s: updated_at %#v, want a fixed-width RFC 3339 timestamp", tc.name, rec["updated_at"])
+		}
+		stamps = append(stamps, stamp)
+		// The answer is the record as stored.
+		if got, _ := api.Item(tc.col, tc.id); mustJSON(got) != mustJSON(rec) {
+			t.Errorf("%s: answered %s, stored %s", tc.name, mustJSON(rec), mustJSON(got))
+		}
+		delete(rec, "updated_at")
+		if got := mustJSON(rec); got != tc.want {
+			t.Errorf("%s: stored %s, want %s", tc.name, got, tc.want)
+		}
+	}
+	// Even a write that changes nothing gets a new updated_at.
+	for range 2 {
+		stamps = append(stamps, decode(t, do(t, "PATCH", srv.URL+"/api/users/1", `{}`).body).(map[string]any)["updated_at"].(string))
+	}
+	if !slices.IsSorted(stamps) || len(slices.Compact(slices.Clone(stamps))) != len(stamps) {
+		t.Errorf("updated_at of the writes %q, want strictly increasing", stamps)
+	}
+
+	before := state(api)
+	for _, body := range []string{`{"name":"   "}`, `{"name":"\t\n"}`} {
+		if a := do(t, "POST", srv.URL+"/api/users", body); a.status != 422 {
+			t.Errorf("POST %s: %d, want 422 once trimmed", body, a.status)
+		}
+	}
+	if a := do(t, "PATCH", srv.URL+"/api/users/1", `{"name":" "}`); a.status != 422 {
+		t.Errorf("PATCH blank name: %d, want 422", a.status)
+	}
+	if state(api) != before {
+		t.Error("refused writes changed the state")
+	}
+	// Seeds are stored as given, and reads do not stamp.
+	if a := do(t, "GET", srv.URL+"/gadgets/a%20b", ""); a.body != `{"id":"a b","name":"Spanner"}` {
+		t.Errorf("seed read as %s", a.body)
+	}
+}
+
+func TestNormalizeOffStoresAsSent(t *testing.T) {
+	api, srv := start(t)
+	run(t, srv, []step{{"POST", "/api/users", `{"name":" Dee ","email":"D@X","updated_at":"mine"}`, 201,
+		`{"email":"D@X","id":1000,"name":" Dee ","updated_at":"mine"}`}})
+	if got := stored(api, "1000"); got != `{"email":"D@X","id":1000,"name":" Dee ","updated_at":"mine"}` {
+		t.Errorf("stored %s", got)
+	}
+}
+
+func TestFieldsAndReadOnly(t *testing.T) {
+	for _, normalize := range []bool{false, true} {
+		t.Run(fmt.Sprint("Normalize=", normalize), func(t *testing.T) {
+			api, srv := startWith(t, with(func(c *Collection) {
+				c.Fields, c.ReadOnly, c.Normalize, c.PutCreates = []string{"name", "email", "role"}, []string{"role"}, normalize, true
+			})...)
+			steps := []struct {
+				method, path, body string
+				status             int
+				id, want           string // the record stored under id afterwards, updated_at aside
+			}{
+				{"POST", "/api/users", `{"name":"Dee","secret":1,"role":"admin","id":5}`, 201, "5", `{"id":5,"name":"Dee"}`},
+				{"PUT", "/api/users/10", `{"name":"Cy2","role":"guest","extra":true}`, 200, "10", `{"id":10,"name":"Cy2","role":"admin"}`},
+				{"PATCH", "/api/users/10", `{"role":null,"email":"c@x","x":1}`, 200, "10", `{"email":"c@x","id":10,"name":"Cy2","role":"admin"}`},
+				{"PATCH", "/api/users/10", `{"role":"guest"}`, 200, "10", `{"email":"c@x","id":10,"name":"Cy2","role":"admin"}`},
+				{"PUT", "/api/users/2", `{"name":"B","role":"admin"}`, 200, "2", `{"id":2,"name":"B"}`},
+				{"PUT", "/api/users/3", `{"name":"New","role":"admin","x":1}`, 201, "3", `{"id":3,"name":"New"}`},
+				{"POST", "/api/users", `{"x":1,"name":""}`, 422, "1", `{"id":1,"name":"Ada"}`},
+			}
+			for _, s := range steps {
+				a := do(t, s.method, srv.URL+s.path, s.body)
+				if a.status != s.status {
+					t.Errorf("%s %s %s: %d %s, want %d", s.method, s.path, s.body, a.status, a.body, s.status)
+				}
+				rec, _ := api.Item("/api/users", s.id)
+				if a.status < 300 && mustJSON(decode(t, a.body)) != mustJSON(rec) {
+					t.Errorf("%s %s: answered %s, stored %s", s.method, s.path, a.body, mustJSON(rec))
+				}
+				if _, has := rec["updated_at"]; has != (normalize && a.status < 300) {
+					t.Errorf("%s %s: updated_at present = %v", s.method, s.path, has)
+				}
+				delete(rec, "updated_at")
+				if got := mustJSON(rec); got != s.want {
+					t.Errorf("%s %s %s: stored %s, want %s", s.method, s.path, s.body, got, s.want)
+				}
+			}
+		})
+	}
+
+	t.Run("updated_at passes Fields", func(t *testing.T) {
+		api, srv := startWith(t, with(func(c *Collection) { c.Fields = []string{"name"} })...)
+		do(t, "POST", srv.URL+"/api/users", `{"name":"D","updated_at":"mine","x":1}`)
+		if got := stored(api, "1000"); got != `{"id":1000,"name":"D","updated_at":"mine"}` {
+			t.Errorf("stored %s", got)
+		}
+	})
+
+	t.Run("read-only id", func(t *testing.T) {
+		api, srv := startWith(t, with(func(c *Collection) { c.ReadOnly = []string{"id"} })...)
+		run(t, srv, []step{
+			{"POST", "/api/users", `{"id":1,"name":"X"}`, 201, `{"id":1000,"name":"X"}`},
+			{"PUT", "/api/users/2", `{"id":7,"name":"B"}`, 200, `{"id":2,"name":"B"}`},
+		})
+		if got := stored(api, "1"); got != `{"id":1,"name":"Ada"}` {
+			t.Errorf("user 1 = %s", got)
+		}
+	})
+}
+
+func TestSelectParam(t *testing.T) {
+	tests := []struct {
+		param, query, wantItem, wantList string
+	}{
+		{"$select[]", "?$select[]=name", `{"id":10,"name":"Cy"}`, `[{"id":1,"name":"Ada"},{"id":2,"name":"Bob"},{"id":10,"name":"Cy"}]`},
+		{"$select[]", "?%24select%5B%5D=role&$select[]=nope", `{"id":10,"role":"admin"}`, `[{"id":1},{"id":2},{"id":10,"role":"admin"}]`},
+		{"fields", "?fields=role,name&limit=1", `{"id":10,"name":"Cy","role":"admin"}`, `[{"id":1,"name":"Ada"}]`},
+		{"fields", "?fields=id", `{"id":10}`, `[{"id":1},{"id":2},{"id":10}]`},
+		{"fields", "?fields=", `{"id":10,"name":"Cy","role":"admin"}`, ""},
+		{"fields", "?fields=,", `{"id":10,"name":"Cy","role":"admin"}`, ""},
+		{"fields", "?$select[]=name", `{"id":10,"name":"Cy","role":"admin"}`, ""}, // another collection's parameter
+		{"", "?fields=name", `{"id":10,"name":"Cy","role":"admin"}`, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.param+tc.query, func(t *testing.T) {
+			_, srv := startWith(t, with(func(c *Collection) { c.SelectParam = tc.param })...)
+			get := do(t, "GET", srv.URL+"/api/users/10"+tc.query, "")
+			if get.status != 200 || get.body != tc.wantItem {
+				t.Errorf("GET item: %d %s, want %s", get.status, get.body, tc.wantItem)
+			}
+			if head := do(t, "HEAD", srv.URL+"/api/users/10"+tc.query, ""); head.header.Get("Content-Length") != fmt.Sprint(len(tc.wantItem)) {
+				t.Errorf("HEAD Content-Length %q, want that of %s", head.header.Get("Content-Length"), tc.wantItem)
+			}
+			if tc.wantList != "" {
+				if list := do(t, "GET", srv.URL+"/api/users"+tc.query, ""); list.body != tc.wantList {
+					t.Errorf("GET list: %s, want %s", list.body, tc.wantList)
+				}
+			}
+		})
+	}
+
+	t.Run("writes applied whole, answers shaped", func(t *testing.T) {
+		api, srv := startWith(t, with(func(c *Collection) { c.SelectParam, c.PutCreates = "fields", true })...)
+		steps := []struct {
+			method, path, body, answer string
+			status                     int
+			id, stored                 string
+		}{
+			{"POST", "/api/users?fields=name", `{"name":"Dee","age":4}`, `{"id":1000,"name":"Dee"}`, 201, "1000", `{"age":4,"id":1000,"name":"Dee"}`},
+			{"PUT", "/api/users/2?fields=age", `{"name":"B","age":5}`, `{"age":5,"id":2}`, 200, "2", `{"age":5,"id":2,"name":"B"}`},
+			{"PUT", "/api/users/7?fields=nope", `{"name":"G"}`, `{"id":7}`, 201, "7", `{"id":7,"name":"G"}`},
+			{"PATCH", "/api/users/10?fields=role&fields=age", `{"age":6}`, `{"age":6,"id":10,"role":"admin"}`, 200, "10", `{"age":6,"id":10,"name":"Cy","role":"admin"}`},
+			{"DELETE", "/api/users/1?fields=name", "", `{}`, 200, "1", "absent"},
+		}
+		for _, s := range steps {
+			a := do(t, s.method, srv.URL+s.path, s.body)
+			if a.status != s.status || a.body != s.answer {
+				t.Errorf("%s %s: %d %s, want %d %s", s.method, s.path, a.status, a.body, s.status, s.answer)
+			}
+			if got := stored(api, s.id); got != s.stored {
+				t.Errorf("%s %s: stored %s, want %s", s.method, s.path, got, s.stored)
+			}
+		}
+	})
+
+	t.Run("with Normalize", func(t *testing.T) {
+		api, srv := startWith(t, with(func(c *Collection) { c.SelectParam, c.Normalize = "fields", true })...)
+		run(t, srv, []step{{"POST", "/api/users?fields=email", `{"name":" D ","email":"D@X"}`, 201, `{"email":"d@x","id":1000}`}})
+		if rec, _ := api.Item("/api/users", "1000"); rec["name"] != "D" || rec["updated_at"] == nil {
+			t.Errorf("stored %v", rec)
+		}
+	})
+}
+
+func TestLenientIDs(t *testing.T) {
+	seed := []map[string]any{{"id": 0, "name": "Zero"}, {"id": 3, "name": "Three"}, {"id": "7", "name": "Seven"}}
+	t.Run("reads", func(t *testing.T) {
+		_, srv := startWith(t, Collection{Path: "/n", LenientIDs: true, Seed: seed})
+		tests := []struct {
+			segment string
+			status  int
+			name    string
+		}{
+			{"3", 200, "Three"}, {"03", 200, "Three"}, {"+3", 200, "Three"}, {"%2B3", 200, "Three"}, {"+003", 200, "Three"},
+			{"3.json", 200, "Three"}, {"3.JSON", 200, "Three"}, {"3.Json", 200, "Three"}, {"+03.json", 200, "Three"},
+			{"0", 200, "Zero"}, {"00", 200, "Zero"}, {"+0", 200, "Zero"}, {"0.json", 200, "Zero"},
+			{"7", 200, "Seven"}, {"007", 200, "Seven"},
+			{"3x", 404, ""}, {"x3", 404, ""}, {"+", 404, ""}, {".json", 404, ""}, {"-3", 404, ""}, {"3.5", 404, ""},
+			{"++3", 404, ""}, {"3.json.json", 404, ""}, {"3.jsonx", 404, ""}, {"%203", 404, ""}, {"3.xml", 404, ""},
+			{"4", 404, ""}, {"04.json", 404, ""},
+		}
+		for _, tc := range tests {
+			for _, method := range []string{"GET", "HEAD"} {
+				a := do(t, method, srv.URL+"/n/"+tc.segment, "")
+				if a.status != tc.status || (method == "GET" && tc.name != "" && !strings.Contains(a.body, `"`+tc.name+`"`)) {
+					t.Errorf("%s /n/%s: %d %s, want %d %s", method, tc.segment, a.status, a.body, tc.status, tc.name)
+				}
+				if tc.status == 404 && a.header.Get("Content-Type") != ctHTML {
+					t.Errorf("%s /n/%s: 404 as %q", method, tc.segment, a.header.Get("Content-Type"))
+				}
+			}
+		}
+	})
+
+	t.Run("writes", func(t *testing.T) {
+		api, srv := startWith(t, Collection{Path: "/n", LenientIDs: true, PutCreates: true, Seed: seed})
+		for _, s := range []struct {
+			method, path, body string
+			status             int
+			answer             string
+		}{
+			{"PUT", "/n/03", `{"name":"Tri"}`, 200, `{"id":3,"name":"Tri"}`},
+			{"PATCH", "/n/+3.json", `{"age":3}`, 200, `{"age":3,"id":3,"name":"Tri"}`},
+			{"PATCH", "/n/3x", `{"age":3}`, 404, ""},
+			{"PUT", "/n/3x", `{"name":"X"}`, 404, ""}, // PutCreates cannot create what names nothing
+			{"DELETE", "/n/00", "", 200, `{}`},
+			{"DELETE", "/n/0", "", 404, ""},
+			{"POST", "/n/3x", `{}`, 404, ""},
+			{"POST", "/n/3", `{}`, 405, ""},
+		} {
+			a := do(t, s.method, srv.URL+s.path, s.body)
+			if a.status != s.status || (s.answer != "" && a.body != s.answer) {
+				t.Errorf("%s %s: %d %s, want %d %s", s.method, s.path, a.status, a.body, s.status, s.answer)
+			}
+		}
+		a := do(t, "PUT", srv.URL+"/n/0012.JSON", `{"name":"Twelve"}`)
+		if a.status != 201 || a.body != `{"id":12,"name":"Twelve"}` || a.header.Get("Location") != srv.URL+"/n/12" {
+			t.Errorf("PUT create: %d %s Location %q", a.status, a.body, a.header.Get("Location"))
+		}
+		got := map[string]string{}
+		for id, rec := range api.Items("/n") {
+			got[id] = mustJSON(rec)
+		}
+		want := map[string]string{"3": `{"age":3,"id":3,"name":"Tri"}`, "7": `{"id":"7","name":"Seven"}`, "12": `{"id":12,"name":"Twelve"}`}
+		if mustJSON(got) != mustJSON(want) {
+			t.Errorf("stored %v, want %v", got, want)
+		}
+	})
+
+	t.Run("off by default", func(t *testing.T) {
+		_, srv := startWith(t, Collection{Path: "/n", Seed: seed})
+		run(t, srv, []step{{"GET", "/n/3", "", 200, ""}, {"GET", "/n/03", "", 404, ""}, {"GET", "/n/3.json", "", 404, ""}})
+	})
+}
+
+func TestContentETags(t *testing.T) {
+	api, srv := startWith(t, with(func(c *Collection) { c.ContentETags, c.PutCreates = true, true })...)
+	get := func(path string) (tag, body string) {
+		t.Helper()
+		a := do(t, "GET", srv.URL+path, "")
+		tag = a.header.Get("ETag")
+		if a.status != 200 || len(tag) != 18 || tag[0] != '"' || tag[17] != '"' {
+			t.Fatalf("GET %s: %d ETag %q, want a strong hashed tag", path, a.status, tag)
+		}
+		if head := do(t, "HEAD", srv.URL+path, ""); head.header.Get("ETag") != tag {
+			t.Errorf("HEAD %s: ETag %q, GET %q", path, head.header.Get("ETag"), tag)
+		}
+		return tag, a.body
+	}
+	u1, body1 := get("/api/users/1")
+	if again, _ := get("/api/users/1"); again != u1 {
+		t.Errorf("ETag changed without a write: %s, %s", u1, again)
+	}
+	list, _ := get("/api/users")
+	if list == u1 {
+		t.Error("a list and an item share a tag")
+	}
+	if other, _ := get("/api/users/2"); other == u1 {
+		t.Error("two records share a tag")
+	}
+
+	// A write that leaves the content as it was leaves the tag too; the
+	// write answers carry none.
+	for _, s := range []struct{ method, path, body string }{
+		{"PUT", "/api/users/1", `{"name":"Ada"}`},
+		{"PATCH", "/api/users/1", `{}`},
+	} {
+		if a := do(t, s.method, srv.URL+s.path, s.body); a.status != 200 || a.header.Get("ETag") != "" {
+			t.Errorf("%s: %d ETag %q", s.method, a.status, a.header.Get("ETag"))
+		}
+		if tag, _ := get("/api/users/1"); tag != u1 {
+			t.Errorf("after a %s to equal content: %s, want %s", s.method, tag, u1)
+		}
+	}
+	if a := do(t, "PATCH", srv.URL+"/api/users/1", `{"age":36}`); a.header.Get("ETag") != "" {
+		t.Errorf("PATCH answered ETag %q", a.header.Get("ETag"))
+	}
+	changed, _ := get("/api/users/1")
+	if changed == u1 {
+		t.Error("ETag unchanged after a change")
+	}
+	if tag, _ := get("/api/users"); tag == list {
+		t.Error("list ETag unchanged after a change")
+	}
+
+	// Conditions are never enforced.
+	for _, s := range []struct {
+		method, path, body, header, value string
+		status                            int
+	}{
+		{"PUT", "/api/users/1", `{"name":"Ann"}`, "If-Match", u1, 200}, // stale
+		{"PATCH", "/api/users/1", `{"name":"Ada","age":null}`, "If-Match", `"nope"`, 200},
+		{"PUT", "/gadgets/a%20b", `{"name":"G"}`, "If-None-Match", "*", 200},
+		{"PUT", "/gadgets/new", `{"name":"N"}`, "If-Match", "*", 201},
+		{"POST", "/api/users", `{"id":2,"name":"B"}`, "If-None-Match", "*", 409},
+		{"DELETE", "/api/users/2", "", "If-Match", `"nope"`, 200},
+	} {
+		a := doH(t, s.method, srv.URL+s.path, s.body, http.Header{s.header: {s.value}})
+		if a.status != s.status || a.header.Get("ETag") != "" {
+			t.Errorf("%s %s with %s: %d ETag %q, want %d and none", s.method, s.path, s.header, a.status, a.header.Get("ETag"), s.status)
+		}
+	}
+	if tag, body := get("/api/users/1"); tag != u1 || body != body1 {
+		t.Errorf("back to %s: ETag %s, want the first %s", body, tag, u1)
+	}
+	if _, ok := api.Item("/api/users", "2"); ok {
+		t.Error("conditional DELETE not applied")
+	}
+	if a := do(t, "GET", srv.URL+"/api/users/2", ""); a.status != 404 || a.header.Get("ETag") != "" {
+		t.Errorf("404 with ETag %q", a.header.Get("ETag"))
+	}
+	if a := doH(t, "GET", srv.URL+"/api/users/1", "", http.Header{"If-None-Match": {u1}}); a.status != 200 {
+		t.Errorf("GET with a matching If-None-Match: %d, want 200", a.status)
+	}
+
+	// The tag is that of the body answered, so a selection has its own.
+	_, srv = startWith(t, with(func(c *Collection) { c.ContentETags, c.SelectParam = true, "fields" })...)
+	whole := do(t, "GET", srv.URL+"/api/users/10", "").header.Get("ETag")
+	part := do(t, "GET", srv.URL+"/api/users/10?fields=name", "")
+	if part.header.Get("ETag") == whole || part.header.Get("ETag") != contentTag([]byte(part.body)) {
+		t.Errorf("selected answer %s has ETag %q (whole %q)", part.body, part.header.Get("ETag"), whole)
+	}
+}
+
+func TestTrailingSlash(t *testing.T) {
+	cols := with(func(c *Collection) { c.TrailingSlash, c.HonorKeys = true, true })
+	cols[0].APIKey = "k"
+	api, srv := startWith(t, cols...)
+	seed := state(api)
+	key := http.Header{"Idempotency-Key": {"once"}}
+	for _, method := range []string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"} {
+		for _, path := range []string{"/api/users", "/api/users/1?api_key=k&tenant=a", "/gadgets/a%20b", "/gadgets/new", "/api/users/1/posts", "/api/users/1/posts/1"} {
+			a, err := send(noRedirects, method, srv.URL+path, `{"name":"X"}`, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, q, _ := strings.Cut(path, "?")
+			want := srv.URL + p + "/"
+			if q != "" {
+				want += "?" + q
+			}
+			if a.status != 301 || a.header.Get("Location") != want || a.header.Get("Content-Type") != ctHTML ||
+				(method != "HEAD" && !strings.Contains(a.body, "301 Moved Permanently")) {
+				t.Errorf("%s %s: %d Location %q %q, want 301 to %s", method, path, a.status, a.header.Get("Location"), a.body, want)
+			}
+		}
+	}
+	if got := state(api); got != seed {
+		t.Errorf("redirected requests changed the state: %s", got)
+	}
+	if got := api.Writes(); got != (Writes{}) {
+		t.Errorf("Writes() = %+v after redirects", got)
+	}
+	if got := api.AppliedWrites(); len(got) != 0 {
+		t.Errorf("AppliedWrites() = %v after redirects", got)
+	}
+	api.mu.Lock()
+	if n := len(api.keys); n != 0 {
+		t.Errorf("redirects stored %d Idempotency-Keys", n)
+	}
+	api.mu.Unlock()
+
+	// The slashed URLs are the API.
+	for _, s := range []struct {
+		method, path, body string
+		status             int
+		wantBody           string
+	}{
+		{"GET", "/api/users/?api_key=k&limit=1", "", 200, `[{"id":1,"name":"Ada"}]`},
+		{"GET", "/api/users/1/?api_key=k", "", 200, `{"id":1,"name":"Ada"}`},
+		{"GET", "/api/users/?limit=1", "", 401, ""},
+		{"PUT", "/api/users/1/?api_key=k", `{"name":"Ann"}`, 200, `{"id":1,"name":"Ann"}`},
+		{"PATCH", "/gadgets/a%20b/", `{"n":1}`, 200, `{"id":"a b","n":1,"name":"Spanner"}`},
+		{"DELETE", "/api/users/2/?api_key=k", "", 200, `{}`},
+		{"PUT", "/gadgets/new/", `{"name":"N"}`, 201, `{"id":"new","name":"N"}`},
+		{"GET", "/api/users/1/posts/1/", "", 200, `{"id":1,"title":"hello"}`},
+		{"GET", "/api/users/1//?api_key=k", "", 404, ""},
+		{"GET", "/api/users/1/x/?api_key=k", "", 404, ""},
+		{"POST", "/api/users/1/?api_key=k", `{}`, 405, ""},
+	} {
+		a := doH(t, s.method, srv.URL+s.path, s.body, key)
+		if a.status != s.status || (s.wantBody != "" && a.body != s.wantBody) {
+			t.Errorf("%s %s: %d %s, want %d %s", s.method, s.path, a.status, a.body, s.status, s.wantBody)
+		}
+	}
+	a := doH(t, "POST", srv.URL+"/gadgets/", `{"id":"x/y","name":"Bolt"}`, key)
+	if loc := a.header.Get("Location"); a.status != 201 || loc != srv.URL+"/gadgets/x%2Fy/" {
+		t.Fatalf("POST: %d Location %q", a.status, loc)
+	}
+	if a := do(t, "GET", a.header.Get("Location"), ""); a.status != 200 || a.body != `{"id":"x/y","name":"Bolt"}` {
+		t.Errorf("GET Location: %d %s", a.status, a.body)
+	}
+	if a := doH(t, "PUT", srv.URL+"/gadgets/q/", `{}`, nil); a.header.Get("Location") != srv.URL+"/gadgets/q/" {
+		t.Errorf("PUT create Location %q", a.header.Get("Location"))
+	}
+	for _, answer := range []CreateAnswer{AnswerSeeOther, AnswerCreated} {
+		_, srv := startWith(t, Collection{Path: "/s", TrailingSlash: true, CreateAnswer: answer})
+		a, err := send(noRedirects, "POST", srv.URL+"/s/", `{}`, nil)
+		if err != nil || a.header.Get("Location") != srv.URL+"/s/1000/" {
+			t.Errorf("CreateAnswer %d: %v Location %q", answer, err, a.header.Get("Location"))
+		}
+	}
+
+	// Faults match the path exactly as received.
+	api.Inject(Fault{Path: "/api/users/1", Status: 503, Times: 1})
+	api.Inject(Fault{Path: "/api/users/10/", Status: 502, Times: 1})
+	if a, _ := send(noRedirects, "GET", srv.URL+"/api/users/1", "", nil); a.status != 503 {
+		t.Errorf("fault on the unslashed path: %d", a.status)
+	}
+	if a, _ := send(noRedirects, "GET", srv.URL+"/api/users/10", "", nil); a.status != 301 {
+		t.Errorf("unslashed path with a fault on the slashed one: %d", a.status)
+	}
+	if a, _ := send(noRedirects, "GET", srv.URL+"/api/users/10/", "", nil); a.status != 502 {
+		t.Errorf("fault on the slashed path: %d", a.status)
+	}
+}
+
+func TestTrailingSlashWithLenientIDs(t *testing.T) {
+	_, srv := startWith(t, Collection{Path: "/n", TrailingSlash: true, LenientIDs: true, Seed: []map[string]any{{"id": 3}}})
+	for _, s := range []struct {
+		path     string
+		status   int
+		location string
+	}{
+		{"/n/03/", 200, ""},
+		{"/n/3.json/", 200, ""},
+		{"/n/03", 301, "/n/03/"},
+		{"/n/3x", 404, ""},
+		{"/n/3x/", 404, ""},
+	} {
+		a, err := send(noRedirects, "GET", srv.URL+s.path, "", nil)
+		if loc := strings.TrimPrefix(a.header.Get("Location"), srv.URL); err != nil || a.status != s.status || loc != s.location {
+			t.Errorf("GET %s: %v %d Location %q, want %d %q", s.path, err, a.status, loc, s.status, s.location)
+		}
 	}
 }

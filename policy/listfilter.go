@@ -1,0 +1,170 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+)
+
+// ListFilterSpec is a resource's list_filter block as configured: how the
+// legacy API's LIST is asked for the items of a batch (README, "Reading
+// through the list filter").
+type ListFilterSpec struct {
+	// Template is the query that selects ids: pairs joined by "&", one of
+	// which holds {id} (repeated once per id) or {ids} (the ids joined by
+	// commas).
+	Template string
+	// Items is the JSON pointer to the array in the LIST's answer; empty
+	// is the answer itself.
+	Items string
+	// MaxIDs bounds the ids of one LIST; 0 is the default.
+	MaxIDs int
+	// Preflight reads the pre-images of batch updates and deletes through
+	// the LIST too.
+	Preflight bool
+}
+
+// DefaultListMaxIDs is how many ids one LIST asks for when max_ids is not
+// set.
+const DefaultListMaxIDs = 50
+
+// ListFilter is a parsed list_filter: it builds the LIST queries of a
+// batch's ids and says where its answers hold their items.
+type ListFilter struct {
+	// before and after are the pairs around the one that holds the ids,
+	// as written; idPair is that pair split at its placeholder.
+	before, after   []string
+	prefix, suffix  string
+	repeat          bool // {id}: the pair once per id; {ids}: once, ids joined
+	itemsPointer    []string
+	MaxIDs          int
+	Preflight       bool
+	template, items string
+}
+
+// ParseListFilter checks a list_filter block and builds it. Its errors
+// name the option at fault (list_filter, items, max_ids).
+func ParseListFilter(spec ListFilterSpec) (*ListFilter, error) {
+	f := &ListFilter{MaxIDs: spec.MaxIDs, Preflight: spec.Preflight, template: spec.Template, items: spec.Items}
+	var errs []error
+	if f.MaxIDs == 0 {
+		f.MaxIDs = DefaultListMaxIDs
+	}
+	if f.MaxIDs < 1 {
+		errs = append(errs, OptionError("max_ids", fmt.Errorf("list_filter's max_ids must be 1 or more, not %d: it is how many ids one LIST asks for (default %d)", spec.MaxIDs, DefaultListMaxIDs)))
+	}
+	if err := f.parseTemplate(spec.Template); err != nil {
+		errs = append(errs, OptionError("list_filter", err))
+	}
+	ptr, err := parsePointer(spec.Items)
+	if err != nil {
+		errs = append(errs, OptionError("items", fmt.Errorf("list_filter's items %q is not a JSON pointer (RFC 6901): %v; write it as /results, or leave it out when the answer is the array itself", spec.Items, err)))
+	}
+	f.itemsPointer = ptr
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return f, nil
+}
+
+func (f *ListFilter) parseTemplate(tmpl string) error {
+	const example = `e.g. "id={id}" (json-server), "id__in={ids}" (django-filter), "filter[id]={ids}"`
+	if tmpl == "" || strings.ContainsAny(tmpl, "?# ") {
+		return fmt.Errorf("list_filter's query %q must be query pairs joined by &, without ? or # or spaces, %s", tmpl, example)
+	}
+	found := 0
+	for _, pair := range strings.Split(tmpl, "&") {
+		if pair == "" {
+			return fmt.Errorf("list_filter's query %q has an empty pair: join its pairs with one &", tmpl)
+		}
+		n := strings.Count(pair, "{id}") + strings.Count(pair, "{ids}")
+		switch {
+		case n == 0 && found == 0:
+			f.before = append(f.before, pair)
+		case n == 0:
+			f.after = append(f.after, pair)
+		case n == 1 && found == 0:
+			placeholder := "{ids}"
+			if strings.Contains(pair, "{id}") {
+				placeholder, f.repeat = "{id}", true
+			}
+			f.prefix, f.suffix, _ = strings.Cut(pair, placeholder)
+		}
+		found += n
+	}
+	if found != 1 {
+		return fmt.Errorf("list_filter's query %q must hold exactly one {id} (repeated once per id) or {ids} (the ids joined by commas), not %d; %s", tmpl, found, example)
+	}
+	return nil
+}
+
+// Query is the filter's query for ids: each id query-escaped (a comma in
+// an id is sent as %2C, so that a list of them stays splittable).
+func (f *ListFilter) Query(ids []string) string {
+	var b strings.Builder
+	for _, p := range f.before {
+		b.WriteString(p)
+		b.WriteByte('&')
+	}
+	if f.repeat {
+		for i, id := range ids {
+			if i > 0 {
+				b.WriteByte('&')
+			}
+			b.WriteString(f.prefix)
+			b.WriteString(url.QueryEscape(id))
+			b.WriteString(f.suffix)
+		}
+	} else {
+		b.WriteString(f.prefix)
+		for i, id := range ids {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(url.QueryEscape(id))
+		}
+		b.WriteString(f.suffix)
+	}
+	for _, p := range f.after {
+		b.WriteByte('&')
+		b.WriteString(p)
+	}
+	return b.String()
+}
+
+// ItemsPointer is the parsed items pointer: the member names or array
+// indices to follow from the answer to its array, none for the answer
+// itself.
+func (f *ListFilter) ItemsPointer() []string { return f.itemsPointer }
+
+// parsePointer parses a JSON pointer (RFC 6901) into its unescaped
+// reference tokens.
+func parsePointer(p string) ([]string, error) {
+	if p == "" {
+		return nil, nil
+	}
+	if p[0] != '/' {
+		return nil, errors.New("it must start with /")
+	}
+	var tokens []string
+	for _, tok := range strings.Split(p[1:], "/") {
+		for i := 0; i < len(tok); i++ {
+			if tok[i] == '~' && (i+1 == len(tok) || tok[i+1] != '0' && tok[i+1] != '1') {
+				return nil, fmt.Errorf("~ must be followed by 0 or 1 (at %q)", tok)
+			}
+		}
+		tokens = append(tokens, strings.NewReplacer("~1", "/", "~0", "~").Replace(tok))
+	}
+	return tokens, nil
+}
+
+// ArrayIndex reads a pointer token as an index into an array.
+func ArrayIndex(tok string) (int, bool) {
+	if tok == "" || len(tok) > 1 && tok[0] == '0' {
+		return 0, false
+	}
+	n, err := strconv.Atoi(tok)
+	return n, err == nil && n >= 0
+}
