@@ -244,12 +244,13 @@ func itemsFromIDs(ids []string, op policy.Op, format policy.IDFormat) ([]Item, *
 // which is what the batch sends, locks, compares for duplicates and
 // reports (README, "Configuration": id_format), or the problem with it.
 func checkID(i int, id string, format policy.IDFormat) (string, *problem.Details) {
+	// A hostile id is refused for what it is, whatever the format.
+	if reason := badID(id); reason != "" {
+		return "", invalid("item %d: id %q %s", i, id, reason)
+	}
 	canonical, err := format.Canonical(id)
 	if err != nil {
 		return "", invalid("item %d: %v", i, err)
-	}
-	if reason := badID(canonical); reason != "" {
-		return "", invalid("item %d: id %q %s", i, canonical, reason)
 	}
 	return canonical, nil
 }
