@@ -23,7 +23,15 @@ func (sg *saga) execute(clientCtx, batchCtx context.Context) {
 	halt := sync.OnceFunc(func() { close(stop) })
 	defer context.AfterFunc(clientCtx, halt)()
 	writeCtx := context.WithoutCancel(clientCtx)
-	sg.started = sg.fanOut(batchCtx, sg.pending(), stop, func(batchCtx context.Context, i int) {
+	pending := sg.pending()
+	if sg.plan.Op == policy.OpGet && sg.plan.Match.Resource.List != nil {
+		pending = sg.listRead(batchCtx, ForItem, pending, stop, func(ctx context.Context, i int, elem json.RawMessage) {
+			if !sg.answered(ctx, i, nil, &SubResponse{Status: http.StatusOK, Body: elem}, nil) && sg.allOrNothing() {
+				halt() // an answer too large to keep
+			}
+		})
+	}
+	sg.started = sg.fanOut(batchCtx, pending, stop, func(batchCtx context.Context, i int) {
 		if !sg.executeItem(batchCtx, writeCtx, i) && sg.allOrNothing() {
 			halt()
 		}

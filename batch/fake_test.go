@@ -273,6 +273,22 @@ func (f *fakeSender) store(req *SubRequest) *SubResponse {
 			return js(http.StatusBadRequest, map[string]string{"error": err.Error()})
 		}
 	}
+	if req.Path == "/widgets" && req.Method == http.MethodGet {
+		// The LIST, filtered as json-server does (?id=1&id=2); without
+		// the filter, every record.
+		q, _ := url.ParseQuery(req.RawQuery)
+		ids := q["id"]
+		if len(ids) == 0 {
+			ids = slices.Sorted(maps.Keys(f.records))
+		}
+		list := []map[string]any{}
+		for _, id := range ids {
+			if rec, ok := f.records[id]; ok {
+				list = append(list, rec)
+			}
+		}
+		return js(http.StatusOK, list)
+	}
 	if req.Path == "/widgets" {
 		if req.Method != http.MethodPost {
 			return js(http.StatusMethodNotAllowed, nil)
@@ -361,6 +377,15 @@ var (
 	restoreByPatch = settings(func(s *policy.Settings) { s.RestoreUpdated = policy.RestorePatch })
 	conditional    = settings(func(s *policy.Settings) { s.ConditionalWrites = true })
 )
+
+// listFilter reads the batch through the LIST, filtered by ?id=<id>
+// repeated, as the fake's store does.
+func listFilter(spec policy.ListFilterSpec) specMod {
+	if spec.Template == "" {
+		spec.Template = "id={id}"
+	}
+	return func(r *policy.ResourceSpec) { r.ListFilter = &spec }
+}
 
 func concurrency(n int) specMod {
 	return settings(func(s *policy.Settings) { s.Concurrency = n })

@@ -2,6 +2,7 @@ package batch
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"sync"
@@ -22,6 +23,7 @@ func (sg *saga) preflight(ctx context.Context) bool {
 	case policy.OpUpdate, policy.OpDelete:
 		read = sg.readPreimage
 	case policy.OpCreate:
+		// Absence from a LIST proves nothing: each id is read alone.
 		read = sg.checkFree
 	default:
 		return true
@@ -34,6 +36,9 @@ func (sg *saga) preflight(ctx context.Context) bool {
 	}
 	stop := make(chan struct{})
 	halt := sync.OnceFunc(func() { close(stop) })
+	if f := sg.plan.Match.Resource.List; f != nil && f.Preflight && sg.plan.Op != policy.OpCreate {
+		targets = sg.listRead(ctx, ForPreflight, targets, stop, sg.listedPreimage)
+	}
 	sg.fanOut(ctx, targets, stop, func(ctx context.Context, i int) {
 		if !read(ctx, i) {
 			halt()
@@ -85,6 +90,16 @@ func (sg *saga) readPreimage(ctx context.Context, i int) bool {
 		}
 	})
 	return ok
+}
+
+// listedPreimage keeps a LIST's element as item i's pre-image: the
+// operator's word (preflight) that an element is the whole item. It
+// carries no ETag, so the item's write is not conditional, and its undo
+// is proved by a read.
+func (sg *saga) listedPreimage(ctx context.Context, i int, elem json.RawMessage) {
+	_ = sg.transition(ctx, i, PhaseRead, nil, func(_ *ItemResult, st *itemState) {
+		st.preimage, st.preETag = elem, ""
+	})
 }
 
 // checkFree reads the id a create's element carries: the item must not

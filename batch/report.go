@@ -22,6 +22,9 @@ func (sg *saga) report(clientCtx, batchCtx context.Context) *Result {
 		PreferenceApplied: p.PreferenceApplied,
 		RetryAfter:        retryAfter(sg.items, time.Now()),
 		Warning:           sg.warning,
+		ListRequests:      sg.lists.requests,
+		ListFallbacks:     sg.lists.fallbacks,
+		ListFailures:      sg.lists.failures,
 	}
 	firstFailure := -1
 	rolledBack := 0

@@ -106,6 +106,11 @@ type Result struct {
 	Errors []string
 	// Detail explains a failed batch in one sentence.
 	Detail string
+	// ListRequests counts the LISTs the batch read its items through
+	// (list_filter), ListFallbacks the ids it then read one by one, and
+	// ListFailures the LISTs it could not use.
+	ListRequests, ListFallbacks int
+	ListFailures                []ListFailure
 	// Warning is what the operator should change in the configuration,
 	// found while the batch ran (a resource declared without the trailing
 	// slash its legacy API redirects to, say); empty when nothing was.

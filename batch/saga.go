@@ -78,6 +78,8 @@ type saga struct {
 
 	answerBytes atomic.Int64 // the item bodies the answer will carry (keepBody)
 
+	lists listStats // what the reads through the list filter did
+
 	// warning is what the operator should fix in the configuration,
 	// found while the batch ran (movedHint); set once.
 	warnOnce sync.Once

@@ -111,21 +111,7 @@ func (sg *saga) undoAnswered(it *ItemResult, st *itemState, i int, resp *SubResp
 // upstream stored it; a body that is not ({}, a status object, nothing)
 // says nothing of the item.
 func (sg *saga) namesItem(body []byte, id string) bool {
-	if !isObject(body) {
-		return false
-	}
-	var members map[string]json.RawMessage
-	if json.Unmarshal(body, &members) != nil {
-		return false
-	}
-	got, ok := idFromJSON(members[sg.s.IDField])
-	if !ok || got == "" {
-		return false
-	}
-	if canonical, err := sg.s.IDFormat.Canonical(got); err == nil {
-		got = canonical
-	}
-	return got == id
+	return id != "" && isObject(body) && sg.idOf(body) == id
 }
 
 // restore is the undo of an update: the pre-image put back whole (PUT),

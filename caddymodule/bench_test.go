@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -34,26 +36,52 @@ func BenchmarkGet100(b *testing.B) {
 	upstream := httptest.NewUnstartedServer(widgetUpstream)
 	asRole("upstream", upstream.Start)
 	defer upstream.Close()
-	batchAddr, plainAddr := freeAddr(b), freeAddr(b)
+	addrs := newGet100Addrs(b)
 	asRole("gateway", func() {
-		loadCaddyfile(b, quietGlobalOptions+get100Sites(batchAddr, plainAddr, upstream.Listener.Addr().String()))
+		loadCaddyfile(b, quietGlobalOptions+get100Sites(addrs, upstream.Listener.Addr().String()))
 	})
 	defer caddy.Stop()
-	get100Cases(b, batchAddr, plainAddr, "cpu-ns/item", processCPU)
+	get100Cases(b, addrs, "cpu-ns/item", processCPU)
 }
 
 // widgetUpstream is the upstream of the Get100 benchmarks: an instant
-// answer of a small JSON object per item.
-var widgetUpstream = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-	id := r.URL.Path[strings.LastIndexByte(r.URL.Path, '/')+1:]
+// answer of a small JSON object per item, and a LIST filtered by id as
+// json-server filters it (?id=1&id=2). It counts the requests it serves.
+var widgetUpstream = countedUpstream{served: new(atomic.Int64), handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
+	if r.URL.Path == "/api/widgets" {
+		var list []byte
+		list = append(list, '[')
+		for i, id := range r.URL.Query()["id"] {
+			if i > 0 {
+				list = append(list, ',')
+			}
+			list = fmt.Appendf(list, `{"id":%s,"name":"widget %s","price":12.5}`, id, id)
+		}
+		w.Write(append(list, ']'))
+		return
+	}
+	id := r.URL.Path[strings.LastIndexByte(r.URL.Path, '/')+1:]
 	fmt.Fprintf(w, `{"id":%s,"name":"widget %s","price":12.5}`, id, id)
-})
+})}
 
-// get100Sites is the Caddyfile of the Get100 benchmarks' two sites in
-// front of upstream: one with the batch handler, one with a plain
+// countedUpstream is an upstream that counts the requests it serves, for
+// the upstream-req/item metric: what a batch costs the legacy API.
+type countedUpstream struct {
+	handler http.Handler
+	served  *atomic.Int64
+}
+
+func (u countedUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	u.served.Add(1)
+	u.handler.ServeHTTP(w, r)
+}
+
+// get100Sites is the Caddyfile of the Get100 benchmarks' three sites in
+// front of upstream: the batch handler fanning out one GET per id, the
+// batch handler reading through the upstream's list filter, and a plain
 // reverse_proxy.
-func get100Sites(batchAddr, plainAddr, upstream string) string {
+func get100Sites(a get100Addrs, upstream string) string {
 	return fmt.Sprintf(`http://%[1]s {
 	batch {
 		resource /api/widgets {
@@ -61,12 +89,29 @@ func get100Sites(batchAddr, plainAddr, upstream string) string {
 			item GET
 		}
 	}
-	reverse_proxy %[3]s
+	reverse_proxy %[4]s
 }
 http://%[2]s {
-	reverse_proxy %[3]s
+	batch {
+		resource /api/widgets {
+			collection GET
+			item GET
+			list_filter "id={id}"
+		}
+	}
+	reverse_proxy %[4]s
 }
-`, batchAddr, plainAddr, upstream)
+http://%[3]s {
+	reverse_proxy %[4]s
+}
+`, a.batch, a.list, a.plain, upstream)
+}
+
+// get100Addrs are the addresses of get100Sites' sites.
+type get100Addrs struct{ batch, list, plain string }
+
+func newGet100Addrs(b testing.TB) get100Addrs {
+	return get100Addrs{freeAddr(b), freeAddr(b), freeAddr(b)}
 }
 
 // get100IDs are the ids of a Get100 batch.
@@ -83,11 +128,12 @@ func get100BatchURL(addr string) string {
 	return "http://" + addr + "/api/widgets?ids=" + strings.Join(get100IDs(), ",")
 }
 
-// get100Cases runs the Get100 cases against the two sites of
-// get100Sites: a 100-id batch GET, and the same GETs one by one and 8 at
-// a time. Besides ns/item it reports, as cpuMetric, the CPU time that
-// cpuClock counts per item.
-func get100Cases(b *testing.B, batchAddr, plainAddr, cpuMetric string, cpuClock func(testing.TB) time.Duration) {
+// get100Cases runs the Get100 cases against the sites of get100Sites: a
+// 100-id batch GET fanned out, the same through the list filter, and the
+// same GETs one by one and 8 at a time. Besides ns/item it reports, as
+// cpuMetric, the CPU time that cpuClock counts per item, and the requests
+// the upstream served per item.
+func get100Cases(b *testing.B, addrs get100Addrs, cpuMetric string, cpuClock func(testing.TB) time.Duration) {
 	ids := get100IDs()
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
 	get := func(b *testing.B, url string) {
@@ -97,16 +143,29 @@ func get100Cases(b *testing.B, batchAddr, plainAddr, cpuMetric string, cpuClock 
 		drain(b, resp, err, http.StatusOK)
 	}
 	var cpuStart time.Duration
+	var servedStart int64
+	start := func(b *testing.B) {
+		b.ReportAllocs()
+		cpuStart, servedStart = cpuClock(b), widgetUpstream.served.Load()
+	}
 	perItem := func(b *testing.B) {
 		items := float64(b.N * len(ids))
 		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/items, "ns/item")
 		b.ReportMetric(float64((cpuClock(b)-cpuStart).Nanoseconds())/items, cpuMetric)
+		b.ReportMetric(float64(widgetUpstream.served.Load()-servedStart)/items, "upstream-req/item")
 	}
 
 	b.Run("path=batch", func(b *testing.B) {
-		url := get100BatchURL(batchAddr)
-		b.ReportAllocs()
-		cpuStart = cpuClock(b)
+		url := get100BatchURL(addrs.batch)
+		start(b)
+		for b.Loop() {
+			get(b, url)
+		}
+		perItem(b)
+	})
+	b.Run("path=batch-list", func(b *testing.B) {
+		url := get100BatchURL(addrs.list)
+		start(b)
 		for b.Loop() {
 			get(b, url)
 		}
@@ -114,8 +173,7 @@ func get100Cases(b *testing.B, batchAddr, plainAddr, cpuMetric string, cpuClock 
 	})
 	singles := func(addr string) func(b *testing.B) {
 		return func(b *testing.B) {
-			b.ReportAllocs()
-			cpuStart = cpuClock(b)
+			start(b)
 			for b.Loop() {
 				for _, id := range ids {
 					get(b, "http://"+addr+"/api/widgets/"+id)
@@ -124,22 +182,21 @@ func get100Cases(b *testing.B, batchAddr, plainAddr, cpuMetric string, cpuClock 
 			perItem(b)
 		}
 	}
-	b.Run("path=single-sequential", singles(plainAddr))
+	b.Run("path=single-sequential", singles(addrs.plain))
 	// What the module costs a request it only passes through: the same
 	// single GETs, through a route that has the batch handler in front.
-	b.Run("path=single-through-module", singles(batchAddr))
+	b.Run("path=single-through-module", singles(addrs.batch))
 	// The fairer rival: a client that sends the 100 GETs itself, as many
 	// at once as the batch does (concurrency 8).
 	b.Run("path=single-parallel8", func(b *testing.B) {
-		b.ReportAllocs()
-		cpuStart = cpuClock(b)
+		start(b)
 		for b.Loop() {
 			var wg sync.WaitGroup
 			next := make(chan string)
 			for range 8 {
 				wg.Go(func() {
 					for id := range next {
-						get(b, "http://"+plainAddr+"/api/widgets/"+id)
+						get(b, "http://"+addrs.plain+"/api/widgets/"+id)
 					}
 				})
 			}
@@ -150,6 +207,46 @@ func get100Cases(b *testing.B, batchAddr, plainAddr, cpuMetric string, cpuClock 
 			wg.Wait()
 		}
 		perItem(b)
+	})
+}
+
+// BenchmarkGet10Throughput is what 16 clients get from the gateway at
+// once: 10-id batch GETs read through the upstream's list filter, against
+// single GETs through a plain reverse_proxy, in one Caddy, in one run.
+// items/s is what the clients received in all, per second.
+//
+//	go test -run '^$' -bench Get10Throughput -count 8 ./caddymodule | tee throughput.txt
+//	benchstat -col /path throughput.txt
+func BenchmarkGet10Throughput(b *testing.B) {
+	const clients, batchSize = 16, 10
+	upstream := httptest.NewServer(widgetUpstream)
+	defer upstream.Close()
+	addrs := newGet100Addrs(b)
+	loadCaddyfile(b, quietGlobalOptions+get100Sites(addrs, upstream.Listener.Addr().String()))
+	defer caddy.Stop()
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: clients}}
+	parallel := func(b *testing.B, itemsPerRequest int, url func(n int) string) {
+		b.SetParallelism(max(1, clients/runtime.GOMAXPROCS(0)))
+		var next atomic.Int64
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				resp, err := client.Get(url(int(next.Add(1))))
+				drain(b, resp, err, http.StatusOK)
+			}
+		})
+		b.ReportMetric(float64(b.N*itemsPerRequest)/b.Elapsed().Seconds(), "items/s")
+	}
+	b.Run("path=batch-list", func(b *testing.B) {
+		parallel(b, batchSize, func(n int) string {
+			ids := make([]string, batchSize)
+			for i := range ids {
+				ids[i] = strconv.Itoa((n*batchSize+i)%1000 + 1)
+			}
+			return "http://" + addrs.list + "/api/widgets?ids=" + strings.Join(ids, ",")
+		})
+	})
+	b.Run("path=single", func(b *testing.B) {
+		parallel(b, 1, func(n int) string { return "http://" + addrs.plain + "/api/widgets/" + strconv.Itoa(n%1000+1) })
 	})
 }
 

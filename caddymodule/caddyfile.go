@@ -65,6 +65,11 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        item       <METHOD...>
 //	        item_path  <template>
 //	        batch      get|create|update|delete...|none
+//	        list_filter <query template> {
+//	            items   <JSON pointer>
+//	            max_ids <n>
+//	            preflight
+//	        }
 //	        # any option above, for this resource alone
 //	    }
 //	}
@@ -152,7 +157,10 @@ func (at *places) token(resource int, option string) caddyfile.Token {
 
 // resourceWords are the subdirectives of a resource block besides the
 // options.
-var resourceWords = []string{"collection", "item", "item_path", "batch"}
+var resourceWords = []string{"collection", "item", "item_path", "batch", "list_filter"}
+
+// listFilterWords are the subdirectives of a list_filter block.
+var listFilterWords = []string{"items", "max_ids", "preflight"}
 
 // unmarshal reads the tokens into h, refusing what the Caddyfile's syntax
 // does not allow; buildPolicy judges the values.
@@ -206,6 +214,14 @@ func unmarshalResource(d *caddyfile.Dispenser) (Resource, resourcePlaces, error)
 		if err := once(d, at.options, name, d.Token()); err != nil {
 			return r, at, err
 		}
+		if name == "list_filter" {
+			f, err := unmarshalListFilter(d, at.options)
+			if err != nil {
+				return r, at, err
+			}
+			r.ListFilter = f
+			continue
+		}
 		args := d.RemainingArgs()
 		switch name {
 		case "collection", "item":
@@ -239,6 +255,54 @@ func unmarshalResource(d *caddyfile.Dispenser) (Resource, resourcePlaces, error)
 		}
 	}
 	return r, at, nil
+}
+
+// unmarshalListFilter reads list_filter <query> [{ items <pointer>;
+// max_ids <n>; preflight }], placing its subdirectives in seen.
+func unmarshalListFilter(d *caddyfile.Dispenser, seen map[string]caddyfile.Token) (*ListFilterConfig, error) {
+	args := d.RemainingArgs()
+	if len(args) != 1 {
+		return nil, d.Err(`list_filter takes one query template, quoted, e.g. list_filter "id__in={ids}&page_size=100"`)
+	}
+	f := &ListFilterConfig{Query: args[0]}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		name, tok := d.Val(), d.Token()
+		if !slices.Contains(listFilterWords, name) {
+			if n := policy.Nearest(name, listFilterWords); n != "" {
+				return nil, d.Errf("unknown list_filter option %q: did you mean %s?", name, n)
+			}
+			return nil, d.Errf("unknown list_filter option %q (this block takes %s)", name, strings.Join(listFilterWords, ", "))
+		}
+		if err := once(d, seen, name, tok); err != nil {
+			return nil, err
+		}
+		args := d.RemainingArgs()
+		switch name {
+		case "items":
+			if len(args) != 1 {
+				return nil, d.Err("items takes one JSON pointer, e.g. items /results")
+			}
+			f.Items = args[0]
+		case "max_ids":
+			n, err := strconv.Atoi(strings.Join(args, " "))
+			if len(args) != 1 || err != nil {
+				return nil, d.Errf("max_ids takes a whole number, e.g. max_ids 50, not %q", strings.Join(args, " "))
+			}
+			if n == 0 {
+				// In JSON a zero is "the default"; written here it is a
+				// mistake, refused with the policy's own words.
+				_, err := policy.ParseListFilter(policy.ListFilterSpec{Template: f.Query, MaxIDs: -1})
+				return nil, d.Err(strings.Replace(policy.Flatten(err)[len(policy.Flatten(err))-1].Error(), "not -1", "not 0", 1))
+			}
+			f.MaxIDs = n
+		case "preflight":
+			if len(args) != 0 {
+				return nil, d.Errf("preflight takes no value, not %q", strings.Join(args, " "))
+			}
+			f.Preflight = true
+		}
+	}
+	return f, nil
 }
 
 // once refuses a subdirective or option written twice in one block:

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -108,6 +109,12 @@ type configMistake struct {
 }
 
 // usersResource is a resource every batch operation and undo works for.
+// listResource is usersResource with the given lines of list_filter,
+// from line 6 of a batchBlock on.
+func listResource(lines ...string) []string {
+	return append(append(slices.Clone(usersResource[:3]), lines...), "\t}")
+}
+
 var usersResource = []string{
 	"\tresource /users {",
 	"\t\tcollection GET POST PATCH DELETE",
@@ -314,6 +321,28 @@ var configMistakes = []configMistake{
 	{name: "batch create without POST", config: batchBlock(caddyLines("\tresource /a {", "\t\tcollection GET", "\t\titem GET DELETE", "\t\tbatch create", "\t}")), line: 6,
 		want: `resource /a: batch create needs POST on the collection, and the map does not allow POST on the collection: allow it, or leave create out of batch`},
 
+	// The list filter.
+	{name: "list_filter without a query", config: batchBlock(listResource("\t\tlist_filter")), line: 6, syntax: true,
+		want: `list_filter takes one query template, quoted, e.g. list_filter "id__in={ids}&page_size=100"`},
+	{name: "list_filter without a placeholder", config: batchBlock(listResource("\t\tlist_filter id=1")), line: 6,
+		want: `resource /users: list_filter's query "id=1" must hold exactly one {id} (repeated once per id) or {ids} (the ids joined by commas), not 0; e.g. "id={id}" (json-server), "id__in={ids}" (django-filter), "filter[id]={ids}"`},
+	{name: "list_filter with two placeholders", config: batchBlock(listResource(`		list_filter "id={id}&in={ids}"`)), line: 6,
+		want: `resource /users: list_filter's query "id={id}&in={ids}" must hold exactly one {id} (repeated once per id) or {ids} (the ids joined by commas), not 2; e.g. "id={id}" (json-server), "id__in={ids}" (django-filter), "filter[id]={ids}"`},
+	{name: "list_filter with a bad pointer", config: batchBlock(listResource(`		list_filter "id={id}" {`, "\t\t\titems results", "\t\t}")), line: 7,
+		want: `resource /users: list_filter's items "results" is not a JSON pointer (RFC 6901): it must start with /; write it as /results, or leave it out when the answer is the array itself`},
+	{name: "list_filter with max_ids 0", config: batchBlock(listResource(`		list_filter "id={id}" {`, "\t\t\tmax_ids 0", "\t\t}")), line: 7, syntax: true,
+		want: `list_filter's max_ids must be 1 or more, not 0: it is how many ids one LIST asks for (default 50)`},
+	{name: "list_filter with max_ids -2", config: batchBlock(listResource(`		list_filter "id={id}" {`, "\t\t\tmax_ids -2", "\t\t}")), line: 7,
+		want: `resource /users: list_filter's max_ids must be 1 or more, not -2: it is how many ids one LIST asks for (default 50)`},
+	{name: "list_filter with an unknown option", config: batchBlock(listResource(`		list_filter "id={id}" {`, "\t\t\tmax_id 5", "\t\t}")), line: 7, syntax: true,
+		want: `unknown list_filter option "max_id": did you mean max_ids?`},
+	{name: "list_filter without GET on the collection", config: batchBlock(caddyLines("\tresource /a {", "\t\tcollection POST", "\t\titem GET DELETE", `		list_filter "id={id}"`, "\t}")), line: 6,
+		want: `resource /a: list_filter reads through the collection's LIST, and the map does not allow GET on the collection: allow it, or leave list_filter out`},
+	{name: "list_filter preflight without update or delete", config: batchBlock(caddyLines("\tresource /a {", "\t\tcollection GET", "\t\titem GET", `		list_filter "id={id}" {`, "\t\t\tpreflight", "\t\t}", "\t}")), line: 7,
+		want: `resource /a: list_filter's preflight reads the pre-images of batch updates and deletes, and neither is on for this resource: leave preflight out`},
+	{name: "list_filter outside a resource", config: batchBlock(caddyLines(`	list_filter "id={id}"`), usersResource), line: 3, syntax: true,
+		want: `list_filter belongs in a resource block: resource <collection path> { list_filter ... }`},
+
 	// Undo.
 	{name: "create cannot be undone", config: batchBlock(caddyLines("\tresource /a {", "\t\tcollection GET POST", "\t\titem GET", "\t}")), line: 5,
 		want: `resource /a: batch create runs all_or_nothing, and a failed batch is undone: a created item is deleted (DELETE on the item); the map does not allow DELETE on the item: allow DELETE on the item, set atomicity create partial or leave create out of batch`},
@@ -501,6 +530,39 @@ func TestSettingsInheritance(t *testing.T) {
 		}
 		if got := m.Resource.Settings; !reflect.DeepEqual(got, want) {
 			t.Errorf("%s settings\n got %+v\nwant %+v", path, got, want)
+		}
+	}
+}
+
+// TestListFilterReachesThePolicy: a list_filter block, in a Caddyfile or
+// in JSON, is the resource's list filter, with its defaults.
+func TestListFilterReachesThePolicy(t *testing.T) {
+	for _, tt := range []struct {
+		block     []string
+		query     string
+		maxIDs    int
+		preflight bool
+	}{
+		{[]string{`		list_filter "id__in={ids}&page_size=100" {`, "\t\t\titems /results", "\t\t\tmax_ids 40", "\t\t\tpreflight", "\t\t}"}, "id__in=1,2&page_size=100", 40, true},
+		{[]string{`		list_filter "id={id}"`}, "id=1&id=2", 50, false},
+	} {
+		var h Handler
+		if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(strings.Join(batchBlock(listResource(tt.block...)), "\n"))); err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := json.Marshal(&h)
+		var fromJSON Handler
+		if err := json.Unmarshal(raw, &fromJSON); err != nil {
+			t.Fatal(err)
+		}
+		p, err := fromJSON.buildPolicy(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, _ := p.Lookup("/users")
+		f := m.Resource.List
+		if f == nil || f.Query([]string{"1", "2"}) != tt.query || f.MaxIDs != tt.maxIDs || f.Preflight != tt.preflight {
+			t.Errorf("%s: list filter %+v", tt.block[0], f)
 		}
 	}
 }

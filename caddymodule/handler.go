@@ -91,8 +91,37 @@ type Resource struct {
 	// every one the methods allow.
 	Batch *[]string `json:"batch,omitempty"`
 
+	// Reads the resource's batch GETs through the legacy API's own LIST
+	// filter: one LIST per max_ids ids instead of one GET per id, every
+	// id a LIST does not answer read with its own GET. Default: none
+	// (one GET per id).
+	ListFilter *ListFilterConfig `json:"list_filter,omitempty"`
+
 	// Options for this resource alone, over the handler's.
 	Options
+}
+
+// ListFilterConfig is how the legacy API's LIST is asked for the items of
+// a batch (README, "Reading through the list filter").
+type ListFilterConfig struct {
+	// The query that selects ids: pairs joined by "&", one of which holds
+	// {id} (the pair repeated once per id: "id={id}" is id=1&id=2) or
+	// {ids} (the ids joined by commas: "id__in={ids}" is id__in=1,2);
+	// the other pairs are sent as written. Required.
+	Query string `json:"query"`
+
+	// A JSON pointer to the array in the LIST's answer, e.g. "/results".
+	// Default: "" (the answer is the array).
+	Items string `json:"items,omitempty"`
+
+	// The most ids one LIST asks for; fewer where the request target
+	// would pass 4 KiB. Default: 50.
+	MaxIDs int `json:"max_ids,omitempty"`
+
+	// Whether the pre-images of batch updates and deletes are read
+	// through the LIST too: the operator's word that a LIST element is
+	// the whole item, as a single GET answers it. Default: false.
+	Preflight bool `json:"preflight,omitempty"`
 }
 
 // CaddyModule returns the Caddy module information.

@@ -38,6 +38,7 @@ type batchMetrics struct {
 	lockConflicts *prometheus.CounterVec
 	replays       *prometheus.CounterVec
 	recovered     *prometheus.CounterVec
+	listFallbacks *prometheus.CounterVec
 	pending       prometheus.GaugeFunc
 	slots         *slotGauges
 }
@@ -105,6 +106,11 @@ func newBatchMetrics() *batchMetrics {
 			Name: "journals_recovered_total",
 			Help: "Sagas of dead owners this process finished from their journals, by the batch outcome they ended with: rolled_back, or rollback_failed.",
 		}, []string{"outcome"}),
+		listFallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub,
+			Name: "list_fallbacks_total",
+			Help: `LISTs sent through a resource's list_filter that answered nothing usable, so that their ids were read one by one, by reason: "no_answer", "status" (not 2xx), or "body" (not JSON, or no array where items points).`,
+		}, []string{"server", "resource", "reason"}),
 		pending: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub,
 			Name: "journals_pending",
@@ -115,7 +121,7 @@ func newBatchMetrics() *batchMetrics {
 }
 
 func (m *batchMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.batches, m.items, m.duration, m.itemsPerBatch, m.compensations, m.lockWait, m.lockConflicts, m.replays, m.recovered, m.pending, m.slots}
+	return []prometheus.Collector{m.batches, m.items, m.duration, m.itemsPerBatch, m.compensations, m.lockWait, m.lockConflicts, m.replays, m.recovered, m.listFallbacks, m.pending, m.slots}
 }
 
 // registerMetrics registers the module's collectors on a config's

@@ -108,6 +108,12 @@ func (o *observation) finished(plan *batch.Plan, res *batch.Result) {
 	setOutcome(o.repl, len(plan.Items), string(res.Outcome))
 	metrics.finished(o.labels, res, took)
 	o.log(plan, res, took)
+	for _, f := range res.ListFailures {
+		metrics.listFallbacks.WithLabelValues(o.labels.server, o.labels.resource, f.Reason).Inc()
+		if ce := o.logger.Check(zapcore.WarnLevel, "batch: a LIST through list_filter could not be used; its ids were read one by one"); ce != nil {
+			ce.Write(append(o.request, zap.String("resource", o.labels.resource), zap.String("reason", f.Reason), zap.String("detail", f.Detail), zap.Int("ids", f.IDs))...)
+		}
+	}
 	if res.Warning != "" {
 		if ce := o.logger.Check(zapcore.WarnLevel, "batch: the resource's configuration does not fit the legacy API"); ce != nil {
 			ce.Write(append(o.request, zap.String("resource", o.labels.resource), zap.String("fix", res.Warning))...)
@@ -148,6 +154,9 @@ func (o *observation) log(plan *batch.Plan, res *batch.Result, took time.Duratio
 		zap.Duration("duration", took),
 		zap.Int("compensations", res.Compensations),
 	)
+	if res.ListRequests > 0 {
+		fields = append(fields, zap.Int("list_requests", res.ListRequests), zap.Int("fallbacks", res.ListFallbacks))
+	}
 	ce.Write(append(fields, outcomeFields(res)...)...)
 }
 

@@ -186,6 +186,9 @@ func (h *Handler) buildPolicy(lines []int) (*policy.Policy, error) {
 			Batch:             ops,
 			Settings:          settings,
 		}
+		if f := r.ListFilter; f != nil {
+			specs[i].ListFilter = &policy.ListFilterSpec{Template: f.Query, Items: f.Items, MaxIDs: f.MaxIDs, Preflight: f.Preflight}
+		}
 		if i < len(lines) {
 			specs[i].Line = lines[i]
 		}

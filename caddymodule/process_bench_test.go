@@ -33,7 +33,7 @@ func BenchmarkGet100Process(b *testing.B) {
 	bin := caddyBinary(b)
 	upstream := httptest.NewServer(widgetUpstream)
 	defer upstream.Close()
-	batchAddr, plainAddr, adminAddr := freeAddr(b), freeAddr(b), freeAddr(b)
+	addrs, adminAddr := newGet100Addrs(b), freeAddr(b)
 	config := `{
 	admin ` + adminAddr + `
 	auto_https off
@@ -42,15 +42,15 @@ func BenchmarkGet100Process(b *testing.B) {
 		output discard
 	}
 }
-` + get100Sites(batchAddr, plainAddr, upstream.Listener.Addr().String())
-	p := startCaddyProcess(b, bin, config, batchAddr)
+` + get100Sites(addrs, upstream.Listener.Addr().String())
+	p := startCaddyProcess(b, bin, config, addrs.batch)
 	pid := p.cmd.Process.Pid
 	caddyCPU := func(tb testing.TB) time.Duration { return processCPUOf(tb, pid) }
 
 	if file := os.Getenv("BATCH_BENCH_CADDY_PROFILE"); file != "" {
-		profileCaddy(b, "http://"+adminAddr+"/debug/pprof/profile?seconds=10", file, get100BatchURL(batchAddr))
+		profileCaddy(b, "http://"+adminAddr+"/debug/pprof/profile?seconds=10", file, get100BatchURL(addrs.batch))
 	}
-	get100Cases(b, batchAddr, plainAddr, "caddy-cpu-ns/item", caddyCPU)
+	get100Cases(b, addrs, "caddy-cpu-ns/item", caddyCPU)
 }
 
 // profileCaddy writes to file the CPU profile that profileURL takes,

@@ -134,6 +134,56 @@ func (f *ListFilter) Query(ids []string) string {
 	return b.String()
 }
 
+// Split groups ids for LISTs: at most MaxIDs ids a group, and no more
+// than fit a query of room bytes (Query's length), except that an id too
+// long to fit with any other goes alone. Lengths are counted as ids are
+// added, never by building the query.
+func (f *ListFilter) Split(ids []string, room int) [][]string {
+	fixed := len(f.prefix) + len(f.suffix)
+	for _, p := range f.before {
+		fixed += len(p) + 1
+	}
+	for _, p := range f.after {
+		fixed += len(p) + 1
+	}
+	var groups [][]string
+	start, size := 0, fixed
+	for i, id := range ids {
+		cost := escapedLen(id)
+		if i > start {
+			cost++ // the & or , before it
+			if f.repeat {
+				cost += len(f.prefix) + len(f.suffix)
+			}
+		}
+		if i > start && (i-start == f.MaxIDs || size+cost > room) {
+			groups = append(groups, ids[start:i])
+			start, size, cost = i, fixed, escapedLen(id)
+		}
+		size += cost
+	}
+	if start < len(ids) {
+		groups = append(groups, ids[start:])
+	}
+	return groups
+}
+
+// escapedLen is len(url.QueryEscape(s)), without escaping it.
+func escapedLen(s string) int {
+	n := len(s)
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !unreservedQuery(c) && c != ' ' {
+			n += 2 // %XX
+		}
+	}
+	return n
+}
+
+// unreservedQuery reports whether url.QueryEscape leaves c as it is.
+func unreservedQuery(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_' || c == '.' || c == '~'
+}
+
 // ItemsPointer is the parsed items pointer: the member names or array
 // indices to follow from the answer to its array, none for the answer
 // itself.

@@ -27,6 +27,9 @@ type ResourceSpec struct {
 	// Batch names the batch operations that are on; nil means every one
 	// the methods allow.
 	Batch []string
+	// ListFilter, when set, reads the resource's batches through its
+	// LIST (README, "Reading through the list filter").
+	ListFilter *ListFilterSpec
 	// Settings are the resource's resolved settings.
 	Settings Settings
 	// Line is where the resource is declared, when the configuration
@@ -46,6 +49,10 @@ type Resource struct {
 	CollectionMethods MethodSet
 	ItemMethods       MethodSet
 	Settings          Settings
+	// List reads the resource's batch GETs (and, with its Preflight,
+	// the pre-images of batch updates and deletes) through the legacy
+	// API's LIST filter; nil when there is none.
+	List *ListFilter
 
 	batch                      [opCount]bool
 	collectionAllow, itemAllow string
@@ -158,6 +165,11 @@ func newResource(i int, spec ResourceSpec) (*Resource, error) {
 	if err := r.enableBatch(spec); err != nil {
 		return nil, err
 	}
+	if spec.ListFilter != nil {
+		if err := r.listFilter(*spec.ListFilter); err != nil {
+			return nil, InResource(i, spec.Path, err)
+		}
+	}
 	return r, nil
 }
 
@@ -241,6 +253,27 @@ func (r *Resource) enableBatch(spec ResourceSpec) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// listFilter builds the resource's list filter, and refuses one that
+// could never be used.
+func (r *Resource) listFilter(spec ListFilterSpec) error {
+	f, err := ParseListFilter(spec)
+	var errs []error
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if !r.CollectionMethods.Has(MethodGet) {
+		errs = append(errs, OptionError("list_filter", errors.New("list_filter reads through the collection's LIST, and the map does not allow GET on the collection: allow it, or leave list_filter out")))
+	}
+	if spec.Preflight && !r.batch[OpUpdate] && !r.batch[OpDelete] {
+		errs = append(errs, OptionError("preflight", errors.New("list_filter's preflight reads the pre-images of batch updates and deletes, and neither is on for this resource: leave preflight out")))
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	r.List = f
+	return nil
 }
 
 // missing names the methods of coll and item that the map does not allow

@@ -1,0 +1,189 @@
+package batch
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sync"
+
+	"github.com/caddy-batch/caddy-batch/policy"
+)
+
+// maxListTarget bounds a LIST's request target (path and query): servers
+// commonly refuse 8 KiB, and some less.
+const maxListTarget = 4 << 10
+
+// ListFailure is a LIST that answered nothing the batch could use: all
+// its ids were read one by one instead, and the client never sees it.
+type ListFailure struct {
+	// Reason is the metric's label: "no_answer", "status" or "body".
+	Reason string
+	// Detail says what went wrong, for the WARN line.
+	Detail string
+	// IDs is how many ids the LIST asked for.
+	IDs int
+}
+
+// listStats is what a batch's reads through the list filter did, for its
+// log line and metrics.
+type listStats struct {
+	mu        sync.Mutex
+	requests  int // LISTs sent
+	fallbacks int // ids read one by one after the LISTs
+	failures  []ListFailure
+}
+
+// listRead reads the items at indices through the resource's list
+// filter (README, "Reading through the list filter"): one LIST per group
+// of ids, at most Concurrency at once, each a sub-request like any other
+// (a slot of max_in_flight, item_timeout), and none started once stop is
+// closed. found gets every item a LIST answer holds, with its element.
+// listRead returns the indices no LIST answer held: a LIST answers only
+// what the caller may see, a page may be cut short, and a LIST may fail,
+// so only each item's own GET can tell what became of those.
+func (sg *saga) listRead(ctx context.Context, purpose Purpose, indices []int, stop <-chan struct{}, found func(ctx context.Context, i int, elem json.RawMessage)) []int {
+	f := sg.plan.Match.Resource.List
+	ids := make([]string, len(indices))
+	index := make(map[string]int, len(indices))
+	for k, i := range indices {
+		ids[k] = sg.items[i].ID
+		index[ids[k]] = i
+	}
+	query := sg.plan.query
+	if query != "" {
+		query += "&"
+	}
+	groups := f.Split(ids, maxListTarget-len(sg.plan.collectionPath)-len("?")-len(query))
+	var mu sync.Mutex
+	held := make(map[int]bool, len(indices))
+	take := func(i int) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if held[i] {
+			return false
+		}
+		held[i] = true
+		return true
+	}
+	sent := sg.fanOut(ctx, upTo(len(groups)), stop, func(ctx context.Context, g int) {
+		req := sg.request(purpose, http.MethodGet, sg.plan.collectionPath, nil, "")
+		req.RawQuery = query + f.Query(groups[g])
+		elems, failure := sg.list(ctx, req)
+		if failure != nil {
+			failure.IDs = len(groups[g])
+			sg.lists.mu.Lock()
+			sg.lists.failures = append(sg.lists.failures, *failure)
+			sg.lists.mu.Unlock()
+			return
+		}
+		for _, elem := range elems {
+			// An element that names no id of the batch is ignored: an
+			// API that does not know the filter answers everything.
+			if i, ok := index[sg.idOf(elem)]; ok && take(i) {
+				found(ctx, i, elem)
+			}
+		}
+	})
+	var rest []int
+	for _, i := range indices {
+		if !held[i] {
+			rest = append(rest, i)
+		}
+	}
+	sg.lists.mu.Lock()
+	sg.lists.requests += len(sent)
+	sg.lists.fallbacks += len(rest)
+	sg.lists.mu.Unlock()
+	return rest
+}
+
+// list sends one LIST and returns the elements of its answer's array, or
+// why there are none to use.
+func (sg *saga) list(ctx context.Context, req *SubRequest) ([]json.RawMessage, *ListFailure) {
+	resp, err := sg.sendItem(ctx, req)
+	switch {
+	case resp == nil:
+		return nil, &ListFailure{Reason: "no_answer", Detail: asNoAnswer(err).reason}
+	case err != nil:
+		return nil, &ListFailure{Reason: "body", Detail: "the answer's body could not be read whole: " + err.Error()}
+	case !is2xx(resp.Status):
+		return nil, &ListFailure{Reason: "status", Detail: fmt.Sprintf("answered %d", resp.Status)}
+	}
+	elems, why := arrayAt(resp.Body, sg.plan.Match.Resource.List.ItemsPointer())
+	if why != "" {
+		return nil, &ListFailure{Reason: "body", Detail: why}
+	}
+	return elems, nil
+}
+
+// arrayAt finds the array a JSON pointer (its reference tokens) names in
+// a JSON text, and returns its elements as they are written.
+func arrayAt(body []byte, pointer []string) ([]json.RawMessage, string) {
+	raw := json.RawMessage(bytes.TrimSpace(body))
+	for _, tok := range pointer {
+		switch jsonKind(raw) {
+		case "object":
+			var members map[string]json.RawMessage
+			if err := json.Unmarshal(raw, &members); err != nil {
+				return nil, "the answer is not JSON: " + err.Error()
+			}
+			v, ok := members[tok]
+			if !ok {
+				return nil, fmt.Sprintf("the answer has no member %q where items points", tok)
+			}
+			raw = bytes.TrimSpace(v)
+		case "array":
+			var elems []json.RawMessage
+			if err := json.Unmarshal(raw, &elems); err != nil {
+				return nil, "the answer is not JSON: " + err.Error()
+			}
+			n, ok := policy.ArrayIndex(tok)
+			if !ok || n >= len(elems) {
+				return nil, fmt.Sprintf("the answer has no element %q where items points", tok)
+			}
+			raw = bytes.TrimSpace(elems[n])
+		default:
+			return nil, fmt.Sprintf("the answer is a JSON %s where items points into it", jsonKind(raw))
+		}
+	}
+	if kind := jsonKind(raw); kind != "array" {
+		return nil, fmt.Sprintf("the answer holds a JSON %s where items points, not an array", kind)
+	}
+	var elems []json.RawMessage
+	if err := json.Unmarshal(raw, &elems); err != nil {
+		return nil, "the answer is not JSON: " + err.Error()
+	}
+	return elems, ""
+}
+
+// idOf is the canonical id a JSON object names (a LIST's element, a
+// write's answer), or "" when it names none: it is not an object, or has
+// no id that is a string or an integer of the batch's id_format.
+func (sg *saga) idOf(elem []byte) string {
+	if jsonKind(elem) != "object" {
+		return ""
+	}
+	var members map[string]json.RawMessage
+	if json.Unmarshal(elem, &members) != nil {
+		return ""
+	}
+	id, ok := idFromJSON(members[sg.s.IDField])
+	if !ok {
+		return ""
+	}
+	if canonical, err := sg.s.IDFormat.Canonical(id); err == nil {
+		return canonical
+	}
+	return ""
+}
+
+// upTo is 0, 1, …, n-1.
+func upTo(n int) []int {
+	s := make([]int, n)
+	for i := range s {
+		s[i] = i
+	}
+	return s
+}
