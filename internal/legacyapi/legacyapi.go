@@ -16,8 +16,11 @@
 // writes, writes that normalise what they store and drop unknown or
 // read-only members, a query parameter selecting the members answered,
 // integer ids read leniently ("03", "3.json"), ETags hashed from the
-// answer body with no condition enforced, and URLs that must end with a
-// slash, the others redirected. InFlight, PeakInFlight and CountConns let
+// answer body with no condition enforced, URLs that must end with a
+// slash, the others redirected, a LIST filtered by id in the styles of
+// json-server, django-filter and JSON:API, paged as Django REST
+// framework pages it (a page size capped silently), and records the
+// LIST hides and a GET refuses (403). InFlight, PeakInFlight and CountConns let
 // a test measure the load a client puts on the API.
 package legacyapi
 
@@ -212,6 +215,38 @@ type Collection struct {
 	// Faults match the path as received. Default false: items are served
 	// without the slash only, the collection with or without it.
 	TrailingSlash bool
+	// FilterParam names the query parameter that filters the LIST (a GET
+	// of the collection) by id, as real APIs' list filters do: "id"
+	// (json-server: ?id=1&id=2), "id__in" (django-filter, with
+	// FilterComma: ?id__in=1,2), "filter[id]" (JSON:API and Laravel,
+	// with FilterComma). Its name is compared unescaped (filter%5Bid%5D
+	// is filter[id]); every occurrence adds ids. With FilterComma a value
+	// is split on its literal commas before each part is unescaped (so
+	// an id holding a comma is sent as %2C); without, a value is one id.
+	// The LIST then holds only the records of those ids that exist.
+	// Default "": the API knows no filter and ignores the parameter, as
+	// any unknown one, answering everything (its first page, with
+	// PageSize): what a gateway meets when it guesses the filter wrong.
+	FilterParam string
+	FilterComma bool
+	// PageSize pages the LIST as Django REST framework's
+	// PageNumberPagination does: the answer is {"count": <records that
+	// match>, "next": <absolute URL of the next page, or null>,
+	// "previous": <URL or null>, "results": [...]}, page ?page=<n> (from
+	// 1; a page past the last answers 404 with an HTML page, as DRF's
+	// "Invalid page"), PageSize records a page unless the client asks for
+	// ?page_size=<n>, which MaxPageSize (0: none) caps silently: a client
+	// that asks for 100 under a cap of 10 gets 10 and a next link, and
+	// nothing says it was cut. offset and limit are ignored then. Default
+	// 0: the LIST is a plain array of every record, offset and limit
+	// honoured.
+	PageSize    int
+	MaxPageSize int
+	// Hidden names the ids (their string form) of records the caller may
+	// not see: the LIST leaves them out, filtered or not, and a GET or
+	// HEAD of one answers 403 with an HTML page. Writes to them are not
+	// affected. Default: none.
+	Hidden []string
 	// Seed holds the initial records. Each must have an "id" that is a number
 	// (e.g. 1) or a non-empty string.
 	Seed []map[string]any
@@ -928,27 +963,21 @@ func (a *API) store(t *table, key string, fields map[string]any, stamp bool) *re
 func (a *API) handleCollection(c *collection, t *table, r *http.Request, body []byte) response {
 	switch r.Method {
 	case http.MethodGet, http.MethodHead:
+		keys := c.listed(t, r)
+		if c.PageSize > 0 {
+			return c.page(t, r, keys)
+		}
 		q := r.URL.Query()
 		offset, ok1 := queryInt(q, "offset", 0)
 		limit, ok2 := queryInt(q, "limit", -1)
 		if !ok1 || !ok2 {
 			return plain(http.StatusBadRequest, "offset and limit must be non-negative integers")
 		}
-		keys := make([]string, 0, len(t.records))
-		for k := range t.records {
-			keys = append(keys, k)
-		}
-		slices.SortFunc(keys, compareIDs)
 		keys = keys[min(offset, len(keys)):]
 		if limit >= 0 {
 			keys = keys[:min(limit, len(keys))]
 		}
-		sel := c.selected(r)
-		list := make([]any, len(keys))
-		for i, k := range keys {
-			list[i] = only(t.records[k].fields, sel)
-		}
-		return jsonAnswer(http.StatusOK, list)
+		return jsonAnswer(http.StatusOK, c.elements(t, r, keys))
 
 	case http.MethodPost:
 		rec, err := decodeObject(body)
@@ -994,6 +1023,98 @@ func (a *API) handleCollection(c *collection, t *table, r *http.Request, body []
 	}
 }
 
+// listed is the ids of the records a LIST answers, in order: filtered by
+// FilterParam, without the Hidden ones. Callers hold mu.
+func (c *collection) listed(t *table, r *http.Request) []string {
+	var keys []string
+	if ids, filtered := c.filterIDs(r); filtered {
+		for _, id := range ids {
+			if _, ok := t.records[id]; ok && !slices.Contains(keys, id) {
+				keys = append(keys, id)
+			}
+		}
+	} else {
+		keys = make([]string, 0, len(t.records))
+		for k := range t.records {
+			keys = append(keys, k)
+		}
+	}
+	keys = slices.DeleteFunc(keys, func(k string) bool { return slices.Contains(c.Hidden, k) })
+	slices.SortFunc(keys, compareIDs)
+	return keys
+}
+
+// filterIDs reads the ids the LIST's filter asks for, and whether it
+// asks: see Collection.FilterParam.
+func (c *collection) filterIDs(r *http.Request) ([]string, bool) {
+	if c.FilterParam == "" {
+		return nil, false
+	}
+	var ids []string
+	filtered := false
+	for _, pair := range strings.Split(r.URL.RawQuery, "&") {
+		rawKey, value, _ := strings.Cut(pair, "=")
+		if key, err := url.QueryUnescape(rawKey); err != nil || key != c.FilterParam {
+			continue
+		}
+		filtered = true
+		parts := []string{value}
+		if c.FilterComma {
+			parts = strings.Split(value, ",")
+		}
+		for _, part := range parts {
+			if id, err := url.QueryUnescape(part); err == nil && id != "" {
+				ids = append(ids, id)
+			}
+		}
+	}
+	return ids, filtered
+}
+
+// elements are the LIST's records of keys, shaped by SelectParam.
+// Callers hold mu.
+func (c *collection) elements(t *table, r *http.Request, keys []string) []any {
+	sel := c.selected(r)
+	list := make([]any, len(keys))
+	for i, k := range keys {
+		list[i] = only(t.records[k].fields, sel)
+	}
+	return list
+}
+
+// page answers one page of the LIST: see Collection.PageSize. Callers
+// hold mu.
+func (c *collection) page(t *table, r *http.Request, keys []string) response {
+	q := r.URL.Query()
+	number, ok1 := queryInt(q, "page", 1)
+	size, ok2 := queryInt(q, "page_size", c.PageSize)
+	if !ok1 || !ok2 || number < 1 || size < 1 {
+		return plain(http.StatusBadRequest, "page and page_size must be positive integers")
+	}
+	if c.MaxPageSize > 0 {
+		size = min(size, c.MaxPageSize)
+	}
+	start := (number - 1) * size
+	if start >= len(keys) && number > 1 {
+		return htmlPage(http.StatusNotFound, "Invalid page.")
+	}
+	end := min(start+size, len(keys))
+	link := func(n int) any {
+		q.Set("page", strconv.Itoa(n))
+		return origin(r) + r.URL.EscapedPath() + "?" + q.Encode()
+	}
+	var next, previous any
+	if end < len(keys) {
+		next = link(number + 1)
+	}
+	if number > 1 {
+		previous = link(number - 1)
+	}
+	return jsonAnswer(http.StatusOK, map[string]any{
+		"count": len(keys), "next": next, "previous": previous, "results": c.elements(t, r, keys[start:end]),
+	})
+}
+
 // created answers a POST that created rec under key, as the collection's
 // CreateAnswer says.
 func (a *API) created(c *collection, r *http.Request, key string, rec *record) response {
@@ -1019,6 +1140,9 @@ func (a *API) handleItem(c *collection, t *table, id string, r *http.Request, bo
 	case http.MethodGet, http.MethodHead:
 		if old == nil {
 			return notFound(r.URL.EscapedPath())
+		}
+		if slices.Contains(c.Hidden, id) {
+			return htmlPage(http.StatusForbidden, "You do not have permission to perform this action.")
 		}
 		return c.recordAnswer(r, http.StatusOK, old)
 
