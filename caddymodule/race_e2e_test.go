@@ -244,21 +244,24 @@ func TestOverlappingWritersSerialize(t *testing.T) {
 		options     string
 		tenants     bool
 		normalising bool
+		list        bool
 	}{
-		{"re-read proofs, restore by put", false, "restore_updated put", false, false},
-		{"etags, restore by patch", true, "restore_updated patch", false, false},
+		{"re-read proofs, restore by put", false, "restore_updated put", false, false, false},
+		{"etags, restore by patch", true, "restore_updated patch", false, false, false},
 		// Every write trimmed, stamped and stripped of an unknown member:
 		// the write's answer is what each undo's proof expects.
-		{"normalising API, re-read proofs, restore by put", false, "restore_updated put", false, true},
-		{"normalising API, etags, restore by patch", true, "restore_updated patch\n\t\tconditional_writes", false, true},
+		{"normalising API, re-read proofs, restore by put", false, "restore_updated put", false, true, false},
+		{"normalising API, etags, restore by patch", true, "restore_updated patch\n\t\tconditional_writes", false, true, false},
+		// Pre-images read through the LIST, with the client's query on it.
+		{"list filter preflight, normalising API", false, "restore_updated put", false, true, true},
 		// The same ids in two tenants, chosen by ?tenant=: one lock per
 		// id (the query is not in a lock's name), and every request of a
 		// batch, undos included, must reach its own tenant.
-		{"two tenants, re-read proofs", false, "restore_updated put", true, false},
+		{"two tenants, re-read proofs", false, "restore_updated put", true, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for round := range rounds {
-				testOverlappingWriters(t, round, clients, nIDs, tc.etags, tc.options, overlap{twoTenants: tc.tenants, normalising: tc.normalising})
+				testOverlappingWriters(t, round, clients, nIDs, tc.etags, tc.options, overlap{twoTenants: tc.tenants, normalising: tc.normalising, listPreflight: tc.list})
 			}
 		})
 	}
@@ -266,7 +269,7 @@ func TestOverlappingWritersSerialize(t *testing.T) {
 
 func testOverlappingWriters(t *testing.T, round, clients, nIDs int, etags bool, options string, mode overlap) {
 	api := legacyapi.New(legacyapi.Collection{Path: "/api/widgets", PutCreates: true, ETags: etags, Tenants: mode.twoTenants,
-		Normalize: mode.normalising, Fields: mode.fields(), Seed: records("w", 1, nIDs)})
+		Normalize: mode.normalising, Fields: mode.fields(), FilterParam: mode.filterParam(), Seed: records("w", 1, nIDs)})
 	g := startGateway(t, api, `
 	batch {
 		concurrency 3
@@ -275,7 +278,7 @@ func testOverlappingWriters(t *testing.T, round, clients, nIDs int, etags bool, 
 		allow_override
 		scope_query by tenant
 		`+options+`
-		resource /api/widgets {`+resourceMethods+`
+		resource /api/widgets {`+resourceMethods+mode.listFilter()+`
 		}
 	}
 	reverse_proxy UPSTREAM
@@ -291,6 +294,29 @@ type overlap struct {
 	// every save and ignores members it does not know, as real
 	// frameworks do; the writes send padded notes and an unknown member.
 	normalising bool
+	// listPreflight: the API filters its LIST by ?id=, and the gateway
+	// reads the sagas' pre-images through it (list_filter with
+	// preflight).
+	listPreflight bool
+}
+
+// filterParam is the API's LIST filter.
+func (m overlap) filterParam() string {
+	if m.listPreflight {
+		return "id"
+	}
+	return ""
+}
+
+// listFilter is the resource's list_filter lines.
+func (m overlap) listFilter() string {
+	if !m.listPreflight {
+		return ""
+	}
+	return `
+			list_filter "id={id}" {
+				preflight
+			}`
 }
 
 // fields are the members a normalising API knows.
@@ -437,6 +463,9 @@ func overlappingWriters(t *testing.T, round int, api *legacyapi.API, upstream st
 	// Replay the committed writes in the order the legacy API received
 	// them; undos (their keys end in :undo) and reads change nothing in
 	// the replay.
+	if mode.listPreflight && len(sent(api, http.MethodGet, "/api/widgets")) == 0 {
+		t.Errorf("round %d: no saga read its pre-images through the LIST", round)
+	}
 	want := map[string]map[string]any{} // by tenant/id
 	for _, tenant := range tenants {
 		for i := 1; i <= nIDs; i++ {
@@ -625,18 +654,23 @@ func TestFaultStormKeepsPromises(t *testing.T) {
 	for _, etags := range []bool{false, true} {
 		for _, normalising := range []bool{false, true} {
 			t.Run(fmt.Sprintf("etags %v, normalising %v", etags, normalising), func(t *testing.T) {
-				testFaultStorm(t, etags, normalising)
+				testFaultStorm(t, etags, overlap{normalising: normalising})
 			})
 		}
 	}
+	// Pre-images read through the LIST, which the storm fails too.
+	t.Run("list filter preflight, normalising", func(t *testing.T) {
+		testFaultStorm(t, false, overlap{normalising: true, listPreflight: true})
+	})
 }
 
 // testFaultStorm is one storm; a normalising legacy API trims what it
 // stores, stamps updated_at and ignores members it does not know.
-func testFaultStorm(t *testing.T, etags, normalising bool) {
+func testFaultStorm(t *testing.T, etags bool, mode overlap) {
 	const batches, nIDs, faults = 30, 8, 40
-	mode := overlap{normalising: normalising}
-	api := legacyapi.New(legacyapi.Collection{Path: "/api/widgets", PutCreates: true, ETags: etags, Normalize: normalising, Fields: mode.fields(), Seed: records("w", 1, nIDs)})
+	normalising := mode.normalising
+	api := legacyapi.New(legacyapi.Collection{Path: "/api/widgets", PutCreates: true, ETags: etags, Normalize: normalising, Fields: mode.fields(),
+		FilterParam: mode.filterParam(), Seed: records("w", 1, nIDs)})
 	g := startGateway(t, api, `
 	batch {
 		concurrency 3
@@ -645,7 +679,7 @@ func testFaultStorm(t *testing.T, etags, normalising bool) {
 		compensation_timeout 1s
 		compensation_retries 3
 		allow_override
-		resource /api/widgets {`+resourceMethods+`
+		resource /api/widgets {`+resourceMethods+mode.listFilter()+`
 		}
 	}
 	reverse_proxy UPSTREAM
@@ -664,6 +698,13 @@ func testFaultStorm(t *testing.T, etags, normalising bool) {
 		f := kinds[rand.IntN(len(kinds))]
 		f.Method, f.Path, f.Times = methods[rand.IntN(len(methods))], fmt.Sprintf("/api/widgets/%d", 1+rand.IntN(nIDs)), 1
 		api.Inject(f)
+	}
+	if mode.listPreflight {
+		for range faults / 4 {
+			f := kinds[rand.IntN(len(kinds))]
+			f.Method, f.Path, f.Times = "GET", "/api/widgets", 1
+			api.Inject(f)
+		}
 	}
 
 	client := &http.Client{Timeout: 90 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: batches}}
