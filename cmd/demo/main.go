@@ -79,10 +79,11 @@ func start(configPath, upstreamAddr string) (stop func() error, err error) {
 }
 
 // demoData is the demo legacy API's content: users (whose PUT cannot
-// create, as in many legacy APIs), their posts, and read-only reports.
+// create, as in many legacy APIs, and whose LIST filters by ?id=, as
+// json-server's does), their posts, and read-only reports.
 func demoData() []legacyapi.Collection {
 	return []legacyapi.Collection{
-		{Path: "/api/users", Seed: []map[string]any{
+		{Path: "/api/users", FilterParam: "id", Seed: []map[string]any{
 			{"id": 1, "name": "ada", "email": "ada@example.com"},
 			{"id": 2, "name": "bob", "email": "bob@example.com"},
 			{"id": 3, "name": "cy", "email": "cy@example.com"},
