@@ -195,10 +195,7 @@ func TestBatchPartial(t *testing.T) {
 			if tt.prefer != "" {
 				header = []string{"Prefer", tt.prefer}
 			}
-			var body any
-			if tt.body != "" {
-				body = tt.body
-			}
+			body := optionalBody(tt.body)
 			r := g.do(t, tt.method, tt.path, body, header...)
 			if r.Status != tt.status {
 				t.Fatalf("status %d, want %d: %s", r.Status, tt.status, r.Body)

@@ -69,6 +69,14 @@ func checkEnvelope(t testing.TB, r response, status int, outcome string) batchAn
 	return b
 }
 
+// optionalBody is a test row's body for gateway.do: none when empty.
+func optionalBody(body string) any {
+	if body == "" {
+		return nil
+	}
+	return body
+}
+
 // records makes seed records {"id": n, "name": prefix+n} for n in [from, to].
 func records(prefix string, from, to int) []map[string]any {
 	var out []map[string]any

@@ -541,14 +541,20 @@ func checkIdemProblem(t *testing.T, r response, status int, kind string) {
 }
 
 // counted sums a collector's counter and gauge series, as a scrape would.
-func counted(c prometheus.Collector) float64 {
+func counted(c prometheus.Collector) float64 { return countedWhere(c, "", "") }
+
+// countedWhere sums the series of a collector whose label name has value
+// (every series, for an empty name).
+func countedWhere(c prometheus.Collector, name, value string) float64 {
 	ch := make(chan prometheus.Metric, 64)
 	go func() { c.Collect(ch); close(ch) }()
 	var sum float64
 	for m := range ch {
 		var d dto.Metric
 		_ = m.Write(&d)
-		sum += d.GetCounter().GetValue() + d.GetGauge().GetValue()
+		if name == "" || slices.ContainsFunc(d.GetLabel(), func(l *dto.LabelPair) bool { return l.GetName() == name && l.GetValue() == value }) {
+			sum += d.GetCounter().GetValue() + d.GetGauge().GetValue()
+		}
 	}
 	return sum
 }

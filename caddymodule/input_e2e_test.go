@@ -216,10 +216,7 @@ func TestIDFormatInput(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			api.ResetLog()
 			before := api.Items("/api/widgets")
-			var body any
-			if tt.body != "" {
-				body = tt.body
-			}
+			body := optionalBody(tt.body)
 			refusedUntouched(t, api, g.do(t, tt.method, tt.path, body), before, tt.want...)
 		})
 	}
@@ -280,10 +277,7 @@ func TestScopeQueryInput(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			api.ResetLog()
 			before := api.Items("/api/widgets")
-			var body any
-			if tt.body != "" {
-				body = tt.body
-			}
+			body := optionalBody(tt.body)
 			refusedUntouched(t, api, g.do(t, tt.method, tt.path, body), before, tt.param, "scope_query", "Prefer: atomicity=partial")
 		})
 	}

@@ -6,9 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
-
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
 )
 
@@ -173,10 +170,10 @@ func TestListFilterFailures(t *testing.T) {
 			tt.fault.Method, tt.fault.Path = "GET", "/api/widgets"
 			api.Inject(tt.fault)
 			g := startGateway(t, api, listSite(`list_filter "id={id}"`))
-			before := countedLabel(t, metrics.listFallbacks, tt.reason)
+			before := countedWhere(metrics.listFallbacks, "reason", tt.reason)
 			b := checkEnvelope(t, g.do(t, "GET", "/api/widgets?ids=1,2,3,4", nil), 200, "succeeded")
 			checkItems(t, b, 4)
-			if n := countedLabel(t, metrics.listFallbacks, tt.reason) - before; n != 1 {
+			if n := countedWhere(metrics.listFallbacks, "reason", tt.reason) - before; n != 1 {
 				t.Errorf("caddy_http_batch_list_fallbacks_total{reason=%q} grew by %v, want 1", tt.reason, n)
 			}
 			warned := false
@@ -226,22 +223,4 @@ func TestListFilterPreflight(t *testing.T) {
 			t.Errorf("a write after a LIST pre-image carries If-Match %q", r.Header.Get("If-Match"))
 		}
 	}
-}
-
-// countedLabel sums a counter vector's series whose reason is value.
-func countedLabel(t testing.TB, c *prometheus.CounterVec, value string) float64 {
-	t.Helper()
-	ch := make(chan prometheus.Metric, 64)
-	go func() { c.Collect(ch); close(ch) }()
-	var sum float64
-	for m := range ch {
-		var d dto.Metric
-		_ = m.Write(&d)
-		for _, l := range d.GetLabel() {
-			if l.GetName() == "reason" && l.GetValue() == value {
-				sum += d.GetCounter().GetValue()
-			}
-		}
-	}
-	return sum
 }

@@ -50,10 +50,7 @@ func TestBatchOperationsLogging(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.op, func(t *testing.T) {
 			testLogs.reset()
-			var body any
-			if tt.body != "" {
-				body = tt.body
-			}
+			body := optionalBody(tt.body)
 			r := g.do(t, tt.method, tt.path, body)
 			if r.Status != tt.status {
 				t.Fatalf("status %d, want %d: %s", r.Status, tt.status, r.Body)

@@ -69,10 +69,7 @@ func TestLogLineIdentifiesTheRequest(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			testLogs.reset()
-			var body any
-			if tt.body != "" {
-				body = tt.body
-			}
+			body := optionalBody(tt.body)
 			if r := g.do(t, tt.method, tt.uri, body, "X-Forwarded-For", client); r.Status != tt.status {
 				t.Fatalf("%v, want %d", r, tt.status)
 			}
@@ -129,10 +126,7 @@ func TestLogUpstreamUnreachable(t *testing.T) {
 		} {
 			t.Run(tt.name, func(t *testing.T) {
 				testLogs.reset()
-				var body any
-				if tt.body != "" {
-					body = tt.body
-				}
+				body := optionalBody(tt.body)
 				if r := g.do(t, tt.method, tt.path, body); r.Status != tt.status {
 					t.Fatalf("%v, want %d", r, tt.status)
 				}

@@ -125,10 +125,7 @@ func TestRepresentationQueryOnAFrameworkThatShapesAnswers(t *testing.T) {
 		{"DELETE", "/users?ids=29,37&$select[]=name", ""},
 	} {
 		api.ResetLog()
-		var body any
-		if tt.body != "" {
-			body = tt.body
-		}
+		body := optionalBody(tt.body)
 		b := checkProblem(t, g.do(t, tt.method, tt.path, body), 400)
 		if !strings.Contains(b.Detail, `"$select[]"`) || !strings.Contains(b.Detail, "scope_query") {
 			t.Errorf("%s %s: detail %q does not name the parameter and the option", tt.method, tt.path, b.Detail)
@@ -195,10 +192,7 @@ func TestTrailingSlashRedirect(t *testing.T) {
 			{"DELETE", "/api/authors?ids=1,2", ""},
 		} {
 			testLogs.reset()
-			var body any
-			if tt.body != "" {
-				body = tt.body
-			}
+			body := optionalBody(tt.body)
 			b := checkProblem(t, g.do(t, tt.method, tt.path, body), 502)
 			if b.Outcome != "failed" {
 				t.Errorf("%s: outcome %q, want failed (nothing was written)", tt.method, b.Outcome)

@@ -135,10 +135,7 @@ func TestBatchAllOrNothingFaults(t *testing.T) {
 				api.Inject(f)
 			}
 			before := api.Items(tt.collection)
-			var body any
-			if tt.body != "" {
-				body = tt.body
-			}
+			body := optionalBody(tt.body)
 			r := g.do(t, tt.method, tt.path, body)
 			if !slices.Contains(tt.status, r.Status) {
 				t.Fatalf("status %d, want one of %v: %s", r.Status, tt.status, r.Body)
@@ -665,10 +662,7 @@ func TestBatchWriteResentByTheTransport(t *testing.T) {
 				api.Inject(f)
 			}
 			before := api.Items(tt.collection)
-			var body any
-			if tt.body != "" {
-				body = tt.body
-			}
+			body := optionalBody(tt.body)
 			r := g.do(t, tt.method, tt.path, body)
 			b := r.batch(t)
 			answerMatchesState(t, b, before, api.Items(tt.collection))
