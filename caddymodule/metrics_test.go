@@ -100,6 +100,7 @@ var labelValues = map[string]*regexp.Regexp{
 	"outcome":   regexp.MustCompile(`^(succeeded|partial|failed|not_attempted|rolled_back|rollback_failed|unknown|rejected)$`),
 	"result":    regexp.MustCompile(`^(rolled_back|rollback_failed)$`),
 	"request":   regexp.MustCompile(`^(batch|single)$`),
+	"reason":    regexp.MustCompile(`^(no_answer|status|body)$`),
 	// A template: literal segments and {variables}; the tests' ids are
 	// numbers, and no test's template has a segment that is a number
 	// (a literal one starts with a letter: /v1/api/gadgets).

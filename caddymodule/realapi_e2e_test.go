@@ -238,3 +238,37 @@ func TestTrailingSlashRedirect(t *testing.T) {
 		}
 	})
 }
+
+// An API whose ORM casts the path's id to an integer reads /3, /03 and
+// /3.json as one row. Under id_format any, a batch that names 3 and 03
+// takes two writes to that row under two locks, both answered succeeded;
+// under id_format integer the two spellings are one id, and the batch is
+// refused before anything is sent.
+func TestTwoSpellingsOfOneID(t *testing.T) {
+	const body = `[{"id": 3, "name": "first"}, {"id": "03", "name": "second"}]`
+	t.Run("id_format any: the trap", func(t *testing.T) {
+		api := widgetsAPI(legacyapi.Collection{LenientIDs: true}, 3)
+		g := startGateway(t, api, listSite(""))
+		checkEnvelope(t, g.do(t, "PATCH", "/api/widgets", body), 200, "succeeded")
+		if n := len(writes(api.AppliedWrites())); n != 2 {
+			t.Errorf("%d writes applied to row 3, want the two this test warns of", n)
+		}
+	})
+	t.Run("id_format integer", func(t *testing.T) {
+		api := widgetsAPI(legacyapi.Collection{LenientIDs: true}, 3)
+		g := startGateway(t, api, listSite("", "id_format integer"))
+		before := api.Items("/api/widgets")
+		b := checkProblem(t, g.do(t, "PATCH", "/api/widgets", body), 400)
+		if !strings.Contains(b.Detail, `items 0 and 1 both have id "3"`) {
+			t.Errorf("detail %q", b.Detail)
+		}
+		if reqs := api.Requests(); len(reqs) != 0 {
+			t.Errorf("the legacy API received:%s", describeRequests(reqs))
+		}
+		sameState(t, api, "/api/widgets", before)
+		b2 := checkEnvelope(t, g.do(t, "GET", "/api/widgets?ids=03,3", nil), 200, "succeeded")
+		if len(api.Requests()) != 1 || b2.Items[0].ID != "3" {
+			t.Errorf("a GET of 03 and 3: ids %v, requests:%s; want one GET of 3", b2.IDs(), describeRequests(api.Requests()))
+		}
+	})
+}
