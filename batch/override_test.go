@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-// SPEC §4: a method override, in any of its four forms, is found; forms
+// README, "What it does": a method override, in any of its four forms, is found; forms
 // that disagree are refused.
 func TestFindMethodOverride(t *testing.T) {
 	tests := []struct {
@@ -85,7 +85,7 @@ func TestRemoveMethodOverride(t *testing.T) {
 	equal(t, "a query without _method", untouched.URL.RawQuery, "b=2&&a")
 }
 
-// SPEC §4 and §5: no sub-request carries a method override, whatever the
+// README, "What it does": no sub-request carries a method override, whatever the
 // client sent: not the headers, not _method in the query.
 func TestSubRequestsCarryNoMethodOverride(t *testing.T) {
 	override := []string{"X-HTTP-Method-Override", "POST", "X-HTTP-Method", "POST", "X-Method-Override", "POST"}

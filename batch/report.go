@@ -11,7 +11,8 @@ import (
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
-// report settles the batch's outcome and status (SPEC section 5).
+// report settles the batch's outcome and status (README, "Batch requests and
+// responses").
 func (sg *saga) report(clientCtx, batchCtx context.Context) *Result {
 	p := sg.plan
 	r := &Result{

@@ -14,7 +14,8 @@ var errLost = errors.New("connection reset by peer") // sent, no answer came
 
 func notSent() error { return fmt.Errorf("dial tcp 10.0.0.1:3000: connection refused: %w", ErrNotSent) }
 
-// statusCase is one row of SPEC §5's status table, with the item outcomes
+// statusCase is one row of the status table (README, "Batch
+// requests and responses"), with the item outcomes
 // it produces.
 type statusCase struct {
 	name           string

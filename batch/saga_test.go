@@ -116,7 +116,7 @@ func TestConcurrencyBound(t *testing.T) {
 }
 
 // ---------------------------------------------------------------------
-// All-or-nothing execution (SPEC §6.3).
+// All-or-nothing execution (README, "All-or-nothing: what it promises").
 
 // After the first failure nothing new starts; the rest are not_attempted
 // and never sent.
@@ -161,7 +161,7 @@ func TestAllOrNothingLetsInFlightFinish(t *testing.T) {
 }
 
 // ---------------------------------------------------------------------
-// Compensation (SPEC §6.4).
+// Compensation (README, "All-or-nothing: what it promises").
 
 // Compensations run in reverse order of start (concurrency 1: index order).
 func TestCompensationReverseStartOrder(t *testing.T) {
@@ -499,13 +499,13 @@ func TestClientGoneStillUndoes(t *testing.T) {
 	}
 	equal(t, "outcome", w.Outcome, "rolled_back")
 	equal(t, "store after", len(f.state()), 0)
-	// SPEC says nothing of the status of a batch whose client left; the
-	// engine answers 499, Caddy's code for it (no one reads it).
+	// The contract says nothing of the status of a batch whose client
+	// left; the engine answers 499, Caddy's code for it (no one reads it).
 	equal(t, "status", w.Code, 499)
 }
 
 // ---------------------------------------------------------------------
-// Preflight (SPEC §6.2).
+// Preflight (README, "All-or-nothing: what it promises").
 
 func TestPreflight(t *testing.T) {
 	tests := []struct {
@@ -869,7 +869,7 @@ func TestBatchTimeout(t *testing.T) {
 		equal(t, "outcome", w.Outcome, "failed")
 	})
 	t.Run("partial GET", func(t *testing.T) {
-		// SPEC's status table has no row for a partial batch cut short by
+		// The status table has no row for a partial batch cut short by
 		// batch_timeout; the engine answers 207 with the items not started
 		// as not_attempted.
 		f := newFake().seed("1", "2", "3").on("GET", "/widgets/1", answer{lateAnswer: true})

@@ -17,8 +17,8 @@ import (
 )
 
 // TestCluster runs two Caddy processes built from cmd/caddy, sharing one
-// storage, in front of one legacy API: a cluster of gateways (SPEC
-// section 10), on the file system storage and on Redis. It builds
+// storage, in front of one legacy API: a cluster of gateways (README,
+// "Clusters"), on the file system storage and on Redis. It builds
 // cmd/caddy once, so it is skipped under -short.
 func TestCluster(t *testing.T) {
 	bin := caddyBinary(t)

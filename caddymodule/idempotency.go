@@ -28,8 +28,8 @@ import (
 	"github.com/caddy-batch/caddy-batch/problem"
 )
 
-// Idempotency-Key replay (SPEC section 9, draft-ietf-httpapi-
-// idempotency-key-header). A batch write that carries the header is
+// Idempotency-Key replay (README, "Idempotency-Key replay";
+// draft-ietf-httpapi-idempotency-key-header). A batch write that carries the header is
 // claimed in Caddy's storage before it runs, and its answer is stored
 // there before the client gets it, so that the same request again — on
 // this instance or any other sharing the storage — is answered with it

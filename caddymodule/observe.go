@@ -17,8 +17,8 @@ import (
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
-// observation is what the gateway records of one batch request (SPEC
-// section 7): the placeholders for access logs, the batch's one log line,
+// observation is what the gateway records of one batch request (README,
+// "Operations"): the placeholders for access logs, the batch's one log line,
 // and its metrics.
 type observation struct {
 	logger *zap.Logger

@@ -49,7 +49,7 @@ func (a *App) recoverLoop() {
 }
 
 // sweepIdempotency deletes the Idempotency-Key records that expired
-// (SPEC section 9): one instance's sweep serves every instance of a
+// (README, "Idempotency-Key replay"): one instance's sweep serves every instance of a
 // cluster, and a sweep that races another only deletes what both found
 // expired.
 func (a *App) sweepIdempotency(ctx context.Context) {

@@ -15,7 +15,8 @@ import (
 	"github.com/caddy-batch/caddy-batch/problem"
 )
 
-// The end-to-end tests of the saga's promises (SPEC section 6), from the
+// The end-to-end tests of the saga's promises (README,
+// "All-or-nothing: what it promises"), from the
 // issue "All-or-nothing you can trust": every one of them was a bug
 // reproduced through Caddy. Another writer, through the gateway or
 // straight at the legacy API, meets an all-or-nothing batch in the window
@@ -196,8 +197,8 @@ func checkLeftBehind(t testing.TB, r response, i int, why string) batchAnswer {
 	return b
 }
 
-// checkRepairLog checks the batch's ERROR log line (SPEC section 6, step
-// 6): it names item i as left behind, and gives its pre-image, so that an
+// checkRepairLog checks the batch's ERROR log line (README, "The log
+// line"): it names item i as left behind, and gives its pre-image, so that an
 // operator can repair it by hand.
 func checkRepairLog(t testing.TB, i int, preimage map[string]any) {
 	t.Helper()

@@ -24,7 +24,7 @@ import (
 )
 
 // The end-to-end tests of "a batch gets no more rights than its single
-// requests" (SPEC sections 1, 2 and 5): in Caddy's default directive
+// requests" (README, "Security"): in Caddy's default directive
 // order, the authentication after batch is asked about every item, and
 // the batch answer relays what an item's status needs and stays JSON.
 // Method overrides are in override_e2e_test.go.
@@ -444,7 +444,8 @@ func upstreamAnswers(t *testing.T, api *legacyapi.API, header map[string][2]stri
 	return upstream.Listener.Addr().String()
 }
 
-// TestBatchAnswerCarriesStatusHeaders (SPEC section 5): when the batch's
+// TestBatchAnswerCarriesStatusHeaders (README, "Batch requests and
+// responses"): when the batch's
 // status is an item's, the header that status requires comes with it.
 func TestBatchAnswerCarriesStatusHeaders(t *testing.T) {
 	api := seededAPI()
@@ -482,7 +483,8 @@ func TestBatchAnswerCarriesStatusHeaders(t *testing.T) {
 	}
 }
 
-// TestBatchAnswerIsAlwaysJSON (SPEC section 5): an item body that claims
+// TestBatchAnswerIsAlwaysJSON (README, "Batch requests and
+// responses"): an item body that claims
 // to be JSON but is not UTF-8 goes in body_text, and the answer stays
 // strict JSON.
 func TestBatchAnswerIsAlwaysJSON(t *testing.T) {
