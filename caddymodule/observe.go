@@ -1,7 +1,6 @@
 package caddymodule
 
 import (
-	"errors"
 	"net"
 	"net/http"
 	"slices"
@@ -161,11 +160,10 @@ func (o *observation) log(plan *batch.Plan, res *batch.Result, took time.Duratio
 }
 
 // watchedChain tells, for each sub-request, whether the handler chain
-// answered it. A sub-request is unreached when the chain wrote nothing
-// and returned an error that is not a client error: how reverse_proxy
-// reports an upstream it could not dial, a connection that broke before
-// the answer, or no upstream available (503), and how Caddy would log
-// the same single request at ERROR. A client error (401 from an
+// answered it, as classify reads it. A sub-request is unreached when the
+// upstream could not be dialled, no upstream was available (503), or the
+// connection broke before the answer: how Caddy would log the same single
+// request at ERROR. A refusal by a handler after batch (401 from an
 // authentication handler, say) is the chain's answer; a sub-request cut
 // by its timeout or by the client leaving is neither.
 type watchedChain struct {
@@ -175,15 +173,11 @@ type watchedChain struct {
 
 func (c watchedChain) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
 	err := c.next.ServeHTTP(w, r)
-	rec, ok := w.(*recorder)
-	var herr caddyhttp.HandlerError
-	switch {
-	case err == nil, ok && rec.status != 0:
+	rec, _ := w.(*recorder)
+	switch classify(r.Context(), rec, err) {
+	case chainWrote, chainRefused:
 		c.o.answered.Add(1)
-	case r.Context().Err() != nil:
-	case errors.As(err, &herr) && herr.StatusCode >= 400 && herr.StatusCode < 500:
-		c.o.answered.Add(1)
-	default:
+	case chainNoUpstream, chainNotSent, chainLost:
 		c.o.unreached.Add(1)
 	}
 	return err

@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"math"
 	"strconv"
@@ -47,7 +48,7 @@ func TestRecorderBodyBuffer(t *testing.T) {
 				}
 				rest = rest[n:]
 			}
-			resp, err := answer(rec, nil)
+			resp, err := answer(context.Background(), rec, nil)
 			if tt.tooLarge {
 				if !errors.Is(err, batch.ErrBodyTooLarge) || resp == nil || resp.Body != nil {
 					t.Fatalf("answer = %+v, %v; want the status without the body, and ErrBodyTooLarge", resp, err)
@@ -74,7 +75,7 @@ func TestRecorderSizedOnce(t *testing.T) {
 		for rest := body; len(rest) > 0; rest = rest[32<<10:] {
 			_, _ = rec.Write(rest[:32<<10])
 		}
-		if _, err := answer(rec, nil); err != nil {
+		if _, err := answer(context.Background(), rec, nil); err != nil {
 			t.Fatal(err)
 		}
 	}

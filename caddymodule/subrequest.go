@@ -131,7 +131,7 @@ func (s *subrequests) Send(ctx context.Context, sr *batch.SubRequest) (resp *bat
 		}
 	}()
 	err = s.next.ServeHTTP(rec, prepared)
-	resp, err = answer(rec, err)
+	resp, err = answer(subCtx, rec, err)
 	if resp != nil {
 		resp.Resent = resends != nil && resends.resent()
 	}
@@ -171,23 +171,72 @@ func (t *resendTrace) resent() bool {
 	return t.again
 }
 
+// chainResult is what the handler chain did with one sub-request: the
+// one reading of what it wrote and returned, which both the sub-request's
+// answer (answer) and the batch's log line (watchedChain) go by.
+type chainResult uint8
+
+const (
+	// chainWrote: an answer was written, the upstream's or a handler's.
+	chainWrote chainResult = iota
+	// chainRefused: a handler after batch refused the request with a
+	// client error and wrote nothing (basic_auth's 401, a rate limit's
+	// 429): the chain's answer, as it would be a single request's.
+	chainRefused
+	// chainNoUpstream: reverse_proxy had no upstream to send it to (503):
+	// the chain's answer, and the upstream was not reached.
+	chainNoUpstream
+	// chainNotSent: the upstream could not be dialled.
+	chainNotSent
+	// chainCut: the sub-request's context ended first (its timeout, the
+	// client leaving; Caddy's 499): neither an answer nor a sign that the
+	// upstream is down.
+	chainCut
+	// chainLost: sent, and no answer came (a connection that broke).
+	chainLost
+)
+
+// classify reads what the chain did with a sub-request whose context is
+// ctx: it wrote to rec (nil if the writer was not the recorder) and
+// returned err.
+func classify(ctx context.Context, rec *recorder, err error) chainResult {
+	var herr caddyhttp.HandlerError
+	var dial reverseproxy.DialError
+	switch {
+	case err == nil, rec != nil && rec.status != 0:
+		return chainWrote
+	case ctx.Err() != nil:
+		return chainCut
+	case errors.As(err, &dial):
+		return chainNotSent
+	case !errors.As(err, &herr):
+		return chainLost
+	case herr.StatusCode == 499:
+		return chainCut
+	case herr.StatusCode >= 400 && herr.StatusCode < 500:
+		return chainRefused
+	case herr.StatusCode == http.StatusServiceUnavailable:
+		return chainNoUpstream
+	}
+	return chainLost
+}
+
 // answer turns what the chain did into the sub-request's answer. A
-// handler error that carries a client error status (401 from an auth
-// handler, say), or 503 (reverse_proxy's "no upstreams available"), is
-// an answer of the chain that never reached the upstream; other handler
-// errors are a failure to get an answer.
-func answer(rec *recorder, err error) (*batch.SubResponse, error) {
-	if rec.status == 0 && err != nil {
-		var dial reverseproxy.DialError
-		if errors.As(err, &dial) {
-			return nil, fmt.Errorf("%w: %w", batch.ErrNotSent, err)
-		}
+// refusal by a handler, or reverse_proxy's 503 with no upstream, is an
+// answer of the chain that never reached the upstream; a request that
+// could not be dialled was not sent; anything else that wrote nothing got
+// no answer.
+func answer(ctx context.Context, rec *recorder, err error) (*batch.SubResponse, error) {
+	switch classify(ctx, rec, err) {
+	case chainRefused, chainNoUpstream:
+		// The handler may have set headers the status needs before
+		// returning its error: basic_auth's WWW-Authenticate.
 		var herr caddyhttp.HandlerError
-		if errors.As(err, &herr) && (herr.StatusCode >= 400 && herr.StatusCode < 499 || herr.StatusCode == http.StatusServiceUnavailable) {
-			// The handler may have set headers the status needs before
-			// returning its error: basic_auth's WWW-Authenticate.
-			return &batch.SubResponse{Status: herr.StatusCode, Header: rec.header}, nil
-		}
+		errors.As(err, &herr)
+		return &batch.SubResponse{Status: herr.StatusCode, Header: rec.header}, nil
+	case chainNotSent:
+		return nil, fmt.Errorf("%w: %w", batch.ErrNotSent, err)
+	case chainCut, chainLost:
 		return nil, err
 	}
 	resp := &batch.SubResponse{Status: rec.status, Header: rec.header}

@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"net/http/httptrace"
@@ -50,10 +51,14 @@ func TestAnswer(t *testing.T) {
 			err: caddyhttp.Error(http.StatusBadGateway, reverseproxy.NewDialError(errors.New("connection refused"))), notSent: true},
 		{name: "a 502 after sending: no answer", rec: newRecorder(1 << 10),
 			err: caddyhttp.Error(http.StatusBadGateway, errors.New("EOF"))},
+		// Caddy's 499 is a client that went away: no answer, whatever
+		// the context says (the log line counted it as answered once).
+		{name: "499: no answer", rec: newRecorder(1 << 10),
+			err: caddyhttp.Error(499, errors.New("context canceled"))},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			resp, err := answer(tt.rec, tt.err)
+			resp, err := answer(context.Background(), tt.rec, tt.err)
 			if tt.status == 0 {
 				if resp != nil || err == nil {
 					t.Fatalf("answer = %+v, %v; want no answer", resp, err)
@@ -79,11 +84,44 @@ func TestAnswer(t *testing.T) {
 		if n != 10 || err != nil {
 			t.Fatalf("Write = %d, %v: the handler must finish normally", n, err)
 		}
-		resp, err := answer(rec, nil)
+		resp, err := answer(context.Background(), rec, nil)
 		if resp == nil || resp.Status != 200 || resp.Body != nil || !errors.Is(err, batch.ErrBodyTooLarge) {
 			t.Errorf("answer = %+v, %v", resp, err)
 		}
 	})
+}
+
+// classify is the one reading of what the chain did, for the answer and
+// for the log line alike: each row is what a sub-request gets, and
+// whether it tells that the upstream was reached.
+func TestClassify(t *testing.T) {
+	cut, cancel := context.WithCancel(context.Background())
+	cancel()
+	wrote := newRecorder(1 << 10)
+	wrote.WriteHeader(404)
+	for _, tt := range []struct {
+		name string
+		ctx  context.Context
+		rec  *recorder
+		err  error
+		want chainResult
+	}{
+		{"an answer", context.Background(), wrote, nil, chainWrote},
+		{"an answer, then an error", context.Background(), wrote, errors.New("late"), chainWrote},
+		{"basic_auth's 401", context.Background(), newRecorder(1), caddyhttp.Error(401, errors.New("no")), chainRefused},
+		{"a rate limit's 429", context.Background(), newRecorder(1), caddyhttp.Error(429, errors.New("slow down")), chainRefused},
+		{"no upstream available", context.Background(), newRecorder(1), caddyhttp.Error(503, errors.New("no upstreams available")), chainNoUpstream},
+		{"a refused dial", context.Background(), newRecorder(1), caddyhttp.Error(502, reverseproxy.NewDialError(errors.New("refused"))), chainNotSent},
+		{"a broken connection", context.Background(), newRecorder(1), caddyhttp.Error(502, errors.New("EOF")), chainLost},
+		{"an error that is no handler error", context.Background(), newRecorder(1), errors.New("boom"), chainLost},
+		{"Caddy's 499", context.Background(), newRecorder(1), caddyhttp.Error(499, errors.New("canceled")), chainCut},
+		{"a 401 after the context ended", cut, newRecorder(1), caddyhttp.Error(401, errors.New("no")), chainCut},
+		{"a writer that is not the recorder", context.Background(), nil, caddyhttp.Error(403, errors.New("no")), chainRefused},
+	} {
+		if got := classify(tt.ctx, tt.rec, tt.err); got != tt.want {
+			t.Errorf("%s: %d, want %d", tt.name, got, tt.want)
+		}
+	}
 }
 
 // A request is resent only when the transport wrote it again before any
