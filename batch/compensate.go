@@ -74,7 +74,7 @@ func (sg *saga) undoItem(ctx context.Context, i int) {
 	}
 	c := &Compensation{Method: u.Method, Path: u.Path}
 	if u.Proof != nil {
-		resp, err := sg.retrying(ctx, sg.read(ForUndo, sg.items[i].ID), nil)
+		resp, err := sg.retrying(ctx, sg.read(sg.items[i].ID), nil)
 		if resp == nil {
 			sg.settle(ctx, i, RollbackFailed, "the item could not be read to prove it is as the batch left it: "+asNoAnswer(err).reason, nil)
 			return
@@ -118,7 +118,7 @@ func (sg *saga) undoItem(ctx context.Context, i int) {
 // alreadyUndone reads an item whose undo a dead saga may have sent, and
 // reports whether it is already as the undo would leave it.
 func (sg *saga) alreadyUndone(ctx context.Context, i int) bool {
-	resp, _ := sg.retrying(ctx, sg.read(ForUndo, sg.items[i].ID), nil)
+	resp, _ := sg.retrying(ctx, sg.read(sg.items[i].ID), nil)
 	if resp == nil {
 		return false
 	}
@@ -132,7 +132,7 @@ func (sg *saga) alreadyUndone(ctx context.Context, i int) bool {
 
 // undoRequest turns an undo into the request that carries it.
 func (sg *saga) undoRequest(i int, u *Undo) *SubRequest {
-	req := sg.request(ForUndo, u.Method, u.Path, u.Body, sg.plan.key.forItem(i, ":undo"))
+	req := sg.request(u.Method, u.Path, u.Body, sg.plan.key.forItem(i, ":undo"))
 	if u.IfMatch != "" {
 		req.Header.Set("If-Match", u.IfMatch)
 	}
@@ -180,7 +180,7 @@ func (sg *saga) resolve(ctx context.Context, i int) bool {
 		st.noUndo = "the create went unanswered and the id of what it may have created cannot be learned, so that item, if any, is left behind"
 		return true
 	}
-	resp, err := sg.retrying(ctx, sg.read(ForUndo, id), nil)
+	resp, err := sg.retrying(ctx, sg.read(id), nil)
 	if resp == nil || !is2xx(resp.Status) && !gone(resp.Status) {
 		why := fmt.Sprintf("answered %d", statusOf(resp))
 		if resp == nil {

@@ -39,7 +39,7 @@ var answerWriters = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 
 // bodies that are valid JSON and valid UTF-8, and encoding/json would
 // only have taken out the whitespace between their tokens, at the cost
 // of a second copy of every body. HTML characters stay unescaped, as
-// problem.WriteJSON leaves them.
+// problem.Details.Write leaves them.
 func writeEnvelope(w io.Writer, head any, items []ItemResult) error {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)

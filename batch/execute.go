@@ -25,7 +25,7 @@ func (sg *saga) execute(clientCtx, batchCtx context.Context) {
 	writeCtx := context.WithoutCancel(clientCtx)
 	pending := sg.pending()
 	if sg.plan.Op == policy.OpGet && sg.plan.Match.Resource.List != nil {
-		pending = sg.listRead(batchCtx, ForItem, pending, stop, func(ctx context.Context, i int, elem json.RawMessage) {
+		pending = sg.listRead(batchCtx, pending, stop, func(ctx context.Context, i int, elem json.RawMessage) {
 			if !sg.answered(ctx, i, nil, &SubResponse{Status: http.StatusOK, Body: elem}, nil) && sg.allOrNothing() {
 				halt() // an answer too large to keep
 			}
@@ -109,13 +109,13 @@ func (sg *saga) executeItem(batchCtx, ctx context.Context, i int) bool {
 	switch p.Op {
 	case policy.OpGet:
 		ctx = batchCtx // a read is cut by the batch's deadline and its client
-		req = sg.request(ForItem, http.MethodGet, sg.itemPath(id), nil, "")
+		req = sg.request(http.MethodGet, sg.itemPath(id), nil, "")
 	case policy.OpCreate:
-		req = sg.request(ForItem, http.MethodPost, p.collectionPath, p.Items[i].Body, p.key.forItem(i, ""))
+		req = sg.request(http.MethodPost, p.collectionPath, p.Items[i].Body, p.key.forItem(i, ""))
 	case policy.OpUpdate:
-		req = sg.request(ForItem, http.MethodPatch, sg.itemPath(id), p.Items[i].Body, p.key.forItem(i, ""))
+		req = sg.request(http.MethodPatch, sg.itemPath(id), p.Items[i].Body, p.key.forItem(i, ""))
 	case policy.OpDelete:
-		req = sg.request(ForItem, http.MethodDelete, sg.itemPath(id), nil, p.key.forItem(i, ""))
+		req = sg.request(http.MethodDelete, sg.itemPath(id), nil, p.key.forItem(i, ""))
 	}
 	if etag := sg.state[i].preETag; etag != "" {
 		// Whoever changed the item since the preflight read it, the write

@@ -43,7 +43,7 @@ type listStats struct {
 // listRead returns the indices no LIST answer held: a LIST answers only
 // what the caller may see, a page may be cut short, and a LIST may fail,
 // so only each item's own GET can tell what became of those.
-func (sg *saga) listRead(ctx context.Context, purpose Purpose, indices []int, stop <-chan struct{}, found func(ctx context.Context, i int, elem json.RawMessage)) []int {
+func (sg *saga) listRead(ctx context.Context, indices []int, stop <-chan struct{}, found func(ctx context.Context, i int, elem json.RawMessage)) []int {
 	f := sg.plan.Match.Resource.List
 	ids := make([]string, len(indices))
 	index := make(map[string]int, len(indices))
@@ -68,7 +68,7 @@ func (sg *saga) listRead(ctx context.Context, purpose Purpose, indices []int, st
 		return true
 	}
 	sent := sg.fanOut(ctx, upTo(len(groups)), stop, func(ctx context.Context, g int) {
-		req := sg.request(purpose, http.MethodGet, sg.plan.collectionPath, nil, "")
+		req := sg.request(http.MethodGet, sg.plan.collectionPath, nil, "")
 		req.RawQuery = query + f.Query(groups[g])
 		elems, failure := sg.list(ctx, req)
 		if failure != nil {

@@ -37,7 +37,7 @@ func (sg *saga) preflight(ctx context.Context) bool {
 	stop := make(chan struct{})
 	halt := sync.OnceFunc(func() { close(stop) })
 	if f := sg.plan.Match.Resource.List; f != nil && f.Preflight && sg.plan.Op != policy.OpCreate {
-		targets = sg.listRead(ctx, ForPreflight, targets, stop, sg.listedPreimage)
+		targets = sg.listRead(ctx, targets, stop, sg.listedPreimage)
 	}
 	sg.fanOut(ctx, targets, stop, func(ctx context.Context, i int) {
 		if !read(ctx, i) {
@@ -59,7 +59,7 @@ func (sg *saga) preflight(ctx context.Context) bool {
 }
 
 func (sg *saga) readPreimage(ctx context.Context, i int) bool {
-	req := sg.read(ForPreflight, sg.items[i].ID)
+	req := sg.read(sg.items[i].ID)
 	resp, err := sg.sendItem(ctx, req)
 	declarative := sg.plan.Op == policy.OpDelete && sg.s.DeleteSemantics == policy.Declarative
 	ok := true
@@ -107,7 +107,7 @@ func (sg *saga) listedPreimage(ctx context.Context, i int, elem json.RawMessage)
 // created and nothing else.
 func (sg *saga) checkFree(ctx context.Context, i int) bool {
 	id := sg.items[i].ID
-	req := sg.read(ForPreflight, id)
+	req := sg.read(id)
 	resp, err := sg.sendItem(ctx, req)
 	if resp != nil && gone(resp.Status) {
 		return true

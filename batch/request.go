@@ -9,7 +9,7 @@ import (
 // or scoped by query sees it on every request of the batch, preflight
 // and undo included), a JSON body if any, and an Idempotency-Key for a
 // write.
-func (sg *saga) request(purpose Purpose, method, path string, body []byte, key string) *SubRequest {
+func (sg *saga) request(method, path string, body []byte, key string) *SubRequest {
 	h := sg.plan.header.Clone()
 	if body != nil {
 		h.Set("Content-Type", "application/json")
@@ -17,12 +17,12 @@ func (sg *saga) request(purpose Purpose, method, path string, body []byte, key s
 	if key != "" {
 		h.Set("Idempotency-Key", key)
 	}
-	return &SubRequest{Method: method, Path: path, RawQuery: sg.plan.query, Header: h, Body: body, Purpose: purpose}
+	return &SubRequest{Method: method, Path: path, RawQuery: sg.plan.query, Header: h, Body: body}
 }
 
 // read builds a GET of item id.
-func (sg *saga) read(purpose Purpose, id string) *SubRequest {
-	return sg.request(purpose, http.MethodGet, sg.itemPath(id), nil, "")
+func (sg *saga) read(id string) *SubRequest {
+	return sg.request(http.MethodGet, sg.itemPath(id), nil, "")
 }
 
 // itemPath is the escaped path of item id in the batch's collection.

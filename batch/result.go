@@ -176,7 +176,7 @@ func (r *Result) Write(w http.ResponseWriter) error {
 	}
 	h.Set("Content-Type", contentType)
 	h.Set("Content-Length", strconv.FormatInt(int64(size), 10))
-	h.Set("X-Content-Type-Options", "nosniff") // as problem.WriteJSON: see there
+	h.Set("X-Content-Type-Options", "nosniff") // as problem.Details.Write: see there
 	w.WriteHeader(r.Status)
 	bw := answerWriters.Get().(*bufio.Writer)
 	bw.Reset(w)

@@ -14,21 +14,7 @@ type SubRequest struct {
 	RawQuery string
 	Header   http.Header // the request's own copy: the sender may change it
 	Body     []byte      // nil for none
-	Purpose  Purpose
 }
-
-// Purpose says which step of a batch sends a sub-request, so a sender can
-// rank them: a compensation must never wait behind new batches.
-type Purpose uint8
-
-const (
-	// ForItem is an item's own request (a GET of a batch GET, or a write).
-	ForItem Purpose = iota
-	// ForPreflight reads an item before the batch writes it.
-	ForPreflight
-	// ForUndo is a compensation, or a read that proves or resolves one.
-	ForUndo
-)
 
 // SubResponse is the upstream's answer to a SubRequest.
 type SubResponse struct {

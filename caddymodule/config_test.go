@@ -321,6 +321,9 @@ var configMistakes = []configMistake{
 	{name: "batch create without POST", config: batchBlock(caddyLines("\tresource /a {", "\t\tcollection GET", "\t\titem GET DELETE", "\t\tbatch create", "\t}")), line: 6,
 		want: `resource /a: batch create needs POST on the collection, and the map does not allow POST on the collection: allow it, or leave create out of batch`},
 
+	{name: "max_in_flight in a resource", config: batchBlock(caddyLines("\tresource /a {", "\t\tcollection GET", "\t\titem GET", "\t\tmax_in_flight 8", "\t}")), line: 6,
+		want: `resource /a: max_in_flight bounds the sub-requests of every batch of the handler together, so a resource cannot have its own: set it in the batch block`},
+
 	// The list filter.
 	{name: "list_filter without a query", config: batchBlock(listResource("\t\tlist_filter")), line: 6, syntax: true,
 		want: `list_filter takes one query template, quoted, e.g. list_filter "id__in={ids}&page_size=100"`},

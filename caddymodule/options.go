@@ -132,8 +132,8 @@ type Options struct {
 	// How many sub-requests of all the batches of this handler may be in
 	// flight at once; batches wait, in turn, for a free slot (the wait
 	// counts against batch_timeout), and compensations go before every
-	// batch that waits. Only the handler's value counts: a resource's own
-	// is ignored. The slots are kept across config reloads that leave
+	// batch that waits. It is the handler's alone: set in a resource, it
+	// is refused. The slots are kept across config reloads that leave
 	// this value and the resources' paths as they were. Size it with
 	// reverse_proxy's keepalive_idle_conns_per_host (32 by default), so
 	// that batches reuse kept-alive connections. Default: 32.
@@ -173,6 +173,10 @@ func (h *Handler) buildPolicy(lines []int) (*policy.Policy, error) {
 		settings, err := r.Options.apply(defaults)
 		if err != nil {
 			errs = append(errs, policy.Flatten(policy.InResource(i, r.Path, err))...)
+		}
+		if r.MaxInFlight != 0 {
+			errs = append(errs, policy.InResource(i, r.Path, policy.OptionError("max_in_flight",
+				errors.New("max_in_flight bounds the sub-requests of every batch of the handler together, so a resource cannot have its own: set it in the batch block"))))
 		}
 		var ops []string // nil: every operation the methods allow
 		if r.Batch != nil {

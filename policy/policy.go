@@ -99,9 +99,6 @@ func New(specs []ResourceSpec) (*Policy, error) {
 	return p, nil
 }
 
-// Resources returns the resources in declaration order.
-func (p *Policy) Resources() []*Resource { return p.resources }
-
 // Uses reports whether any resource's settings satisfy f.
 func (p *Policy) Uses(f func(Settings) bool) bool {
 	for _, r := range p.resources {

@@ -43,26 +43,20 @@ func statusText(status int) string {
 
 // Write answers with the problem.
 func (d Details) Write(w http.ResponseWriter) error {
-	return WriteJSON(w, d.Status, ContentType, d)
-}
-
-// WriteJSON answers with body marshalled as JSON, under the given media
-// type: the one writer of the gateway's own answers, problems or not.
-func WriteJSON(w http.ResponseWriter, status int, contentType string, body any) error {
 	// HTML stays unescaped (an upstream's error page in body_text reads as
 	// sent): the media type is JSON and nosniff keeps browsers to it.
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
-	if err := enc.Encode(body); err != nil {
+	if err := enc.Encode(d); err != nil {
 		return err
 	}
 	raw := buf.Bytes()
 	h := w.Header()
-	h.Set("Content-Type", contentType)
+	h.Set("Content-Type", ContentType)
 	h.Set("Content-Length", strconv.Itoa(len(raw)))
 	h.Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(status)
+	w.WriteHeader(d.Status)
 	_, err := w.Write(raw)
 	return err
 }
