@@ -254,8 +254,7 @@ func (sg *saga) answered(ctx context.Context, i int, req *SubRequest, resp *SubR
 	return succeeded
 }
 
-// nameCreated finds the id of a created item (README, "All-or-nothing: what it
-// promises"): see
+// nameCreated finds the id of a created item (docs/all-or-nothing.md): see
 // createdID; failing that, the id the element carried, which the saga
 // proved free before the create. An id that could not be safely put in a
 // path is not used: the item then cannot be undone, which the report

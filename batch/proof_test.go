@@ -11,7 +11,7 @@ import (
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
-// The proofs (README, "All-or-nothing: what it promises"): an undo never destroys what the batch did not
+// The proofs (docs/all-or-nothing.md): an undo never destroys what the batch did not
 // write. Each test plays the other writer (a hook that changes the store
 // between the batch's write and its undo) and reads the store at the end.
 
@@ -172,7 +172,7 @@ func TestProofByReadWithoutConditionalWrites(t *testing.T) {
 	})
 }
 
-// README, "All-or-nothing": a Location counts only when it names an item of the same
+// docs/all-or-nothing.md: a Location counts only when it names an item of the same
 // resource; a 202's body is not the item.
 func TestCreatedIDRules(t *testing.T) {
 	t.Run("202 with a Location elsewhere names no id", func(t *testing.T) {

@@ -116,7 +116,7 @@ func TestConcurrencyBound(t *testing.T) {
 }
 
 // ---------------------------------------------------------------------
-// All-or-nothing execution (README, "All-or-nothing: what it promises").
+// All-or-nothing execution (docs/all-or-nothing.md).
 
 // After the first failure nothing new starts; the rest are not_attempted
 // and never sent.
@@ -161,7 +161,7 @@ func TestAllOrNothingLetsInFlightFinish(t *testing.T) {
 }
 
 // ---------------------------------------------------------------------
-// Compensation (README, "All-or-nothing: what it promises").
+// Compensation (docs/all-or-nothing.md).
 
 // Compensations run in reverse order of start (concurrency 1: index order).
 func TestCompensationReverseStartOrder(t *testing.T) {
@@ -505,7 +505,7 @@ func TestClientGoneStillUndoes(t *testing.T) {
 }
 
 // ---------------------------------------------------------------------
-// Preflight (README, "All-or-nothing: what it promises").
+// Preflight (docs/all-or-nothing.md).
 
 func TestPreflight(t *testing.T) {
 	tests := []struct {

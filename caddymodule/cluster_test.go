@@ -17,9 +17,9 @@ import (
 )
 
 // TestCluster runs two Caddy processes built from cmd/caddy, sharing one
-// storage, in front of one legacy API: a cluster of gateways (README,
-// "Clusters"), on the file system storage and on Redis. It builds
-// cmd/caddy once, so it is skipped under -short.
+// storage, in front of one legacy API: a cluster of gateways
+// (docs/durability.md, "Clusters"), on the file system storage and on
+// Redis. It builds cmd/caddy once, so it is skipped under -short.
 func TestCluster(t *testing.T) {
 	bin := caddyBinary(t)
 

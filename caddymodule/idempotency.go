@@ -28,7 +28,7 @@ import (
 	"github.com/caddy-batch/caddy-batch/problem"
 )
 
-// Idempotency-Key replay (README, "Idempotency-Key replay";
+// Idempotency-Key replay (docs/durability.md, "Idempotency-Key replay";
 // draft-ietf-httpapi-idempotency-key-header). A batch write that carries the header is
 // claimed in Caddy's storage before it runs, and its answer is stored
 // there before the client gets it, so that the same request again — on

@@ -23,7 +23,8 @@ import (
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
-// The end-to-end tests of Idempotency-Key replay (README, "Idempotency-Key replay"): a real
+// The end-to-end tests of Idempotency-Key replay (docs/durability.md,
+// "Idempotency-Key replay"): a real
 // Caddy whose storage is a folder of the test's, so that a test can read
 // and age the records it left.
 

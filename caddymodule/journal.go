@@ -23,7 +23,7 @@ import (
 	"github.com/caddy-batch/caddy-batch/batch"
 )
 
-// The saga journal (README, "Durability: the saga journal") lives in Caddy's storage, one
+// The saga journal (docs/durability.md) lives in Caddy's storage, one
 // directory per saga:
 //
 //	batch/v1/journal/<saga>/seg.00000000   segment 0: the intent, and any items

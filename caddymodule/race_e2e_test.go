@@ -820,7 +820,7 @@ func judgeUndos(t *testing.T, api *legacyapi.API, answers []batchAnswer) undoLed
 	wrote := map[string]bool{}  // keys of batch writes carried out
 	undone := map[string]bool{} // keys of batch writes whose undo was carried out
 	// A create is undone, with no undo of its own, when another writer
-	// deleted what it made (README, "All-or-nothing: what it promises").
+	// deleted what it made (docs/all-or-nothing.md).
 	created := map[string]string{} // item path -> the key of the create that made it
 	deletedBy := map[string]bool{} // keys of creates whose item another writer deleted
 	for _, w := range l.applied {

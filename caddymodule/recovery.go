@@ -49,7 +49,8 @@ func (a *App) recoverLoop() {
 }
 
 // sweepIdempotency deletes the Idempotency-Key records that expired
-// (README, "Idempotency-Key replay"): one instance's sweep serves every instance of a
+// (docs/durability.md, "Idempotency-Key replay"): one instance's sweep
+// serves every instance of a
 // cluster, and a sweep that races another only deletes what both found
 // expired.
 func (a *App) sweepIdempotency(ctx context.Context) {

@@ -15,7 +15,7 @@ import (
 	storageredis "github.com/pberkel/caddy-storage-redis"
 )
 
-// The cluster storage (README, "Clusters") is the Redis storage module. Its
+// The cluster storage (docs/durability.md, "Clusters") is the Redis storage module. Its
 // tests run against a real redis-server when BATCH_TEST_REDIS_ADDR names
 // one (host:port; .ci/run starts one when it is installed), and otherwise
 // against miniredis, a Redis server in Go that the test starts, so that

@@ -15,8 +15,7 @@ import (
 	"github.com/caddy-batch/caddy-batch/problem"
 )
 
-// The end-to-end tests of the saga's promises (README,
-// "All-or-nothing: what it promises"), from the
+// The end-to-end tests of the saga's promises (docs/all-or-nothing.md), from the
 // issue "All-or-nothing you can trust": every one of them was a bug
 // reproduced through Caddy. Another writer, through the gateway or
 // straight at the legacy API, meets an all-or-nothing batch in the window
