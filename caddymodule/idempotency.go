@@ -3,7 +3,6 @@ package caddymodule
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -12,7 +11,6 @@ import (
 	"fmt"
 	"io/fs"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,6 +22,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/durable"
 	"github.com/caddy-batch/caddy-batch/policy"
 	"github.com/caddy-batch/caddy-batch/problem"
 )
@@ -122,20 +121,12 @@ func newIdempotency(storage certmagic.Storage, logger *zap.Logger) *idempotency 
 	return &idempotency{
 		storage: storage,
 		logger:  logger,
-		owner:   processOwner(),
+		owner:   durable.Owner(),
 		now:     time.Now,
 		lease:   idemLease,
-		poll:    storageLockPoll,
+		poll:    durable.LockPoll,
 	}
 }
-
-// processOwner names this process among the instances sharing a storage.
-var processOwner = sync.OnceValue(func() string {
-	host, _ := os.Hostname()
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b[:]))
-})
 
 // hashFields hashes fields so that no two lists of fields share a hash:
 // each is length-prefixed.
@@ -235,7 +226,7 @@ func (k *keyedBatch) claim(w http.ResponseWriter, items int) (done bool, err err
 	// The claim is short, but it waits at most item_timeout for another
 	// request with the same key that is being checked right now.
 	lockCtx, cancel := context.WithTimeout(r.Context(), s.ItemTimeout)
-	unlock, err := lockStorage(lockCtx, i.storage, k.lockName, i.poll, i.logger)
+	unlock, err := durable.Lock(lockCtx, i.storage, k.lockName, i.poll, unlockFailed(i.logger, k.lockName))
 	cancel()
 	switch {
 	case err != nil && r.Context().Err() != nil:
@@ -366,7 +357,7 @@ func (k *keyedBatch) write(w http.ResponseWriter, res *batch.Result) error {
 		return err
 	}
 	i := k.idem
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(k.r.Context()), unlockTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(k.r.Context()), storageTimeout)
 	defer cancel()
 	if nothingSent(res) {
 		if err := i.storage.Delete(ctx, k.key); err != nil {
@@ -427,7 +418,7 @@ func (i *idempotency) settleRecovered(ctx context.Context, m policy.Match, snap 
 	name := hashFields("batch idempotency v1", key, credentials(snap.Header),
 		m.Resource.Collection.String(), m.CollectionPath(), snap.Op)
 	recordKey := idemPrefix + "/" + name
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unlockTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storageTimeout)
 	defer cancel()
 	claimed, err := loadIdemRecord(ctx, i.storage, recordKey)
 	if err != nil || claimed == nil || claimed.State != idemInFlight {
@@ -507,7 +498,7 @@ func sweepRecord(ctx context.Context, s certmagic.Storage, key string, now time.
 	}
 	name := "batch_idem_" + strings.TrimPrefix(key, idemPrefix+"/")
 	lockCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	unlock, err := lockStorage(lockCtx, s, name, storageLockPoll, zap.NewNop())
+	unlock, err := durable.Lock(lockCtx, s, name, durable.LockPoll, nil)
 	cancel()
 	if errors.Is(err, batch.ErrLocked) {
 		return false, nil // being claimed: the next sweep looks again

@@ -2,8 +2,6 @@ package caddymodule
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,6 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/durable"
 )
 
 // The saga journal (docs/durability.md) lives in Caddy's storage, one
@@ -75,17 +74,6 @@ func leaseKey(saga string) string { return path.Join(journalPrefix, saga, leaseN
 // saga; storages strip lock names to a few characters, and a saga's name
 // is hex.
 func lockName(saga string) string { return "batch_journal_" + saga }
-
-// instanceID names this process as the owner of the sagas it runs. It is
-// kept in memory only: a process that restarts is a new owner, and the
-// sagas of the one that died are taken over once its lease lapses.
-var instanceID = newID()
-
-func newID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
-	return hex.EncodeToString(b[:])
-}
 
 // segment is one storage write of a journal.
 type segment struct {
@@ -220,8 +208,8 @@ type journal struct {
 // newJournal is the journal of a batch that came in as r.
 func (js *journalStore) newJournal(r *http.Request) *journal {
 	in := &intent{
-		Saga:       newID(),
-		Owner:      instanceID,
+		Saga:       durable.NewID(),
+		Owner:      durable.Owner(),
 		Method:     r.Method,
 		URI:        r.RequestURI,
 		Host:       r.Host,
@@ -439,7 +427,7 @@ func (j *journal) stopRenewal() {
 
 func (j *journal) renew() {
 	until := time.Now().Add(j.js.lease)
-	b, _ := json.Marshal(lease{Owner: instanceID, Expires: until})
+	b, _ := json.Marshal(lease{Owner: durable.Owner(), Expires: until})
 	ctx, cancel := context.WithTimeout(context.Background(), storageTimeout)
 	defer cancel()
 	if err := j.js.storage.Store(ctx, leaseKey(j.saga), b); err != nil {

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/durable"
 	"github.com/caddy-batch/caddy-batch/policy"
 	"github.com/caddy-batch/caddy-batch/problem"
 )
@@ -43,7 +44,7 @@ func (h *Handler) provisionLocks(storage certmagic.Storage) error {
 		if storage == nil {
 			return errors.New("item_locks storage needs Caddy's storage, and this context has none")
 		}
-		h.storageLocks = newStorageLocks(h.locks, storage, h.logger)
+		h.storageLocks = durable.NewItemLocks(h.locks, storage, func(name string, err error) { unlockFailed(h.logger, name)(err) })
 	}
 	return nil
 }
@@ -56,6 +57,14 @@ func (h *Handler) lockerFor(m policy.Match) batch.Locker {
 		return h.storageLocks
 	}
 	return h.locks
+}
+
+// unlockFailed logs a storage lock that could not be released: it lapses
+// only when the storage's lease on it does.
+func unlockFailed(logger *zap.Logger, name string) func(error) {
+	return func(err error) {
+		logger.Error("releasing a storage lock", zap.String("lock", name), zap.Error(err))
+	}
 }
 
 // Cleanup lets go of the handler's share of what the pools keep.

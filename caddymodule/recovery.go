@@ -13,11 +13,11 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
 	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/durable"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
@@ -107,7 +107,7 @@ func (a *App) takeOver(ctx context.Context, saga string) {
 		return
 	}
 	until := time.Now().Add(a.journals.lease)
-	b, _ := json.Marshal(lease{Owner: instanceID, Expires: until})
+	b, _ := json.Marshal(lease{Owner: durable.Owner(), Expires: until})
 	sctx, cancel := context.WithTimeout(ctx, storageTimeout)
 	err = a.journals.storage.Store(sctx, leaseKey(saga), b)
 	cancel()
@@ -131,24 +131,13 @@ func (a *App) takeOver(ctx context.Context, saga string) {
 // lock takes the storage lock under which a saga is claimed, without
 // waiting for an instance that holds it.
 func (a *App) lock(ctx context.Context, saga string) (unlock func(), ok bool) {
-	s, name := a.journals.storage, lockName(saga)
-	if tl, can := s.(certmagic.TryLocker); can {
-		if got, err := tl.TryLock(ctx, name); err != nil || !got {
-			return nil, false
-		}
-	} else {
-		lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		err := s.Lock(lctx, name)
-		cancel()
-		if err != nil {
-			return nil, false
-		}
-	}
-	return func() {
-		if err := s.Unlock(context.Background(), name); err != nil {
-			a.logger.Warn("releasing a saga's storage lock", zap.String("saga", saga), zap.Error(err))
-		}
-	}, true
+	// A storage that cannot try a lock is given two seconds in Lock.
+	lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	unlock, err := durable.Lock(lctx, a.journals.storage, lockName(saga), 0, func(err error) {
+		a.logger.Warn("releasing a saga's storage lock", zap.String("saga", saga), zap.Error(err))
+	})
+	return unlock, err == nil
 }
 
 // sweep removes what is left of a journal whose removal was cut short

@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/caddyserver/certmagic"
-	"go.uber.org/zap"
 
 	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/durable"
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
 )
 
@@ -37,8 +37,8 @@ func TestStorageLocksFileSystem(t *testing.T) {
 // testStorageLocksExclude checks storage locks between two instances,
 // one over a and one over b (two values of one shared storage).
 func testStorageLocksExclude(t *testing.T, a, b certmagic.Storage) {
-	one := newStorageLocks(new(batch.LocalLocks), a, zap.NewNop())
-	two := newStorageLocks(new(batch.LocalLocks), b, zap.NewNop())
+	one := durable.NewItemLocks(new(batch.LocalLocks), a, nil)
+	two := durable.NewItemLocks(new(batch.LocalLocks), b, nil)
 	ctx := context.Background()
 	const key = "/api/widgets/1"
 
@@ -123,7 +123,7 @@ func testStorageLocksGateway(t *testing.T, storage string, other certmagic.Stora
 	}
 	reverse_proxy UPSTREAM
 `)
-	elsewhere := newStorageLocks(new(batch.LocalLocks), other, zap.NewNop())
+	elsewhere := durable.NewItemLocks(new(batch.LocalLocks), other, nil)
 	ctx := context.Background()
 
 	unlock, err := elsewhere.Lock(ctx, "/api/slow/1")

@@ -1,0 +1,46 @@
+// Package durable is what outlives a request, over a small storage
+// interface and with no Caddy import (docs/architecture.md): the owner id
+// of this process among the instances sharing a storage, the one way to
+// take a storage lock, and item locks held in the storage. Caddy's
+// certmagic storages satisfy its interfaces as they are.
+package durable
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"sync"
+)
+
+// Locker is what durable needs of a storage to lock names in it:
+// certmagic.Storage's Lock and Unlock. Lock blocks until the lock is had
+// or ctx is done; Unlock releases it.
+type Locker interface {
+	Lock(ctx context.Context, name string) error
+	Unlock(ctx context.Context, name string) error
+}
+
+// TryLocker is a Locker that can try a lock without waiting for it
+// (certmagic.TryLocker): it reports whether it took the lock.
+type TryLocker interface {
+	TryLock(ctx context.Context, name string) (bool, error)
+}
+
+// Owner names this process among the instances sharing a storage: the
+// owner of the sagas it runs and of the Idempotency-Key records it
+// claims. It is kept in memory only, so a process that restarts is a new
+// owner, and what the dead one held is taken over once its leases lapse.
+var Owner = sync.OnceValue(func() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s/%d/%s", host, os.Getpid(), NewID())
+})
+
+// NewID is a random name for something stored (a saga), in hex so that no
+// storage mangles it.
+func NewID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return hex.EncodeToString(b[:])
+}
