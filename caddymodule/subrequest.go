@@ -200,15 +200,25 @@ const (
 // ctx: it wrote to rec (nil if the writer was not the recorder) and
 // returned err.
 func classify(ctx context.Context, rec *recorder, err error) chainResult {
-	var herr caddyhttp.HandlerError
-	var dial reverseproxy.DialError
 	switch {
 	case err == nil, rec != nil && rec.status != 0:
 		return chainWrote
 	case ctx.Err() != nil:
 		return chainCut
-	case errors.As(err, &dial):
+	}
+	return classifyError(err)
+}
+
+// classifyError reads the error of a sub-request that wrote nothing, apart
+// from classify: the targets errors.As needs go to the heap, and the
+// sub-requests that were answered must not pay for them.
+func classifyError(err error) chainResult {
+	var dial reverseproxy.DialError
+	if errors.As(err, &dial) {
 		return chainNotSent
+	}
+	var herr caddyhttp.HandlerError
+	switch {
 	case !errors.As(err, &herr):
 		return chainLost
 	case herr.StatusCode == 499:
