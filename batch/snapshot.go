@@ -154,13 +154,13 @@ func Resume(ctx context.Context, snap *Snapshot, lookup func(path string) (polic
 			sg.lockCreated(ctx, id)
 		}
 	}
-	undone := false
+	toUndo := false
 	for i := range sg.items {
-		if sg.state[i].applied && sg.items[i].Outcome != RolledBack && sg.items[i].Outcome != RollbackFailed {
-			undone = true
+		if sg.state[i].applied && !sg.undone(i) {
+			toUndo = true
 		}
 	}
-	if undone {
+	if toUndo {
 		sg.compensate(context.WithoutCancel(ctx))
 	}
 	res := sg.report(ctx, ctx)

@@ -189,13 +189,13 @@ func applyMerge(target, patch any) any {
 // check tells whether a read of the item (resp) proves what proof asks.
 // It returns "" when it does, else why not.
 func (proof *Proof) check(resp *SubResponse, idField string) string {
-	gone := resp.Status == http.StatusNotFound || resp.Status == http.StatusGone
+	missing := gone(resp.Status)
 	switch {
-	case proof.Absent && gone:
+	case proof.Absent && missing:
 		return ""
 	case proof.Absent && is2xx(resp.Status):
 		return "the item exists again: someone created it after the batch deleted it, so it was left as it is"
-	case gone:
+	case missing:
 		return "the item is gone, so whether it was the batch's could not be proved"
 	case !is2xx(resp.Status):
 		return fmt.Sprintf("the item could not be read to prove it is as the batch left it (GET answered %d)", resp.Status)

@@ -171,18 +171,12 @@ func (m *batchMetrics) finished(l batchLabels, res *batch.Result, took time.Dura
 	m.duration.WithLabelValues(l.values(string(res.Outcome))...).Observe(took.Seconds())
 	m.itemsPerBatch.WithLabelValues(l.values()...).Observe(float64(len(res.Items)))
 	counts := map[batch.Outcome]int{}
-	var rolledBack, left int
 	for _, it := range res.Items {
 		counts[it.Outcome]++
-		switch {
-		case it.Outcome == batch.RolledBack:
-			rolledBack++
-		case res.Atomicity == policy.AllOrNothing && (it.Outcome == batch.RollbackFailed || it.Outcome == batch.Unknown):
-			// As the report counts them: an unknown write that could not
-			// be resolved is left behind too.
-			left++
-		}
 	}
+	// The items the report names as left behind, unresolved unknown
+	// writes included.
+	rolledBack, left := counts[batch.RolledBack], len(res.LeftBehind)
 	for outcome, n := range counts {
 		m.items.WithLabelValues(l.values(string(outcome))...).Add(float64(n))
 	}
