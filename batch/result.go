@@ -28,7 +28,8 @@ const (
 	RolledBack     Outcome = "rolled_back"
 	RollbackFailed Outcome = "rollback_failed"
 	// Unknown is a write that was sent and that no answer said what it
-	// did (none came, or a 3xx, 502 or 504): it may have been applied.
+	// did (none came, or a 302, 303, 502 or 504): it may have been
+	// applied.
 	Unknown Outcome = "unknown"
 	// Partial is a partial-mode batch in which some items succeeded and
 	// some did not.

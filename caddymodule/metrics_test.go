@@ -22,6 +22,9 @@ import (
 // the config's registry) in the text format.
 func (g *gateway) scrape(t testing.TB) series {
 	t.Helper()
+	// A scrape often follows a config reload, which closes the old
+	// server's kept-alive connections under the client: use a new one.
+	g.client.CloseIdleConnections()
 	r := g.do(t, "GET", "/metrics", nil)
 	if r.Status != http.StatusOK {
 		t.Fatalf("GET /metrics: %v", r)
