@@ -3,8 +3,6 @@ package caddymodule
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -34,17 +32,13 @@ import (
 // this instance or any other sharing the storage — is answered with it
 // and sends nothing upstream.
 
-// idemPrefix is the storage folder of the records, one file (or Redis
-// key) per record, named by the hash of the record's scope.
-const idemPrefix = "batch/v1/idem"
-
 // The states of a record.
 const (
 	idemInFlight = "in_flight"
 	idemDone     = "done"
 )
 
-// idemRecord is a record as stored, JSON under idemPrefix/<hash>. It
+// idemRecord is a record as stored, JSON under durable.IdempotencyPrefix. It
 // holds no credentials and not the client's key: only hashes of them, in
 // its name.
 type idemRecord struct {
@@ -128,28 +122,6 @@ func newIdempotency(storage certmagic.Storage, logger *zap.Logger) *idempotency 
 	}
 }
 
-// hashFields hashes fields so that no two lists of fields share a hash:
-// each is length-prefixed.
-func hashFields(fields ...string) string {
-	h := sha256.New()
-	for _, f := range fields {
-		var n [8]byte
-		binary.BigEndian.PutUint64(n[:], uint64(len(f)))
-		h.Write(n[:])
-		h.Write([]byte(f))
-	}
-	return hex.EncodeToString(h.Sum(nil))
-}
-
-// credentials hashes what says who the client is. Two clients with other
-// credentials never share a record, so neither can read the other's
-// answer by guessing its key.
-func credentials(h http.Header) string {
-	return hashFields(
-		"authorization", strings.Join(h.Values("Authorization"), "\n"),
-		"cookie", strings.Join(h.Values("Cookie"), "\n"))
-}
-
 // keyedBatch is one batch write that carries an Idempotency-Key, from
 // before its body is read to its answer.
 type keyedBatch struct {
@@ -175,15 +147,15 @@ func (i *idempotency) watch(r *http.Request, m policy.Match, op policy.Op, body 
 	if key == "" {
 		return nil
 	}
-	name := hashFields("batch idempotency v1", key, credentials(r.Header),
+	record, lock := durable.IdempotencyRecord(key, durable.Credentials(r.Header),
 		m.Resource.Collection.String(), m.CollectionPath(), op.String())
 	k := &keyedBatch{
 		idem:     i,
 		r:        r,
 		m:        m,
 		op:       op,
-		key:      idemPrefix + "/" + name,
-		lockName: "batch_idem_" + name,
+		key:      record,
+		lockName: lock,
 		body:     hex.EncodeToString(body),
 	}
 	return k
@@ -192,7 +164,7 @@ func (i *idempotency) watch(r *http.Request, m policy.Match, op policy.Op, body 
 // fingerprint is the hash of what makes the request this request. A
 // batch DELETE's body, which the gateway never reads, is not in it.
 func (k *keyedBatch) fingerprint() string {
-	return hashFields(k.r.Method, k.r.URL.EscapedPath(), k.r.URL.RawQuery, k.body)
+	return durable.HashFields(k.r.Method, k.r.URL.EscapedPath(), k.r.URL.RawQuery, k.body)
 }
 
 // claim looks the key up and, if it is new (or its record expired),
@@ -415,9 +387,8 @@ func (i *idempotency) settleRecovered(ctx context.Context, m policy.Match, snap 
 	if snap.KeyQuoted {
 		key = `"` + key + `"`
 	}
-	name := hashFields("batch idempotency v1", key, credentials(snap.Header),
+	recordKey, _ := durable.IdempotencyRecord(key, durable.Credentials(snap.Header),
 		m.Resource.Collection.String(), m.CollectionPath(), snap.Op)
-	recordKey := idemPrefix + "/" + name
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storageTimeout)
 	defer cancel()
 	claimed, err := loadIdemRecord(ctx, i.storage, recordKey)
@@ -461,7 +432,7 @@ func storeIdemRecord(ctx context.Context, s certmagic.Storage, key string, rec *
 // its lock before it goes, so that a key being claimed anew right now
 // keeps its new record.
 func sweepIdempotency(ctx context.Context, s certmagic.Storage, now time.Time) (int, error) {
-	keys, err := s.List(ctx, idemPrefix, false)
+	keys, err := s.List(ctx, durable.IdempotencyPrefix, false)
 	if errors.Is(err, fs.ErrNotExist) {
 		return 0, nil
 	}
@@ -496,7 +467,7 @@ func sweepRecord(ctx context.Context, s certmagic.Storage, key string, now time.
 	case rec != nil && !rec.expired(now):
 		return false, nil
 	}
-	name := "batch_idem_" + strings.TrimPrefix(key, idemPrefix+"/")
+	name := durable.IdempotencyLock(key)
 	lockCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	unlock, err := durable.Lock(lockCtx, s, name, durable.LockPoll, nil)
 	cancel()

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/caddy-batch/caddy-batch/durable"
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
@@ -320,14 +321,14 @@ func TestIdempotencyExpiry(t *testing.T) {
 	if r := send("other"); r.Status != 200 {
 		t.Fatalf("%v", r)
 	}
-	if keys, _ := storage.List(ctx, idemPrefix, false); len(keys) != 2 {
+	if keys, _ := storage.List(ctx, durable.IdempotencyPrefix, false); len(keys) != 2 {
 		t.Fatalf("records %v, want 2", keys)
 	}
 	n, err := sweepIdempotency(ctx, storage, time.Now().Add(2*time.Second))
 	if n != 2 || err != nil {
 		t.Errorf("the sweep deleted %d records (%v), want 2", n, err)
 	}
-	if keys, _ := storage.List(ctx, idemPrefix, false); len(keys) != 0 {
+	if keys, _ := storage.List(ctx, durable.IdempotencyPrefix, false); len(keys) != 0 {
 		t.Errorf("records left after the sweep: %v", keys)
 	}
 	if n, err := sweepIdempotency(ctx, &certmagic.FileStorage{Path: t.TempDir()}, time.Now()); n != 0 || err != nil {
@@ -348,20 +349,20 @@ func TestIdempotencySweepSparesRunningBatches(t *testing.T) {
 		"fresh":   {Version: 1, State: idemDone, Expires: now.Add(time.Hour)},
 	}
 	for name, rec := range recs {
-		if err := storeIdemRecord(ctx, storage, idemPrefix+"/"+name, &rec); err != nil {
+		if err := storeIdemRecord(ctx, storage, durable.IdempotencyPrefix+"/"+name, &rec); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := storage.Store(ctx, idemPrefix+"/garbled", []byte("{not json")); err != nil {
+	if err := storage.Store(ctx, durable.IdempotencyPrefix+"/garbled", []byte("{not json")); err != nil {
 		t.Fatal(err)
 	}
 	n, err := sweepIdempotency(ctx, storage, now)
 	if n != 3 || err != nil {
 		t.Errorf("deleted %d (%v), want dead, done and garbled", n, err)
 	}
-	keys, _ := storage.List(ctx, idemPrefix, false)
+	keys, _ := storage.List(ctx, durable.IdempotencyPrefix, false)
 	slices.Sort(keys)
-	if want := []string{idemPrefix + "/fresh", idemPrefix + "/running"}; !slices.Equal(keys, want) {
+	if want := []string{durable.IdempotencyPrefix + "/fresh", durable.IdempotencyPrefix + "/running"}; !slices.Equal(keys, want) {
 		t.Errorf("left %v, want %v", keys, want)
 	}
 }
@@ -576,11 +577,11 @@ func TestIdempotencySweptByTheApp(t *testing.T) {
 		t.Fatalf("%v", r)
 	}
 	storage := &certmagic.FileStorage{Path: dir}
-	if keys, _ := storage.List(context.Background(), idemPrefix, false); len(keys) != 1 {
+	if keys, _ := storage.List(context.Background(), durable.IdempotencyPrefix, false); len(keys) != 1 {
 		t.Fatalf("records %v, want the batch's", keys)
 	}
 	eventually(t, 10*time.Second, "the app to sweep the expired record", func() bool {
-		keys, _ := storage.List(context.Background(), idemPrefix, false)
+		keys, _ := storage.List(context.Background(), durable.IdempotencyPrefix, false)
 		return len(keys) == 0
 	})
 }

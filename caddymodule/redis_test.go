@@ -13,6 +13,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/certmagic"
 	storageredis "github.com/pberkel/caddy-storage-redis"
+
+	"github.com/caddy-batch/caddy-batch/durable"
 )
 
 // The cluster storage (docs/durability.md, "Clusters") is the Redis storage module. Its
@@ -86,7 +88,7 @@ func TestRedisIdempotency(t *testing.T) {
 
 	other := newRedisStorage(t, host, port, prefix)
 	ctx := context.Background()
-	keys, err := other.List(ctx, idemPrefix, false)
+	keys, err := other.List(ctx, durable.IdempotencyPrefix, false)
 	if err != nil || len(keys) != 1 {
 		t.Fatalf("records seen by another instance: %v (%v), want 1", keys, err)
 	}
@@ -96,7 +98,7 @@ func TestRedisIdempotency(t *testing.T) {
 	if n, err := sweepIdempotency(ctx, other, time.Now().Add(25*time.Hour)); n != 1 || err != nil {
 		t.Errorf("a sweep after the ttl deleted %d (%v), want 1", n, err)
 	}
-	if keys, _ := other.List(ctx, idemPrefix, false); len(keys) != 0 {
+	if keys, _ := other.List(ctx, durable.IdempotencyPrefix, false); len(keys) != 0 {
 		t.Errorf("records left after the sweep: %v", keys)
 	}
 	api.ResetLog()
