@@ -46,9 +46,10 @@ func (sg *saga) undone(i int) bool {
 // budget is the most one item's compensation may take: every attempt its
 // compensation_timeout, and the backoffs between them. Reads that prove
 // or resolve the undo share it.
-func (sg *saga) budget() time.Duration {
-	d := time.Duration(sg.s.CompensationRetries+1) * sg.s.CompensationTimeout
-	for attempt := 1; attempt <= sg.s.CompensationRetries; attempt++ {
+func (sg *saga) budget(i int) time.Duration {
+	s := sg.set(i)
+	d := time.Duration(s.CompensationRetries+1) * s.CompensationTimeout
+	for attempt := 1; attempt <= s.CompensationRetries; attempt++ {
 		d += sg.backoff(attempt)
 	}
 	return d
@@ -57,7 +58,7 @@ func (sg *saga) budget() time.Duration {
 // undoItem undoes one item: it learns what an unknown write did, proves
 // the item is as the batch left it, and only then sends the undo.
 func (sg *saga) undoItem(ctx context.Context, i int) {
-	ctx, cancel := context.WithTimeout(ctx, sg.budget())
+	ctx, cancel := context.WithTimeout(ctx, sg.budget(i))
 	defer cancel()
 	if sg.items[i].Outcome == Unknown && !sg.resolve(ctx, i) {
 		return
@@ -74,12 +75,12 @@ func (sg *saga) undoItem(ctx context.Context, i int) {
 	}
 	c := &Compensation{Method: u.Method, Path: u.Path}
 	if u.Proof != nil {
-		resp, err := sg.retrying(ctx, sg.read(sg.items[i].ID), nil)
+		resp, err := sg.retrying(ctx, i, sg.read(i, sg.items[i].ID), nil)
 		if resp == nil {
 			sg.settle(ctx, i, RollbackFailed, "the item could not be read to prove it is as the batch left it: "+asNoAnswer(err).reason, nil)
 			return
 		}
-		if reason := u.Proof.check(resp, sg.s.IDField); reason != "" {
+		if reason := u.Proof.check(resp, sg.set(i).IDField); reason != "" {
 			if u.Proof.GoneIsUndone && gone(resp.Status) {
 				sg.settle(ctx, i, RolledBack, "the created item was already deleted by someone else", nil)
 				return
@@ -90,7 +91,7 @@ func (sg *saga) undoItem(ctx context.Context, i int) {
 	}
 	req := sg.undoRequest(i, u)
 	_ = sg.transition(ctx, i, PhaseUndoing, req, func(it *ItemResult, _ *itemState) { it.Compensation = c })
-	resp, _ := sg.retrying(ctx, req, c)
+	resp, _ := sg.retrying(ctx, i, req, c)
 	switch {
 	case resp == nil:
 		sg.settle(ctx, i, RollbackFailed, "", nil)
@@ -103,7 +104,7 @@ func (sg *saga) undoItem(ctx context.Context, i int) {
 	case u.Method == http.MethodDelete && gone(resp.Status) && (u.Proof != nil || st.createdFrom != "element"):
 		sg.settle(ctx, i, RolledBack, "", nil)
 	case is2xx(resp.Status) && u.WantID != "":
-		if id, _ := sg.createdID(resp); id != u.WantID {
+		if id, _ := sg.createdID(i, resp); id != u.WantID {
 			sg.settle(ctx, i, RollbackFailed, fmt.Sprintf("the item was re-created under another id (%q), not its own (restore_deleted post on an API that assigns ids)", id), nil)
 			return
 		}
@@ -118,11 +119,11 @@ func (sg *saga) undoItem(ctx context.Context, i int) {
 // alreadyUndone reads an item whose undo a dead saga may have sent, and
 // reports whether it is already as the undo would leave it.
 func (sg *saga) alreadyUndone(ctx context.Context, i int) bool {
-	resp, _ := sg.retrying(ctx, sg.read(sg.items[i].ID), nil)
+	resp, _ := sg.retrying(ctx, i, sg.read(i, sg.items[i].ID), nil)
 	if resp == nil {
 		return false
 	}
-	switch sg.plan.Op {
+	switch sg.tgt(i).op {
 	case policy.OpCreate:
 		return gone(resp.Status)
 	default:
@@ -132,7 +133,7 @@ func (sg *saga) alreadyUndone(ctx context.Context, i int) bool {
 
 // undoRequest turns an undo into the request that carries it.
 func (sg *saga) undoRequest(i int, u *Undo) *SubRequest {
-	req := sg.request(u.Method, u.Path, u.Body, sg.plan.key.forItem(i, ":undo"))
+	req := sg.request(i, u.Method, u.Path, u.Body, sg.plan.key.forItem(i, ":undo"))
 	if u.IfMatch != "" {
 		req.Header.Set("If-Match", u.IfMatch)
 	}
@@ -151,16 +152,16 @@ func (sg *saga) undoRequest(i int, u *Undo) *SubRequest {
 // none) for undoItem.
 func (sg *saga) resolve(ctx context.Context, i int) bool {
 	st := &sg.state[i]
-	if sg.s.IdempotentUpstream && st.sent != nil {
+	if sg.set(i).IdempotentUpstream && st.sent != nil {
 		_ = sg.transition(ctx, i, PhaseUndoing, st.sent, nil)
-		resp, _ := sg.retrying(ctx, st.sent, nil)
+		resp, _ := sg.retrying(ctx, i, st.sent, nil)
 		if resp != nil && !resp.Resent && (resp.Status < 300 || resp.Status >= 400) && !provesNothing(resp.Status) {
 			if !is2xx(resp.Status) {
 				sg.notApplied(ctx, i, fmt.Sprintf("sent again with the same Idempotency-Key, it was answered %d: it did not take effect", resp.Status))
 				return false
 			}
 			_ = sg.transition(ctx, i, PhaseAnswered, nil, func(it *ItemResult, st *itemState) {
-				if sg.plan.Op == policy.OpCreate {
+				if sg.tgt(i).op == policy.OpCreate {
 					var named ItemResult
 					sg.nameCreated(&named, i, resp)
 					if named.ID != "" {
@@ -169,8 +170,8 @@ func (sg *saga) resolve(ctx context.Context, i int) bool {
 				}
 				st.undo, st.noUndo = sg.undoAnswered(it, st, i, resp)
 			})
-			if sg.plan.Op == policy.OpCreate && sg.items[i].ID != "" {
-				sg.lockCreated(ctx, sg.items[i].ID)
+			if sg.tgt(i).op == policy.OpCreate && sg.items[i].ID != "" {
+				sg.lockCreated(ctx, i, sg.items[i].ID)
 			}
 			return true
 		}
@@ -180,7 +181,7 @@ func (sg *saga) resolve(ctx context.Context, i int) bool {
 		st.noUndo = "the create went unanswered and the id of what it may have created cannot be learned, so that item, if any, is left behind"
 		return true
 	}
-	resp, err := sg.retrying(ctx, sg.read(id), nil)
+	resp, err := sg.retrying(ctx, i, sg.read(i, id), nil)
 	if resp == nil || !is2xx(resp.Status) && !gone(resp.Status) {
 		why := fmt.Sprintf("answered %d", statusOf(resp))
 		if resp == nil {
@@ -189,9 +190,9 @@ func (sg *saga) resolve(ctx context.Context, i int) bool {
 		st.noUndo = "the item could not be read to learn whether the write took effect (" + why + ")"
 		return true
 	}
-	p := sg.plan
+	p, t := sg.plan, sg.tgt(i)
 	changed := "the item is neither as it was before the batch nor as the batch's write would leave it: another writer changed it, so it was left as it is"
-	switch p.Op {
+	switch t.op {
 	case policy.OpUpdate:
 		switch {
 		case gone(resp.Status):
@@ -199,7 +200,7 @@ func (sg *saga) resolve(ctx context.Context, i int) bool {
 		case sameJSON(resp.Body, st.preimage):
 			sg.notApplied(ctx, i, "a read after it showed that it did not take effect")
 			return false
-		case holdsMembers(resp.Body, mergePatch(st.preimage, p.Items[i].Body), ""):
+		case holdsMembers(resp.Body, sg.updated(i, st), ""):
 			st.undo = sg.restore(i, st)
 			st.undo.IfMatch = strongETag(resp.Header)
 		default:
@@ -208,7 +209,7 @@ func (sg *saga) resolve(ctx context.Context, i int) bool {
 	case policy.OpDelete:
 		switch {
 		case gone(resp.Status):
-			st.undo = sg.recreate(id, st)
+			st.undo = sg.recreate(i, id, st)
 			st.undo.Proof = nil
 		case sameJSON(resp.Body, st.preimage):
 			sg.notApplied(ctx, i, "a read after it showed that it did not take effect")
@@ -225,8 +226,8 @@ func (sg *saga) resolve(ctx context.Context, i int) bool {
 			// Only the element named this id: the upstream may have
 			// ignored it and created the item under an id of its own.
 			st.noUndo = fmt.Sprintf("nothing is at id %q, which only the element named: the upstream may have created the item under an id of its own, so whatever the create made, if anything, is left behind", id)
-		case holdsMembers(resp.Body, p.Items[i].Body, sg.s.IDField):
-			st.undo = &Undo{Method: http.MethodDelete, Path: sg.itemPath(id), IfMatch: strongETag(resp.Header)}
+		case holdsMembers(resp.Body, p.Items[i].Body, t.s.IDField):
+			st.undo = &Undo{Method: http.MethodDelete, Path: sg.itemPath(i, id), IfMatch: strongETag(resp.Header)}
 		default:
 			st.noUndo = fmt.Sprintf("an item the batch may not have written is at id %q, so it was left as it is", id)
 		}
@@ -277,13 +278,14 @@ func (sg *saga) settle(ctx context.Context, i int, outcome Outcome, reason strin
 // status not worth retrying, at most compensation_retries times more,
 // each attempt within compensation_timeout and all within ctx. c, if
 // given, counts the attempts and keeps the last one's status or error.
-func (sg *saga) retrying(ctx context.Context, req *SubRequest, c *Compensation) (*SubResponse, error) {
-	budget := limit{"the compensation's budget", sg.budget()}
+func (sg *saga) retrying(ctx context.Context, i int, req *SubRequest, c *Compensation) (*SubResponse, error) {
+	s := sg.set(i)
+	budget := limit{"the compensation's budget", sg.budget(i)}
 	for attempt := 1; ; attempt++ {
 		var resp *SubResponse
 		release, err := sg.slot(ctx, true)
 		if err == nil {
-			resp, err = sg.sendWithin(ctx, sg.s.CompensationTimeout, "compensation_timeout", budget, req.clone())
+			resp, err = sg.sendWithin(ctx, s.CompensationTimeout, "compensation_timeout", budget, req.clone())
 			release()
 		} else {
 			err = &noAnswer{http.StatusGatewayTimeout, "no slot of max_in_flight came free within " + budget.String(), err}
@@ -303,7 +305,7 @@ func (sg *saga) retrying(ctx context.Context, req *SubRequest, c *Compensation) 
 			}
 			sg.mu.Unlock()
 		}
-		if resp != nil && !retryable(resp.Status) || attempt > sg.s.CompensationRetries {
+		if resp != nil && !retryable(resp.Status) || attempt > s.CompensationRetries {
 			return resp, err
 		}
 		select {

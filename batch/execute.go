@@ -24,7 +24,7 @@ func (sg *saga) execute(clientCtx, batchCtx context.Context) {
 	defer context.AfterFunc(clientCtx, halt)()
 	writeCtx := context.WithoutCancel(clientCtx)
 	pending := sg.pending()
-	if sg.plan.Op == policy.OpGet && sg.plan.Match.Resource.List != nil {
+	if sg.plan.Op == policy.OpGet && sg.plan.Match.Resource.List != nil && !sg.plan.envelope() {
 		pending = sg.listRead(batchCtx, pending, stop, func(ctx context.Context, i int, elem json.RawMessage) {
 			if !sg.answered(ctx, i, nil, &SubResponse{Status: http.StatusOK, Body: elem}, nil) && sg.allOrNothing() {
 				halt() // an answer too large to keep
@@ -104,30 +104,22 @@ func (sg *saga) pending() []int {
 // counts against the batch (batchCtx); once sent,
 // a write runs under ctx, to its own item_timeout.
 func (sg *saga) executeItem(batchCtx, ctx context.Context, i int) bool {
-	p, id := sg.plan, sg.items[i].ID
-	var req *SubRequest
-	switch p.Op {
-	case policy.OpGet:
+	t, id := sg.tgt(i), sg.items[i].ID
+	if !t.op.Writes() {
 		ctx = batchCtx // a read is cut by the batch's deadline and its client
-		req = sg.request(http.MethodGet, sg.itemPath(id), nil, "")
-	case policy.OpCreate:
-		req = sg.request(http.MethodPost, p.collectionPath, p.Items[i].Body, p.key.forItem(i, ""))
-	case policy.OpUpdate:
-		req = sg.request(http.MethodPatch, sg.itemPath(id), p.Items[i].Body, p.key.forItem(i, ""))
-	case policy.OpDelete:
-		req = sg.request(http.MethodDelete, sg.itemPath(id), nil, p.key.forItem(i, ""))
 	}
+	req := sg.itemRequest(i)
 	if etag := sg.state[i].preETag; etag != "" {
 		// Whoever changed the item since the preflight read it, the write
 		// must not land on their change: 412 is this item's failure.
 		req.Header.Set("If-Match", etag)
 	}
-	if p.Op.Writes() {
+	if t.op.Writes() {
 		if !sg.isSaga() {
 			// A partial batch's write locks its item only while in flight,
 			// as a single write through the gateway does.
-			lockCtx, cancel := context.WithTimeout(batchCtx, sg.s.ItemTimeout)
-			unlock, err := sg.lockOne(lockCtx, id)
+			lockCtx, cancel := context.WithTimeout(batchCtx, t.s.ItemTimeout)
+			unlock, err := sg.lockOne(lockCtx, i, id)
 			cancel()
 			if err != nil {
 				sg.fail(ctx, i, http.StatusConflict, "another write through the gateway held the item for item_timeout; it was not sent", err)
@@ -141,17 +133,17 @@ func (sg *saga) executeItem(batchCtx, ctx context.Context, i int) bool {
 		return false // the batch ran out of time before the item could start
 	}
 	defer release()
-	if p.Op.Writes() {
+	if t.op.Writes() {
 		if err := sg.transition(ctx, i, PhaseSending, req, func(_ *ItemResult, st *itemState) { st.sent = req }); err != nil {
 			sg.fail(ctx, i, http.StatusServiceUnavailable, "the saga's journal could not record the write, so it was not sent", err)
 			return false
 		}
 	}
 	sent := req
-	if p.Op.Writes() {
+	if t.op.Writes() {
 		sent = req.clone() // req stays as it was sent, for a resend
 	}
-	resp, err := sg.sendWithin(ctx, sg.s.ItemTimeout, "item_timeout", sg.batchLimit(), sent)
+	resp, err := sg.sendWithin(ctx, t.s.ItemTimeout, "item_timeout", sg.batchLimit(), sent)
 	return sg.answered(ctx, i, sent, resp, err)
 }
 
@@ -176,14 +168,14 @@ func (sg *saga) fail(ctx context.Context, i, status int, reason string, cause er
 // write that took effect, how to undo it. It reports whether the item
 // succeeded.
 func (sg *saga) answered(ctx context.Context, i int, req *SubRequest, resp *SubResponse, err error) bool {
-	p := sg.plan
-	write := p.Op.Writes()
+	t := sg.tgt(i)
+	write := t.op.Writes()
 	var succeeded bool
 	var ans itemAnswer
 	if resp != nil {
 		ans = answerOf(resp)
 	}
-	hint := sg.movedHint(req, resp)
+	hint := sg.movedHint(i, req, resp)
 	_ = sg.transition(ctx, i, PhaseAnswered, nil, func(it *ItemResult, st *itemState) {
 		if resp == nil {
 			recordNoAnswer(it, st, err, write)
@@ -201,20 +193,20 @@ func (sg *saga) answered(ctx context.Context, i int, req *SubRequest, resp *SubR
 			it.Outcome, succeeded = Succeeded, true
 			if write {
 				st.applied = true
-				if p.Op == policy.OpCreate {
+				if t.op == policy.OpCreate {
 					sg.nameCreated(it, i, resp)
 				}
 				if sg.isSaga() {
 					st.undo, st.noUndo = sg.undoAnswered(it, st, i, resp)
 				}
 			}
-		case resp.Status == http.StatusNotFound && p.Op == policy.OpDelete && sg.s.DeleteSemantics == policy.Declarative:
+		case resp.Status == http.StatusNotFound && t.op == policy.OpDelete && t.s.DeleteSemantics == policy.Declarative:
 			// "It must not exist" holds. Nothing was deleted to undo,
 			// unless an earlier copy of a resent request deleted it.
 			it.clearResponse()
 			it.Status, it.Outcome, succeeded = http.StatusNoContent, Succeeded, true
 			if resp.Resent && sg.isSaga() {
-				st.applied, st.undo = true, sg.recreate(it.ID, st)
+				st.applied, st.undo = true, sg.recreate(i, it.ID, st)
 			}
 		case write && resp.Resent:
 			// The answer is to a second copy (a 404 to a DELETE, a 409 to a
@@ -227,8 +219,8 @@ func (sg *saga) answered(ctx context.Context, i int, req *SubRequest, resp *SubR
 		case write && resp.Status >= 300 && resp.Status < 400:
 			it.Outcome, st.applied, st.failure = Unknown, true, true
 			it.Error = fmt.Sprintf("the upstream answered the write with a redirect (%d): it may have taken effect", resp.Status)
-			if p.Op == policy.OpCreate {
-				if id, ok := p.Match.IDFromLocation(resp.Header.Get("Location")); ok && badID(id) == "" {
+			if t.op == policy.OpCreate {
+				if id, ok := t.match.IDFromLocation(resp.Header.Get("Location")); ok && badID(id) == "" {
 					it.ID, st.createdFrom = id, "location"
 				}
 			}
@@ -248,8 +240,8 @@ func (sg *saga) answered(ctx context.Context, i int, req *SubRequest, resp *SubR
 			succeeded = false
 		}
 	})
-	if id := sg.items[i].ID; p.Op == policy.OpCreate && sg.isSaga() && id != "" && sg.state[i].applied {
-		sg.lockCreated(ctx, id)
+	if id := sg.items[i].ID; t.op == policy.OpCreate && sg.isSaga() && id != "" && sg.state[i].applied {
+		sg.lockCreated(ctx, i, id)
 	}
 	return succeeded
 }
@@ -260,7 +252,7 @@ func (sg *saga) answered(ctx context.Context, i int, req *SubRequest, resp *SubR
 // path is not used: the item then cannot be undone, which the report
 // says.
 func (sg *saga) nameCreated(it *ItemResult, i int, resp *SubResponse) {
-	id, from := sg.createdID(resp)
+	id, from := sg.createdID(i, resp)
 	if id == "" {
 		id, from = sg.plan.Items[i].ID, "element"
 	}
@@ -277,14 +269,15 @@ func (sg *saga) nameCreated(it *ItemResult, i int, resp *SubResponse) {
 // createdID names the item a create's answer made: its Location when that
 // names an item of the same collection, else the answer body's id field
 // (not a 202's: that body describes the pending request, not the item).
-func (sg *saga) createdID(resp *SubResponse) (id, from string) {
-	if v, ok := sg.plan.Match.IDFromLocation(resp.Header.Get("Location")); ok {
+func (sg *saga) createdID(i int, resp *SubResponse) (id, from string) {
+	t := sg.tgt(i)
+	if v, ok := t.match.IDFromLocation(resp.Header.Get("Location")); ok {
 		return v, "location"
 	}
 	if resp.Status != http.StatusAccepted {
 		var body map[string]json.RawMessage
 		if json.Unmarshal(resp.Body, &body) == nil {
-			if v, ok := idFromJSON(body[sg.s.IDField]); ok && v != "" {
+			if v, ok := idFromJSON(body[t.s.IDField]); ok && v != "" {
 				return v, "body"
 			}
 		}
@@ -333,13 +326,13 @@ func silent(err error) *noAnswer {
 
 // sendItem sends a read of the batch under item_timeout, within the
 // batch's deadline (ctx), its wait for a slot included.
-func (sg *saga) sendItem(ctx context.Context, req *SubRequest) (*SubResponse, error) {
+func (sg *saga) sendItem(ctx context.Context, i int, req *SubRequest) (*SubResponse, error) {
 	release, err := sg.slot(ctx, false)
 	if err != nil {
 		return nil, &noAnswer{http.StatusGatewayTimeout, "no slot of max_in_flight came free within " + sg.batchLimit().String(), err}
 	}
 	defer release()
-	return sg.sendWithin(ctx, sg.s.ItemTimeout, "item_timeout", sg.batchLimit(), req)
+	return sg.sendWithin(ctx, sg.set(i).ItemTimeout, "item_timeout", sg.batchLimit(), req)
 }
 
 func (sg *saga) batchLimit() limit { return limit{"batch_timeout", sg.s.BatchTimeout} }

@@ -101,8 +101,8 @@ func FuzzParseIDs(f *testing.F) {
 				continue
 			}
 			checkPlan(t, p, op)
-			if strings.Contains("&"+p.query+"&", "&ids=") {
-				t.Fatalf("the ids parameter is left in the sub-requests' query %q", p.query)
+			if strings.Contains("&"+p.Items[0].tgt.query+"&", "&ids=") {
+				t.Fatalf("the ids parameter is left in the sub-requests' query %q", p.Items[0].tgt.query)
 			}
 		}
 	})

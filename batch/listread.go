@@ -44,18 +44,24 @@ type listStats struct {
 // what the caller may see, a page may be cut short, and a LIST may fail,
 // so only each item's own GET can tell what became of those.
 func (sg *saga) listRead(ctx context.Context, indices []int, stop <-chan struct{}, found func(ctx context.Context, i int, elem json.RawMessage)) []int {
-	f := sg.plan.Match.Resource.List
+	if len(indices) == 0 {
+		return nil
+	}
+	// The items of a batch read through a list share one target.
+	first := indices[0]
+	t := sg.tgt(first)
+	f := t.match.Resource.List
 	ids := make([]string, len(indices))
 	index := make(map[string]int, len(indices))
 	for k, i := range indices {
 		ids[k] = sg.items[i].ID
 		index[ids[k]] = i
 	}
-	query := sg.plan.query
+	query := t.query
 	if query != "" {
 		query += "&"
 	}
-	groups := f.Split(ids, maxListTarget-len(sg.plan.collectionPath)-len("?")-len(query))
+	groups := f.Split(ids, maxListTarget-len(t.collectionPath)-len("?")-len(query))
 	var mu sync.Mutex
 	held := make(map[int]bool, len(indices))
 	take := func(i int) bool {
@@ -68,9 +74,9 @@ func (sg *saga) listRead(ctx context.Context, indices []int, stop <-chan struct{
 		return true
 	}
 	sent := sg.fanOut(ctx, upTo(len(groups)), stop, func(ctx context.Context, g int) {
-		req := sg.request(http.MethodGet, sg.plan.collectionPath, nil, "")
+		req := sg.request(first, http.MethodGet, t.collectionPath, nil, "")
 		req.RawQuery = query + f.Query(groups[g])
-		elems, failure := sg.list(ctx, req)
+		elems, failure := sg.list(ctx, first, req)
 		if failure != nil {
 			failure.IDs = len(groups[g])
 			sg.lists.mu.Lock()
@@ -81,7 +87,7 @@ func (sg *saga) listRead(ctx context.Context, indices []int, stop <-chan struct{
 		for _, elem := range elems {
 			// An element that names no id of the batch is ignored: an
 			// API that does not know the filter answers everything.
-			if i, ok := index[sg.idOf(elem)]; ok && take(i) {
+			if i, ok := index[sg.idOf(first, elem)]; ok && take(i) {
 				found(ctx, i, elem)
 			}
 		}
@@ -101,8 +107,8 @@ func (sg *saga) listRead(ctx context.Context, indices []int, stop <-chan struct{
 
 // list sends one LIST and returns the elements of its answer's array, or
 // why there are none to use.
-func (sg *saga) list(ctx context.Context, req *SubRequest) ([]json.RawMessage, *ListFailure) {
-	resp, err := sg.sendItem(ctx, req)
+func (sg *saga) list(ctx context.Context, first int, req *SubRequest) ([]json.RawMessage, *ListFailure) {
+	resp, err := sg.sendItem(ctx, first, req)
 	switch {
 	case resp == nil:
 		return nil, &ListFailure{Reason: "no_answer", Detail: asNoAnswer(err).reason}
@@ -111,7 +117,7 @@ func (sg *saga) list(ctx context.Context, req *SubRequest) ([]json.RawMessage, *
 	case !is2xx(resp.Status):
 		return nil, &ListFailure{Reason: "status", Detail: fmt.Sprintf("answered %d", resp.Status)}
 	}
-	elems, why := arrayAt(resp.Body, sg.plan.Match.Resource.List.ItemsPointer())
+	elems, why := arrayAt(resp.Body, sg.tgt(first).match.Resource.List.ItemsPointer())
 	if why != "" {
 		return nil, &ListFailure{Reason: "body", Detail: why}
 	}
@@ -121,32 +127,9 @@ func (sg *saga) list(ctx context.Context, req *SubRequest) ([]json.RawMessage, *
 // arrayAt finds the array a JSON pointer (its reference tokens) names in
 // a JSON text, and returns its elements as they are written.
 func arrayAt(body []byte, pointer []string) ([]json.RawMessage, string) {
-	raw := json.RawMessage(bytes.TrimSpace(body))
-	for _, tok := range pointer {
-		switch jsonKind(raw) {
-		case "object":
-			var members map[string]json.RawMessage
-			if err := json.Unmarshal(raw, &members); err != nil {
-				return nil, "the answer is not JSON: " + err.Error()
-			}
-			v, ok := members[tok]
-			if !ok {
-				return nil, fmt.Sprintf("the answer has no member %q where items points", tok)
-			}
-			raw = bytes.TrimSpace(v)
-		case "array":
-			var elems []json.RawMessage
-			if err := json.Unmarshal(raw, &elems); err != nil {
-				return nil, "the answer is not JSON: " + err.Error()
-			}
-			n, ok := policy.ArrayIndex(tok)
-			if !ok || n >= len(elems) {
-				return nil, fmt.Sprintf("the answer has no element %q where items points", tok)
-			}
-			raw = bytes.TrimSpace(elems[n])
-		default:
-			return nil, fmt.Sprintf("the answer is a JSON %s where items points into it", jsonKind(raw))
-		}
+	raw, why := valueAt(body, pointer, "items")
+	if why != "" {
+		return nil, why
 	}
 	if kind := jsonKind(raw); kind != "array" {
 		return nil, fmt.Sprintf("the answer holds a JSON %s where items points, not an array", kind)
@@ -158,10 +141,43 @@ func arrayAt(body []byte, pointer []string) ([]json.RawMessage, string) {
 	return elems, ""
 }
 
+// valueAt is the value a parsed JSON pointer (RFC 6901) names in body, or
+// why there is none; what names the pointer in the reason.
+func valueAt(body []byte, pointer []string, what string) (json.RawMessage, string) {
+	raw := json.RawMessage(bytes.TrimSpace(body))
+	for _, tok := range pointer {
+		switch jsonKind(raw) {
+		case "object":
+			var members map[string]json.RawMessage
+			if err := json.Unmarshal(raw, &members); err != nil {
+				return nil, "the answer is not JSON: " + err.Error()
+			}
+			v, ok := members[tok]
+			if !ok {
+				return nil, fmt.Sprintf("the answer has no member %q where %s points", tok, what)
+			}
+			raw = bytes.TrimSpace(v)
+		case "array":
+			var elems []json.RawMessage
+			if err := json.Unmarshal(raw, &elems); err != nil {
+				return nil, "the answer is not JSON: " + err.Error()
+			}
+			n, ok := policy.ArrayIndex(tok)
+			if !ok || n >= len(elems) {
+				return nil, fmt.Sprintf("the answer has no element %q where %s points", tok, what)
+			}
+			raw = bytes.TrimSpace(elems[n])
+		default:
+			return nil, fmt.Sprintf("the answer is a JSON %s where %s points into it", jsonKind(raw), what)
+		}
+	}
+	return raw, ""
+}
+
 // idOf is the canonical id a JSON object names (a LIST's element, a
 // write's answer), or "" when it names none: it is not an object, or has
 // no id that is a string or an integer of the batch's id_format.
-func (sg *saga) idOf(elem []byte) string {
+func (sg *saga) idOf(i int, elem []byte) string {
 	if jsonKind(elem) != "object" {
 		return ""
 	}
@@ -169,11 +185,12 @@ func (sg *saga) idOf(elem []byte) string {
 	if json.Unmarshal(elem, &members) != nil {
 		return ""
 	}
-	id, ok := idFromJSON(members[sg.s.IDField])
+	s := sg.set(i)
+	id, ok := idFromJSON(members[s.IDField])
 	if !ok {
 		return ""
 	}
-	if canonical, err := sg.s.IDFormat.Canonical(id); err == nil {
+	if canonical, err := s.IDFormat.Canonical(id); err == nil {
 		return canonical
 	}
 	return ""

@@ -112,9 +112,9 @@ func (sg *saga) lock(ctx context.Context) bool {
 		return true
 	}
 	var keys []string
-	for _, it := range sg.plan.Items {
-		if it.ID != "" {
-			keys = append(keys, sg.itemPath(it.ID))
+	for i, it := range sg.plan.Items {
+		if it.ID != "" && it.tgt != nil && it.tgt.op.Writes() {
+			keys = append(keys, sg.itemPath(i, it.ID))
 		}
 	}
 	slices.Sort(keys)
@@ -136,12 +136,12 @@ func (sg *saga) lock(ctx context.Context) bool {
 // short: a writer that holds a newly created id holds nothing else the
 // saga waits for, and if the lock cannot be had the undo's proof still
 // guards the item.
-func (sg *saga) lockCreated(ctx context.Context, id string) {
-	key := sg.itemPath(id)
+func (sg *saga) lockCreated(ctx context.Context, i int, id string) {
+	key := sg.itemPath(i, id)
 	if sg.rt.Locks == nil || sg.locks.has(key) {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, sg.s.ItemTimeout)
+	ctx, cancel := context.WithTimeout(ctx, sg.set(i).ItemTimeout)
 	defer cancel()
 	if unlock, err := sg.rt.Locks.Lock(ctx, key); err == nil {
 		sg.locks.add(key, unlock)
@@ -151,11 +151,11 @@ func (sg *saga) lockCreated(ctx context.Context, id string) {
 // lockOne locks one item for the time of one write: a partial batch's
 // write, as a single write would. It returns a no-op when there is no
 // locker or no id.
-func (sg *saga) lockOne(ctx context.Context, id string) (func(), error) {
+func (sg *saga) lockOne(ctx context.Context, i int, id string) (func(), error) {
 	if sg.rt.Locks == nil || id == "" {
 		return func() {}, nil
 	}
-	return sg.rt.Locks.Lock(ctx, sg.itemPath(id))
+	return sg.rt.Locks.Lock(ctx, sg.itemPath(i, id))
 }
 
 // refusal is why a batch did not start: nothing was sent.

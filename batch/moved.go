@@ -22,7 +22,7 @@ func notCarriedOut(status int) bool {
 // request of the resource would meet the same redirect. It records the
 // hint for the batch's WARN log line, and returns "" for any other
 // answer.
-func (sg *saga) movedHint(req *SubRequest, resp *SubResponse) string {
+func (sg *saga) movedHint(i int, req *SubRequest, resp *SubResponse) string {
 	if resp == nil || !notCarriedOut(resp.Status) {
 		return ""
 	}
@@ -31,7 +31,7 @@ func (sg *saga) movedHint(req *SubRequest, resp *SubResponse) string {
 		return ""
 	}
 	to, from := loc.EscapedPath(), req.Path
-	res := sg.plan.Match.Resource
+	res := sg.tgt(i).match.Resource
 	var hint string
 	switch {
 	case to == from+"/":

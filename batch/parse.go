@@ -20,9 +20,13 @@ import (
 )
 
 // Plan is a batch that passed every input rule, ready to run: nothing in
-// it can make a sub-request go anywhere but an item of its collection.
+// it can make a sub-request go anywhere but an item of its collection (or,
+// for an envelope, of the handler's resources).
 type Plan struct {
-	Op        policy.Op
+	// Op is the batch's operation, or policy.OpEnvelope.
+	Op policy.Op
+	// Match is the batch's collection; an envelope's is its own path,
+	// which matches no resource.
 	Match     policy.Match
 	Atomicity policy.Atomicity
 	// PreferenceApplied is the Preference-Applied answer when the client
@@ -30,11 +34,17 @@ type Plan struct {
 	PreferenceApplied string
 	Items             []Item
 
-	collectionPath string
-	query          string // the client's query without the ids and _method parameters
-	header         http.Header
-	key            idempotencyKey
-	bodyDigest     []byte // SHA-256 of the body as the client sent it
+	// Envelope is the envelope's path; "" for a batch.
+	Envelope string
+
+	// settings are the batch's own: its resource's, or for an envelope
+	// the handler's.
+	settings policy.Settings
+	// lookup finds the resource of an envelope's filled url.
+	lookup     func(escapedPath string) (policy.Match, bool)
+	header     http.Header
+	key        idempotencyKey
+	bodyDigest []byte // SHA-256 of the body as the client sent it
 }
 
 // BodyDigest is the SHA-256 of the batch's body as the client sent it (of
@@ -62,6 +72,11 @@ type Item struct {
 	// first is the index of the first item with the same id: a batch GET
 	// fetches a repeated id once.
 	first int
+	// tgt is where the item's requests go; nil for an envelope's
+	// operation until its references are filled.
+	tgt *target
+	// op is the envelope's operation the item is; nil in a batch.
+	op *operation
 }
 
 // parsePlan applies the input rules (README, "Bad input") to a batch
@@ -70,11 +85,11 @@ type Item struct {
 func parsePlan(r *http.Request, m policy.Match, op policy.Op) (*Plan, *problem.Details) {
 	s := m.Resource.Settings
 	p := &Plan{
-		Op:             op,
-		Match:          m,
-		Atomicity:      s.Atomicity[op],
-		collectionPath: m.CollectionPath(),
-		header:         forwardHeader(r.Header),
+		Op:        op,
+		Match:     m,
+		Atomicity: s.Atomicity[op],
+		settings:  s,
+		header:    forwardHeader(r.Header),
 	}
 	if a, ok := preferredAtomicity(r.Header); ok && s.AllowOverride {
 		p.Atomicity, p.PreferenceApplied = a, preferenceApplied(a)
@@ -83,15 +98,16 @@ func parsePlan(r *http.Request, m policy.Match, op policy.Op) (*Plan, *problem.D
 		p.key = newIdempotencyKey(r.Header.Get("Idempotency-Key"))
 	}
 	var prob *problem.Details
+	var query string // the client's query without the ids and _method parameters
 	switch op {
 	case policy.OpGet, policy.OpDelete:
 		var ids []string
-		ids, p.query, prob = idsFromQuery(r.URL.RawQuery, s)
+		ids, query, prob = idsFromQuery(r.URL.RawQuery, s)
 		if prob == nil {
 			p.Items, prob = itemsFromIDs(ids, op, s.IDFormat)
 		}
 	default:
-		p.query = withoutParam(r.URL.RawQuery, MethodParam)
+		query = withoutParam(r.URL.RawQuery, MethodParam)
 		var elems []json.RawMessage
 		elems, p.bodyDigest, prob = readElements(r, s)
 		if prob == nil {
@@ -99,10 +115,14 @@ func parsePlan(r *http.Request, m policy.Match, op policy.Op) (*Plan, *problem.D
 		}
 	}
 	if prob == nil && op.Writes() && p.Atomicity == policy.AllOrNothing {
-		prob = unscopedParam(p.query, s)
+		prob = unscopedParam(query, s)
 	}
 	if prob != nil {
 		return nil, prob
+	}
+	t := newTarget(op, batchMethods[op], m, query)
+	for i := range p.Items {
+		p.Items[i].tgt = t
 	}
 	return p, nil
 }
@@ -295,38 +315,9 @@ func badDecodedID(id string) string {
 // readElements reads the batch body once and returns its elements and its
 // SHA-256.
 func readElements(r *http.Request, s policy.Settings) ([]json.RawMessage, []byte, *problem.Details) {
-	tooLarge := func() *problem.Details {
-		d := problem.New(http.StatusRequestEntityTooLarge, "body-too-large",
-			fmt.Sprintf("the body is larger than max_body_size (%d bytes)", s.MaxBodySize))
-		return &d
-	}
-	if r.ContentLength > s.MaxBodySize {
-		return nil, nil, tooLarge()
-	}
-	if ct := r.Header.Get("Content-Type"); ct != "" && !isJSON(ct) {
-		d := problem.New(http.StatusUnsupportedMediaType, "unsupported-media-type",
-			fmt.Sprintf("a batch body must be JSON (application/json), not %q", ct))
-		return nil, nil, &d
-	}
-	if ce := r.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
-		d := problem.New(http.StatusUnsupportedMediaType, "unsupported-media-type",
-			fmt.Sprintf("a batch body must not be encoded (Content-Encoding %q)", ce))
-		return nil, nil, &d
-	}
-	var body []byte
-	if r.Body != nil {
-		var err error
-		body, err = io.ReadAll(io.LimitReader(r.Body, s.MaxBodySize+1))
-		var tooBig *http.MaxBytesError
-		switch {
-		case errors.As(err, &tooBig):
-			return nil, nil, tooLarge()
-		case err != nil:
-			return nil, nil, invalid("reading the body: %v", err)
-		}
-	}
-	if int64(len(body)) > s.MaxBodySize {
-		return nil, nil, tooLarge()
+	body, prob := readBody(r, s)
+	if prob != nil {
+		return nil, nil, prob
 	}
 	trimmed := bytes.TrimLeft(body, " \t\r\n")
 	if len(trimmed) == 0 || trimmed[0] != '[' {
@@ -347,6 +338,44 @@ func readElements(r *http.Request, s policy.Settings) ([]json.RawMessage, []byte
 	}
 	digest := sha256.Sum256(body)
 	return elems, digest[:], nil
+}
+
+// readBody reads a batch's JSON body once, within max_body_size.
+func readBody(r *http.Request, s policy.Settings) ([]byte, *problem.Details) {
+	tooLarge := func() *problem.Details {
+		d := problem.New(http.StatusRequestEntityTooLarge, "body-too-large",
+			fmt.Sprintf("the body is larger than max_body_size (%d bytes)", s.MaxBodySize))
+		return &d
+	}
+	if r.ContentLength > s.MaxBodySize {
+		return nil, tooLarge()
+	}
+	if ct := r.Header.Get("Content-Type"); ct != "" && !isJSON(ct) {
+		d := problem.New(http.StatusUnsupportedMediaType, "unsupported-media-type",
+			fmt.Sprintf("a batch body must be JSON (application/json), not %q", ct))
+		return nil, &d
+	}
+	if ce := r.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+		d := problem.New(http.StatusUnsupportedMediaType, "unsupported-media-type",
+			fmt.Sprintf("a batch body must not be encoded (Content-Encoding %q)", ce))
+		return nil, &d
+	}
+	var body []byte
+	if r.Body != nil {
+		var err error
+		body, err = io.ReadAll(io.LimitReader(r.Body, s.MaxBodySize+1))
+		var tooBig *http.MaxBytesError
+		switch {
+		case errors.As(err, &tooBig):
+			return nil, tooLarge()
+		case err != nil:
+			return nil, invalid("reading the body: %v", err)
+		}
+	}
+	if int64(len(body)) > s.MaxBodySize {
+		return nil, tooLarge()
+	}
+	return body, nil
 }
 
 func isJSON(contentType string) bool {

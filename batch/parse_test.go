@@ -386,7 +386,7 @@ func TestIDsFromQuery(t *testing.T) {
 				got = append(got, it.ID)
 			}
 			equalSlices(t, "ids", got, tt.ids)
-			equal(t, "query kept", p.query, tt.rest)
+			equal(t, "query kept", p.Items[0].tgt.query, tt.rest)
 		})
 	}
 }

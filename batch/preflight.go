@@ -59,9 +59,10 @@ func (sg *saga) preflight(ctx context.Context) bool {
 }
 
 func (sg *saga) readPreimage(ctx context.Context, i int) bool {
-	req := sg.read(sg.items[i].ID)
-	resp, err := sg.sendItem(ctx, req)
-	declarative := sg.plan.Op == policy.OpDelete && sg.s.DeleteSemantics == policy.Declarative
+	req := sg.read(i, sg.items[i].ID)
+	resp, err := sg.sendItem(ctx, i, req)
+	t := sg.tgt(i)
+	declarative := t.op == policy.OpDelete && t.s.DeleteSemantics == policy.Declarative
 	ok := true
 	var ans itemAnswer
 	if resp != nil {
@@ -78,7 +79,7 @@ func (sg *saga) readPreimage(ctx context.Context, i int) bool {
 		case !is2xx(resp.Status):
 			it.setAnswer(ans)
 			it.Outcome, st.failure = Failed, true
-			it.Error = joinReasons("the item could not be read before the write (GET "+req.Path+")", sg.movedHint(req, resp))
+			it.Error = joinReasons("the item could not be read before the write (GET "+req.Path+")", sg.movedHint(i, req, resp))
 			ok = false
 		case jsonKind(ans.body) != "object":
 			it.setAnswer(ans)
@@ -107,8 +108,8 @@ func (sg *saga) listedPreimage(ctx context.Context, i int, elem json.RawMessage)
 // created and nothing else.
 func (sg *saga) checkFree(ctx context.Context, i int) bool {
 	id := sg.items[i].ID
-	req := sg.read(id)
-	resp, err := sg.sendItem(ctx, req)
+	req := sg.read(i, id)
+	resp, err := sg.sendItem(ctx, i, req)
 	if resp != nil && gone(resp.Status) {
 		return true
 	}
@@ -124,7 +125,7 @@ func (sg *saga) checkFree(ctx context.Context, i int) bool {
 		default:
 			it.setResponse(resp)
 			it.Outcome, st.failure = Failed, true
-			it.Error = joinReasons("whether the id is free could not be checked before the create (GET "+req.Path+")", sg.movedHint(req, resp))
+			it.Error = joinReasons("whether the id is free could not be checked before the create (GET "+req.Path+")", sg.movedHint(i, req, resp))
 		}
 	})
 	return false

@@ -38,7 +38,12 @@ const (
 
 // ItemResult is one item of a batch response, as the client reads it.
 type ItemResult struct {
-	Index   int     `json:"index"`
+	Index int `json:"index"`
+	// Op, Method and URL name an envelope's operation: its id, its
+	// method and its url as sent, references filled.
+	Op      string  `json:"op,omitempty"`
+	Method  string  `json:"method,omitempty"`
+	URL     string  `json:"url,omitempty"`
 	ID      string  `json:"id,omitempty"`
 	Status  int     `json:"status,omitempty"`
 	Outcome Outcome `json:"outcome"`
@@ -283,6 +288,9 @@ func cutText(b []byte, limit int) string {
 
 // describe names an item in a sentence: its index, and its id if known.
 func (it *ItemResult) describe() string {
+	if it.Op != "" {
+		return fmt.Sprintf("operation %q (%s %s)", it.Op, it.Method, it.URL)
+	}
 	if it.ID == "" {
 		return "item " + strconv.Itoa(it.Index)
 	}

@@ -32,7 +32,7 @@ func TestResumeAfterSomeUndosWereDone(t *testing.T) {
 	equal(t, "item 1's outcome", snap.Items[1].Outcome, RolledBack)
 	equal(t, "item 0's phase", snap.Items[0].Phase, PhaseUndoing)
 
-	res, err := Resume(context.Background(), snap, widgets(t).Lookup, Runtime{Send: f, Journal: &memJournal{snap: snap}})
+	res, err := Resume(context.Background(), snap, widgets(t).Lookup, nil, Runtime{Send: f, Journal: &memJournal{snap: snap}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -64,7 +64,6 @@ type saga struct {
 	s       policy.Settings
 	rt      Runtime
 	backoff func(attempt int) time.Duration
-	paths   policy.ItemPaths
 
 	// mu guards the items' state: items run on their own goroutines.
 	mu      sync.Mutex
@@ -113,10 +112,9 @@ func newSaga(p *Plan, rt Runtime, backoff func(int) time.Duration) *saga {
 	}
 	sg := &saga{
 		plan:    p,
-		s:       p.Match.Resource.Settings,
+		s:       p.settings,
 		rt:      rt,
 		backoff: backoff,
-		paths:   p.Match.ItemPaths(),
 		items:   make([]ItemResult, len(p.Items)),
 		state:   make([]itemState, len(p.Items)),
 	}
@@ -150,16 +148,26 @@ func (sg *saga) run(ctx context.Context) *Result {
 		sg.journalFailed(err)
 		return sg.report(ctx, batchCtx)
 	}
-	if sg.preflight(batchCtx) {
+	ran := sg.preflight(batchCtx)
+	if ran {
 		sg.execute(ctx, batchCtx)
-		if !sg.allSucceeded() {
-			sg.compensate(context.WithoutCancel(ctx))
-		}
+	}
+	return sg.end(ctx, batchCtx, ran && !sg.allSucceeded())
+}
+
+// end is how a saga ends, run or resumed: it undoes what took effect if it
+// must, reports, and ends its journal.
+func (sg *saga) end(ctx, batchCtx context.Context, undo bool) *Result {
+	if undo {
+		sg.compensate(context.WithoutCancel(ctx))
 	}
 	res := sg.report(ctx, batchCtx)
 	sg.rt.Journal.End(context.WithoutCancel(ctx), res)
 	return res
 }
+
+// envelope reports whether the plan is an envelope's.
+func (p *Plan) envelope() bool { return p.Envelope != "" }
 
 func (sg *saga) anyFailure() bool {
 	for _, st := range sg.state {

@@ -18,10 +18,12 @@ const SnapshotVersion = 1
 // Snapshot is an all-or-nothing saga as a journal keeps it: enough for
 // another process to finish it (Resume) exactly as the saga would have.
 type Snapshot struct {
-	Version int    `json:"v"`
-	Op      string `json:"op"`
+	Version int `json:"v"`
+	// Op is the batch's operation, or "envelope".
+	Op string `json:"op"`
 	// Path is the escaped collection path the batch came on, its
-	// variables bound; the resource is found again by looking it up.
+	// variables bound; the resource is found again by looking it up. An
+	// envelope's is the envelope's path, and each item has its own.
 	Path   string      `json:"path"`
 	Query  string      `json:"query,omitempty"`
 	Header http.Header `json:"header,omitempty"`
@@ -50,6 +52,25 @@ type ItemSnapshot struct {
 	Undo        *Undo           `json:"undo,omitempty"`
 	NoUndo      string          `json:"no_undo,omitempty"`
 	CreatedFrom string          `json:"created_from,omitempty"`
+	// The rest are an envelope's: the operation's id, method and url (as
+	// sent, once filled), the operations it depends on, and where its
+	// requests go, once its references are filled.
+	Name   string          `json:"name,omitempty"`
+	Method string          `json:"method,omitempty"`
+	URL    string          `json:"url,omitempty"`
+	Deps   []int           `json:"deps,omitempty"`
+	Target *TargetSnapshot `json:"target,omitempty"`
+}
+
+// TargetSnapshot is where an envelope's item's requests go, as a journal
+// keeps it.
+type TargetSnapshot struct {
+	Op     string `json:"op"`
+	Method string `json:"method"`
+	// Path is the escaped path of the item's collection, its variables
+	// bound.
+	Path  string `json:"path"`
+	Query string `json:"query,omitempty"`
 }
 
 // Snapshot is the plan as a journal keeps it before anything is written.
@@ -58,27 +79,47 @@ func (p *Plan) Snapshot() *Snapshot {
 		Version:   SnapshotVersion,
 		Op:        p.Op.String(),
 		Path:      p.Match.Path(),
-		Query:     p.query,
 		Header:    p.header,
 		Key:       p.key.base,
 		KeyQuoted: p.key.quoted,
 		Items:     make([]ItemSnapshot, len(p.Items)),
 	}
+	if p.envelope() {
+		s.Path = p.Envelope
+	} else {
+		s.Query = p.Items[0].tgt.query
+	}
 	for i, it := range p.Items {
 		s.Items[i] = ItemSnapshot{ID: it.ID, Element: it.Body, Fields: it.fields, Outcome: NotAttempted}
+		it.snapshotOperation(&s.Items[i])
 	}
 	return s
+}
+
+// snapshotOperation adds to an envelope's item what makes it an
+// operation, and where its requests go once that is known.
+func (it *Item) snapshotOperation(snap *ItemSnapshot) {
+	op := it.op
+	if op == nil {
+		return
+	}
+	snap.Name, snap.Method, snap.URL, snap.Deps = op.name, op.method, op.sentURL(), op.deps
+	if t := it.tgt; t != nil {
+		snap.Target = &TargetSnapshot{Op: t.op.String(), Method: t.method, Path: t.collectionPath, Query: t.query}
+	}
 }
 
 // snapshotItem is item i as a journal keeps it: the whole of it, so that
 // a journal can replace what it kept with each transition.
 func (sg *saga) snapshotItem(i int) ItemSnapshot {
 	it, st, planned := &sg.items[i], &sg.state[i], &sg.plan.Items[i]
-	return ItemSnapshot{
+	snap := ItemSnapshot{
 		ID: it.ID, Element: planned.Body, Fields: planned.fields, Phase: st.phase, Outcome: it.Outcome, Status: it.Status, Error: it.Error,
 		Preimage: st.preimage, PreETag: st.preETag, Applied: st.applied, Failure: st.failure, Settled: st.settled,
 		Sent: st.sent, Undo: st.undo, NoUndo: st.noUndo, CreatedFrom: st.createdFrom,
 	}
+	planned.snapshotOperation(&snap)
+	return snap
 }
 
 // ErrNotResumable is the error of a snapshot that names what this gateway
@@ -91,57 +132,16 @@ var ErrNotResumable = errors.New("the saga cannot be resumed here")
 // sent with no answer recorded is unknown. A batch that died before its
 // report had not told its client it succeeded, so it is undone whole.
 // The saga's journal (rt.Journal) goes on recording into the same
-// record; Begin is not called again. lookup finds the resource again.
-func Resume(ctx context.Context, snap *Snapshot, lookup func(path string) (policy.Match, bool), rt Runtime) (*Result, error) {
-	if snap.Version != SnapshotVersion {
-		return nil, fmt.Errorf("%w: format version %d, this gateway knows %d", ErrNotResumable, snap.Version, SnapshotVersion)
-	}
-	op, err := policy.ParseOp(snap.Op)
-	if err != nil || !op.Writes() {
-		return nil, fmt.Errorf("%w: operation %q", ErrNotResumable, snap.Op)
-	}
-	m, ok := lookup(snap.Path)
-	if !ok || m.Item {
-		return nil, fmt.Errorf("%w: no resource is configured for %s", ErrNotResumable, snap.Path)
-	}
-	p := &Plan{
-		Op:             op,
-		Match:          m,
-		Atomicity:      policy.AllOrNothing,
-		Items:          make([]Item, len(snap.Items)),
-		collectionPath: m.CollectionPath(),
-		query:          snap.Query,
-		header:         snap.Header,
-		key:            idempotencyKey{base: snap.Key, quoted: snap.KeyQuoted},
-	}
-	if p.header == nil {
-		p.header = http.Header{}
-	}
-	for i, it := range snap.Items {
-		p.Items[i] = Item{ID: it.ID, Body: it.Element, fields: it.Fields, first: i}
+// record; Begin is not called again. lookup finds the resource again,
+// and env the envelope (nil where the handler has none).
+func Resume(ctx context.Context, snap *Snapshot, lookup func(path string) (policy.Match, bool), env *Envelope, rt Runtime) (*Result, error) {
+	p, err := resumedPlan(snap, lookup, env)
+	if err != nil {
+		return nil, err
 	}
 	sg := newSaga(p, rt, compensationBackoff)
 	for i, it := range snap.Items {
-		sg.items[i] = ItemResult{Index: i, ID: it.ID, Outcome: it.Outcome, Status: it.Status, Error: it.Error}
-		sg.state[i] = itemState{
-			preimage: it.Preimage, preETag: it.PreETag, applied: it.Applied, failure: it.Failure, settled: it.Settled,
-			sent: it.Sent, undo: it.Undo, noUndo: it.NoUndo, createdFrom: it.CreatedFrom, phase: it.Phase,
-		}
-		switch it.Phase {
-		case PhaseSending:
-			// Recorded as about to be sent, and no answer recorded: it may
-			// have been applied.
-			sg.items[i].Outcome, sg.items[i].Status = Unknown, http.StatusBadGateway
-			sg.items[i].Error = "the gateway that sent it stopped before its answer was recorded"
-			sg.state[i].applied, sg.state[i].failure = true, true
-		case PhaseUndoing:
-			// An undo may have been sent. An item still unknown was being
-			// resent (idempotent_upstream) instead: it is resolved again.
-			sg.state[i].resumed = sg.items[i].Outcome != Unknown
-		}
-		if it.Phase >= PhaseSending {
-			sg.started = append(sg.started, i)
-		}
+		sg.resumeItem(i, it)
 	}
 	lockCtx, cancel := context.WithTimeout(ctx, sg.s.BatchTimeout)
 	defer cancel()
@@ -149,27 +149,109 @@ func Resume(ctx context.Context, snap *Snapshot, lookup func(path string) (polic
 		return nil, fmt.Errorf("the saga's items are locked by another write: %s", sg.refusal.detail)
 	}
 	defer sg.locks.release()
-	for _, i := range sg.started {
-		if id := sg.items[i].ID; op == policy.OpCreate && id != "" && sg.state[i].applied {
-			sg.lockCreated(ctx, id)
-		}
-	}
 	toUndo := false
-	for i := range sg.items {
+	for _, i := range sg.started {
+		if id := sg.items[i].ID; sg.tgt(i).op == policy.OpCreate && id != "" && sg.state[i].applied {
+			sg.lockCreated(ctx, i, id)
+		}
 		if sg.state[i].applied && !sg.undone(i) {
 			toUndo = true
 		}
 	}
-	if toUndo {
-		sg.compensate(context.WithoutCancel(ctx))
-	}
-	res := sg.report(ctx, ctx)
+	res := sg.end(ctx, ctx, toUndo)
 	if res.Outcome == Succeeded {
 		// Every item had succeeded, but the client never heard it: the
 		// batch is undone whole, which is the only outcome the saga can
 		// still promise. (Reached only when nothing was applied.)
 		res.Outcome = RolledBack
 	}
-	sg.rt.Journal.End(context.WithoutCancel(ctx), res)
 	return res, nil
+}
+
+// resumedPlan is the plan of a saga that a journal kept.
+func resumedPlan(snap *Snapshot, lookup func(path string) (policy.Match, bool), env *Envelope) (*Plan, error) {
+	if snap.Version != SnapshotVersion {
+		return nil, fmt.Errorf("%w: format version %d, this gateway knows %d", ErrNotResumable, snap.Version, SnapshotVersion)
+	}
+	p := &Plan{
+		Atomicity: policy.AllOrNothing,
+		Items:     make([]Item, len(snap.Items)),
+		header:    snap.Header,
+		key:       idempotencyKey{base: snap.Key, quoted: snap.KeyQuoted},
+	}
+	if p.header == nil {
+		p.header = http.Header{}
+	}
+	var shared *target
+	if snap.Op == policy.OpEnvelope.String() {
+		if env == nil || env.Path != snap.Path {
+			return nil, fmt.Errorf("%w: no envelope is configured at %s", ErrNotResumable, snap.Path)
+		}
+		p.Op, p.Envelope, p.settings, p.lookup = policy.OpEnvelope, env.Path, env.Settings, env.Lookup
+	} else {
+		op, err := policy.ParseOp(snap.Op)
+		if err != nil || !op.Writes() {
+			return nil, fmt.Errorf("%w: operation %q", ErrNotResumable, snap.Op)
+		}
+		m, ok := lookup(snap.Path)
+		if !ok || m.Item {
+			return nil, fmt.Errorf("%w: no resource is configured for %s", ErrNotResumable, snap.Path)
+		}
+		p.Op, p.Match, p.settings = op, m, m.Resource.Settings
+		shared = newTarget(op, batchMethods[op], m, snap.Query)
+	}
+	for i, it := range snap.Items {
+		p.Items[i] = Item{ID: it.ID, Body: it.Element, fields: it.Fields, first: i, tgt: shared}
+		if p.envelope() {
+			if err := p.Items[i].resumeOperation(it, lookup); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return p, nil
+}
+
+// resumeOperation gives an envelope's item back what it was as an
+// operation, and where its requests went if it had started.
+func (it *Item) resumeOperation(snap ItemSnapshot, lookup func(path string) (policy.Match, bool)) error {
+	it.op = &operation{name: snap.Name, method: snap.Method, url: snap.URL, deps: snap.Deps}
+	t := snap.Target
+	if t == nil {
+		return nil
+	}
+	op, err := policy.ParseOp(t.Op)
+	m, ok := lookup(t.Path)
+	if err != nil || !ok || m.Item {
+		return fmt.Errorf("%w: operation %q's %s %s names no resource configured here", ErrNotResumable, snap.Name, t.Method, t.Path)
+	}
+	it.op.kind = op
+	it.tgt = newTarget(op, t.Method, m, t.Query)
+	return nil
+}
+
+// resumeItem gives item i back the state its journal recorded.
+func (sg *saga) resumeItem(i int, it ItemSnapshot) {
+	sg.items[i] = ItemResult{Index: i, ID: it.ID, Outcome: it.Outcome, Status: it.Status, Error: it.Error}
+	if it.Name != "" {
+		sg.items[i].Op, sg.items[i].Method, sg.items[i].URL = it.Name, it.Method, it.URL
+	}
+	sg.state[i] = itemState{
+		preimage: it.Preimage, preETag: it.PreETag, applied: it.Applied, failure: it.Failure, settled: it.Settled,
+		sent: it.Sent, undo: it.Undo, noUndo: it.NoUndo, createdFrom: it.CreatedFrom, phase: it.Phase,
+	}
+	switch it.Phase {
+	case PhaseSending:
+		// Recorded as about to be sent, and no answer recorded: it may
+		// have been applied.
+		sg.items[i].Outcome, sg.items[i].Status = Unknown, http.StatusBadGateway
+		sg.items[i].Error = "the gateway that sent it stopped before its answer was recorded"
+		sg.state[i].applied, sg.state[i].failure = true, true
+	case PhaseUndoing:
+		// An undo may have been sent. An item still unknown was being
+		// resent (idempotent_upstream) instead: it is resolved again.
+		sg.state[i].resumed = sg.items[i].Outcome != Unknown
+	}
+	if it.Phase >= PhaseSending {
+		sg.started = append(sg.started, i)
+	}
 }

@@ -88,7 +88,7 @@ func TestResumeUndoesADeadSaga(t *testing.T) {
 
 			f.on(method, path) // the upstream is back to normal
 			other := &memJournal{snap: snap}
-			res, err := Resume(context.Background(), snap, widgets(t).Lookup, Runtime{Send: f, Journal: other})
+			res, err := Resume(context.Background(), snap, widgets(t).Lookup, nil, Runtime{Send: f, Journal: other})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -120,7 +120,7 @@ func TestResumeRefusesWhatItDoesNotKnow(t *testing.T) {
 		{Version: SnapshotVersion, Op: "get", Path: "/widgets"},
 		{Version: SnapshotVersion, Op: "update", Path: "/gadgets"},
 	} {
-		if _, err := Resume(context.Background(), snap, lookup, Runtime{Send: newFake()}); err == nil {
+		if _, err := Resume(context.Background(), snap, lookup, nil, Runtime{Send: newFake()}); err == nil {
 			t.Errorf("%+v was resumed", snap)
 		}
 	}
@@ -145,7 +145,7 @@ func TestResumeAfterAnUndoWasSent(t *testing.T) {
 	snap := j.stored(t)
 	equal(t, "item 0's phase", snap.Items[0].Phase, PhaseUndoing)
 	f.set("2", map[string]any{"id": "2", "name": "widget 2", "color": "red"})
-	res, err := Resume(context.Background(), snap, widgets(t).Lookup, Runtime{Send: f, Journal: &memJournal{snap: snap}})
+	res, err := Resume(context.Background(), snap, widgets(t).Lookup, nil, Runtime{Send: f, Journal: &memJournal{snap: snap}})
 	if err != nil {
 		t.Fatal(err)
 	}

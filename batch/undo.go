@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"reflect"
+	"slices"
 	"unicode/utf8"
 
 	"github.com/caddy-batch/caddy-batch/policy"
@@ -62,37 +63,37 @@ type Proof struct {
 // the proof read only where the upstream enforces conditions
 // (conditional_writes).
 func (sg *saga) undoAnswered(it *ItemResult, st *itemState, i int, resp *SubResponse) (*Undo, string) {
-	p := sg.plan
+	p, t := sg.plan, sg.tgt(i)
 	var u *Undo
 	var expect []byte // the item as the write left it, if the answer says
 	var sent []byte   // what the write sent, when the answer does not say
-	switch p.Op {
+	switch t.op {
 	case policy.OpCreate:
 		if it.ID == "" {
-			return nil, fmt.Sprintf("the created item cannot be deleted: the upstream named no id (no Location naming an item of %s, no %q in the body)", p.collectionPath, sg.s.IDField)
+			return nil, fmt.Sprintf("the created item cannot be deleted: the upstream named no id (no Location naming an item of %s, no %q in the body)", t.collectionPath, t.s.IDField)
 		}
-		u = &Undo{Method: http.MethodDelete, Path: sg.itemPath(it.ID)}
+		u = &Undo{Method: http.MethodDelete, Path: sg.itemPath(i, it.ID)}
 		if resp.Status == http.StatusAccepted {
 			// A 202's body and validators describe the pending request,
 			// not the item.
-			u.Proof = &Proof{Expect: withoutMember(p.Items[i].Body, sg.s.IDField), Subset: true}
+			u.Proof = &Proof{Expect: withoutMember(p.Items[i].Body, t.s.IDField), Subset: true}
 			return u, ""
 		}
-		sent = withoutMember(p.Items[i].Body, sg.s.IDField)
+		sent = withoutMember(p.Items[i].Body, t.s.IDField)
 	case policy.OpUpdate:
 		u = sg.restore(i, st)
-		sent = mergePatch(st.preimage, p.Items[i].Body)
+		sent = sg.updated(i, st)
 	case policy.OpDelete:
-		return sg.recreate(it.ID, st), ""
+		return sg.recreate(i, it.ID, st), ""
 	default:
 		return nil, "a read needs no undo"
 	}
-	if sg.namesItem(resp.Body, it.ID) {
+	if sg.namesItem(i, resp.Body, it.ID) {
 		expect = resp.Body
 	}
 	etag := strongETag(resp.Header)
 	u.IfMatch = etag
-	if etag != "" && sg.s.ConditionalWrites {
+	if etag != "" && t.s.ConditionalWrites {
 		return u, ""
 	}
 	u.Proof = &Proof{ETag: etag, Expect: expect}
@@ -102,7 +103,7 @@ func (sg *saga) undoAnswered(it *ItemResult, st *itemState, i int, resp *SubResp
 	// What a create made under an id the upstream named is undone if
 	// someone deleted it since; under the element's own id, a missing
 	// item proves nothing (the upstream may have put it elsewhere).
-	u.Proof.GoneIsUndone = p.Op == policy.OpCreate && st.createdFrom != "element"
+	u.Proof.GoneIsUndone = t.op == policy.OpCreate && st.createdFrom != "element"
 	return u, ""
 }
 
@@ -110,18 +111,45 @@ func (sg *saga) undoAnswered(it *ItemResult, st *itemState, i int, resp *SubResp
 // object whose id field names it. Such a body is the item as the
 // upstream stored it; a body that is not ({}, a status object, nothing)
 // says nothing of the item.
-func (sg *saga) namesItem(body []byte, id string) bool {
-	return id != "" && isObject(body) && sg.idOf(body) == id
+func (sg *saga) namesItem(i int, body []byte, id string) bool {
+	return id != "" && isObject(body) && sg.idOf(i, body) == id
 }
 
 // restore is the undo of an update: the pre-image put back whole (PUT),
 // or the changed fields' old values (PATCH).
 func (sg *saga) restore(i int, st *itemState) *Undo {
-	path := sg.itemPath(sg.items[i].ID)
-	if sg.s.RestoreUpdated == policy.RestorePatch {
-		return &Undo{Method: http.MethodPatch, Path: path, Body: restorePatch(st.preimage, sg.plan.Items[i].fields)}
+	path := sg.itemPath(i, sg.items[i].ID)
+	if sg.set(i).RestoreUpdated == policy.RestorePatch {
+		return &Undo{Method: http.MethodPatch, Path: path, Body: restorePatch(st.preimage, sg.restoredFields(i, st))}
 	}
 	return &Undo{Method: http.MethodPut, Path: path, Body: st.preimage}
+}
+
+// updated is the item as an update should have left it when its answer
+// does not say: the pre-image merged with the patch, or what a PUT sent.
+func (sg *saga) updated(i int, st *itemState) []byte {
+	if sg.tgt(i).replaces() {
+		return sg.plan.Items[i].Body
+	}
+	return mergePatch(st.preimage, sg.plan.Items[i].Body)
+}
+
+// restoredFields are the members a PATCH restore puts back: those the
+// update sent, and for a PUT, which replaced the whole item, those the
+// pre-image had too.
+func (sg *saga) restoredFields(i int, st *itemState) []string {
+	fields := sg.plan.Items[i].fields
+	if !sg.tgt(i).replaces() {
+		return fields
+	}
+	var before map[string]json.RawMessage
+	_ = json.Unmarshal(st.preimage, &before) // the preflight checked it is an object
+	for name := range before {
+		if !slices.Contains(fields, name) {
+			fields = append(slices.Clip(fields), name)
+		}
+	}
+	return fields
 }
 
 // recreate is the undo of a delete: the pre-image created again, only
@@ -130,12 +158,13 @@ func (sg *saga) restore(i int, st *itemState) *Undo {
 // (conditional_writes) and showed it knows validators (the preflight read
 // a strong ETag); otherwise, and for a POST, a read proves the item
 // absent first.
-func (sg *saga) recreate(id string, st *itemState) *Undo {
-	if sg.s.RestoreDeleted == policy.RestorePost {
-		return &Undo{Method: http.MethodPost, Path: sg.plan.collectionPath, Body: st.preimage, Proof: &Proof{Absent: true}, WantID: id}
+func (sg *saga) recreate(i int, id string, st *itemState) *Undo {
+	t := sg.tgt(i)
+	if t.s.RestoreDeleted == policy.RestorePost {
+		return &Undo{Method: http.MethodPost, Path: t.collectionPath, Body: st.preimage, Proof: &Proof{Absent: true}, WantID: id}
 	}
-	u := &Undo{Method: http.MethodPut, Path: sg.itemPath(id), Body: st.preimage, IfNoneMatch: "*"}
-	if st.preETag == "" || !sg.s.ConditionalWrites {
+	u := &Undo{Method: http.MethodPut, Path: sg.itemPath(i, id), Body: st.preimage, IfNoneMatch: "*"}
+	if st.preETag == "" || !t.s.ConditionalWrites {
 		u.Proof = &Proof{Absent: true}
 	}
 	return u

@@ -318,7 +318,7 @@ func (h *Handler) resume(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		Journal: job.journal,
 		Slots:   h.slots,
 	}
-	job.res, job.err = batch.Resume(r.Context(), job.snap, h.policy.Lookup, rt)
+	job.res, job.err = batch.Resume(r.Context(), job.snap, h.policy.Lookup, nil, rt)
 	if job.err == nil {
 		h.idem.settleRecovered(r.Context(), m, job.snap, job.res)
 	}

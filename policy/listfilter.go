@@ -58,7 +58,7 @@ func ParseListFilter(spec ListFilterSpec) (*ListFilter, error) {
 	if err := f.parseTemplate(spec.Template); err != nil {
 		errs = append(errs, OptionError("list_filter", err))
 	}
-	ptr, err := parsePointer(spec.Items)
+	ptr, err := ParsePointer(spec.Items)
 	if err != nil {
 		errs = append(errs, OptionError("items", fmt.Errorf("list_filter's items %q is not a JSON pointer (RFC 6901): %v; write it as /results, or leave it out when the answer is the array itself", spec.Items, err)))
 	}
@@ -189,9 +189,9 @@ func unreservedQuery(c byte) bool {
 // itself.
 func (f *ListFilter) ItemsPointer() []string { return f.itemsPointer }
 
-// parsePointer parses a JSON pointer (RFC 6901) into its unescaped
+// ParsePointer parses a JSON pointer (RFC 6901) into its unescaped
 // reference tokens.
-func parsePointer(p string) ([]string, error) {
+func ParsePointer(p string) ([]string, error) {
 	if p == "" {
 		return nil, nil
 	}

@@ -131,7 +131,7 @@ func TestParsePointer(t *testing.T) {
 		"/m~0n":       {"m~n"},
 		"/":           {""},
 	} {
-		got, err := parsePointer(p)
+		got, err := ParsePointer(p)
 		if err != nil || !slices.Equal(got, want) {
 			t.Errorf("%q: %q, %v; want %q", p, got, err, want)
 		}

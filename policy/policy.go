@@ -561,6 +561,21 @@ func (m Match) ItemKey() string {
 	return m.Resource.Item.expand(vars)
 }
 
+// CollectionAndID splits an item match into the match of its collection,
+// with the variables the item's path gave it, and the item's id as the
+// path spelled it (unescaped). For a collection match it returns m and "".
+func (m Match) CollectionAndID() (Match, string) {
+	if !m.Item {
+		return m, ""
+	}
+	var buf [maxSegments]string
+	segs, _ := splitPath(m.path, buf[:0])
+	vars, _ := m.Resource.Item.bind(segs)
+	id := vars[idVariable]
+	delete(vars, idVariable)
+	return Match{Resource: m.Resource, path: m.Resource.Collection.expand(vars)}, id
+}
+
 // IDFromLocation returns the id of the item a Location header names, when
 // it names an item of the matched collection: the item template matches
 // its path and binds the collection's variables to the values the request

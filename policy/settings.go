@@ -20,13 +20,21 @@ const (
 	opCount
 )
 
+// OpEnvelope is a batch across resources, an envelope of single-item
+// operations: not an operation a resource turns on, but the name such a
+// batch is journaled, counted and logged under.
+const OpEnvelope = opCount
+
 var opNames = [opCount]string{"get", "create", "update", "delete"}
 
 // String returns the operation's configuration name: get, create, update
 // or delete.
 func (o Op) String() string {
-	if o < opCount {
+	switch {
+	case o < opCount:
 		return opNames[o]
+	case o == OpEnvelope:
+		return "envelope"
 	}
 	return fmt.Sprintf("Op(%d)", o)
 }

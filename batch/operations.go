@@ -1,0 +1,415 @@
+package batch
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+
+	"github.com/caddy-batch/caddy-batch/policy"
+	"github.com/caddy-batch/caddy-batch/problem"
+)
+
+// Envelope is a handler's batch across resources (docs/envelope.md): a
+// POST on its path carries single-item operations on the handler's
+// resources, with references between them, run as one batch.
+type Envelope struct {
+	// Path is the envelope's own path, which matches no resource.
+	Path string
+	// Settings are the handler's own, which bound the envelope as a
+	// resource's bound its batches: max_items, max_body_size,
+	// concurrency, batch_timeout, max_response_size, allow_override,
+	// scope_query. Each operation's own requests follow its resource's.
+	Settings policy.Settings
+	// Atomicity is the handler's top-level atomicity: resources' own
+	// settings govern their batches, not envelopes.
+	Atomicity policy.Atomicity
+	// Lookup finds the resource of an operation's path.
+	Lookup func(escapedPath string) (policy.Match, bool)
+}
+
+// operation is an envelope's operation as the client sent it, with what
+// its references need to fill it in.
+type operation struct {
+	name   string // the client's id of it
+	method string
+	url    string // as the client sent it
+	// segs are the url's path segments, escaped; a segment that is a
+	// reference is in refs instead, by position.
+	segs  []string
+	refs  map[int]reference
+	query string // the envelope's query and the url's own
+	// ownQuery is the url's own query, and filledPath its path once its
+	// references are filled: the url the answer reports.
+	ownQuery, filledPath string
+	// body is the body decoded, when it holds references (or escaped
+	// dollars) to fill in; nil when it is sent as the client wrote it.
+	body any
+	// deps are the operations it waits for, by index, ascending: those it
+	// references and those it names in depends_on.
+	deps     []int
+	resource *policy.Resource
+	kind     policy.Op
+}
+
+// envelopeBody is an envelope's JSON body.
+type envelopeBody struct {
+	Atomicity  *string           `json:"atomicity"`
+	Operations []json.RawMessage `json:"operations"`
+}
+
+// operationBody is one operation's JSON.
+type operationBody struct {
+	ID        string          `json:"id"`
+	Method    string          `json:"method"`
+	URL       string          `json:"url"`
+	Body      json.RawMessage `json:"body"`
+	DependsOn []string        `json:"depends_on"`
+}
+
+// AdmitEnvelope applies the envelope's input rules (docs/envelope.md,
+// "Bad input") to a POST on its path, reading the body once: it returns
+// the plan, or the problem to answer with before anything is sent.
+func AdmitEnvelope(r *http.Request, e *Envelope) (*Plan, *problem.Details) {
+	s := e.Settings
+	body, prob := readBody(r, s)
+	if prob != nil {
+		return nil, prob
+	}
+	var env envelopeBody
+	if err := decodeStrict(body, &env); err != nil {
+		return nil, invalid("the envelope is not valid: %v; send a JSON object with an \"operations\" array", err)
+	}
+	switch {
+	case len(env.Operations) == 0:
+		return nil, invalid("the envelope has no operations: send one or more in \"operations\"")
+	case len(env.Operations) > s.MaxItems:
+		d := problem.New(http.StatusRequestEntityTooLarge, "too-many-items",
+			fmt.Sprintf("the envelope has %d operations; max_items allows at most %d", len(env.Operations), s.MaxItems))
+		return nil, &d
+	}
+	p := &Plan{
+		Op:        policy.OpEnvelope,
+		Atomicity: e.Atomicity,
+		Envelope:  e.Path,
+		lookup:    e.Lookup,
+		settings:  s,
+		header:    forwardHeader(r.Header),
+		key:       newIdempotencyKey(r.Header.Get("Idempotency-Key")),
+		Items:     make([]Item, len(env.Operations)),
+	}
+	digest := sha256.Sum256(body)
+	p.bodyDigest = digest[:]
+	if prob := p.chooseAtomicity(env.Atomicity, r.Header, e); prob != nil {
+		return nil, prob
+	}
+	query := withoutParam(r.URL.RawQuery, MethodParam)
+	if p.Atomicity == policy.AllOrNothing {
+		if prob := unscopedParam(query, s); prob != nil {
+			return nil, prob
+		}
+	}
+	names := make(map[string]int, len(env.Operations))
+	for i, raw := range env.Operations {
+		it, prob := parseOperation(i, raw, names, e, query, p.Atomicity)
+		if prob != nil {
+			return nil, prob
+		}
+		p.Items[i] = it
+	}
+	return p, nil
+}
+
+// chooseAtomicity applies the envelope's atomicity member, or the
+// client's Prefer header, where allow_override lets the client choose.
+func (p *Plan) chooseAtomicity(member *string, h http.Header, e *Envelope) *problem.Details {
+	if member == nil {
+		if a, ok := preferredAtomicity(h); ok && e.Settings.AllowOverride {
+			p.Atomicity, p.PreferenceApplied = a, preferenceApplied(a)
+		}
+		return nil
+	}
+	a, err := policy.ParseAtomicity(*member)
+	switch {
+	case err != nil:
+		return invalid("the envelope's atomicity: %v", err)
+	case a != e.Atomicity && !e.Settings.AllowOverride:
+		return invalid("the envelope asks for atomicity %s, but envelopes here run %s and allow_override is off: leave atomicity out, or send %s",
+			a, e.Atomicity, e.Atomicity)
+	}
+	p.Atomicity = a
+	return nil
+}
+
+// operationKinds are the operations an envelope may hold, by method: the
+// batch operation each is of one item.
+var operationKinds = map[string]policy.Op{
+	http.MethodGet:    policy.OpGet,
+	http.MethodPost:   policy.OpCreate,
+	http.MethodPatch:  policy.OpUpdate,
+	http.MethodPut:    policy.OpUpdate,
+	http.MethodDelete: policy.OpDelete,
+}
+
+// parseOperation applies the input rules to operation i: its id, method,
+// url (its resource, its kind, the method map) and body, and the
+// references and dependencies that name earlier operations.
+func parseOperation(i int, raw json.RawMessage, names map[string]int, e *Envelope, envQuery string, a policy.Atomicity) (Item, *problem.Details) {
+	var ob operationBody
+	if err := decodeStrict(raw, &ob); err != nil {
+		return Item{}, invalid("operation %d is not valid: %v", i, err)
+	}
+	if !validOpName(ob.ID) {
+		return Item{}, invalid("operation %d: its id %q must be one or more of A-Z, a-z, 0-9, _ and -", i, ob.ID)
+	}
+	if j, dup := names[ob.ID]; dup {
+		return Item{}, invalid("operations %d and %d both have id %q: each operation's id must be unique", j, i, ob.ID)
+	}
+	op := &operation{name: ob.ID, method: ob.Method, url: ob.URL}
+	bad := func(format string, args ...any) (Item, *problem.Details) {
+		return Item{}, invalid("operation %q: %s", ob.ID, fmt.Sprintf(format, args...))
+	}
+	kind, ok := operationKinds[ob.Method]
+	if !ok {
+		return bad("the method %q is not an operation's: use GET, PUT, PATCH or DELETE on an item, POST on a collection", ob.Method)
+	}
+	op.kind = kind
+	if prob := op.parseURL(names); prob != nil {
+		return bad("%s", prob)
+	}
+	m, ok := e.Lookup(op.path())
+	switch {
+	case !ok:
+		return bad("the url %s matches no resource of this gateway", ob.URL)
+	case kind == policy.OpCreate && m.Item:
+		return bad("POST goes to a collection, and %s is an item of %s", ob.URL, m.Resource.Collection)
+	case kind != policy.OpCreate && !m.Item:
+		return bad("%s goes to an item, and %s is the collection %s", ob.Method, ob.URL, m.Resource.Collection)
+	}
+	if method, _ := policy.ParseMethod(ob.Method); !m.Methods().Has(method) {
+		d := problem.New(http.StatusMethodNotAllowed, "method-not-allowed",
+			fmt.Sprintf("operation %q: %s is not allowed on %s; allowed: %s", ob.ID, ob.Method, ob.URL, m.Allow()))
+		return Item{}, &d
+	}
+	op.resource = m.Resource
+	op.query = joinQuery(envQuery, op.query)
+	if a == policy.AllOrNothing && kind.Writes() {
+		if prob := unscopedParam(op.query, m.Resource.Settings); prob != nil {
+			return bad("%s", prob.Detail)
+		}
+	}
+	for _, name := range ob.DependsOn {
+		j, ok := names[name]
+		if !ok {
+			return bad("depends_on names %q, which is no earlier operation: an operation may wait only for those before it", name)
+		}
+		op.deps = append(op.deps, j)
+	}
+	it := Item{first: i, op: op}
+	if prob := op.parseBody(&it, ob.Body, names); prob != nil {
+		return bad("%s", prob)
+	}
+	op.deps = sortedUnique(op.deps)
+	names[ob.ID] = i
+	if len(op.refs) == 0 {
+		// The url names its item already: it is checked, locked and
+		// preflighted as a batch's would be.
+		if prob := it.target(m); prob != nil {
+			return bad("%s", prob)
+		}
+	}
+	return it, nil
+}
+
+// parseURL takes the url apart: its path's segments, the references
+// among them, and its query.
+func (op *operation) parseURL(names map[string]int) error {
+	if !strings.HasPrefix(op.url, "/") || strings.HasPrefix(op.url, "//") {
+		return fmt.Errorf("the url %q must be a path on this gateway, like /api/users/7", op.url)
+	}
+	u, err := url.Parse(op.url)
+	if err != nil || u.Fragment != "" {
+		return fmt.Errorf("the url %q is not a path and query", op.url)
+	}
+	op.query, op.ownQuery = u.RawQuery, u.RawQuery
+	op.segs = strings.Split(u.EscapedPath()[1:], "/")
+	for k, seg := range op.segs {
+		text, err := url.PathUnescape(seg)
+		if err != nil {
+			return fmt.Errorf("the url %q is not valid percent-encoding", op.url)
+		}
+		ref, isRef, err := parseReference(text, names)
+		switch {
+		case err != nil:
+			return fmt.Errorf("the url's segment %q %w", text, err)
+		case isRef:
+			if op.refs == nil {
+				op.refs = map[int]reference{}
+			}
+			op.refs[k] = ref
+			op.deps = append(op.deps, ref.op)
+		case strings.HasPrefix(text, "$$"):
+			op.segs[k] = url.PathEscape(text[1:])
+		}
+	}
+	return nil
+}
+
+// path is the operation's path, with each reference left as the client
+// wrote it: it matches the resource the filled path will, since a
+// reference stands for a whole segment.
+func (op *operation) path() string {
+	segs := make([]string, len(op.segs))
+	for k, seg := range op.segs {
+		segs[k] = seg
+		if ref, ok := op.refs[k]; ok {
+			segs[k] = url.PathEscape(ref.text)
+		}
+	}
+	return "/" + strings.Join(segs, "/")
+}
+
+// parseBody checks the operation's body, and finds the references in it.
+func (op *operation) parseBody(it *Item, raw json.RawMessage, names map[string]int) error {
+	raw = bytes.TrimSpace(raw)
+	hasBody := len(raw) > 0 && string(raw) != "null"
+	switch {
+	case !op.kind.Writes() || op.kind == policy.OpDelete:
+		if hasBody {
+			return fmt.Errorf("a %s operation has no body", op.method)
+		}
+		return nil
+	case !hasBody:
+		return fmt.Errorf("a %s operation needs a body: a JSON object", op.method)
+	case jsonKind(raw) != "object":
+		return fmt.Errorf("its body must be a JSON object, not a JSON %s", jsonKind(raw))
+	}
+	v, ok := decodeJSON(raw)
+	if !ok {
+		return fmt.Errorf("its body is not valid JSON")
+	}
+	marked, deps, err := markReferences(v, names)
+	if err != nil {
+		return err
+	}
+	op.deps = append(op.deps, deps...)
+	filled := len(deps) > 0 || bytes.Contains(raw, []byte(`"$$`))
+	for name := range v.(map[string]any) {
+		it.fields = append(it.fields, name)
+	}
+	if filled {
+		op.body = marked
+	} else {
+		it.Body = raw
+	}
+	return nil
+}
+
+// target settles where the item's requests go once its url names its
+// item: the item's collection and, for an item, its id (canonical under
+// the resource's id_format). It returns why it cannot.
+func (it *Item) target(m policy.Match) error {
+	coll, id := m.CollectionAndID()
+	if m.Item {
+		if reason := badID(id); reason != "" {
+			return fmt.Errorf("its item's id %q %s", id, reason)
+		}
+		canonical, err := m.Resource.Settings.IDFormat.Canonical(id)
+		if err != nil {
+			return err
+		}
+		it.ID = canonical
+	}
+	it.tgt = newTarget(it.op.kind, it.op.method, coll, it.op.query)
+	return it.elementID()
+}
+
+// elementID is the id a create's body names, once the body is known: like
+// a batch create's element's, it is proved free before anything is
+// written.
+func (it *Item) elementID() error {
+	if it.tgt == nil || it.tgt.op != policy.OpCreate || it.Body == nil {
+		return nil
+	}
+	s := it.tgt.s
+	var members map[string]json.RawMessage
+	_ = json.Unmarshal(it.Body, &members) // parseBody checked it is an object
+	raw, ok := members[s.IDField]
+	if !ok || string(raw) == "null" {
+		return nil
+	}
+	id, ok := idFromJSON(raw)
+	if !ok {
+		return fmt.Errorf("its body's %q must be a string or an integer, not a JSON %s", s.IDField, jsonKind(raw))
+	}
+	if reason := badID(id); reason != "" {
+		return fmt.Errorf("its body's %q, %q, %s", s.IDField, id, reason)
+	}
+	canonical, err := s.IDFormat.Canonical(id)
+	if err != nil {
+		return fmt.Errorf("its body's %q: %w", s.IDField, err)
+	}
+	it.ID = canonical
+	return nil
+}
+
+// validOpName reports whether name is an operation id: one or more of
+// A-Z, a-z, 0-9, _ and -, so that it can stand in a url segment and a
+// JSON string as a reference without escaping.
+func validOpName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for _, c := range name {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// decodeStrict decodes JSON into v, refusing members v does not have: a
+// misspelt depends_on must not silently run operations out of order.
+func decodeStrict(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if dec.More() {
+		return fmt.Errorf("more than one JSON value")
+	}
+	return nil
+}
+
+// joinQuery joins two raw queries.
+func joinQuery(a, b string) string {
+	switch {
+	case a == "":
+		return b
+	case b == "":
+		return a
+	}
+	return a + "&" + b
+}
+
+// sortedUnique sorts indices and drops repeats.
+func sortedUnique(xs []int) []int {
+	if len(xs) < 2 {
+		return xs
+	}
+	seen := make(map[int]bool, len(xs))
+	var out []int
+	for _, x := range xs {
+		if !seen[x] {
+			seen[x] = true
+			out = append(out, x)
+		}
+	}
+	slices.Sort(out)
+	return out
+}

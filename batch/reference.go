@@ -1,0 +1,231 @@
+package batch
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/caddy-batch/caddy-batch/policy"
+)
+
+// reference is "$<op>" (the id of the item operation op created or
+// named) or "$<op>#<JSON pointer>" (that member of its answer's body,
+// with its JSON type), in an envelope's url segment or body string.
+type reference struct {
+	op      int
+	member  bool     // "#" was given: a member of the answer, not the id
+	pointer []string // the member's pointer, parsed
+	text    string   // as the client wrote it
+}
+
+// parseReference reads a url segment or a body string. A string that
+// starts with "$" followed by an operation id is a reference, and must
+// name an earlier operation; "$$" starts a string that begins with a
+// literal "$"; any other string is itself.
+func parseReference(s string, names map[string]int) (reference, bool, error) {
+	if !strings.HasPrefix(s, "$") || strings.HasPrefix(s, "$$") {
+		return reference{}, false, nil
+	}
+	name, pointer, member := strings.Cut(s[1:], "#")
+	if !validOpName(name) {
+		return reference{}, false, nil
+	}
+	j, ok := names[name]
+	if !ok {
+		return reference{}, false, fmt.Errorf("names %q, which is no earlier operation: a reference may name only an operation before it (write $$ for a string that starts with $)", name)
+	}
+	ref := reference{op: j, member: member, text: s}
+	if member {
+		var err error
+		if ref.pointer, err = policy.ParsePointer(pointer); err != nil {
+			return reference{}, false, fmt.Errorf("is not a JSON pointer after #: %w", err)
+		}
+	}
+	return ref, true, nil
+}
+
+// markReferences is a decoded body with every reference string replaced
+// by its reference, and every "$$" string given back its one "$"; it
+// reports the operations the body references.
+func markReferences(v any, names map[string]int) (any, []int, error) {
+	var deps []int
+	var mark func(v any) (any, error)
+	mark = func(v any) (any, error) {
+		switch v := v.(type) {
+		case string:
+			if strings.HasPrefix(v, "$$") {
+				return v[1:], nil
+			}
+			ref, isRef, err := parseReference(v, names)
+			switch {
+			case err != nil:
+				return nil, fmt.Errorf("its body's string %q %w", v, err)
+			case isRef:
+				deps = append(deps, ref.op)
+				return ref, nil
+			}
+			return v, nil
+		case map[string]any:
+			for k, e := range v {
+				m, err := mark(e)
+				if err != nil {
+					return nil, err
+				}
+				v[k] = m
+			}
+		case []any:
+			for k, e := range v {
+				m, err := mark(e)
+				if err != nil {
+					return nil, err
+				}
+				v[k] = m
+			}
+		}
+		return v, nil
+	}
+	marked, err := mark(v)
+	return marked, deps, err
+}
+
+// fill puts into operation i what the operations it references did: ids
+// and members into its url and body. It settles the item as failed (400,
+// nothing sent) when a reference cannot be filled, and reports whether it
+// could. Everything it references has succeeded: it runs only then.
+func (sg *saga) fill(ctx context.Context, i int) bool {
+	it := &sg.plan.Items[i]
+	err := sg.fillURL(it)
+	if err == nil && it.op.body != nil {
+		var v any
+		if v, err = sg.fillValue(it.op.body); err == nil {
+			it.Body, _ = json.Marshal(v) // decoded JSON always encodes
+			err = it.elementID()
+		}
+	}
+	if err == nil && it.tgt == nil {
+		err = fmt.Errorf("its filled url names no item of %s", it.op.resource.Collection)
+	}
+	if err != nil {
+		sg.fail(ctx, i, http.StatusBadRequest, fmt.Sprintf("operation %q could not be filled in: %v", it.op.name, err), nil)
+		return false
+	}
+	sg.mu.Lock()
+	sg.items[i].ID, sg.items[i].URL = it.ID, it.op.sentURL()
+	sg.mu.Unlock()
+	return true
+}
+
+// fillURL fills the references of the item's url, and finds its target.
+func (sg *saga) fillURL(it *Item) error {
+	op := it.op
+	if len(op.refs) == 0 {
+		return nil
+	}
+	segs := make([]string, len(op.segs))
+	for k, seg := range op.segs {
+		segs[k] = seg
+		ref, ok := op.refs[k]
+		if !ok {
+			continue
+		}
+		text, err := sg.refText(ref)
+		if err != nil {
+			return err
+		}
+		if reason := badID(text); reason != "" {
+			return fmt.Errorf("%s is %q, which %s", ref.text, text, reason)
+		}
+		segs[k] = url.PathEscape(text)
+	}
+	path := "/" + strings.Join(segs, "/")
+	op.filledPath = path
+	m, ok := sg.plan.lookup(path)
+	if !ok || m.Resource != op.resource || m.Item != (op.kind != policy.OpCreate) {
+		return fmt.Errorf("its filled url %s is no longer a path of %s", path, op.resource.Collection)
+	}
+	return it.target(m)
+}
+
+// refText is what a reference in a url segment stands for: an id, or a
+// member that is a string or an integer.
+func (sg *saga) refText(ref reference) (string, error) {
+	v, err := sg.refValue(ref)
+	if err != nil {
+		return "", err
+	}
+	text, ok := idFromJSON(v)
+	if !ok {
+		return "", fmt.Errorf("%s is a JSON %s, which cannot stand in a url: it must be a string or an integer", ref.text, jsonKind(v))
+	}
+	return text, nil
+}
+
+// refValue is the JSON a reference stands for: the id of the operation's
+// item as a string, or the member of its answer's body.
+func (sg *saga) refValue(ref reference) (json.RawMessage, error) {
+	done := &sg.items[ref.op]
+	if !ref.member {
+		if done.ID == "" {
+			return nil, fmt.Errorf("%s names operation %q, whose item's id is not known", ref.text, done.Op)
+		}
+		b, _ := json.Marshal(done.ID)
+		return b, nil
+	}
+	if done.Body == nil {
+		return nil, fmt.Errorf("%s names a member of operation %q's answer, which has no JSON body", ref.text, done.Op)
+	}
+	v, why := valueAt(done.Body, ref.pointer, ref.text)
+	if why != "" {
+		return nil, fmt.Errorf("operation %q's answer: %s", done.Op, strings.TrimPrefix(why, "the answer "))
+	}
+	return v, nil
+}
+
+// fillValue is a marked body (markReferences) with every reference
+// filled in.
+func (sg *saga) fillValue(v any) (any, error) {
+	switch v := v.(type) {
+	case reference:
+		raw, err := sg.refValue(v)
+		if err != nil {
+			return nil, err
+		}
+		return json.RawMessage(raw), nil
+	case map[string]any:
+		out := make(map[string]any, len(v))
+		for k, e := range v {
+			f, err := sg.fillValue(e)
+			if err != nil {
+				return nil, err
+			}
+			out[k] = f
+		}
+		return out, nil
+	case []any:
+		out := make([]any, len(v))
+		for k, e := range v {
+			f, err := sg.fillValue(e)
+			if err != nil {
+				return nil, err
+			}
+			out[k] = f
+		}
+		return out, nil
+	}
+	return v, nil
+}
+
+// sentURL is the operation's url as sent: its path with the references
+// filled in, and its own query.
+func (op *operation) sentURL() string {
+	if op.filledPath == "" {
+		return op.url
+	}
+	if op.ownQuery != "" {
+		return op.filledPath + "?" + op.ownQuery
+	}
+	return op.filledPath
+}

@@ -1,0 +1,56 @@
+package batch
+
+import (
+	"net/http"
+
+	"github.com/caddy-batch/caddy-batch/policy"
+)
+
+// target is where one item's requests go: an operation on a collection of
+// one resource, the collection's variables bound, with the query every
+// request of the item carries. The items of a batch share one; each
+// operation of an envelope has its own, known once its references are
+// filled (docs/envelope.md).
+type target struct {
+	op policy.Op
+	// method is the item's own request's method: an envelope's PUT is an
+	// update that replaces the whole item.
+	method         string
+	match          policy.Match // the collection
+	s              *policy.Settings
+	paths          policy.ItemPaths
+	collectionPath string
+	query          string
+}
+
+func newTarget(op policy.Op, method string, m policy.Match, query string) *target {
+	return &target{
+		op:             op,
+		method:         method,
+		match:          m,
+		s:              &m.Resource.Settings,
+		paths:          m.ItemPaths(),
+		collectionPath: m.CollectionPath(),
+		query:          query,
+	}
+}
+
+// batchMethods are the methods of the four batch operations' sub-requests.
+var batchMethods = [...]string{
+	policy.OpGet:    http.MethodGet,
+	policy.OpCreate: http.MethodPost,
+	policy.OpUpdate: http.MethodPatch,
+	policy.OpDelete: http.MethodDelete,
+}
+
+// replaces reports whether the item's write replaces the whole item (PUT)
+// rather than merging into it (PATCH).
+func (t *target) replaces() bool { return t.method == http.MethodPut }
+
+// tgt is item i's target.
+func (sg *saga) tgt(i int) *target { return sg.plan.Items[i].tgt }
+
+// set is the settings of item i's resource: those of one item's requests
+// (id_field, item_timeout, the undo options). The batch's own (concurrency,
+// batch_timeout, max_response_size) are sg.s.
+func (sg *saga) set(i int) *policy.Settings { return sg.plan.Items[i].tgt.s }
