@@ -12,7 +12,8 @@ import (
 )
 
 // compensate is the saga's fifth step: it undoes every item whose write
-// took effect, or may have, in reverse order of start, at most
+// took effect, or may have, in reverse order of start (an envelope's
+// dependents before what they depend on), at most
 // Concurrency at once, so that a failed batch answers within one
 // compensation's budget of its last write however many items it had.
 // Every undo is proved first (undoItem), and runs detached from the
@@ -21,13 +22,24 @@ import (
 func (sg *saga) compensate(ctx context.Context) {
 	slots := make(chan struct{}, sg.s.Concurrency)
 	var wg sync.WaitGroup
+	// An envelope's item is undone only once everything that depends on
+	// it is: they started after it ended, so they come before it here.
+	dependents := sg.dependents()
+	undone := make([]chan struct{}, len(sg.items))
 	for _, i := range slices.Backward(sg.started) {
 		if !sg.state[i].applied || sg.undone(i) {
 			continue
 		}
+		undone[i] = make(chan struct{})
 		slots <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-slots }()
+			defer close(undone[i])
+			for _, j := range dependents[i] {
+				if undone[j] != nil {
+					<-undone[j]
+				}
+			}
 			sg.undoItem(ctx, i)
 		})
 	}

@@ -102,6 +102,18 @@ func writeEnvelope(w io.Writer, head any, items []ItemResult) error {
 func appendItemHead(b []byte, it *ItemResult) []byte {
 	b = append(b, `{"index":`...)
 	b = strconv.AppendInt(b, int64(it.Index), 10)
+	if it.Op != "" {
+		b = append(b, `,"op":`...)
+		b = appendJSONString(b, it.Op)
+	}
+	if it.Method != "" {
+		b = append(b, `,"method":`...)
+		b = appendJSONString(b, it.Method)
+	}
+	if it.URL != "" {
+		b = append(b, `,"url":`...)
+		b = appendJSONString(b, it.URL)
+	}
 	if it.ID != "" {
 		b = append(b, `,"id":`...)
 		b = appendJSONString(b, it.ID)

@@ -22,9 +22,13 @@ func (sg *saga) execute(clientCtx, batchCtx context.Context) {
 	stop := make(chan struct{})
 	halt := sync.OnceFunc(func() { close(stop) })
 	defer context.AfterFunc(clientCtx, halt)()
+	if sg.plan.envelope() {
+		sg.executeGraph(clientCtx, batchCtx)
+		return
+	}
 	writeCtx := context.WithoutCancel(clientCtx)
 	pending := sg.pending()
-	if sg.plan.Op == policy.OpGet && sg.plan.Match.Resource.List != nil && !sg.plan.envelope() {
+	if sg.plan.Op == policy.OpGet && sg.plan.Match.Resource.List != nil {
 		pending = sg.listRead(batchCtx, pending, stop, func(ctx context.Context, i int, elem json.RawMessage) {
 			if !sg.answered(ctx, i, nil, &SubResponse{Status: http.StatusOK, Body: elem}, nil) && sg.allOrNothing() {
 				halt() // an answer too large to keep

@@ -201,6 +201,10 @@ func parseOperation(i int, raw json.RawMessage, names map[string]int, e *Envelop
 		if prob := unscopedParam(op.query, m.Resource.Settings); prob != nil {
 			return bad("%s", prob.Detail)
 		}
+		if missing, how := m.Resource.UndoMissing(kind); missing != "" {
+			return bad("an all-or-nothing envelope undoes it if the envelope fails (%s), and the map of %s does not allow %s: allow it, or send the envelope as partial",
+				how, m.Resource.Collection, missing)
+		}
 	}
 	for _, name := range ob.DependsOn {
 		j, ok := names[name]
@@ -232,8 +236,11 @@ func (op *operation) parseURL(names map[string]int) error {
 		return fmt.Errorf("the url %q must be a path on this gateway, like /api/users/7", op.url)
 	}
 	u, err := url.Parse(op.url)
-	if err != nil || u.Fragment != "" {
-		return fmt.Errorf("the url %q is not a path and query", op.url)
+	switch {
+	case err != nil:
+		return fmt.Errorf("the url %q is not a path and query: %v", op.url, err)
+	case strings.Contains(op.url, "#"):
+		return fmt.Errorf("the url %q has a #: a member of an answer stands in a url segment percent-encoded, as $op%%23%%2Fname for $op#/name", op.url)
 	}
 	op.query, op.ownQuery = u.RawQuery, u.RawQuery
 	op.segs = strings.Split(u.EscapedPath()[1:], "/")
@@ -246,6 +253,8 @@ func (op *operation) parseURL(names map[string]int) error {
 		switch {
 		case err != nil:
 			return fmt.Errorf("the url's segment %q %w", text, err)
+		case !isRef && text != "" && badID(text) != "":
+			return fmt.Errorf("the url's segment %q %s", text, badID(text))
 		case isRef:
 			if op.refs == nil {
 				op.refs = map[int]reference{}

@@ -18,29 +18,21 @@ import (
 // strong ETag read with one makes the write conditional. It reports
 // whether the batch may go on.
 func (sg *saga) preflight(ctx context.Context) bool {
-	var read func(ctx context.Context, i int) bool
-	switch sg.plan.Op {
-	case policy.OpUpdate, policy.OpDelete:
-		read = sg.readPreimage
-	case policy.OpCreate:
-		// Absence from a LIST proves nothing: each id is read alone.
-		read = sg.checkFree
-	default:
-		return true
-	}
 	var targets []int
 	for _, i := range sg.pending() {
-		if sg.items[i].ID != "" {
+		if sg.plan.Items[i].tgt != nil && sg.items[i].ID != "" && sg.preflightRead(i) != nil {
 			targets = append(targets, i)
 		}
 	}
 	stop := make(chan struct{})
 	halt := sync.OnceFunc(func() { close(stop) })
-	if f := sg.plan.Match.Resource.List; f != nil && f.Preflight && sg.plan.Op != policy.OpCreate {
-		targets = sg.listRead(ctx, targets, stop, sg.listedPreimage)
+	if !sg.plan.envelope() && sg.plan.Op != policy.OpCreate {
+		if f := sg.plan.Match.Resource.List; f != nil && f.Preflight {
+			targets = sg.listRead(ctx, targets, stop, sg.listedPreimage)
+		}
 	}
 	sg.fanOut(ctx, targets, stop, func(ctx context.Context, i int) {
-		if !read(ctx, i) {
+		if !sg.preflightRead(i)(ctx, i) {
 			halt()
 		}
 	})
@@ -56,6 +48,20 @@ func (sg *saga) preflight(ctx context.Context) bool {
 		}
 	}
 	return false
+}
+
+// preflightRead is how item i is read before anything is written: an
+// update's or delete's target for its pre-image, a create's own id to
+// prove it free (absence from a LIST proves nothing: each id is read
+// alone); nil for a read, which needs none.
+func (sg *saga) preflightRead(i int) func(ctx context.Context, i int) bool {
+	switch sg.tgt(i).op {
+	case policy.OpUpdate, policy.OpDelete:
+		return sg.readPreimage
+	case policy.OpCreate:
+		return sg.checkFree
+	}
+	return nil
 }
 
 func (sg *saga) readPreimage(ctx context.Context, i int) bool {

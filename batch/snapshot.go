@@ -188,6 +188,7 @@ func resumedPlan(snap *Snapshot, lookup func(path string) (policy.Match, bool), 
 			return nil, fmt.Errorf("%w: no envelope is configured at %s", ErrNotResumable, snap.Path)
 		}
 		p.Op, p.Envelope, p.settings, p.lookup = policy.OpEnvelope, env.Path, env.Settings, env.Lookup
+		lookup = env.Lookup
 	} else {
 		op, err := policy.ParseOp(snap.Op)
 		if err != nil || !op.Writes() {

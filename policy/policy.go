@@ -305,6 +305,18 @@ func undoNeeds(op Op, restore Restore) (coll, item MethodSet, how string) {
 	return 0, 0, ""
 }
 
+// UndoMissing names the methods, not allowed by the resource's map, that
+// undoing an all-or-nothing write of op would need, and says how it is
+// undone; missing is "" when the map allows them all.
+func (r *Resource) UndoMissing(op Op) (missing, how string) {
+	restore := r.Settings.RestoreUpdated
+	if op == OpDelete {
+		restore = r.Settings.RestoreDeleted
+	}
+	coll, item, how := undoNeeds(op, restore)
+	return r.missing(coll, item), how
+}
+
 // checkUndo refuses an operation that may run all-or-nothing (its mode, or
 // any mode when clients may override it) but whose compensation needs a
 // method the legacy API does not support.

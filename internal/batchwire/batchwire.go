@@ -23,7 +23,11 @@ type Response struct {
 
 // Item is one item of a batch answer.
 type Item struct {
-	Index        int               `json:"index"`
+	Index int `json:"index"`
+	// Op, Method and URL name an envelope's operation.
+	Op           string            `json:"op"`
+	Method       string            `json:"method"`
+	URL          string            `json:"url"`
 	ID           string            `json:"id"`
 	Status       int               `json:"status"`
 	Outcome      string            `json:"outcome"`

@@ -1,0 +1,146 @@
+package batch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/caddy-batch/caddy-batch/policy"
+)
+
+// executeGraph is execute for an envelope: every operation starts as soon
+// as everything it depends on has succeeded, in the order of the
+// envelope, at most Concurrency at once. As in a batch, nothing new
+// starts once the client went away, the batch's deadline passed, or, when
+// all-or-nothing, an operation failed. In partial mode an operation whose
+// dependency did not succeed is not attempted, with 424 (Failed
+// Dependency).
+func (sg *saga) executeGraph(clientCtx, batchCtx context.Context) {
+	writeCtx := context.WithoutCancel(clientCtx)
+	n := len(sg.items)
+	started, ended, succeeded := make([]bool, n), make([]bool, n), make([]bool, n)
+	finished := make(chan int)
+	results := make([]bool, n)
+	running, halted := 0, false
+	for {
+		halted = halted || clientCtx.Err() != nil || batchCtx.Err() != nil
+		for i := 0; i < n && !halted && running < sg.s.Concurrency; i++ {
+			if started[i] {
+				continue
+			}
+			ready, failedDep := sg.dependencies(i, ended, succeeded)
+			switch {
+			case failedDep >= 0:
+				started[i], ended[i] = true, true
+				sg.notAttempted(writeCtx, i, failedDep)
+			case ready:
+				started[i] = true
+				running++
+				sg.started = append(sg.started, i)
+				go func() {
+					results[i] = sg.executeOperation(batchCtx, writeCtx, i)
+					finished <- i
+				}()
+			}
+		}
+		if running == 0 {
+			return
+		}
+		i := <-finished
+		running--
+		ended[i], succeeded[i] = true, results[i]
+		if !results[i] && sg.allOrNothing() {
+			halted = true
+		}
+	}
+}
+
+// dependencies tells whether everything operation i depends on has
+// succeeded (ready), or which of them ended without succeeding (-1 for
+// none).
+func (sg *saga) dependencies(i int, ended, succeeded []bool) (ready bool, failed int) {
+	ready = true
+	for _, j := range sg.plan.Items[i].op.deps {
+		switch {
+		case !ended[j]:
+			ready = false
+		case !succeeded[j]:
+			return false, j
+		}
+	}
+	return ready, -1
+}
+
+// notAttempted settles an operation of a partial envelope that cannot run
+// because an operation it depends on did not succeed.
+func (sg *saga) notAttempted(ctx context.Context, i, dep int) {
+	_ = sg.transition(ctx, i, PhaseSettled, nil, func(it *ItemResult, st *itemState) {
+		it.clearResponse()
+		it.Status, it.Outcome, st.settled = http.StatusFailedDependency, NotAttempted, true
+		it.Error = fmt.Sprintf("operation %q, which it depends on, did not succeed", sg.plan.Items[dep].op.name)
+	})
+}
+
+// executeOperation runs one operation of an envelope: it fills in its
+// references, and, where its url named its item only once filled, locks
+// and preflights that item as the saga's first steps do for the others;
+// then it sends it as a batch's item. It reports whether it succeeded.
+func (sg *saga) executeOperation(batchCtx, ctx context.Context, i int) bool {
+	it := &sg.plan.Items[i]
+	late := it.tgt == nil || it.tgt.op == policy.OpCreate && it.ID == ""
+	if it.tgt == nil || it.op.body != nil {
+		if !sg.fill(ctx, i) {
+			return false
+		}
+	}
+	if late && sg.isSaga() && it.tgt.op.Writes() && it.ID != "" {
+		if !sg.lockLate(batchCtx, ctx, i) {
+			return false
+		}
+		read := sg.preflightRead(i)
+		if read != nil && !read(batchCtx, i) {
+			return false
+		}
+	}
+	return sg.executeItem(batchCtx, ctx, i)
+}
+
+// lockLate locks an item whose id an envelope learned only as it ran, out
+// of the order of keys: the wait is bounded by item_timeout, and an item
+// another writer holds that long fails the operation with 409, nothing
+// sent.
+func (sg *saga) lockLate(batchCtx, ctx context.Context, i int) bool {
+	key := sg.itemPath(i, sg.items[i].ID)
+	if sg.rt.Locks == nil || sg.locks.has(key) {
+		return true
+	}
+	lockCtx, cancel := context.WithTimeout(batchCtx, sg.set(i).ItemTimeout)
+	defer cancel()
+	unlock, err := sg.rt.Locks.Lock(lockCtx, key)
+	if err != nil {
+		status, reason := http.StatusConflict, fmt.Sprintf("another write through the gateway held %s for item_timeout, so the operation was not sent", key)
+		if !errors.Is(err, ErrLocked) {
+			status, reason = http.StatusServiceUnavailable, fmt.Sprintf("the lock of %s could not be taken (the item locks are unavailable), so the operation was not sent", key)
+		}
+		sg.fail(ctx, i, status, reason, err)
+		return false
+	}
+	sg.locks.add(key, unlock)
+	return true
+}
+
+// dependents lists, for each item, the items that depend on it: an
+// envelope's undo of an item waits for theirs.
+func (sg *saga) dependents() [][]int {
+	out := make([][]int, len(sg.plan.Items))
+	for j, it := range sg.plan.Items {
+		if it.op == nil {
+			continue
+		}
+		for _, i := range it.op.deps {
+			out[i] = append(out[i], j)
+		}
+	}
+	return out
+}
