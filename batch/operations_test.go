@@ -1,9 +1,11 @@
 package batch
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"maps"
 	"net/http"
 	"net/http/httptest"
@@ -548,4 +550,63 @@ func (j *killingJournal) snapshot() *Snapshot {
 	var s Snapshot
 	_ = json.Unmarshal(b, &s)
 	return &s
+}
+
+// FuzzAdmitEnvelope holds what every envelope AdmitEnvelope accepts must
+// hold, whatever the client sent: every operation whose item is known goes
+// to an item (or a collection) of the resource its url matched, under one
+// escaped segment; references and depends_on name only earlier
+// operations; the limits hold.
+func FuzzAdmitEnvelope(f *testing.F) {
+	for _, b := range []string{
+		userWithPosts,
+		`{"operations": [{"id": "a", "method": "GET", "url": "/users/1"}]}`,
+		`{"operations": [{"id": "a", "method": "DELETE", "url": "/users/%2e%2e"}]}`,
+		`{"operations": [{"id": "a", "method": "GET", "url": "/users/1/../../admin"}]}`,
+		`{"operations": [{"id": "a", "method": "GET", "url": "/users/$a"}]}`,
+		`{"operations": [{"id": "a", "method": "POST", "url": "/users", "body": {"id": "1/2"}}]}`,
+		`{"operations": [{"id": "a", "method": "POST", "url": "/users", "body": {"x": "$$a"}}, {"id": "b", "method": "PATCH", "url": "/users/$a%23%2Fx", "body": {"y": ["$a#/z"]}}]}`,
+		`{"atomicity": "partial", "operations": [{"id": "a", "method": "PUT", "url": "/users/7?tenant=x", "body": {}}]}`,
+		`{"operations": [{"id": "a", "method": "GET", "url": "//evil/users/1"}]}`, `{}`, `[]`, `null`, ``,
+	} {
+		f.Add([]byte(b))
+	}
+	e := shop(f, func(s *policy.Settings) { s.MaxItems, s.MaxBodySize = fuzzMaxItems, 4096 })
+	f.Fuzz(func(t *testing.T, body []byte) {
+		r := &http.Request{
+			Method: http.MethodPost, URL: &url.URL{Path: "/batch"}, Header: http.Header{},
+			Body: io.NopCloser(bytes.NewReader(body)), ContentLength: int64(len(body)),
+		}
+		p, prob := AdmitEnvelope(r, e)
+		if prob != nil {
+			if prob.Status != http.StatusMethodNotAllowed { // a method the map refuses
+				checkProblem(t, prob.Status)
+			}
+			return
+		}
+		if len(p.Items) == 0 || len(p.Items) > fuzzMaxItems {
+			t.Fatalf("%d operations (max_items %d)", len(p.Items), fuzzMaxItems)
+		}
+		for i, it := range p.Items {
+			for _, j := range it.op.deps {
+				if j >= i {
+					t.Fatalf("operation %d depends on %d, which is not earlier", i, j)
+				}
+			}
+			if it.tgt == nil {
+				continue
+			}
+			path := it.tgt.collectionPath
+			if it.tgt.op != policy.OpCreate {
+				if reason := badID(it.ID); reason != "" {
+					t.Fatalf("operation %d: id %q was accepted, but %s", i, it.ID, reason)
+				}
+				path = it.tgt.paths.Path(it.ID)
+			}
+			m, ok := e.Lookup(path)
+			if !ok || m.Resource != it.op.resource || m.Item != (it.tgt.op != policy.OpCreate) {
+				t.Fatalf("operation %d goes to %s, which is not the %s it was admitted for", i, path, it.op.resource.Collection)
+			}
+		}
+	})
 }
