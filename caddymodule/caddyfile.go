@@ -59,6 +59,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    journal              [on|off]
 //	    scope_query          <param...>
 //	    id_format            any|integer|uuid
+//	    envelope             <path>
 //
 //	    resource <collection path template> {
 //	        collection <METHOD...>
@@ -80,7 +81,11 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	}
 	// caddy adapt does not provision, so without this a configuration
 	// that cannot work would be adapted, and refused later with no line.
-	if _, err := h.buildPolicy(at.lines()); err != nil {
+	p, err := h.buildPolicy(at.lines())
+	if err == nil {
+		_, err = h.envelopeOf(p)
+	}
+	if err != nil {
 		return at.locate(err)
 	}
 	return nil
@@ -179,15 +184,37 @@ func (h *Handler) unmarshal(d *caddyfile.Dispenser) (*places, error) {
 			}
 			h.Resources = append(h.Resources, r)
 			at.resources = append(at.resources, rat)
+		case name == "envelope":
+			if err := h.unmarshalEnvelope(d, at.options); err != nil {
+				return nil, err
+			}
 		case slices.Contains(resourceWords, name):
 			return nil, d.Errf("%s belongs in a resource block: resource <collection path> { %s ... }", name, name)
 		default:
-			if err := h.Options.unmarshalOption(d, at.options, []string{"resource"}); err != nil {
+			if err := h.Options.unmarshalOption(d, at.options, []string{"resource", "envelope"}); err != nil {
 				return nil, err
 			}
 		}
 	}
 	return at, nil
+}
+
+// unmarshalEnvelope reads "envelope <path>".
+func (h *Handler) unmarshalEnvelope(d *caddyfile.Dispenser, seen map[string]caddyfile.Token) error {
+	if err := once(d, seen, "envelope", d.Token()); err != nil {
+		return err
+	}
+	if !d.NextArg() {
+		return d.Err("envelope takes the path its POSTs come on, e.g. envelope /api/batch")
+	}
+	h.Envelope = d.Val()
+	if d.NextArg() {
+		return d.Errf("envelope takes one path, not %q too", d.Val())
+	}
+	if d.NextBlock(d.Nesting()) {
+		return d.Err("envelope takes no block")
+	}
+	return nil
 }
 
 func unmarshalResource(d *caddyfile.Dispenser) (Resource, resourcePlaces, error) {
@@ -203,8 +230,11 @@ func unmarshalResource(d *caddyfile.Dispenser) (Resource, resourcePlaces, error)
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		name := d.Val()
 		if !slices.Contains(resourceWords, name) {
-			if name == "resource" {
+			switch name {
+			case "resource":
 				return r, at, d.Errf("resource blocks do not nest: close the block of resource %s before the next resource", r.Path)
+			case "envelope":
+				return r, at, d.Errf("envelope belongs in the batch block, not in resource %s: one envelope serves every resource", r.Path)
 			}
 			if err := r.Options.unmarshalOption(d, at.options, resourceWords); err != nil {
 				return r, at, err

@@ -54,8 +54,15 @@ type Handler struct {
 	// through untouched. Required.
 	Resources []Resource `json:"resources,omitempty"`
 
-	policy *policy.Policy
-	logger *zap.Logger
+	// The path of the handler's envelope: a POST there carries
+	// single-item operations on the resources above, with references
+	// between them, run as one batch (docs/envelope.md). It must match
+	// no resource. Default: none (no envelope).
+	Envelope string `json:"envelope,omitempty"`
+
+	policy   *policy.Policy
+	envelope *batch.Envelope // nil without one
+	logger   *zap.Logger
 	locks  *batch.LocalLocks
 	slots  *pooledSlots
 	// untrackSlots stops the metrics counting the slots, at Cleanup.
@@ -141,6 +148,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("batch: %w", err)
 	}
 	h.policy = p
+	if h.envelope, err = h.envelopeOf(p); err != nil {
+		return fmt.Errorf("batch: %w", err)
+	}
 	storage := configStorage(ctx)
 	if err := h.provisionLocks(storage); err != nil {
 		return fmt.Errorf("batch: %w", err)
@@ -166,6 +176,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// finish through this route, not a client's request.
 	if job, ok := r.Context().Value(recoveryCtxKey).(*recovery); ok {
 		return h.resume(w, r, next, job)
+	}
+	if h.isEnvelope(r.URL.EscapedPath()) {
+		return h.serveEnvelope(w, r, next)
 	}
 	m, ok := h.policy.Lookup(r.URL.EscapedPath())
 	if !ok {
@@ -207,7 +220,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if !isBatch {
 		return next.ServeHTTP(w, r)
 	}
-	return h.serveBatch(w, r, m, op, plan, prob, next)
+	return h.serveBatch(w, r, h.collectionScope(m), op, plan, prob, next)
 }
 
 // applyMethodOverride judges a method override (a header, or the _method
@@ -272,23 +285,23 @@ func serveDeclarativeDelete(w http.ResponseWriter, r *http.Request, next caddyht
 	return nil
 }
 
-// serveBatch runs an admitted batch, or answers the problem that refused
-// it.
-func (h *Handler) serveBatch(w http.ResponseWriter, r *http.Request, m policy.Match, op policy.Op, plan *batch.Plan, prob *problem.Details, next caddyhttp.Handler) error {
-	obs := h.observe(r, m, op)
+// serveBatch runs an admitted batch or envelope, or answers the problem
+// that refused it.
+func (h *Handler) serveBatch(w http.ResponseWriter, r *http.Request, sc scope, op policy.Op, plan *batch.Plan, prob *problem.Details, next caddyhttp.Handler) error {
+	obs := h.observe(r, sc, op)
 	if prob != nil {
 		obs.rejected(prob.Status, prob.Detail)
 		if prob.Status == http.StatusMethodNotAllowed {
-			w.Header().Set("Allow", m.Allow())
+			w.Header().Set("Allow", sc.allow)
 		}
 		return prob.Write(w)
 	}
-	keyed := h.idem.watch(r, m, op, plan.BodyDigest())
+	keyed := h.idem.watch(r, sc, op, plan.BodyDigest())
 	if done, err := keyed.claim(w, len(plan.Items)); done {
 		return err
 	}
-	send := newSubrequests(r, obs.chain(next), m.Resource.Settings.MaxBodySize)
-	result := batch.Run(r.Context(), plan, batch.Runtime{Send: send, Locks: obs.locks(h.lockerFor(m)), Slots: h.slots, Journal: h.journalFor(r, plan)})
+	send := newSubrequests(r, obs.chain(next), sc.settings.MaxBodySize)
+	result := batch.Run(r.Context(), plan, batch.Runtime{Send: send, Locks: obs.locks(sc.locks), Slots: h.slots, Journal: h.journalFor(r, sc, plan)})
 	obs.finished(plan, result)
 	return keyed.write(w, result)
 }

@@ -127,7 +127,7 @@ func newIdempotency(storage certmagic.Storage, logger *zap.Logger) *idempotency 
 type keyedBatch struct {
 	idem     *idempotency
 	r        *http.Request
-	m        policy.Match
+	sc       scope
 	op       policy.Op
 	key      string // the record's storage key
 	lockName string // the storage lock around its check and claim
@@ -139,7 +139,7 @@ type keyedBatch struct {
 // watch starts following a batch write that carries an Idempotency-Key;
 // it returns nil for anything else. body is the digest of the body the
 // batch read (Plan.BodyDigest).
-func (i *idempotency) watch(r *http.Request, m policy.Match, op policy.Op, body []byte) *keyedBatch {
+func (i *idempotency) watch(r *http.Request, sc scope, op policy.Op, body []byte) *keyedBatch {
 	if i == nil || !op.Writes() {
 		return nil
 	}
@@ -147,12 +147,11 @@ func (i *idempotency) watch(r *http.Request, m policy.Match, op policy.Op, body 
 	if key == "" {
 		return nil
 	}
-	record, lock := durable.IdempotencyRecord(key, durable.Credentials(r.Header),
-		m.Resource.Collection.String(), m.CollectionPath(), op.String())
+	record, lock := durable.IdempotencyRecord(key, durable.Credentials(r.Header), sc.resource, sc.collection, op.String())
 	k := &keyedBatch{
 		idem:     i,
 		r:        r,
-		m:        m,
+		sc:       sc,
 		op:       op,
 		key:      record,
 		lockName: lock,
@@ -175,13 +174,13 @@ func (k *keyedBatch) claim(w http.ResponseWriter, items int) (done bool, err err
 	if k == nil {
 		return false, nil
 	}
-	i, r, s := k.idem, k.r, k.m.Resource.Settings
+	i, r, s := k.idem, k.r, k.sc.settings
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	refuse := func(d problem.Details, retryAfter string) (bool, error) {
 		setOutcome(repl, items, "rejected")
 		i.logger.Debug("batch refused by its Idempotency-Key",
 			zap.String("op", k.op.String()),
-			zap.String("resource", k.m.Resource.Collection.String()),
+			zap.String("resource", k.sc.resource),
 			zap.Int("status", d.Status),
 			zap.String("detail", d.Detail))
 		if retryAfter != "" {
@@ -240,7 +239,7 @@ func (k *keyedBatch) claim(w http.ResponseWriter, items int) (done bool, err err
 		Version:     1,
 		State:       idemInFlight,
 		Fingerprint: fp,
-		Resource:    k.m.Resource.Collection.String(),
+		Resource:    k.sc.resource,
 		Op:          k.op.String(),
 		Owner:       i.owner,
 		LeaseUntil:  now.Add(i.lease),
@@ -303,10 +302,10 @@ func (k *keyedBatch) renew(max time.Duration) (stop func()) {
 // replay answers with a finished batch's stored answer.
 func (k *keyedBatch) replay(w http.ResponseWriter, repl *caddy.Replacer, items int, rec *idemRecord) error {
 	setOutcome(repl, items, "replayed")
-	metrics.replays.WithLabelValues(serverName(k.r), k.m.Resource.Collection.String(), k.op.String()).Inc()
+	metrics.replays.WithLabelValues(serverName(k.r), k.sc.resource, k.op.String()).Inc()
 	k.idem.logger.Info("batch replayed",
 		zap.String("op", k.op.String()),
-		zap.String("resource", k.m.Resource.Collection.String()),
+		zap.String("resource", k.sc.resource),
 		zap.Int("status", rec.Answer.Status),
 		zap.String("outcome", rec.Outcome))
 	w.Header().Set("Idempotent-Replayed", "true")
@@ -337,7 +336,7 @@ func (k *keyedBatch) write(w http.ResponseWriter, res *batch.Result) error {
 		}
 		return rec.answer().write(w)
 	}
-	done := i.answered(k.record, k.m.Resource.Settings, res, rec)
+	done := i.answered(k.record, k.sc.settings, res, rec)
 	if err := storeIdemRecord(ctx, i.storage, k.key, done); err != nil {
 		// The client still gets its answer; a retry finds the claim,
 		// whose lease lapses, and is told the answer was not kept.
@@ -379,7 +378,7 @@ func (i *idempotency) answered(claimed *idemRecord, s policy.Settings, res *batc
 // upstream replay its stored answers to the items' keys. The record is
 // found as the batch claimed it: by the client's key, credentials,
 // resource and operation, all in the saga's snapshot.
-func (i *idempotency) settleRecovered(ctx context.Context, m policy.Match, snap *batch.Snapshot, res *batch.Result) {
+func (i *idempotency) settleRecovered(ctx context.Context, sc scope, snap *batch.Snapshot, res *batch.Result) {
 	if i == nil {
 		return
 	}
@@ -387,8 +386,7 @@ func (i *idempotency) settleRecovered(ctx context.Context, m policy.Match, snap 
 	if snap.KeyQuoted {
 		key = `"` + key + `"`
 	}
-	recordKey, _ := durable.IdempotencyRecord(key, durable.Credentials(snap.Header),
-		m.Resource.Collection.String(), m.CollectionPath(), snap.Op)
+	recordKey, _ := durable.IdempotencyRecord(key, durable.Credentials(snap.Header), sc.resource, sc.collection, snap.Op)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storageTimeout)
 	defer cancel()
 	claimed, err := loadIdemRecord(ctx, i.storage, recordKey)
@@ -399,7 +397,7 @@ func (i *idempotency) settleRecovered(ctx context.Context, m policy.Match, snap 
 	if err := res.Write(rec); err != nil {
 		return
 	}
-	if err := storeIdemRecord(ctx, i.storage, recordKey, i.answered(claimed, m.Resource.Settings, res, rec)); err != nil {
+	if err := storeIdemRecord(ctx, i.storage, recordKey, i.answered(claimed, sc.settings, res, rec)); err != nil {
 		i.logger.Error("storing a recovered batch's answer for replay", zap.String("record", recordKey), zap.Error(err))
 	}
 }

@@ -494,7 +494,7 @@ func TestIdempotencyStoredStates(t *testing.T) {
 			}
 			m, _ := p.Lookup("/api/widgets")
 			digest := sha256.Sum256([]byte(body))
-			k := (&idempotency{}).watch(req, m, policy.OpUpdate, digest[:])
+			k := (&idempotency{}).watch(req, h.collectionScope(m), policy.OpUpdate, digest[:])
 			if err := storage.Store(context.Background(), k.key, c.record(k.fingerprint())); err != nil {
 				t.Fatal(err)
 			}

@@ -94,7 +94,7 @@ func isWrite(method string) bool {
 func (h *Handler) serveLockedWrite(w http.ResponseWriter, r *http.Request, m policy.Match, serve func() error) error {
 	key := m.ItemKey()
 	ctx, cancel := context.WithTimeout(r.Context(), m.Resource.Settings.ItemTimeout)
-	unlock, err := observeLocks(h.lockerFor(m), r, m, lockBySingle).Lock(ctx, key)
+	unlock, err := observeLocks(h.lockerFor(m), r, m.Resource.Collection.String(), lockBySingle).Lock(ctx, key)
 	cancel()
 	if err != nil {
 		if r.Context().Err() != nil {

@@ -198,11 +198,11 @@ type observedLocks struct {
 }
 
 // observeLocks wraps l for one request; l may be nil (no locks).
-func observeLocks(l batch.Locker, r *http.Request, m policy.Match, request string) batch.Locker {
+func observeLocks(l batch.Locker, r *http.Request, resource, request string) batch.Locker {
 	if l == nil {
 		return nil
 	}
-	return observedLocks{l, []string{serverName(r), m.Resource.Collection.String(), request}}
+	return observedLocks{l, []string{serverName(r), resource, request}}
 }
 
 func (l observedLocks) Lock(ctx context.Context, key string) (func(), error) {

@@ -24,7 +24,7 @@ type observation struct {
 	start  time.Time
 	repl   *caddy.Replacer
 	r      *http.Request
-	m      policy.Match
+	sc     scope
 	op     policy.Op
 	labels batchLabels
 	// request identifies the batch request in its log line as Caddy's
@@ -38,14 +38,14 @@ type observation struct {
 // observe starts the observation of a batch request. It runs on the
 // client's goroutine before the fan-out: it makes the request's UUID,
 // which writes to the request's vars and log fields.
-func (h *Handler) observe(r *http.Request, m policy.Match, op policy.Op) *observation {
+func (h *Handler) observe(r *http.Request, sc scope, op policy.Op) *observation {
 	o := &observation{
 		logger: h.logger,
 		start:  time.Now(),
 		r:      r,
-		m:      m,
+		sc:     sc,
 		op:     op,
-		labels: batchLabels{serverName(r), m.Resource.Collection.String(), op.String()},
+		labels: batchLabels{serverName(r), sc.resource, op.String()},
 	}
 	o.repl, _ = r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if o.repl != nil {
@@ -78,7 +78,7 @@ func clientIP(r *http.Request) string {
 
 // locks is the batch's item locker, measured.
 func (o *observation) locks(l batch.Locker) batch.Locker {
-	return observeLocks(l, o.r, o.m, lockByBatch)
+	return observeLocks(l, o.r, o.sc.resource, lockByBatch)
 }
 
 // chain is the rest of the handler chain, as the batch's sub-requests go
@@ -90,7 +90,7 @@ func (o *observation) chain(next caddyhttp.Handler) caddyhttp.Handler {
 // rejected records a batch refused before anything was sent.
 func (o *observation) rejected(status int, detail string) {
 	setOutcome(o.repl, 0, outcomeRejected)
-	metrics.rejected(o.labels, o.m.Resource.Settings.Atomicity[o.op])
+	metrics.rejected(o.labels, o.sc.atomicity(o.op))
 	if ce := o.logger.Check(zapcore.DebugLevel, "batch rejected"); ce != nil {
 		ce.Write(append(o.request,
 			zap.String("op", o.op.String()),

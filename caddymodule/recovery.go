@@ -305,30 +305,47 @@ func (a *App) server(name string) (*caddyhttp.Server, error) {
 }
 
 // resume is ServeHTTP for a recovery's request: the handler that serves
-// the saga's resource finishes it through next; any other passes it on.
+// the saga's resource, or its envelope, finishes it through next; any
+// other passes it on.
 func (h *Handler) resume(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, job *recovery) error {
-	m, ok := h.policy.Lookup(job.snap.Path)
-	if !ok || m.Item || job.reached {
+	sc, ok := h.scopeOf(job.snap)
+	if !ok || job.reached {
 		return next.ServeHTTP(w, r)
 	}
 	job.reached = true
 	rt := batch.Runtime{
-		Send:    newSubrequests(r, next, m.Resource.Settings.MaxBodySize),
-		Locks:   h.lockerFor(m),
+		Send:    newSubrequests(r, next, sc.settings.MaxBodySize),
+		Locks:   sc.locks,
 		Journal: job.journal,
 		Slots:   h.slots,
 	}
-	job.res, job.err = batch.Resume(r.Context(), job.snap, h.policy.Lookup, nil, rt)
+	job.res, job.err = batch.Resume(r.Context(), job.snap, h.policy.Lookup, h.envelope, rt)
 	if job.err == nil {
-		h.idem.settleRecovered(r.Context(), m, job.snap, job.res)
+		h.idem.settleRecovered(r.Context(), sc, job.snap, job.res)
 	}
 	return nil
 }
 
+// scopeOf is the scope a saga from a journal ran under, if this handler
+// serves it: its resource's collection, or the handler's envelope.
+func (h *Handler) scopeOf(snap *batch.Snapshot) (scope, bool) {
+	if snap.Op == policy.OpEnvelope.String() {
+		if h.envelope == nil || h.envelope.Path != snap.Path {
+			return scope{}, false
+		}
+		return h.envelopeScope(), true
+	}
+	m, ok := h.policy.Lookup(snap.Path)
+	if !ok || m.Item {
+		return scope{}, false
+	}
+	return h.collectionScope(m), true
+}
+
 // journalFor is the journal of a batch, or nil if it keeps none: only an
 // all-or-nothing write batch is a saga.
-func (h *Handler) journalFor(r *http.Request, p *batch.Plan) batch.Journal {
-	if h.journals == nil || !p.Match.Resource.Settings.Journal || p.Atomicity != policy.AllOrNothing || !p.Op.Writes() {
+func (h *Handler) journalFor(r *http.Request, sc scope, p *batch.Plan) batch.Journal {
+	if h.journals == nil || !sc.settings.Journal || p.Atomicity != policy.AllOrNothing || !p.Op.Writes() {
 		return nil
 	}
 	return h.journals.newJournal(r)

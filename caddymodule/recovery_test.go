@@ -376,7 +376,7 @@ func TestRecoverSettlesTheIdempotencyKey(t *testing.T) {
 	req.Header.Set("Idempotency-Key", tc.key)
 	m, _ := h.policy.Lookup(tc.target)
 	digest := sha256.Sum256([]byte(tc.body))
-	k := (&idempotency{}).watch(req, m, policy.OpUpdate, digest[:])
+	k := (&idempotency{}).watch(req, h.collectionScope(m), policy.OpUpdate, digest[:])
 	now := time.Now()
 	claimed := idemRecord{Version: 1, State: idemInFlight, Fingerprint: k.fingerprint(), Resource: tc.collection, Op: "update",
 		Owner: "dead", LeaseUntil: now.Add(-time.Second), Created: now, Expires: now.Add(time.Hour)}

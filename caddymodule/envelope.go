@@ -1,0 +1,142 @@
+package caddymodule
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/policy"
+	"github.com/caddy-batch/caddy-batch/problem"
+)
+
+// scope is what a batch request runs under: one resource's collection, or
+// the handler's envelope (docs/envelope.md). It names what the request is
+// counted, logged, keyed and journaled under, and holds what bounds it.
+type scope struct {
+	// resource is the resource label of the metrics and the log line,
+	// and of an Idempotency-Key record: the collection's template, or the
+	// envelope's path.
+	resource string
+	// collection is the path an Idempotency-Key record is scoped to: the
+	// collection's, its variables bound, or the envelope's.
+	collection string
+	// settings are the batch's own: its resource's, or the handler's.
+	settings policy.Settings
+	// atomicity is what a refused batch is counted under.
+	atomicity func(op policy.Op) policy.Atomicity
+	// locks lock the items the batch writes.
+	locks batch.Locker
+	// allow is the Allow header of a 405.
+	allow string
+}
+
+// collectionScope is the scope of a batch on the collection m matched.
+func (h *Handler) collectionScope(m policy.Match) scope {
+	s := m.Resource.Settings
+	return scope{
+		resource:   m.Resource.Collection.String(),
+		collection: m.CollectionPath(),
+		settings:   s,
+		atomicity:  func(op policy.Op) policy.Atomicity { return s.Atomicity[op] },
+		locks:      h.lockerFor(m),
+		allow:      m.Allow(),
+	}
+}
+
+// envelopeScope is the scope of the handler's envelope: each item it
+// writes is locked as its own resource says.
+func (h *Handler) envelopeScope() scope {
+	e := h.envelope
+	return scope{
+		resource:   e.Path,
+		collection: e.Path,
+		settings:   e.Settings,
+		atomicity:  func(policy.Op) policy.Atomicity { return e.Atomicity },
+		locks:      envelopeLocks{h},
+		allow:      envelopeAllow,
+	}
+}
+
+// envelopeLocks lock each item of an envelope as its resource's
+// item_locks says: a lock's key is the item's path.
+type envelopeLocks struct{ h *Handler }
+
+func (l envelopeLocks) Lock(ctx context.Context, key string) (func(), error) {
+	if m, ok := l.h.policy.Lookup(key); ok {
+		return l.h.lockerFor(m).Lock(ctx, key)
+	}
+	return l.h.locks.Lock(ctx, key)
+}
+
+// envelopeOf builds the handler's envelope over its policy, or refuses
+// one that cannot work; nil when the handler has none.
+func (h *Handler) envelopeOf(p *policy.Policy) (*batch.Envelope, error) {
+	path := h.Envelope
+	if path == "" {
+		return nil, nil
+	}
+	refuse := func(format string, args ...any) error {
+		return policy.OptionError("envelope", fmt.Errorf(format, args...))
+	}
+	switch {
+	case !strings.HasPrefix(path, "/") || strings.ContainsAny(path, "?#{}"):
+		return nil, refuse("envelope %q must be a plain path, such as envelope /api/batch", path)
+	case path != "/":
+		path = strings.TrimSuffix(path, "/")
+	}
+	if m, ok := p.Lookup(path); ok {
+		return nil, refuse("envelope %s is a path of the resource %s: give the envelope a path of its own, such as %s",
+			path, m.Resource.Collection, strings.TrimSuffix(path, "/")+"/batch")
+	}
+	s, err := h.Options.apply(policy.Defaults())
+	if err != nil {
+		return nil, err
+	}
+	atomicity := policy.AllOrNothing
+	if h.Options.Atomicity != "" {
+		atomicity, _ = policy.ParseAtomicity(h.Options.Atomicity) // apply checked it
+	}
+	return &batch.Envelope{Path: path, Settings: s, Atomicity: atomicity, Lookup: p.Lookup}, nil
+}
+
+// isEnvelope reports whether a request path is the envelope's, with or
+// without one trailing slash.
+func (h *Handler) isEnvelope(escapedPath string) bool {
+	e := h.envelope
+	return e != nil && (escapedPath == e.Path || escapedPath == e.Path+"/")
+}
+
+// envelopeAllow is what the envelope's path allows.
+const envelopeAllow = "OPTIONS, POST"
+
+// serveEnvelope answers a request to the envelope's path: a POST is an
+// envelope of operations, OPTIONS is answered, and any other method is
+// refused.
+func (h *Handler) serveEnvelope(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	if o, ok, err := batch.FindMethodOverride(r); err != nil || ok && o.Method != http.MethodPost {
+		// The envelope's path takes POST alone, whatever a client names.
+		w.Header().Set("Allow", envelopeAllow)
+		return problem.New(http.StatusMethodNotAllowed, "method-not-allowed",
+			fmt.Sprintf("the envelope %s takes POST alone; it honours no method override", h.envelope.Path)).Write(w)
+	}
+	switch r.Method {
+	case http.MethodPost:
+	case http.MethodOptions:
+		if r.Header.Get("Origin") != "" && r.Header.Get("Access-Control-Request-Method") != "" {
+			return next.ServeHTTP(w, r) // a CORS preflight is the CORS handler's to answer
+		}
+		w.Header().Set("Allow", envelopeAllow)
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	default:
+		w.Header().Set("Allow", envelopeAllow)
+		return problem.New(http.StatusMethodNotAllowed, "method-not-allowed",
+			fmt.Sprintf("%s is not allowed on the envelope %s; send its operations with POST", r.Method, h.envelope.Path)).Write(w)
+	}
+	plan, prob := batch.AdmitEnvelope(r, h.envelope)
+	return h.serveBatch(w, r, h.envelopeScope(), policy.OpEnvelope, plan, prob, next)
+}
