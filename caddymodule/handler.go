@@ -63,8 +63,8 @@ type Handler struct {
 	policy   *policy.Policy
 	envelope *batch.Envelope // nil without one
 	logger   *zap.Logger
-	locks  *batch.LocalLocks
-	slots  *pooledSlots
+	locks    *batch.LocalLocks
+	slots    *pooledSlots
 	// untrackSlots stops the metrics counting the slots, at Cleanup.
 	untrackSlots func()
 	// storageLocks are set when a resource has item_locks storage.
