@@ -80,7 +80,8 @@ func start(configPath, upstreamAddr string) (stop func() error, err error) {
 
 // demoData is the demo legacy API's content: users (whose PUT cannot
 // create, as in many legacy APIs, and whose LIST filters by ?id=, as
-// json-server's does), their posts, and read-only reports.
+// json-server's does), their posts (any user's, a 404 for a user that
+// does not exist), and read-only reports.
 func demoData() []legacyapi.Collection {
 	return []legacyapi.Collection{
 		{Path: "/api/users", FilterParam: "id", Seed: []map[string]any{
@@ -92,6 +93,8 @@ func demoData() []legacyapi.Collection {
 			{"id": 1, "name": "notes on the analytical engine"},
 		}},
 		{Path: "/api/users/2/posts", Seed: []map[string]any{}},
+		// The posts of every other user, one created at run time included.
+		{Path: "/api/users/*/posts"},
 		{Path: "/api/reports", Seed: []map[string]any{
 			{"id": 1, "name": "q1", "total": 120},
 			{"id": 2, "name": "q2", "total": 95},

@@ -20,8 +20,14 @@
 // slash, the others redirected, a LIST filtered by id in the styles of
 // json-server, django-filter and JSON:API, paged as Django REST
 // framework pages it (a page size capped silently), and records the
-// LIST hides and a GET refuses (403). InFlight, PeakInFlight and CountConns let
-// a test measure the load a client puts on the API.
+// LIST hides and a GET refuses (403).
+//
+// A collection is declared by its concrete path, or by a pattern such as
+// "/api/users/*/posts" that serves the posts of any user, one table per
+// concrete path, answering 404 when that user does not exist.
+//
+// InFlight, PeakInFlight and CountConns let a test measure the load a
+// client puts on the API.
 package legacyapi
 
 import (
@@ -44,13 +50,35 @@ import (
 	"time"
 )
 
-// Collection declares one collection the API serves, by its concrete path.
-// Nested resources are declared by their concrete parent path (for example
-// "/api/users/1/posts") because the legacy APIs being imitated have no notion
-// of relations: each path is simply its own table.
+// Collection declares one collection the API serves, by its concrete path
+// or by a pattern of paths. Nested resources are declared by their concrete
+// parent path (for example "/api/users/1/posts") or by a pattern
+// ("/api/users/*/posts"); either way each concrete path is simply its own
+// table, because the legacy APIs being imitated have no notion of relations
+// beyond the parent's existence.
 type Collection struct {
 	// Path is the escaped path of the collection, e.g. "/api/users" or
 	// "/api/users/1/posts", without a trailing slash.
+	//
+	// A segment that is exactly "*" makes Path a pattern: it serves every
+	// concrete path with the same segments where each "*" stands for any
+	// one non-empty segment, e.g. "/api/users/*/posts" serves
+	// "/api/users/1000/posts", a user created at run time. Each concrete
+	// path is a collection of its own, with every setting of the pattern:
+	// its own tables (one per tenant), made empty on first use, each with
+	// its own auto-increment, and Location headers that name the concrete
+	// path. A declared concrete path wins over a pattern that matches it,
+	// and of two patterns that match a path the one declared first serves
+	// it. A pattern has no seeds (New panics on them).
+	//
+	// The parent item of a concrete path is its prefix up to the segment
+	// the last "*" matched ("/api/users/1000" for the path above). When
+	// the collection holding it (here "/api/users") is served, declared or
+	// by a pattern, the concrete path answers 404, as an unknown path, unless
+	// the parent item exists in that collection, in the tenant the request
+	// addresses there, as Django REST framework's nested routers and Rails'
+	// nested resources do; a parent collection that is not served is not
+	// checked. Deleting the parent deletes nothing else.
 	Path string
 	// PutCreates makes PUT on a missing id create it (201). When false, PUT
 	// on a missing id answers 404, as many legacy APIs do, so the gateway
@@ -248,7 +276,7 @@ type Collection struct {
 	// affected. Default: none.
 	Hidden []string
 	// Seed holds the initial records. Each must have an "id" that is a number
-	// (e.g. 1) or a non-empty string.
+	// (e.g. 1) or a non-empty string. A pattern Path has none.
 	Seed []map[string]any
 }
 
@@ -325,11 +353,13 @@ type Fault struct {
 // API is the fake legacy server. It is an http.Handler; the zero value is not
 // usable, call New.
 type API struct {
-	// cols is built by New and only read afterwards.
-	cols map[string]*collection
+	// cols (declared concrete paths) and patterns (pattern paths, in
+	// declaration order) are built by New and only read afterwards.
+	cols     map[string]*collection
+	patterns []*collection
 
-	// mu guards the fields from here to writes and the collections'
-	// tables; it is never held while a request sleeps, hangs or writes to
+	// mu guards the fields from here to writes, the collections' tables
+	// and the patterns' concrete collections; it is never held while a request sleeps, hangs or writes to
 	// the network, so slow faults and slow writes cannot stall others.
 	mu      sync.Mutex
 	faults  []*armedFault
@@ -354,6 +384,11 @@ type API struct {
 type collection struct {
 	Collection                   // the declaration, Seed dropped
 	tables     map[string]*table // by tenant; "" is the default tenant
+	// concrete holds a pattern's collections, by concrete path, made on
+	// first use; guarded by mu. nil for a concrete collection.
+	concrete map[string]*collection
+	// pattern is the pattern a collection in concrete was made from.
+	pattern *collection
 }
 
 // table is one set of records: a collection's only one, or one tenant's.
@@ -423,11 +458,19 @@ func New(cols ...Collection) *API {
 		if c.ETags && c.ContentETags {
 			panic(fmt.Sprintf("legacyapi: collection %q: ETags and ContentETags exclude each other", c.Path))
 		}
-		if _, dup := a.cols[c.Path]; dup {
+		if _, dup := a.cols[c.Path]; dup || slices.ContainsFunc(a.patterns, func(p *collection) bool { return p.Path == c.Path }) {
 			panic(fmt.Sprintf("legacyapi: collection %q declared twice", c.Path))
 		}
 		col := &collection{Collection: c, tables: map[string]*table{}}
 		col.Seed = nil
+		if isPattern(c.Path) {
+			if len(c.Seed) > 0 {
+				panic(fmt.Sprintf("legacyapi: collection %q: a pattern path has no seeds; seed a concrete path it matches instead, which wins over the pattern", c.Path))
+			}
+			col.concrete = map[string]*collection{}
+			a.patterns = append(a.patterns, col)
+			continue
+		}
 		t := col.table("")
 		for i, seed := range c.Seed {
 			rec, err := normalize(seed)
@@ -463,6 +506,71 @@ func checkCollectionPath(p string) error {
 		return err
 	}
 	return nil
+}
+
+// isPattern reports whether a collection path has a "*" segment.
+func isPattern(p string) bool {
+	return slices.Contains(strings.Split(p, "/"), "*")
+}
+
+// matches reports whether the concrete collection path p is one the pattern
+// serves: as many segments, each "*" matching any non-empty one.
+func matches(pattern, p string) bool {
+	ps, cs := strings.Split(pattern, "/"), strings.Split(p, "/")
+	if len(ps) != len(cs) {
+		return false
+	}
+	for i, seg := range ps {
+		if seg != cs[i] && (seg != "*" || cs[i] == "") {
+			return false
+		}
+	}
+	return true
+}
+
+// collectionAt returns the collection served at the escaped collection path
+// p: the declared one, or the one a pattern serves there, made on first use;
+// nil when none is. Callers hold mu.
+func (a *API) collectionAt(p string) *collection {
+	if c := a.cols[p]; c != nil {
+		return c
+	}
+	for _, pat := range a.patterns {
+		if !matches(pat.Path, p) {
+			continue
+		}
+		c := pat.concrete[p]
+		if c == nil {
+			c = &collection{Collection: pat.Collection, tables: map[string]*table{}, pattern: pat}
+			c.Path = p
+			pat.concrete[p] = c
+		}
+		return c
+	}
+	return nil
+}
+
+// parentExists reports whether a concrete collection of a pattern may be
+// served: see Collection.Path. Callers hold mu.
+func (a *API) parentExists(c *collection, r *http.Request) bool {
+	if c.pattern == nil {
+		return true
+	}
+	pat, segs := strings.Split(c.pattern.Path, "/"), strings.Split(c.Path, "/")
+	last := len(pat) - 1
+	for pat[last] != "*" {
+		last--
+	}
+	parent := a.collectionAt(strings.Join(segs[:last], "/"))
+	if parent == nil {
+		return true
+	}
+	id, ok := parent.itemID(segs[last])
+	if !ok {
+		return false
+	}
+	_, ok = parent.table(parent.tenant(r)).records[id]
+	return ok
 }
 
 // normalize turns a Go value into what a JSON body would have decoded to
@@ -502,9 +610,9 @@ func (a *API) ClearFaults() {
 	a.faults = nil
 }
 
-// Item returns a deep copy of one record, looked up by collection path and
-// by the id's string form (the unescaped path segment, e.g. "7" or "a b"),
-// in the default tenant.
+// Item returns a deep copy of one record, looked up by collection path (a
+// concrete one, also of a pattern) and by the id's string form (the
+// unescaped path segment, e.g. "7" or "a b"), in the default tenant.
 func (a *API) Item(collection, id string) (map[string]any, bool) {
 	return a.TenantItem(collection, "", id)
 }
@@ -514,7 +622,7 @@ func (a *API) Item(collection, id string) (map[string]any, bool) {
 func (a *API) TenantItem(collection, tenant, id string) (map[string]any, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	c := a.cols[collection]
+	c := a.collectionAt(collection)
 	if c == nil {
 		return nil, false
 	}
@@ -530,7 +638,8 @@ func (a *API) TenantItem(collection, tenant, id string) (map[string]any, bool) {
 }
 
 // Items returns a deep copy of every record of a collection, in the default
-// tenant, keyed by the id's string form, or nil for an undeclared collection.
+// tenant, keyed by the id's string form, or nil for a path no collection
+// serves (a pattern's concrete path never used has no records).
 func (a *API) Items(collection string) map[string]map[string]any {
 	return a.TenantItems(collection, "")
 }
@@ -540,7 +649,7 @@ func (a *API) Items(collection string) map[string]map[string]any {
 func (a *API) TenantItems(collection, tenant string) map[string]map[string]any {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	c := a.cols[collection]
+	c := a.collectionAt(collection)
 	if c == nil {
 		return nil
 	}
@@ -787,8 +896,10 @@ func write(w http.ResponseWriter, r *http.Request, res response) {
 // the state. It is called without mu and takes it for as long as it reads
 // or changes the state.
 func (a *API) process(r *http.Request, path string, body []byte) response {
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	c, id, slash := a.route(path)
-	if c == nil {
+	if c == nil || !a.parentExists(c, r) {
 		return notFound(path)
 	}
 	if c.TrailingSlash && !slash {
@@ -800,8 +911,6 @@ func (a *API) process(r *http.Request, path string, body []byte) response {
 		return res
 	}
 	write := isWrite(r.Method)
-	a.mu.Lock()
-	defer a.mu.Unlock()
 	var key *keyRecord
 	if write && c.HonorKeys {
 		if k := r.Header.Get("Idempotency-Key"); k != "" {
@@ -874,27 +983,33 @@ func (a *API) claimKey(scope string, body []byte) (*keyRecord, response) {
 // route finds the collection a path names, and the item id when it names
 // an item ("" for the collection itself): the unescaped segment, or with
 // LenientIDs its canonical form. slash reports a trailing slash, which
-// only a TrailingSlash collection's items may have. It reads only what New
-// built, so it needs no lock.
+// only a TrailingSlash collection's items may have. Callers hold mu.
 func (a *API) route(path string) (c *collection, id string, slash bool) {
 	trimmed, slash := strings.CutSuffix(path, "/")
-	if c := a.cols[trimmed]; c != nil {
+	if c := a.collectionAt(trimmed); c != nil {
 		return c, "", slash
 	}
 	i := strings.LastIndexByte(trimmed, '/')
-	c = a.cols[trimmed[:max(i, 0)]]
+	c = a.collectionAt(trimmed[:max(i, 0)])
 	if c == nil || (slash && !c.TrailingSlash) {
 		return nil, "", false
 	}
-	id, err := url.PathUnescape(trimmed[i+1:])
-	ok := err == nil && id != ""
-	if ok && c.LenientIDs {
-		id, ok = lenientID(id)
-	}
+	id, ok := c.itemID(trimmed[i+1:])
 	if !ok {
 		return nil, "", false
 	}
 	return c, id, slash
+}
+
+// itemID is the id an item's escaped path segment names: the unescaped
+// segment, or with LenientIDs its canonical form; false when it names none.
+func (c *collection) itemID(seg string) (string, bool) {
+	id, err := url.PathUnescape(seg)
+	ok := err == nil && id != ""
+	if ok && c.LenientIDs {
+		id, ok = lenientID(id)
+	}
+	return id, ok
 }
 
 // lenientID reads an item's path segment as an ORM that casts it to an

@@ -268,6 +268,7 @@ func TestNewPanicsOnMalformedDeclaration(t *testing.T) {
 		{Path: "/a", Seed: []map[string]any{{"id": 1}, {"id": 1}}},
 		{Path: "/a", Seed: []map[string]any{{"id": true}}},
 		{Path: "/a", ETags: true, ContentETags: true},
+		{Path: "/a/*/b", Seed: []map[string]any{{"id": 1}}},
 	} {
 		func() {
 			defer func() {
@@ -278,6 +279,14 @@ func TestNewPanicsOnMalformedDeclaration(t *testing.T) {
 			New(c)
 		}()
 	}
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Errorf("New did not panic on a pattern declared twice")
+			}
+		}()
+		New(Collection{Path: "/a/*/b"}, Collection{Path: "/a/*/b"})
+	}()
 }
 
 func TestFaults(t *testing.T) {
@@ -1895,5 +1904,73 @@ func TestListFilterTenantsSelect(t *testing.T) {
 	a := do(t, "GET", srv.URL+"/w?id=1&tenant=t&fields=name", "")
 	if got := mustJSON(decode(t, a.body)); got != `[{"id":1,"name":"t1"}]` {
 		t.Errorf("tenant t's user 1, name only: %s", got)
+	}
+}
+
+func TestPatternCollections(t *testing.T) {
+	api, srv := startWith(t, append(fixture(), Collection{Path: "/api/users/*/posts", ETags: true, FilterParam: "id"})...)
+	run(t, srv, []step{
+		{"GET", "/api/users/2/posts", "", 200, `[]`},
+		{"GET", "/api/users/999/posts", "", 404, ""}, // no user 999
+		{"POST", "/api/users/999/posts", `{"title":"x"}`, 404, ""},
+		{"GET", "/api/users//posts", "", 404, ""},
+		{"POST", "/api/users", `{"name":"New"}`, 201, `{"id":1000,"name":"New"}`},
+		{"POST", "/api/users/1000/posts", `{"title":"t"}`, 201, `{"id":1000,"title":"t"}`},
+		{"POST", "/api/users/2/posts", `{"title":"b"}`, 201, `{"id":1000,"title":"b"}`}, // numbering is per parent
+		{"POST", "/api/users/2/posts", `{"title":"c"}`, 201, `{"id":1001,"title":"c"}`},
+		{"GET", "/api/users/1000/posts", "", 200, `[{"id":1000,"title":"t"}]`},
+		{"GET", "/api/users/2/posts?id=1001&id=1000", "", 200, `[{"id":1000,"title":"b"},{"id":1001,"title":"c"}]`},
+		{"GET", "/api/users/2/posts?id=1001", "", 200, `[{"id":1001,"title":"c"}]`},
+		{"GET", "/api/users/1/posts", "", 200, `[{"id":1,"title":"hello"}]`}, // the declared path wins
+		{"DELETE", "/api/users/10", "", 200, `{}`},
+		{"GET", "/api/users/10/posts", "", 404, ""},
+	})
+
+	a := do(t, "POST", srv.URL+"/api/users/1000/posts", `{"title":"u"}`)
+	if a.header.Get("Location") != srv.URL+"/api/users/1000/posts/1001" || a.header.Get("ETag") == "" {
+		t.Errorf("POST to a concrete path of a pattern: Location %q, ETag %q", a.header.Get("Location"), a.header.Get("ETag"))
+	}
+	if a := doH(t, "PUT", srv.URL+"/api/users/1000/posts/1001", `{"title":"v"}`, http.Header{"If-Match": {`"v1"`}}); a.status != 412 {
+		t.Errorf("PUT with a stale If-Match: %d %s, want 412", a.status, a.body)
+	}
+	if a := do(t, "GET", srv.URL+"/api/users/1/posts/1", ""); a.status != 200 || a.header.Get("ETag") != "" {
+		t.Errorf("GET of the declared path: %d, ETag %q; want 200 with no ETag, as declared", a.status, a.header.Get("ETag"))
+	}
+
+	if rec, ok := api.Item("/api/users/1000/posts", "1001"); !ok || mustJSON(rec) != `{"id":1001,"title":"u"}` {
+		t.Errorf("Item = %s, %v", mustJSON(rec), ok)
+	}
+	if got := mustJSON(api.Items("/api/users/2/posts")); got != `{"1000":{"id":1000,"title":"b"},"1001":{"id":1001,"title":"c"}}` {
+		t.Errorf("Items of user 2's posts = %s", got)
+	}
+	if got := api.Items("/api/users/3/posts"); got == nil || len(got) != 0 {
+		t.Errorf("Items of a concrete path never used = %#v, want empty", got)
+	}
+	if got := api.Items("/api/users/3/comments"); got != nil {
+		t.Errorf("Items of a path nothing serves = %#v, want nil", got)
+	}
+
+	api.Inject(Fault{Method: "POST", Path: "/api/users/2/posts", Status: 503, AfterApply: true, Times: 1})
+	if a := do(t, "POST", srv.URL+"/api/users/2/posts", `{"title":"d"}`); a.status != 503 {
+		t.Errorf("faulted POST: %d, want 503", a.status)
+	}
+	applied := api.AppliedWrites()
+	if last := applied[len(applied)-1]; last.Path != "/api/users/2/posts" || len(api.Items("/api/users/2/posts")) != 3 {
+		t.Errorf("last applied write %s %s, %d posts of user 2; want the faulted POST applied", last.Method, last.Path, len(api.Items("/api/users/2/posts")))
+	}
+}
+
+func TestPatternCollectionParentInTenant(t *testing.T) {
+	cols := append(with(func(c *Collection) { c.Tenants = true }), Collection{Path: "/api/users/*/posts", Tenants: true})
+	api, srv := startWith(t, cols...)
+	run(t, srv, []step{
+		{"POST", "/api/users?tenant=a", `{"name":"A"}`, 201, `{"id":1000,"name":"A"}`},
+		{"POST", "/api/users/1000/posts?tenant=a", `{"title":"t"}`, 201, `{"id":1000,"title":"t"}`},
+		{"GET", "/api/users/1000/posts", "", 404, ""}, // user 1000 is tenant a's only
+		{"GET", "/api/users/2/posts?tenant=a", "", 404, ""},
+		{"GET", "/api/users/2/posts", "", 200, `[]`},
+	})
+	if _, ok := api.TenantItem("/api/users/1000/posts", "a", "1000"); !ok {
+		t.Errorf("TenantItem of a concrete path of a pattern: not found")
 	}
 }
