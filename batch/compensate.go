@@ -163,31 +163,10 @@ func (sg *saga) undoRequest(i int, u *Undo) *SubRequest {
 // left to undo; otherwise it leaves the item's undo (or why there is
 // none) for undoItem.
 func (sg *saga) resolve(ctx context.Context, i int) bool {
-	st := &sg.state[i]
-	if sg.set(i).IdempotentUpstream && st.sent != nil {
-		_ = sg.transition(ctx, i, PhaseUndoing, st.sent, nil)
-		resp, _ := sg.retrying(ctx, i, st.sent, nil)
-		if resp != nil && !resp.Resent && (resp.Status < 300 || resp.Status >= 400) && !provesNothing(resp.Status) {
-			if !is2xx(resp.Status) {
-				sg.notApplied(ctx, i, fmt.Sprintf("sent again with the same Idempotency-Key, it was answered %d: it did not take effect", resp.Status))
-				return false
-			}
-			_ = sg.transition(ctx, i, PhaseAnswered, nil, func(it *ItemResult, st *itemState) {
-				if sg.tgt(i).op == policy.OpCreate {
-					var named ItemResult
-					sg.nameCreated(&named, i, resp)
-					if named.ID != "" {
-						it.ID = named.ID
-					}
-				}
-				st.undo, st.noUndo = sg.undoAnswered(it, st, i, resp)
-			})
-			if sg.tgt(i).op == policy.OpCreate && sg.items[i].ID != "" {
-				sg.lockCreated(ctx, i, sg.items[i].ID)
-			}
-			return true
-		}
+	if resolved, undo := sg.resend(ctx, i); resolved {
+		return undo
 	}
+	st := &sg.state[i]
 	id := sg.items[i].ID
 	if id == "" {
 		st.noUndo = "the create went unanswered and the id of what it may have created cannot be learned, so that item, if any, is left behind"
@@ -202,7 +181,48 @@ func (sg *saga) resolve(ctx context.Context, i int) bool {
 		st.noUndo = "the item could not be read to learn whether the write took effect (" + why + ")"
 		return true
 	}
-	p, t := sg.plan, sg.tgt(i)
+	return sg.resolveByRead(ctx, i, resp)
+}
+
+// resend sends an unknown write again with the same Idempotency-Key,
+// under idempotent_upstream, and reports whether its answer told what
+// the first copy did (resolved), and if so whether there is an undo to
+// prove and send.
+func (sg *saga) resend(ctx context.Context, i int) (resolved, undo bool) {
+	st := &sg.state[i]
+	if !sg.set(i).IdempotentUpstream || st.sent == nil {
+		return false, false
+	}
+	_ = sg.transition(ctx, i, PhaseUndoing, st.sent, nil)
+	resp, _ := sg.retrying(ctx, i, st.sent, nil)
+	if resp == nil || resp.Resent || resp.Status >= 300 && resp.Status < 400 || provesNothing(resp.Status) {
+		return false, false
+	}
+	if !is2xx(resp.Status) {
+		sg.notApplied(ctx, i, fmt.Sprintf("sent again with the same Idempotency-Key, it was answered %d: it did not take effect", resp.Status))
+		return true, false
+	}
+	create := sg.tgt(i).op == policy.OpCreate
+	_ = sg.transition(ctx, i, PhaseAnswered, nil, func(it *ItemResult, st *itemState) {
+		if create {
+			var named ItemResult
+			sg.nameCreated(&named, i, resp)
+			if named.ID != "" {
+				it.ID = named.ID
+			}
+		}
+		st.undo, st.noUndo = sg.undoAnswered(it, st, i, resp)
+	})
+	if create && sg.items[i].ID != "" {
+		sg.lockCreated(ctx, i, sg.items[i].ID)
+	}
+	return true, true
+}
+
+// resolveByRead judges what an unknown write did from a read of its item
+// (resp, 2xx or gone), as resolve says.
+func (sg *saga) resolveByRead(ctx context.Context, i int, resp *SubResponse) bool {
+	st, t, id := &sg.state[i], sg.tgt(i), sg.items[i].ID
 	changed := "the item is neither as it was before the batch nor as the batch's write would leave it: another writer changed it, so it was left as it is"
 	switch t.op {
 	case policy.OpUpdate:
@@ -238,7 +258,7 @@ func (sg *saga) resolve(ctx context.Context, i int) bool {
 			// Only the element named this id: the upstream may have
 			// ignored it and created the item under an id of its own.
 			st.noUndo = fmt.Sprintf("nothing is at id %q, which only the element named: the upstream may have created the item under an id of its own, so whatever the create made, if anything, is left behind", id)
-		case holdsMembers(resp.Body, p.Items[i].Body, t.s.IDField):
+		case holdsMembers(resp.Body, sg.plan.Items[i].Body, t.s.IDField):
 			st.undo = &Undo{Method: http.MethodDelete, Path: sg.itemPath(i, id), IfMatch: strongETag(resp.Header)}
 		default:
 			st.noUndo = fmt.Sprintf("an item the batch may not have written is at id %q, so it was left as it is", id)
