@@ -10,8 +10,8 @@ import (
 
 // Admit is the one front door of a batch. For a request to the collection
 // m matched, it tells whether the request is one of the four batch
-// operations and, if it is, applies every input rule of README's "Bad
-// input" (the operation being on for the resource included): it returns
+// operations and, if it is, applies every input rule of docs/wire-format.md,
+// "Bad input" (the operation being on for the resource included): it returns
 // the plan, or the problem to answer with before anything is sent. A
 // request that is not a batch passes on as it came: a body read to
 // decide is put back.

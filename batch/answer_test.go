@@ -33,7 +33,7 @@ func strictJSON(t testing.TB, raw []byte) {
 	}
 }
 
-// README, "Batch requests and responses": a JSON item body that is not valid UTF-8 goes in body_text,
+// docs/wire-format.md, "Batch requests and responses": a JSON item body that is not valid UTF-8 goes in body_text,
 // as valid UTF-8 cut at 4 KiB, so the answer is always valid JSON.
 func TestItemBodyNotUTF8(t *testing.T) {
 	manyBad := strings.Repeat("\xffa", 3000) // 6000 bytes; each \xff becomes 3
@@ -68,7 +68,7 @@ func TestItemBodyNotUTF8(t *testing.T) {
 	}
 }
 
-// README, "Batch requests and responses": when the batch's status is an item's status, the headers that
+// docs/wire-format.md, "Batch requests and responses": when the batch's status is an item's status, the headers that
 // status requires come with it — and only then.
 func TestStatusHeadersLifted(t *testing.T) {
 	tests := []struct {

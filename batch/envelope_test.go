@@ -134,7 +134,7 @@ func TestEnvelopeKeepsBodyAsSent(t *testing.T) {
 	jsonEqual(t, "items[0].body", string(w.Items[0].Body), pretty)
 }
 
-// README, "Batch requests and responses": a batch GET fetches a repeated id once; its body is held once
+// docs/wire-format.md, "Batch requests and responses": a batch GET fetches a repeated id once; its body is held once
 // however many times the batch names it, and written from that one copy.
 func TestRepeatedIDBodyHeldOnce(t *testing.T) {
 	const copies, size = 20, 512 << 10

@@ -36,7 +36,7 @@ type listStats struct {
 }
 
 // listRead reads the items at indices through the resource's list
-// filter (README, "Reading through the list filter"): one LIST per group
+// filter (docs/list-filter.md): one LIST per group
 // of ids, at most Concurrency at once, each a sub-request like any other
 // (a slot of max_in_flight, item_timeout), and none started once stop is
 // closed. found gets every item a LIST answer holds, with its element.

@@ -10,8 +10,8 @@ import (
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
-// Reads through the legacy API's LIST filter (README, "Reading through
-// the list filter"): fewer requests, and every id a LIST did not answer
+// Reads through the legacy API's LIST filter (docs/list-filter.md):
+// fewer requests, and every id a LIST did not answer
 // read alone, as without the filter.
 
 func idsUpTo(n int) string {

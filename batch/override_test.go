@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-// README, "What it does": a method override, in any of its four forms, is found; forms
+// docs/wire-format.md, "Method overrides": a method override, in any of its four forms, is found; forms
 // that disagree are refused.
 func TestFindMethodOverride(t *testing.T) {
 	tests := []struct {
@@ -85,7 +85,7 @@ func TestRemoveMethodOverride(t *testing.T) {
 	equal(t, "a query without _method", untouched.URL.RawQuery, "b=2&&a")
 }
 
-// README, "What it does": no sub-request carries a method override, whatever the
+// docs/wire-format.md, "Method overrides": no sub-request carries a method override, whatever the
 // client sent: not the headers, not _method in the query.
 func TestSubRequestsCarryNoMethodOverride(t *testing.T) {
 	override := []string{"X-HTTP-Method-Override", "POST", "X-HTTP-Method", "POST", "X-Method-Override", "POST"}

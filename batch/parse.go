@@ -79,7 +79,7 @@ type Item struct {
 	op *operation
 }
 
-// parsePlan applies the input rules (README, "Bad input") to a batch
+// parsePlan applies the input rules (docs/wire-format.md, "Bad input") to a batch
 // request on the collection m matched, reading the body once; it returns
 // the plan, or the problem to answer with before any sub-request is sent.
 func parsePlan(r *http.Request, m policy.Match, op policy.Op) (*Plan, *problem.Details) {
@@ -128,7 +128,8 @@ func parsePlan(r *http.Request, m policy.Match, op policy.Op) (*Plan, *problem.D
 }
 
 // unscopedParam refuses a parameter of an all-or-nothing write batch's
-// query that scope_query does not name (README, "Configuration"). The
+// query that scope_query does not name (docs/configuration.md,
+// "scope_query"). The
 // saga reads and puts back whole items with the query on every request:
 // a parameter that scopes them must be there, and one that shapes them
 // ($select, fields) must not, or an undo would put back a partial item
@@ -262,7 +263,7 @@ func itemsFromIDs(ids []string, op policy.Op, format policy.IDFormat) ([]Item, *
 
 // checkID returns the canonical text of item i's id under the format,
 // which is what the batch sends, locks, compares for duplicates and
-// reports (README, "Configuration": id_format), or the problem with it.
+// reports (docs/configuration.md, "id_format"), or the problem with it.
 func checkID(i int, id string, format policy.IDFormat) (string, *problem.Details) {
 	// A hostile id is refused for what it is, whatever the format.
 	if reason := badID(id); reason != "" {

@@ -11,7 +11,7 @@ import (
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
-// inputCase is one row of README's "Bad input" table.
+// inputCase is one row of the "Bad input" table (docs/wire-format.md).
 type inputCase struct {
 	name         string
 	method       string
@@ -25,7 +25,7 @@ type inputCase struct {
 	itemsIfValid int      // items of an accepted batch
 }
 
-// README, "Bad input": every bad input is answered before any
+// docs/wire-format.md, "Bad input": every bad input is answered before any
 // sub-request is sent, with a problem whose detail names what was wrong
 // (for an item: its index and id).
 func TestInputRules(t *testing.T) {
@@ -175,7 +175,7 @@ func TestInputRules(t *testing.T) {
 	hostileJSON := []struct{ json, id string }{
 		{`".."`, ".."}, {`"."`, "."}, {`"1/2"`, "1/2"}, {`"/"`, "/"}, {`"a\\b"`, `a\b`},
 		{`"\u0000"`, "\x00"}, {`"a\nb"`, "a\nb"}, {`"\u007f"`, "\x7f"}, {`"\u0085"`, "\u0085"},
-		// README: "(after percent-decoding)". A JSON id is checked as the
+		// docs/wire-format.md, "Bad input": "(after percent-decoding)". A JSON id is checked as the
 		// upstream may come to see it once decoded, like a query id.
 		{`"%2e%2e"`, "%2e%2e"}, {`"%2E."`, "%2E."}, {`"1%2F2"`, "1%2F2"}, {`"a%5Cb"`, "a%5Cb"},
 		{`"%00"`, "%00"}, {`"%7F"`, "%7F"}, {`"%FF"`, "%FF"},

@@ -11,8 +11,8 @@ import (
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
-// report settles the batch's outcome and status (README, "Batch requests and
-// responses").
+// report settles the batch's outcome and status (docs/wire-format.md,
+// "Batch requests and responses").
 func (sg *saga) report(clientCtx, batchCtx context.Context) *Result {
 	p := sg.plan
 	r := &Result{

@@ -14,7 +14,7 @@ var errLost = errors.New("connection reset by peer") // sent, no answer came
 
 func notSent() error { return fmt.Errorf("dial tcp 10.0.0.1:3000: connection refused: %w", ErrNotSent) }
 
-// statusCase is one row of the status table (README, "Batch
+// statusCase is one row of the status table (docs/wire-format.md, "Batch
 // requests and responses"), with the item outcomes
 // it produces.
 type statusCase struct {

@@ -13,8 +13,8 @@ import (
 )
 
 // ---------------------------------------------------------------------
-// What each sub-request looks like (README, "Batch requests and
-// responses").
+// What each sub-request looks like (docs/wire-format.md,
+// "Batch requests and responses").
 
 // scopeQuery names the query parameters an all-or-nothing write batch
 // keeps (scope_query).

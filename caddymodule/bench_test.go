@@ -29,7 +29,7 @@ import (
 // Client, Caddy and upstream share the process; their goroutines carry the
 // profiler label role=client, gateway or upstream, so that a CPU profile can
 // be cut to what a Caddy process of its own would spend, and the module's
-// share of it read: the README's Performance section has the commands.
+// share of it read: docs/performance.md has the commands.
 // BenchmarkGet100Process runs the same cases with Caddy as a process of its
 // own.
 func BenchmarkGet100(b *testing.B) {

@@ -109,7 +109,7 @@ type Resource struct {
 }
 
 // ListFilterConfig is how the legacy API's LIST is asked for the items of
-// a batch (README, "Reading through the list filter").
+// a batch (docs/list-filter.md).
 type ListFilterConfig struct {
 	// The query that selects ids: pairs joined by "&", one of which holds
 	// {id} (the pair repeated once per id: "id={id}" is id=1&id=2) or

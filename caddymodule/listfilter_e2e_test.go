@@ -9,8 +9,8 @@ import (
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
 )
 
-// Batch reads through the legacy API's own LIST filter (README, "Reading
-// through the list filter"), through Caddy, against the fake legacy API's
+// Batch reads through the legacy API's own LIST filter (docs/list-filter.md),
+// through Caddy, against the fake legacy API's
 // LISTs in the styles of real APIs. Each test counts the requests the API
 // received, and reads its final state where a batch wrote.
 

@@ -48,8 +48,8 @@ const methodsSite = `
 	reverse_proxy UPSTREAM
 `
 
-// TestMethodMap holds the gateway to the method map (README, "What it
-// does"), row by row: the
+// TestMethodMap holds the gateway to the method map (docs/wire-format.md,
+// "Method map"), row by row: the
 // status, the Allow and Accept-Patch headers, the body's type, and
 // whether the request reached the legacy API at all.
 func TestMethodMap(t *testing.T) {

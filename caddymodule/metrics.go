@@ -46,7 +46,7 @@ type batchMetrics struct {
 // Label values of the outcome label besides the engine's outcomes, and
 // of the request label of the lock metrics.
 const (
-	outcomeRejected = "rejected" // refused before anything was sent (README, "Bad input")
+	outcomeRejected = "rejected" // refused before anything was sent (docs/wire-format.md, "Bad input")
 	lockByBatch     = "batch"
 	lockBySingle    = "single"
 )

@@ -7,7 +7,8 @@ import (
 	"github.com/caddy-batch/caddy-batch/problem"
 )
 
-// The end-to-end tests of method overrides (README, "What it does"): an override
+// The end-to-end tests of method overrides (docs/wire-format.md, "Method
+// overrides"): an override
 // is judged by the method map as the method it names, an allowed one on a
 // POST is applied by the gateway, and none reaches the legacy API, on a
 // request that passes through or on any sub-request.
@@ -27,7 +28,7 @@ const reportsSite = `
 	reverse_proxy UPSTREAM
 `
 
-// TestMethodOverrideRefused (README, "What it does"): an override is judged as the
+// TestMethodOverrideRefused (docs/wire-format.md, "Method overrides"): an override is judged as the
 // method it names, in each of its four forms; a refused one never reaches
 // the legacy API.
 func TestMethodOverrideRefused(t *testing.T) {

@@ -11,8 +11,8 @@ import (
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
 )
 
-// The gateway in front of what real frameworks do (README, "Putting it in
-// front of …"): Django REST framework and FeathersJS normalise what they
+// The gateway in front of what real frameworks do (docs/legacy-apis.md):
+// Django REST framework and FeathersJS normalise what they
 // store, ignore ids and unknown members, shape answers by query, send
 // ETags they do not enforce and redirect to a trailing slash. Each test
 // plays one habit through Caddy and reads the legacy API's final state.

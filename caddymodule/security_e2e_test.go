@@ -444,8 +444,8 @@ func upstreamAnswers(t *testing.T, api *legacyapi.API, header map[string][2]stri
 	return upstream.Listener.Addr().String()
 }
 
-// TestBatchAnswerCarriesStatusHeaders (README, "Batch requests and
-// responses"): when the batch's
+// TestBatchAnswerCarriesStatusHeaders (docs/wire-format.md, "Batch
+// requests and responses"): when the batch's
 // status is an item's, the header that status requires comes with it.
 func TestBatchAnswerCarriesStatusHeaders(t *testing.T) {
 	api := seededAPI()
@@ -483,7 +483,7 @@ func TestBatchAnswerCarriesStatusHeaders(t *testing.T) {
 	}
 }
 
-// TestBatchAnswerIsAlwaysJSON (README, "Batch requests and
+// TestBatchAnswerIsAlwaysJSON (docs/wire-format.md, "Batch requests and
 // responses"): an item body that claims
 // to be JSON but is not UTF-8 goes in body_text, and the answer stays
 // strict JSON.

@@ -7,7 +7,8 @@ import (
 
 // IDFormat says what the upstream's ids are. An API that reads 3, 03 and
 // +3 as one row would otherwise see two writes to one item in a batch
-// that names both spellings, under two locks (README, "Configuration").
+// that names both spellings, under two locks (docs/configuration.md,
+// "id_format").
 type IDFormat uint8
 
 const (

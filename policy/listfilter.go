@@ -9,8 +9,7 @@ import (
 )
 
 // ListFilterSpec is a resource's list_filter block as configured: how the
-// legacy API's LIST is asked for the items of a batch (README, "Reading
-// through the list filter").
+// legacy API's LIST is asked for the items of a batch (docs/list-filter.md).
 type ListFilterSpec struct {
 	// Template is the query that selects ids: pairs joined by "&", one of
 	// which holds {id} (repeated once per id) or {ids} (the ids joined by

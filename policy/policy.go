@@ -28,7 +28,7 @@ type ResourceSpec struct {
 	// the methods allow.
 	Batch []string
 	// ListFilter, when set, reads the resource's batches through its
-	// LIST (README, "Reading through the list filter").
+	// LIST (docs/list-filter.md).
 	ListFilter *ListFilterSpec
 	// Settings are the resource's resolved settings.
 	Settings Settings

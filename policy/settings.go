@@ -192,7 +192,7 @@ type Settings struct {
 	// request (a tenant, an API key): the only ones an all-or-nothing
 	// write batch carries onto its sub-requests. Any other parameter may
 	// shape the representation, and a saga that read a shaped item would
-	// put back only what it read (README, "Configuration").
+	// put back only what it read (docs/configuration.md, "scope_query").
 	ScopeQuery []string
 	// IDFormat says what the upstream's ids are, so that two spellings
 	// of one id name one item.
