@@ -320,10 +320,6 @@ func checkName(option, value string) error {
 	return OptionError(option, fmt.Errorf("%s must not be empty: give it a name, or leave it out for the default, %s", option, def))
 }
 
-// MethodParam is the query parameter that overrides a request's method,
-// as Rails and Laravel forms send it.
-const MethodParam = "_method"
-
 // Validate refuses settings that cannot work; each error is an *Error
 // that names the option.
 func (s Settings) Validate() error {
