@@ -229,10 +229,8 @@ func resourceOf(err error) int {
 // policy.Validate.
 func (o Options) apply(s *policy.Settings, g *policy.GatewaySettings) error {
 	errs := o.applyAtomicity(s)
-	if o.AllowOverride != nil {
-		s.AllowOverride = *o.AllowOverride
-	}
-	// Zero means "not set" in JSON; a negative value is set, for
+	setNonNil(&s.AllowOverride, o.AllowOverride)
+	// Zero (or "") means "not set" in JSON; a negative value is set, for
 	// Validate to refuse.
 	setNonZero(&s.MaxItems, o.MaxItems)
 	setNonZero(&s.MaxBodySize, o.MaxBodySize)
