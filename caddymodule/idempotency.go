@@ -245,7 +245,7 @@ func (k *keyedBatch) claim(w http.ResponseWriter, items int) (done bool, err err
 		Owner:       i.owner,
 		LeaseUntil:  now.Add(i.lease),
 		Created:     now,
-		Expires:     now.Add(s.IdempotencyTTL),
+		Expires:     now.Add(k.m.Resource.Gateway.IdempotencyTTL),
 	}
 	if err := storeIdemRecord(ctx, i.storage, k.key, k.record); err != nil {
 		k.record = nil
@@ -337,7 +337,7 @@ func (k *keyedBatch) write(w http.ResponseWriter, res *batch.Result) error {
 		}
 		return rec.answer().write(w)
 	}
-	done := i.answered(k.record, k.m.Resource.Settings, res, rec)
+	done := i.answered(k.record, k.m.Resource, res, rec)
 	if err := storeIdemRecord(ctx, i.storage, k.key, done); err != nil {
 		// The client still gets its answer; a retry finds the claim,
 		// whose lease lapses, and is told the answer was not kept.
@@ -358,13 +358,13 @@ func nothingSent(res *batch.Result) bool {
 
 // answered is a claimed record done: the batch's answer, as rec
 // captured it, kept for replay for idempotency_ttl.
-func (i *idempotency) answered(claimed *idemRecord, s policy.Settings, res *batch.Result, rec *answerRecorder) *idemRecord {
+func (i *idempotency) answered(claimed *idemRecord, r *policy.Resource, res *batch.Result, rec *answerRecorder) *idemRecord {
 	done := *claimed
 	done.State, done.Owner, done.LeaseUntil = idemDone, "", time.Time{}
-	done.Expires = i.now().Add(s.IdempotencyTTL)
+	done.Expires = i.now().Add(r.Gateway.IdempotencyTTL)
 	done.Outcome = string(res.Outcome)
 	done.Answer = rec.answer()
-	if limit := s.MaxResponseSize + answerSlack; int64(len(done.Answer.Body)) > limit {
+	if limit := r.Settings.MaxResponseSize + answerSlack; int64(len(done.Answer.Body)) > limit {
 		kept := *done.Answer
 		kept.Body = nil
 		done.Answer, done.AnswerSize = &kept, rec.body.Len()
@@ -399,7 +399,7 @@ func (i *idempotency) settleRecovered(ctx context.Context, m policy.Match, snap 
 	if err := res.Write(rec); err != nil {
 		return
 	}
-	if err := storeIdemRecord(ctx, i.storage, recordKey, i.answered(claimed, m.Resource.Settings, res, rec)); err != nil {
+	if err := storeIdemRecord(ctx, i.storage, recordKey, i.answered(claimed, m.Resource, res, rec)); err != nil {
 		i.logger.Error("storing a recovered batch's answer for replay", zap.String("record", recordKey), zap.Error(err))
 	}
 }

@@ -328,7 +328,7 @@ func (h *Handler) resume(w http.ResponseWriter, r *http.Request, next caddyhttp.
 // journalFor is the journal of a batch, or nil if it keeps none: only an
 // all-or-nothing write batch is a saga.
 func (h *Handler) journalFor(r *http.Request, p *batch.Plan) batch.Journal {
-	if h.journals == nil || !p.Match.Resource.Settings.Journal || p.Atomicity != policy.AllOrNothing || !p.Op.Writes() {
+	if h.journals == nil || !p.Match.Resource.Gateway.Journal || p.Atomicity != policy.AllOrNothing || !p.Op.Writes() {
 		return nil
 	}
 	return h.journals.newJournal(r)
