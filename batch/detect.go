@@ -30,9 +30,9 @@ import (
 func detectOp(r *http.Request, res *policy.Resource) (policy.Op, bool, error) {
 	switch r.Method {
 	case http.MethodGet:
-		return policy.OpGet, hasParam(r.URL.RawQuery, res.Settings.IDsParam), nil
+		return policy.OpGet, policy.HasParam(r.URL.RawQuery, res.Settings.IDsParam), nil
 	case http.MethodDelete:
-		return policy.OpDelete, res.BatchEnabled(policy.OpDelete) || hasParam(r.URL.RawQuery, res.Settings.IDsParam), nil
+		return policy.OpDelete, res.BatchEnabled(policy.OpDelete) || policy.HasParam(r.URL.RawQuery, res.Settings.IDsParam), nil
 	case http.MethodPatch:
 		if res.BatchEnabled(policy.OpUpdate) {
 			return policy.OpUpdate, true, nil

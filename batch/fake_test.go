@@ -414,6 +414,7 @@ func widgets(t testing.TB, mods ...specMod) *policy.Policy {
 		CollectionMethods: []string{"GET", "POST", "PATCH", "DELETE"},
 		ItemMethods:       []string{"GET", "PUT", "PATCH", "DELETE"},
 		Settings:          policy.Defaults(),
+		Gateway:           policy.GatewayDefaults(),
 	}
 	for _, m := range mods {
 		m(&spec)

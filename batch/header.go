@@ -7,6 +7,8 @@ import (
 	"net/textproto"
 	"strconv"
 	"strings"
+
+	"github.com/caddy-batch/caddy-batch/policy"
 )
 
 // hopByHop are the headers that describe one connection, not the request
@@ -50,11 +52,7 @@ func forwardHeader(client http.Header) http.Header {
 	for _, name := range batchOnly {
 		h.Del(name)
 	}
-	// The method of a sub-request is the gateway's decision: an override
-	// would let the upstream turn an item's GET into a DELETE.
-	for _, o := range methodOverrideHeaders {
-		delete(h, o.key)
-	}
+	policy.RemoveMethodOverrideHeaders(h)
 	for name := range h {
 		if strings.HasPrefix(name, "Content-") {
 			delete(h, name)

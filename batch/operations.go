@@ -107,7 +107,7 @@ func AdmitEnvelope(r *http.Request, e *Envelope) (*Plan, *problem.Details) {
 	if prob := p.chooseAtomicity(env.Atomicity, r.Header, e); prob != nil {
 		return nil, prob
 	}
-	query := withoutParam(r.URL.RawQuery, MethodParam)
+	query := policy.WithoutParam(r.URL.RawQuery, policy.MethodParam)
 	if p.Atomicity == policy.AllOrNothing {
 		if prob := unscopedParam(query, s); prob != nil {
 			return nil, prob

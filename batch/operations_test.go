@@ -153,11 +153,12 @@ func shop(t testing.TB, mods ...func(*policy.Settings)) *Envelope {
 	for _, m := range mods {
 		m(&s)
 	}
+	g := policy.GatewayDefaults()
 	pol, err := policy.New([]policy.ResourceSpec{
-		{Path: "/users", CollectionMethods: []string{"GET", "POST"}, ItemMethods: []string{"GET", "PUT", "PATCH", "DELETE"}, Settings: s},
-		{Path: "/users/{user}/posts", CollectionMethods: []string{"GET", "POST"}, ItemMethods: []string{"GET", "PUT", "PATCH", "DELETE"}, Settings: s},
-		{Path: "/users/{user}/tags", CollectionMethods: []string{"GET", "POST"}, ItemMethods: []string{"GET", "DELETE"}, Settings: s},
-		{Path: "/reports", CollectionMethods: []string{"GET"}, ItemMethods: []string{"GET"}, Settings: s},
+		{Path: "/users", CollectionMethods: []string{"GET", "POST"}, ItemMethods: []string{"GET", "PUT", "PATCH", "DELETE"}, Settings: s, Gateway: g},
+		{Path: "/users/{user}/posts", CollectionMethods: []string{"GET", "POST"}, ItemMethods: []string{"GET", "PUT", "PATCH", "DELETE"}, Settings: s, Gateway: g},
+		{Path: "/users/{user}/tags", CollectionMethods: []string{"GET", "POST"}, ItemMethods: []string{"GET", "DELETE"}, Settings: s, Gateway: g},
+		{Path: "/reports", CollectionMethods: []string{"GET"}, ItemMethods: []string{"GET"}, Settings: s, Gateway: g},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -107,7 +107,7 @@ func parsePlan(r *http.Request, m policy.Match, op policy.Op) (*Plan, *problem.D
 			p.Items, prob = itemsFromIDs(ids, op, s.IDFormat)
 		}
 	default:
-		query = withoutParam(r.URL.RawQuery, MethodParam)
+		query = policy.WithoutParam(r.URL.RawQuery, policy.MethodParam)
 		var elems []json.RawMessage
 		elems, p.bodyDigest, prob = readElements(r, s)
 		if prob == nil {
@@ -137,7 +137,7 @@ func parsePlan(r *http.Request, m policy.Match, op policy.Op) (*Plan, *problem.D
 func unscopedParam(query string, s policy.Settings) *problem.Details {
 	var param string
 	unscoped := errors.New("unscoped")
-	if eachParam(query, func(_, key, _ string) error {
+	if policy.EachParam(query, func(_, key, _ string) error {
 		if slices.Contains(s.ScopeQuery, key) {
 			return nil
 		}
@@ -166,49 +166,14 @@ func tooMany(n int, s policy.Settings) *problem.Details {
 	return &d
 }
 
-// eachParam calls f with every key=value pair of a raw query, the key
-// unescaped and the value as sent. A key that is not valid
-// percent-encoding is passed as sent: it is some other parameter, which
-// must neither hide the ids parameter nor fail the batch.
-func eachParam(rawQuery string, f func(pair, key, value string) error) error {
-	for rawQuery != "" {
-		var pair string
-		pair, rawQuery, _ = strings.Cut(rawQuery, "&")
-		if pair == "" {
-			continue
-		}
-		key, value, _ := strings.Cut(pair, "=")
-		if strings.ContainsAny(key, "%+") {
-			if k, err := url.QueryUnescape(key); err == nil {
-				key = k
-			}
-		}
-		if err := f(pair, key, value); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// hasParam reports whether the raw query names the parameter.
-func hasParam(rawQuery, name string) bool {
-	found := errors.New("found")
-	return eachParam(rawQuery, func(_, key, _ string) error {
-		if key == name {
-			return found
-		}
-		return nil
-	}) == found
-}
-
 // idsFromQuery takes the ids out of the query, and returns the rest of it
 // for the sub-requests. Ids are split on literal commas before they are
 // unescaped, so an id may hold a comma as %2C; repeated ids parameters
 // add up.
 func idsFromQuery(rawQuery string, s policy.Settings) ([]string, string, *problem.Details) {
 	var ids, rest []string
-	err := eachParam(rawQuery, func(pair, key, value string) error {
-		if key == MethodParam {
+	err := policy.EachParam(rawQuery, func(pair, key, value string) error {
+		if key == policy.MethodParam {
 			return nil // the sub-requests' methods are the gateway's
 		}
 		if key != s.IDsParam {

@@ -487,3 +487,38 @@ func TestScopeQueryDetailOffersPartial(t *testing.T) {
 		t.Errorf("with allow_override: %+v; want a refusal that offers Prefer: atomicity=partial", prob)
 	}
 }
+
+// docs/wire-format.md, "Method overrides": no sub-request carries a method override, whatever the
+// client sent: not the headers, not _method in the query.
+func TestSubRequestsCarryNoMethodOverride(t *testing.T) {
+	override := []string{"X-HTTP-Method-Override", "POST", "X-HTTP-Method", "POST", "X-Method-Override", "POST"}
+	tests := []struct {
+		name, method, target, body string
+		query                      string
+	}{
+		{name: "batch GET", method: "GET", target: "/widgets?_method=GET&ids=1,2&x=1", query: "x=1"},
+		{name: "batch DELETE", method: "DELETE", target: "/widgets?ids=1,2&_method=DELETE", query: ""},
+		{name: "batch CREATE", method: "POST", target: "/widgets?notify=0&_method=POST", body: elements(2), query: "notify=0"},
+		{name: "batch UPDATE", method: "PATCH", target: "/widgets?_method=PATCH", body: `[{"id":"1","v":1},{"id":"2","v":2}]`, query: ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// An update whose second item fails, so that preflight reads
+			// and an undo are sent too.
+			f := newFake().seed("1", "2").on("PATCH", "/widgets/2", reply(409, `{}`))
+			run(mustPlan(t, newRequest(tt.method, tt.target, tt.body, override...), concurrency(1), scopeQuery("notify")), f)
+			log := f.log()
+			if len(log) == 0 {
+				t.Fatal("nothing was sent")
+			}
+			for _, c := range log {
+				equal(t, c.String()+" query", c.RawQuery, tt.query)
+				for i := 0; i < len(override); i += 2 {
+					if v := c.Header.Values(override[i]); len(v) > 0 {
+						t.Errorf("%s carries %s %q", c, override[i], v)
+					}
+				}
+			}
+		})
+	}
+}

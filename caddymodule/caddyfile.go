@@ -83,7 +83,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	// that cannot work would be adapted, and refused later with no line.
 	p, err := h.buildPolicy(at.lines())
 	if err == nil {
-		_, err = h.envelopeOf(p)
+		_, _, err = h.envelopeOf(p)
 	}
 	if err != nil {
 		return at.locate(err)
@@ -397,157 +397,185 @@ func unknownOption(d *caddyfile.Dispenser, name string, words []string) error {
 // other words its block takes, for the error about an unknown one.
 func (o *Options) unmarshalOption(d *caddyfile.Dispenser, seen map[string]caddyfile.Token, words []string) error {
 	name, tok := d.Val(), d.Token()
-	args := d.RemainingArgs()
+	a := optionArgs{d: d, name: name, args: d.RemainingArgs()}
 	key := name
-	if name == "atomicity" && len(args) == 2 {
-		key += " " + args[0] // one mode per operation, besides the general one
+	if name == "atomicity" && len(a.args) == 2 {
+		key += " " + a.args[0] // one mode per operation, besides the general one
 	}
 	if err := once(d, seen, key, tok); err != nil {
 		return err
 	}
-
-	one := func() (string, error) {
-		if len(args) != 1 {
-			return "", d.Errf("%s takes one value, e.g. %s", name, optionExample(name))
-		}
-		if args[0] == "" {
-			return "", d.Errf("%s takes a value, not an empty string, e.g. %s", name, optionExample(name))
-		}
-		return args[0], nil
-	}
-	// A zero cannot reach buildPolicy (in JSON it means "the default"),
-	// so it is refused here, with the policy's own rule; buildPolicy
-	// judges every other value.
-	limit := func(n int64) error {
-		if n != 0 {
-			return nil
-		}
-		if err := policy.CheckLimit(name, n); err != nil {
-			return d.Err(err.Error())
-		}
-		return nil
-	}
-	number := func(dst *int) error {
-		v, err := one()
-		if err != nil {
-			return err
-		}
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			return d.Errf("%s takes a whole number, e.g. %s, not %q", name, optionExample(name), v)
-		}
-		*dst = n
-		return limit(int64(n))
-	}
-	duration := func(dst *caddy.Duration) error {
-		v, err := one()
-		if err != nil {
-			return err
-		}
-		dur, err := caddy.ParseDuration(v)
-		if err != nil {
-			return d.Errf("%s takes a duration such as 10s, 1m30s or 2h, not %q", name, v)
-		}
-		*dst = caddy.Duration(dur)
-		return limit(int64(dur))
-	}
-	size := func(dst *int64) error {
-		v, err := one()
-		if err != nil {
-			return err
-		}
-		n, err := humanize.ParseBytes(v)
-		if err != nil {
-			return d.Errf("%s takes a size such as 1MiB, 512KiB or 1048576 (bytes), not %q", name, v)
-		}
-		if n > 1<<62 {
-			return d.Errf("%s %s is more than any machine holds: give a size such as 1MiB", name, v)
-		}
-		*dst = int64(n)
-		return limit(int64(n))
-	}
-	text := func(dst *string) (err error) {
-		*dst, err = one()
+	if known, err := o.set(a); known {
 		return err
-	}
-	// flag reads an option that is on when named alone.
-	flag := func(dst **bool) error {
-		on := true
-		switch {
-		case len(args) == 1 && args[0] == "off":
-			on = false
-		case len(args) > 1 || len(args) == 1 && args[0] != "on":
-			return d.Errf("%s takes no value, or on or off, not %q", name, strings.Join(args, " "))
-		}
-		*dst = &on
-		return nil
-	}
-	switch name {
-	case "atomicity":
-		switch len(args) {
-		case 1:
-			return text(&o.Atomicity)
-		case 2:
-			if o.OperationAtomicity == nil {
-				o.OperationAtomicity = map[string]string{}
-			}
-			o.OperationAtomicity[args[0]] = args[1]
-			return nil
-		}
-		return d.Errf("atomicity takes a mode, or an operation and a mode: atomicity [get|create|update|delete] all_or_nothing|partial")
-	case "allow_override":
-		return flag(&o.AllowOverride)
-	case "idempotent_upstream":
-		return flag(&o.IdempotentUpstream)
-	case "conditional_writes":
-		return flag(&o.ConditionalWrites)
-	case "scope_query":
-		if len(args) == 0 {
-			return d.Errf("scope_query takes one or more query parameter names, e.g. %s", optionExample(name))
-		}
-		o.ScopeQuery = args
-		return nil
-	case "id_format":
-		return text(&o.IDFormat)
-	case "item_locks":
-		return text(&o.ItemLocks)
-	case "journal":
-		return flag(&o.Journal)
-	case "max_in_flight":
-		return number(&o.MaxInFlight)
-	case "max_response_size":
-		return size(&o.MaxResponseSize)
-	case "max_items":
-		return number(&o.MaxItems)
-	case "concurrency":
-		return number(&o.Concurrency)
-	case "compensation_retries":
-		var n int
-		err := number(&n)
-		o.CompensationRetries = &n
-		return err
-	case "max_body_size":
-		return size(&o.MaxBodySize)
-	case "item_timeout":
-		return duration(&o.ItemTimeout)
-	case "batch_timeout":
-		return duration(&o.BatchTimeout)
-	case "compensation_timeout":
-		return duration(&o.CompensationTimeout)
-	case "idempotency_ttl":
-		return duration(&o.IdempotencyTTL)
-	case "ids_param":
-		return text(&o.IDsParam)
-	case "id_field":
-		return text(&o.IDField)
-	case "delete_semantics":
-		return text(&o.DeleteSemantics)
-	case "restore_deleted":
-		return text(&o.RestoreDeleted)
-	case "restore_updated":
-		return text(&o.RestoreUpdated)
 	}
 	return unknownOption(d, name, words)
+}
+
+// set sets the option a names from its values; known is false for a
+// word that is no option.
+func (o *Options) set(a optionArgs) (known bool, err error) {
+	switch a.name {
+	case "atomicity":
+		return true, o.setAtomicity(a)
+	case "allow_override":
+		return true, a.flag(&o.AllowOverride)
+	case "idempotent_upstream":
+		return true, a.flag(&o.IdempotentUpstream)
+	case "conditional_writes":
+		return true, a.flag(&o.ConditionalWrites)
+	case "scope_query":
+		if len(a.args) == 0 {
+			return true, a.d.Errf("scope_query takes one or more query parameter names, e.g. %s", optionExample(a.name))
+		}
+		o.ScopeQuery = a.args
+		return true, nil
+	case "id_format":
+		return true, a.text(&o.IDFormat)
+	case "item_locks":
+		return true, a.text(&o.ItemLocks)
+	case "journal":
+		return true, a.flag(&o.Journal)
+	case "max_in_flight":
+		return true, a.number(&o.MaxInFlight)
+	case "max_response_size":
+		return true, a.size(&o.MaxResponseSize)
+	case "max_items":
+		return true, a.number(&o.MaxItems)
+	case "concurrency":
+		return true, a.number(&o.Concurrency)
+	case "compensation_retries":
+		var n int
+		err := a.number(&n)
+		o.CompensationRetries = &n
+		return true, err
+	case "max_body_size":
+		return true, a.size(&o.MaxBodySize)
+	case "item_timeout":
+		return true, a.duration(&o.ItemTimeout)
+	case "batch_timeout":
+		return true, a.duration(&o.BatchTimeout)
+	case "compensation_timeout":
+		return true, a.duration(&o.CompensationTimeout)
+	case "idempotency_ttl":
+		return true, a.duration(&o.IdempotencyTTL)
+	case "ids_param":
+		return true, a.text(&o.IDsParam)
+	case "id_field":
+		return true, a.text(&o.IDField)
+	case "delete_semantics":
+		return true, a.text(&o.DeleteSemantics)
+	case "restore_deleted":
+		return true, a.text(&o.RestoreDeleted)
+	case "restore_updated":
+		return true, a.text(&o.RestoreUpdated)
+	}
+	return false, nil
+}
+
+// setAtomicity reads atomicity <mode>, or atomicity <operation> <mode>.
+func (o *Options) setAtomicity(a optionArgs) error {
+	switch len(a.args) {
+	case 1:
+		return a.text(&o.Atomicity)
+	case 2:
+		if o.OperationAtomicity == nil {
+			o.OperationAtomicity = map[string]string{}
+		}
+		o.OperationAtomicity[a.args[0]] = a.args[1]
+		return nil
+	}
+	return a.d.Errf("atomicity takes a mode, or an operation and a mode: atomicity [get|create|update|delete] all_or_nothing|partial")
+}
+
+// optionArgs are the values an option is written with, read as the kind
+// of value the option takes.
+type optionArgs struct {
+	d    *caddyfile.Dispenser
+	name string
+	args []string
+}
+
+func (a optionArgs) one() (string, error) {
+	if len(a.args) != 1 {
+		return "", a.d.Errf("%s takes one value, e.g. %s", a.name, optionExample(a.name))
+	}
+	if a.args[0] == "" {
+		return "", a.d.Errf("%s takes a value, not an empty string, e.g. %s", a.name, optionExample(a.name))
+	}
+	return a.args[0], nil
+}
+
+// limit refuses a zero: it cannot reach buildPolicy (in JSON it means
+// "the default"), so it is refused here, with the policy's own rule;
+// buildPolicy judges every other value.
+func (a optionArgs) limit(n int64) error {
+	if n != 0 {
+		return nil
+	}
+	if err := policy.CheckLimit(a.name, n); err != nil {
+		return a.d.Err(err.Error())
+	}
+	return nil
+}
+
+func (a optionArgs) number(dst *int) error {
+	v, err := a.one()
+	if err != nil {
+		return err
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return a.d.Errf("%s takes a whole number, e.g. %s, not %q", a.name, optionExample(a.name), v)
+	}
+	*dst = n
+	return a.limit(int64(n))
+}
+
+func (a optionArgs) duration(dst *caddy.Duration) error {
+	v, err := a.one()
+	if err != nil {
+		return err
+	}
+	dur, err := caddy.ParseDuration(v)
+	if err != nil {
+		return a.d.Errf("%s takes a duration such as 10s, 1m30s or 2h, not %q", a.name, v)
+	}
+	*dst = caddy.Duration(dur)
+	return a.limit(int64(dur))
+}
+
+func (a optionArgs) size(dst *int64) error {
+	v, err := a.one()
+	if err != nil {
+		return err
+	}
+	n, err := humanize.ParseBytes(v)
+	if err != nil {
+		return a.d.Errf("%s takes a size such as 1MiB, 512KiB or 1048576 (bytes), not %q", a.name, v)
+	}
+	if n > 1<<62 {
+		return a.d.Errf("%s %s is more than any machine holds: give a size such as 1MiB", a.name, v)
+	}
+	*dst = int64(n)
+	return a.limit(int64(n))
+}
+
+func (a optionArgs) text(dst *string) (err error) {
+	*dst, err = a.one()
+	return err
+}
+
+// flag reads an option that is on when named alone.
+func (a optionArgs) flag(dst **bool) error {
+	on := true
+	switch {
+	case len(a.args) == 1 && a.args[0] == "off":
+		on = false
+	case len(a.args) > 1 || len(a.args) == 1 && a.args[0] != "on":
+		return a.d.Errf("%s takes no value, or on or off, not %q", a.name, strings.Join(a.args, " "))
+	}
+	*dst = &on
+	return nil
 }
 
 // Interface guard

@@ -511,10 +511,14 @@ func TestSettingsInheritance(t *testing.T) {
 		"conditional_writes": true,
 		"scope_query": ["tenant"],
 		"id_format": "integer",
+		"idempotency_ttl": "1h",
+		"item_locks": "storage",
+		"max_in_flight": 5,
 		"resources": [
 			{"path": "/plain", "collection": ["GET", "POST", "DELETE"], "item": ["GET", "PUT", "DELETE"]},
 			{"path": "/tuned", "collection": ["GET"], "item": ["GET"], "atomicity": "all_or_nothing", "max_items": 3, "compensation_retries": 0, "allow_override": true,
-				"conditional_writes": false, "scope_query": ["api_key", "tenant"], "id_format": "uuid"}
+				"conditional_writes": false, "scope_query": ["api_key", "tenant"], "id_format": "uuid",
+				"journal": false, "item_locks": "local", "idempotency_ttl": "2m"}
 		]
 	}`
 	if err := json.Unmarshal([]byte(raw), &h); err != nil {
@@ -536,6 +540,11 @@ func TestSettingsInheritance(t *testing.T) {
 	tuned.MaxItems, tuned.CompensationRetries, tuned.AllowOverride = 3, 0, true
 	tuned.ConditionalWrites, tuned.ScopeQuery, tuned.IDFormat = false, []string{"api_key", "tenant"}, policy.IDUUID
 
+	plainGateway := policy.GatewayDefaults()
+	plainGateway.IdempotencyTTL, plainGateway.ItemLocks, plainGateway.MaxInFlight = time.Hour, policy.StorageLocks, 5
+	tunedGateway := plainGateway
+	tunedGateway.Journal, tunedGateway.ItemLocks, tunedGateway.IdempotencyTTL = false, policy.LocalLocks, 2*time.Minute
+
 	for path, want := range map[string]policy.Settings{"/plain": plain, "/tuned": tuned} {
 		m, ok := h.policy.Lookup(path)
 		if !ok {
@@ -543,6 +552,10 @@ func TestSettingsInheritance(t *testing.T) {
 		}
 		if got := m.Resource.Settings; !reflect.DeepEqual(got, want) {
 			t.Errorf("%s settings\n got %+v\nwant %+v", path, got, want)
+		}
+		wantGateway := map[string]policy.GatewaySettings{"/plain": plainGateway, "/tuned": tunedGateway}[path]
+		if got := m.Resource.Gateway; got != wantGateway {
+			t.Errorf("%s gateway settings\n got %+v\nwant %+v", path, got, wantGateway)
 		}
 	}
 }

@@ -24,8 +24,10 @@ type scope struct {
 	// collection is the path an Idempotency-Key record is scoped to: the
 	// collection's, its variables bound, or the envelope's.
 	collection string
-	// settings are the batch's own: its resource's, or the handler's.
+	// settings and gateway are the batch's own: its resource's, or the
+	// handler's.
 	settings policy.Settings
+	gateway  policy.GatewaySettings
 	// atomicity is what a refused batch is counted under.
 	atomicity func(op policy.Op) policy.Atomicity
 	// locks lock the items the batch writes.
@@ -41,6 +43,7 @@ func (h *Handler) collectionScope(m policy.Match) scope {
 		resource:   m.Resource.Collection.String(),
 		collection: m.CollectionPath(),
 		settings:   s,
+		gateway:    m.Resource.Gateway,
 		atomicity:  func(op policy.Op) policy.Atomicity { return s.Atomicity[op] },
 		locks:      h.lockerFor(m),
 		allow:      m.Allow(),
@@ -55,6 +58,7 @@ func (h *Handler) envelopeScope() scope {
 		resource:   e.Path,
 		collection: e.Path,
 		settings:   e.Settings,
+		gateway:    h.envelopeGateway,
 		atomicity:  func(policy.Op) policy.Atomicity { return e.Atomicity },
 		locks:      envelopeLocks{h},
 		allow:      envelopeAllow,
@@ -74,33 +78,33 @@ func (l envelopeLocks) Lock(ctx context.Context, key string) (func(), error) {
 
 // envelopeOf builds the handler's envelope over its policy, or refuses
 // one that cannot work; nil when the handler has none.
-func (h *Handler) envelopeOf(p *policy.Policy) (*batch.Envelope, error) {
+func (h *Handler) envelopeOf(p *policy.Policy) (*batch.Envelope, policy.GatewaySettings, error) {
+	settings, gateway := policy.Defaults(), policy.GatewayDefaults()
 	path := h.Envelope
 	if path == "" {
-		return nil, nil
+		return nil, gateway, nil
 	}
-	refuse := func(format string, args ...any) error {
-		return policy.OptionError("envelope", fmt.Errorf(format, args...))
+	refuse := func(format string, args ...any) (*batch.Envelope, policy.GatewaySettings, error) {
+		return nil, gateway, policy.OptionError("envelope", fmt.Errorf(format, args...))
 	}
 	switch {
 	case !strings.HasPrefix(path, "/") || strings.ContainsAny(path, "?#{}"):
-		return nil, refuse("envelope %q must be a plain path, such as envelope /api/batch", path)
+		return refuse("envelope %q must be a plain path, such as envelope /api/batch", path)
 	case path != "/":
 		path = strings.TrimSuffix(path, "/")
 	}
 	if m, ok := p.Lookup(path); ok {
-		return nil, refuse("envelope %s is a path of the resource %s: give the envelope a path of its own, such as %s",
+		return refuse("envelope %s is a path of the resource %s: give the envelope a path of its own, such as %s",
 			path, m.Resource.Collection, strings.TrimSuffix(path, "/")+"/batch")
 	}
-	s, err := h.Options.apply(policy.Defaults())
-	if err != nil {
-		return nil, err
+	if err := h.Options.apply(&settings, &gateway); err != nil {
+		return nil, gateway, err
 	}
 	atomicity := policy.AllOrNothing
 	if h.Options.Atomicity != "" {
 		atomicity, _ = policy.ParseAtomicity(h.Options.Atomicity) // apply checked it
 	}
-	return &batch.Envelope{Path: path, Settings: s, Atomicity: atomicity, Lookup: p.Lookup}, nil
+	return &batch.Envelope{Path: path, Settings: settings, Atomicity: atomicity, Lookup: p.Lookup}, gateway, nil
 }
 
 // isEnvelope reports whether a request path is the envelope's, with or
@@ -117,7 +121,7 @@ const envelopeAllow = "OPTIONS, POST"
 // envelope of operations, OPTIONS is answered, and any other method is
 // refused.
 func (h *Handler) serveEnvelope(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	if o, ok, err := batch.FindMethodOverride(r); err != nil || ok && o.Method != http.MethodPost {
+	if o, ok, err := policy.FindMethodOverride(r); err != nil || ok && o.Method != http.MethodPost {
 		// The envelope's path takes POST alone, whatever a client names.
 		w.Header().Set("Allow", envelopeAllow)
 		return problem.New(http.StatusMethodNotAllowed, "method-not-allowed",

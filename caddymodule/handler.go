@@ -62,9 +62,12 @@ type Handler struct {
 
 	policy   *policy.Policy
 	envelope *batch.Envelope // nil without one
-	logger   *zap.Logger
-	locks    *batch.LocalLocks
-	slots    *pooledSlots
+	// envelopeGateway are the gateway's settings of the envelope: the
+	// handler's.
+	envelopeGateway policy.GatewaySettings
+	logger          *zap.Logger
+	locks           *batch.LocalLocks
+	slots           *pooledSlots
 	// untrackSlots stops the metrics counting the slots, at Cleanup.
 	untrackSlots func()
 	// storageLocks are set when a resource has item_locks storage.
@@ -148,7 +151,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("batch: %w", err)
 	}
 	h.policy = p
-	if h.envelope, err = h.envelopeOf(p); err != nil {
+	if h.envelope, h.envelopeGateway, err = h.envelopeOf(p); err != nil {
 		return fmt.Errorf("batch: %w", err)
 	}
 	storage := configStorage(ctx)
@@ -184,8 +187,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if !ok {
 		return next.ServeHTTP(w, r)
 	}
-	if done, err := applyMethodOverride(w, r, m); done {
-		return err
+	d := m.JudgeMethod(r)
+	if d.Refusal != policy.MethodAccepted {
+		return refuseMethod(w, m, d)
+	}
+	if d.Override {
+		policy.RemoveMethodOverride(r)
+		r.Method = d.Method
 	}
 	if r.Method == http.MethodOptions {
 		if r.Header.Get("Origin") != "" && r.Header.Get("Access-Control-Request-Method") != "" {
@@ -197,14 +205,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		w.WriteHeader(http.StatusNoContent)
 		return nil
-	}
-	method, standard := policy.ParseMethod(r.Method)
-	if !standard {
-		return problem.New(http.StatusNotImplemented, "method-not-implemented",
-			fmt.Sprintf("the gateway does not implement the method %s", r.Method)).Write(w)
-	}
-	if !m.Methods().Has(method) {
-		return refuseMethod(w, m, fmt.Sprintf("%s is not allowed on %s; allowed: %s", r.Method, r.URL.EscapedPath(), m.Allow()))
 	}
 	if m.Item {
 		serve := func() error { return next.ServeHTTP(w, r) }
@@ -223,45 +223,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	return h.serveBatch(w, r, h.collectionScope(m), op, plan, prob, next)
 }
 
-// applyMethodOverride judges a method override (a header, or the _method
-// parameter) by the map as the method it names, and applies it: an
-// allowed override on a POST continues as the named method, so the map,
-// batch detection and the upstream all see one method, and no override
-// goes further than the gateway. done reports that the request has been
-// answered (refused).
-//
-// Only a POST is turned into another method, as Rails, Symfony and
-// Laravel do: a link or an image can make a browser send a GET with
-// ?_method=DELETE, but not a POST.
-func applyMethodOverride(w http.ResponseWriter, r *http.Request, m policy.Match) (done bool, err error) {
-	o, ok, ferr := batch.FindMethodOverride(r)
-	switch {
-	case ferr != nil:
-		return true, problem.New(http.StatusBadRequest, "invalid-method-override", ferr.Error()).Write(w)
-	case !ok:
-		return false, nil
+// refuseMethod answers a method, or a method override, that the map
+// refuses (policy.Match.JudgeMethod).
+func refuseMethod(w http.ResponseWriter, m policy.Match, d policy.MethodDecision) error {
+	switch d.Refusal {
+	case policy.MethodNotImplemented:
+		return problem.New(http.StatusNotImplemented, "method-not-implemented", d.Detail).Write(w)
+	case policy.MethodNotAllowed:
+		w.Header().Set("Allow", m.Allow())
+		return problem.New(http.StatusMethodNotAllowed, "method-not-allowed", d.Detail).Write(w)
 	}
-	named, standard := policy.ParseMethod(o.Method)
-	switch {
-	case !standard:
-		return true, problem.New(http.StatusNotImplemented, "method-not-implemented",
-			fmt.Sprintf("%s names the method %s, which the gateway does not implement", o.From, o.Method)).Write(w)
-	case !m.Methods().Has(named):
-		return true, refuseMethod(w, m, fmt.Sprintf("%s (named by %s) is not allowed on %s; allowed: %s",
-			o.Method, o.From, r.URL.EscapedPath(), m.Allow()))
-	case o.Method != r.Method && r.Method != http.MethodPost:
-		return true, problem.New(http.StatusBadRequest, "invalid-method-override",
-			fmt.Sprintf("%s names %s on a %s request; a method override is honoured on POST only: send %s itself",
-				o.From, o.Method, r.Method, o.Method)).Write(w)
-	}
-	batch.RemoveMethodOverride(r)
-	r.Method = o.Method
-	return false, nil
-}
-
-func refuseMethod(w http.ResponseWriter, m policy.Match, detail string) error {
-	w.Header().Set("Allow", m.Allow())
-	return problem.New(http.StatusMethodNotAllowed, "method-not-allowed", detail).Write(w)
+	return problem.New(http.StatusBadRequest, "invalid-method-override", d.Detail).Write(w)
 }
 
 // serveDeclarativeDelete turns the upstream's 404 to a single-item DELETE

@@ -244,7 +244,7 @@ func (k *keyedBatch) claim(w http.ResponseWriter, items int) (done bool, err err
 		Owner:       i.owner,
 		LeaseUntil:  now.Add(i.lease),
 		Created:     now,
-		Expires:     now.Add(s.IdempotencyTTL),
+		Expires:     now.Add(k.sc.gateway.IdempotencyTTL),
 	}
 	if err := storeIdemRecord(ctx, i.storage, k.key, k.record); err != nil {
 		k.record = nil
@@ -336,7 +336,7 @@ func (k *keyedBatch) write(w http.ResponseWriter, res *batch.Result) error {
 		}
 		return rec.answer().write(w)
 	}
-	done := i.answered(k.record, k.sc.settings, res, rec)
+	done := i.answered(k.record, k.sc, res, rec)
 	if err := storeIdemRecord(ctx, i.storage, k.key, done); err != nil {
 		// The client still gets its answer; a retry finds the claim,
 		// whose lease lapses, and is told the answer was not kept.
@@ -357,13 +357,13 @@ func nothingSent(res *batch.Result) bool {
 
 // answered is a claimed record done: the batch's answer, as rec
 // captured it, kept for replay for idempotency_ttl.
-func (i *idempotency) answered(claimed *idemRecord, s policy.Settings, res *batch.Result, rec *answerRecorder) *idemRecord {
+func (i *idempotency) answered(claimed *idemRecord, sc scope, res *batch.Result, rec *answerRecorder) *idemRecord {
 	done := *claimed
 	done.State, done.Owner, done.LeaseUntil = idemDone, "", time.Time{}
-	done.Expires = i.now().Add(s.IdempotencyTTL)
+	done.Expires = i.now().Add(sc.gateway.IdempotencyTTL)
 	done.Outcome = string(res.Outcome)
 	done.Answer = rec.answer()
-	if limit := s.MaxResponseSize + answerSlack; int64(len(done.Answer.Body)) > limit {
+	if limit := sc.settings.MaxResponseSize + answerSlack; int64(len(done.Answer.Body)) > limit {
 		kept := *done.Answer
 		kept.Body = nil
 		done.Answer, done.AnswerSize = &kept, rec.body.Len()
@@ -397,7 +397,7 @@ func (i *idempotency) settleRecovered(ctx context.Context, sc scope, snap *batch
 	if err := res.Write(rec); err != nil {
 		return
 	}
-	if err := storeIdemRecord(ctx, i.storage, recordKey, i.answered(claimed, sc.settings, res, rec)); err != nil {
+	if err := storeIdemRecord(ctx, i.storage, recordKey, i.answered(claimed, sc, res, rec)); err != nil {
 		i.logger.Error("storing a recovered batch's answer for replay", zap.String("record", recordKey), zap.Error(err))
 	}
 }

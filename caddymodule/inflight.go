@@ -45,7 +45,8 @@ func (h *Handler) provisionSlots() *pooledSlots {
 // are.
 func (h *Handler) slotsKey() (key string, n int) {
 	// buildPolicy has already refused whatever apply could refuse.
-	s, _ := h.Options.apply(policy.Defaults())
+	s, g := policy.Defaults(), policy.GatewayDefaults()
+	_ = h.Options.apply(&s, &g)
 	paths := make([]string, len(h.Resources))
 	for i, r := range h.Resources {
 		paths[i] = r.Path
@@ -54,7 +55,7 @@ func (h *Handler) slotsKey() (key string, n int) {
 	id, _ := json.Marshal(struct {
 		Paths       []string `json:"paths"`
 		MaxInFlight int      `json:"max_in_flight"`
-	}{paths, s.MaxInFlight})
+	}{paths, g.MaxInFlight})
 	sum := sha256.Sum256(id)
-	return "batch.max_in_flight." + hex.EncodeToString(sum[:12]), s.MaxInFlight
+	return "batch.max_in_flight." + hex.EncodeToString(sum[:12]), g.MaxInFlight
 }

@@ -40,7 +40,7 @@ func (h *Handler) provisionLocks(storage certmagic.Storage) error {
 		return err
 	}
 	h.locks = &v.(*pooledLocks).LocalLocks
-	if h.policy.Uses(func(s policy.Settings) bool { return s.ItemLocks == policy.StorageLocks }) {
+	if h.policy.Uses(func(g policy.GatewaySettings) bool { return g.ItemLocks == policy.StorageLocks }) {
 		if storage == nil {
 			return errors.New("item_locks storage needs Caddy's storage, and this context has none")
 		}
@@ -53,7 +53,7 @@ func (h *Handler) provisionLocks(storage certmagic.Storage) error {
 // locks take the local lock too, so writers of one process exclude each
 // other whatever their resource's item_locks.
 func (h *Handler) lockerFor(m policy.Match) batch.Locker {
-	if m.Resource.Settings.ItemLocks == policy.StorageLocks && h.storageLocks != nil {
+	if m.Resource.Gateway.ItemLocks == policy.StorageLocks && h.storageLocks != nil {
 		return h.storageLocks
 	}
 	return h.locks

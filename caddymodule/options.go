@@ -159,9 +159,10 @@ type Options struct {
 // does the Caddyfile adapter, which turns its errors' places into lines.
 // lines, when not nil, holds the line each resource is declared on.
 func (h *Handler) buildPolicy(lines []int) (*policy.Policy, error) {
-	defaults, err := h.Options.apply(policy.Defaults())
+	settings, gateway := policy.Defaults(), policy.GatewayDefaults()
+	err := h.Options.apply(&settings, &gateway)
 	if err == nil {
-		err = defaults.Validate()
+		err = policy.Validate(settings, gateway)
 	}
 	if err != nil {
 		// Every resource inherits these, so one error each is enough.
@@ -170,28 +171,13 @@ func (h *Handler) buildPolicy(lines []int) (*policy.Policy, error) {
 	var errs []error
 	specs := make([]policy.ResourceSpec, len(h.Resources))
 	for i, r := range h.Resources {
-		settings, err := r.Options.apply(defaults)
-		if err != nil {
+		specs[i] = r.spec(settings, gateway)
+		if err := r.Options.apply(&specs[i].Settings, &specs[i].Gateway); err != nil {
 			errs = append(errs, policy.Flatten(policy.InResource(i, r.Path, err))...)
 		}
 		if r.MaxInFlight != 0 {
 			errs = append(errs, policy.InResource(i, r.Path, policy.OptionError("max_in_flight",
 				errors.New("max_in_flight bounds the sub-requests of every batch of the handler together, so a resource cannot have its own: set it in the batch block"))))
-		}
-		var ops []string // nil: every operation the methods allow
-		if r.Batch != nil {
-			ops = append([]string{}, *r.Batch...)
-		}
-		specs[i] = policy.ResourceSpec{
-			Path:              r.Path,
-			CollectionMethods: r.Collection,
-			ItemMethods:       r.Item,
-			ItemPath:          r.ItemPath,
-			Batch:             ops,
-			Settings:          settings,
-		}
-		if f := r.ListFilter; f != nil {
-			specs[i].ListFilter = &policy.ListFilterSpec{Template: f.Query, Items: f.Items, MaxIDs: f.MaxIDs, Preflight: f.Preflight}
 		}
 		if i < len(lines) {
 			specs[i].Line = lines[i]
@@ -207,6 +193,28 @@ func (h *Handler) buildPolicy(lines []int) (*policy.Policy, error) {
 	return nil, errors.Join(all...)
 }
 
+// spec declares the resource to the policy, with the handler's resolved
+// settings, which its own options then override.
+func (r Resource) spec(settings policy.Settings, gateway policy.GatewaySettings) policy.ResourceSpec {
+	var ops []string // nil: every operation the methods allow
+	if r.Batch != nil {
+		ops = append([]string{}, *r.Batch...)
+	}
+	spec := policy.ResourceSpec{
+		Path:              r.Path,
+		CollectionMethods: r.Collection,
+		ItemMethods:       r.Item,
+		ItemPath:          r.ItemPath,
+		Batch:             ops,
+		Settings:          settings,
+		Gateway:           gateway,
+	}
+	if f := r.ListFilter; f != nil {
+		spec.ListFilter = &policy.ListFilterSpec{Template: f.Query, Items: f.Items, MaxIDs: f.MaxIDs, Preflight: f.Preflight}
+	}
+	return spec
+}
+
 func resourceOf(err error) int {
 	var pe *policy.Error
 	if errors.As(err, &pe) {
@@ -215,26 +223,52 @@ func resourceOf(err error) int {
 	return -1
 }
 
-// apply lays the options that are set over s. It only reads the values,
-// refusing a word the policy does not know (an unknown atomicity, say);
-// whether a value can work is the policy's to say, in Settings.Validate.
-func (o Options) apply(s policy.Settings) (policy.Settings, error) {
-	var errs []error
-	parse := func(option, value string, parse func(string) error) {
-		if value == "" {
-			return
-		}
-		if err := parse(value); err != nil {
-			errs = append(errs, policy.OptionError(option, err))
-		}
+// apply lays the options that are set over s and g. It only reads the
+// values, refusing a word the policy does not know (an unknown atomicity,
+// say); whether a value can work is the policy's to say, in
+// policy.Validate.
+func (o Options) apply(s *policy.Settings, g *policy.GatewaySettings) error {
+	errs := o.applyAtomicity(s)
+	setNonNil(&s.AllowOverride, o.AllowOverride)
+	// Zero (or "") means "not set" in JSON; a negative value is set, for
+	// Validate to refuse.
+	setNonZero(&s.MaxItems, o.MaxItems)
+	setNonZero(&s.MaxBodySize, o.MaxBodySize)
+	setNonZero(&s.Concurrency, o.Concurrency)
+	setNonZero(&s.ItemTimeout, time.Duration(o.ItemTimeout))
+	setNonZero(&s.BatchTimeout, time.Duration(o.BatchTimeout))
+	setNonZero(&s.CompensationTimeout, time.Duration(o.CompensationTimeout))
+	setNonZero(&s.MaxResponseSize, o.MaxResponseSize)
+	setNonZero(&g.MaxInFlight, o.MaxInFlight)
+	setNonZero(&g.IdempotencyTTL, time.Duration(o.IdempotencyTTL))
+	setNonZero(&s.IDsParam, o.IDsParam)
+	setNonZero(&s.IDField, o.IDField)
+	parseWord(&errs, "delete_semantics", o.DeleteSemantics, &s.DeleteSemantics, policy.ParseDeleteSemantics)
+	parseWord(&errs, "restore_deleted", o.RestoreDeleted, &s.RestoreDeleted, policy.ParseRestoreDeleted)
+	parseWord(&errs, "restore_updated", o.RestoreUpdated, &s.RestoreUpdated, policy.ParseRestoreUpdated)
+	setNonNil(&s.CompensationRetries, o.CompensationRetries)
+	setNonNil(&s.IdempotentUpstream, o.IdempotentUpstream)
+	setNonNil(&g.Journal, o.Journal)
+	setNonNil(&s.ConditionalWrites, o.ConditionalWrites)
+	if o.ScopeQuery != nil {
+		s.ScopeQuery = o.ScopeQuery
 	}
-	parse("atomicity", o.Atomicity, func(v string) error {
-		a, err := policy.ParseAtomicity(v)
-		if err == nil {
+	parseWord(&errs, "id_format", o.IDFormat, &s.IDFormat, policy.ParseIDFormat)
+	parseWord(&errs, "item_locks", o.ItemLocks, &g.ItemLocks, policy.ParseItemLocks)
+	return errors.Join(errs...)
+}
+
+// applyAtomicity lays the atomicity options over s: the general mode,
+// then each operation's, which wins over it.
+func (o Options) applyAtomicity(s *policy.Settings) []error {
+	var errs []error
+	if o.Atomicity != "" {
+		if a, err := policy.ParseAtomicity(o.Atomicity); err != nil {
+			errs = append(errs, policy.OptionError("atomicity", err))
+		} else {
 			s.SetAtomicity(a)
 		}
-		return err
-	})
+	}
 	// Sorted, so that the errors of a configuration come in one order.
 	for _, name := range slices.Sorted(maps.Keys(o.OperationAtomicity)) {
 		option := "atomicity " + name
@@ -250,65 +284,33 @@ func (o Options) apply(s policy.Settings) (policy.Settings, error) {
 		}
 		s.Atomicity[op] = a
 	}
-	if o.AllowOverride != nil {
-		s.AllowOverride = *o.AllowOverride
+	return errs
+}
+
+// setNonZero sets dst to an option's value, when it is set: in JSON a zero
+// (or "") is "not set".
+func setNonZero[T comparable](dst *T, v T) {
+	var zero T
+	if v != zero {
+		*dst = v
 	}
-	// Zero means "not set" in JSON; a negative value is set, for
-	// Validate to refuse.
-	set := func(v int64, apply func()) {
-		if v != 0 {
-			apply()
-		}
+}
+
+// setNonNil sets dst to an option's value, when it is set (not nil).
+func setNonNil[T any](dst *T, v *T) {
+	if v != nil {
+		*dst = *v
 	}
-	set(int64(o.MaxItems), func() { s.MaxItems = o.MaxItems })
-	set(o.MaxBodySize, func() { s.MaxBodySize = o.MaxBodySize })
-	set(int64(o.Concurrency), func() { s.Concurrency = o.Concurrency })
-	set(int64(o.ItemTimeout), func() { s.ItemTimeout = time.Duration(o.ItemTimeout) })
-	set(int64(o.BatchTimeout), func() { s.BatchTimeout = time.Duration(o.BatchTimeout) })
-	set(int64(o.CompensationTimeout), func() { s.CompensationTimeout = time.Duration(o.CompensationTimeout) })
-	set(o.MaxResponseSize, func() { s.MaxResponseSize = o.MaxResponseSize })
-	set(int64(o.MaxInFlight), func() { s.MaxInFlight = o.MaxInFlight })
-	set(int64(o.IdempotencyTTL), func() { s.IdempotencyTTL = time.Duration(o.IdempotencyTTL) })
-	if o.IDsParam != "" {
-		s.IDsParam = o.IDsParam
+}
+
+// parseWord parses an option's word, when it is set, into dst; a word
+// the policy does not know is an error that names the option.
+func parseWord[T any](errs *[]error, option, value string, dst *T, parse func(string) (T, error)) {
+	if value == "" {
+		return
 	}
-	if o.IDField != "" {
-		s.IDField = o.IDField
+	var err error
+	if *dst, err = parse(value); err != nil {
+		*errs = append(*errs, policy.OptionError(option, err))
 	}
-	parse("delete_semantics", o.DeleteSemantics, func(v string) (err error) {
-		s.DeleteSemantics, err = policy.ParseDeleteSemantics(v)
-		return err
-	})
-	parse("restore_deleted", o.RestoreDeleted, func(v string) (err error) {
-		s.RestoreDeleted, err = policy.ParseRestoreDeleted(v)
-		return err
-	})
-	parse("restore_updated", o.RestoreUpdated, func(v string) (err error) {
-		s.RestoreUpdated, err = policy.ParseRestoreUpdated(v)
-		return err
-	})
-	if o.CompensationRetries != nil {
-		s.CompensationRetries = *o.CompensationRetries
-	}
-	if o.IdempotentUpstream != nil {
-		s.IdempotentUpstream = *o.IdempotentUpstream
-	}
-	if o.Journal != nil {
-		s.Journal = *o.Journal
-	}
-	if o.ConditionalWrites != nil {
-		s.ConditionalWrites = *o.ConditionalWrites
-	}
-	if o.ScopeQuery != nil {
-		s.ScopeQuery = o.ScopeQuery
-	}
-	parse("id_format", o.IDFormat, func(v string) (err error) {
-		s.IDFormat, err = policy.ParseIDFormat(v)
-		return err
-	})
-	parse("item_locks", o.ItemLocks, func(v string) (err error) {
-		s.ItemLocks, err = policy.ParseItemLocks(v)
-		return err
-	})
-	return s, errors.Join(errs...)
 }

@@ -111,7 +111,7 @@ func TestItemKeyCanonicalID(t *testing.T) {
 	for _, tt := range tests {
 		s := Defaults()
 		s.IDFormat = tt.format
-		p, err := New([]ResourceSpec{{Path: "/u", CollectionMethods: []string{"GET"}, ItemMethods: []string{"GET", "PUT"}, Settings: s}})
+		p, err := New([]ResourceSpec{{Path: "/u", CollectionMethods: []string{"GET"}, ItemMethods: []string{"GET", "PUT"}, Settings: s, Gateway: GatewayDefaults()}})
 		if err != nil {
 			t.Fatal(err)
 		}

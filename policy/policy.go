@@ -30,8 +30,10 @@ type ResourceSpec struct {
 	// ListFilter, when set, reads the resource's batches through its
 	// LIST (docs/list-filter.md).
 	ListFilter *ListFilterSpec
-	// Settings are the resource's resolved settings.
+	// Settings are the resource's resolved settings, and Gateway those
+	// only the gateway reads.
 	Settings Settings
+	Gateway  GatewaySettings
 	// Line is where the resource is declared, when the configuration
 	// has lines (0 when not): an error about two resources names both.
 	Line int
@@ -49,6 +51,9 @@ type Resource struct {
 	CollectionMethods MethodSet
 	ItemMethods       MethodSet
 	Settings          Settings
+	// Gateway are the settings only the gateway reads; the engine reads
+	// Settings alone.
+	Gateway GatewaySettings
 	// List reads the resource's batch GETs (and, with its Preflight,
 	// the pre-images of batch updates and deletes) through the legacy
 	// API's LIST filter; nil when there is none.
@@ -99,10 +104,10 @@ func New(specs []ResourceSpec) (*Policy, error) {
 	return p, nil
 }
 
-// Uses reports whether any resource's settings satisfy f.
-func (p *Policy) Uses(f func(Settings) bool) bool {
+// Uses reports whether any resource's gateway settings satisfy f.
+func (p *Policy) Uses(f func(GatewaySettings) bool) bool {
 	for _, r := range p.resources {
-		if f(r.Settings) {
+		if f(r.Gateway) {
 			return true
 		}
 	}
@@ -145,7 +150,7 @@ func newResource(i int, spec ResourceSpec) (*Resource, error) {
 	if err != nil {
 		return fail("item", "item: %v", err)
 	}
-	if err := spec.Settings.Validate(); err != nil {
+	if err := Validate(spec.Settings, spec.Gateway); err != nil {
 		return nil, InResource(i, spec.Path, err)
 	}
 	r := &Resource{
@@ -154,6 +159,7 @@ func newResource(i int, spec ResourceSpec) (*Resource, error) {
 		CollectionMethods: collMethods.withImplied(),
 		ItemMethods:       itemMethods.withImplied(),
 		Settings:          spec.Settings,
+		Gateway:           spec.Gateway,
 		index:             i,
 		line:              spec.Line,
 	}

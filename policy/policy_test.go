@@ -11,12 +11,12 @@ func specs() []ResourceSpec {
 	partial := Defaults()
 	partial.SetAtomicity(Partial)
 	return []ResourceSpec{
-		{Path: "/api/users", CollectionMethods: []string{"GET", "POST", "PATCH", "DELETE"}, ItemMethods: []string{"GET", "PUT", "PATCH", "DELETE"}, Settings: Defaults()},
-		{Path: "/api/users/{user}/posts", CollectionMethods: []string{"GET", "POST"}, ItemMethods: []string{"GET", "DELETE"}, Settings: partial},
-		{Path: "/api/users/me/posts", CollectionMethods: []string{"GET"}, ItemMethods: []string{"GET"}, Settings: Defaults()},
-		{Path: "/api/reports", CollectionMethods: []string{"get"}, ItemMethods: []string{"get"}, Settings: Defaults()},
-		{Path: "/v1/things/", ItemPath: "/v1/thing/{id}/", CollectionMethods: []string{"GET"}, ItemMethods: []string{"GET"}, Settings: Defaults()},
-		{Path: "/v2/things/", CollectionMethods: []string{"GET"}, ItemMethods: []string{"GET"}, Settings: Defaults()},
+		{Path: "/api/users", CollectionMethods: []string{"GET", "POST", "PATCH", "DELETE"}, ItemMethods: []string{"GET", "PUT", "PATCH", "DELETE"}, Settings: Defaults(), Gateway: GatewayDefaults()},
+		{Path: "/api/users/{user}/posts", CollectionMethods: []string{"GET", "POST"}, ItemMethods: []string{"GET", "DELETE"}, Settings: partial, Gateway: GatewayDefaults()},
+		{Path: "/api/users/me/posts", CollectionMethods: []string{"GET"}, ItemMethods: []string{"GET"}, Settings: Defaults(), Gateway: GatewayDefaults()},
+		{Path: "/api/reports", CollectionMethods: []string{"get"}, ItemMethods: []string{"get"}, Settings: Defaults(), Gateway: GatewayDefaults()},
+		{Path: "/v1/things/", ItemPath: "/v1/thing/{id}/", CollectionMethods: []string{"GET"}, ItemMethods: []string{"GET"}, Settings: Defaults(), Gateway: GatewayDefaults()},
+		{Path: "/v2/things/", CollectionMethods: []string{"GET"}, ItemMethods: []string{"GET"}, Settings: Defaults(), Gateway: GatewayDefaults()},
 	}
 }
 
@@ -149,7 +149,7 @@ func TestBatchEnabled(t *testing.T) {
 func TestNewRefuses(t *testing.T) {
 	all := []string{"GET", "POST", "PUT", "PATCH", "DELETE"}
 	base := func(mod func(*ResourceSpec)) []ResourceSpec {
-		s := ResourceSpec{Path: "/a", CollectionMethods: all, ItemMethods: all, Settings: Defaults()}
+		s := ResourceSpec{Path: "/a", CollectionMethods: all, ItemMethods: all, Settings: Defaults(), Gateway: GatewayDefaults()}
 		mod(&s)
 		return []ResourceSpec{s}
 	}
@@ -201,6 +201,7 @@ func TestNewRefuses(t *testing.T) {
 		{"zero limit", base(func(s *ResourceSpec) { s.Settings.MaxItems = 0 }), 0, "max_items", `resource /a: max_items must be greater than zero, not 0`},
 		{"zero concurrency", base(func(s *ResourceSpec) { s.Settings.Concurrency = 0 }), 0, "concurrency", `concurrency must be greater than zero`},
 		{"negative timeout", base(func(s *ResourceSpec) { s.Settings.ItemTimeout = -time.Second }), 0, "item_timeout", `item_timeout must be greater than zero, not -1s`},
+		{"negative idempotency_ttl", base(func(s *ResourceSpec) { s.Gateway.IdempotencyTTL = -time.Hour }), 0, "idempotency_ttl", `idempotency_ttl must be greater than zero, not -1h0m0s`},
 		{"negative retries", base(func(s *ResourceSpec) { s.Settings.CompensationRetries = -1 }), 0, "compensation_retries", `compensation_retries must be 0 or more, not -1`},
 		{"empty id field", base(func(s *ResourceSpec) { s.Settings.IDField = "" }), 0, "id_field", `id_field must not be empty`},
 		{"empty scope_query name", base(func(s *ResourceSpec) { s.Settings.ScopeQuery = []string{"tenant", ""} }), 0, "scope_query", `scope_query holds an empty name`},
@@ -212,20 +213,20 @@ func TestNewRefuses(t *testing.T) {
 		{"same path twice", append(base(func(*ResourceSpec) {}), base(func(*ResourceSpec) {})...), 1, "",
 			`resource /a is declared twice (resources[0] and resources[1]): merge them into one`},
 		{"same path twice, with lines", []ResourceSpec{
-			{Path: "/u", CollectionMethods: []string{"GET"}, Settings: Defaults(), Line: 3},
-			{Path: "/u", CollectionMethods: []string{"GET"}, Settings: Defaults(), Line: 9},
+			{Path: "/u", CollectionMethods: []string{"GET"}, Settings: Defaults(), Gateway: GatewayDefaults(), Line: 3},
+			{Path: "/u", CollectionMethods: []string{"GET"}, Settings: Defaults(), Gateway: GatewayDefaults(), Line: 9},
 		}, 1, "", `resource /u is declared twice (lines 3 and 9): merge them into one`},
 		{"same route, other variable names", []ResourceSpec{
-			{Path: "/u/{a}/p", CollectionMethods: []string{"GET"}, Settings: Defaults()},
-			{Path: "/u/{b}/p", CollectionMethods: []string{"GET"}, Settings: Defaults()},
+			{Path: "/u/{a}/p", CollectionMethods: []string{"GET"}, Settings: Defaults(), Gateway: GatewayDefaults()},
+			{Path: "/u/{b}/p", CollectionMethods: []string{"GET"}, Settings: Defaults(), Gateway: GatewayDefaults()},
 		}, 1, "", `resource /u/{b}/p: the path is the same route as resource /u/{a}/p`},
 		{"collection is another's item", []ResourceSpec{
-			{Path: "/u", ItemMethods: []string{"GET"}, Settings: Defaults()},
-			{Path: "/u/{x}", CollectionMethods: []string{"GET"}, Settings: Defaults()},
+			{Path: "/u", ItemMethods: []string{"GET"}, Settings: Defaults(), Gateway: GatewayDefaults()},
+			{Path: "/u/{x}", CollectionMethods: []string{"GET"}, Settings: Defaults(), Gateway: GatewayDefaults()},
 		}, 1, "", `resource /u/{x}: the path is the same route as /u/{id}, the items of resource /u`},
 		{"item is another's collection", []ResourceSpec{
-			{Path: "/u/{x}", CollectionMethods: []string{"GET"}, Settings: Defaults()},
-			{Path: "/u", ItemMethods: []string{"GET"}, Settings: Defaults()},
+			{Path: "/u/{x}", CollectionMethods: []string{"GET"}, Settings: Defaults(), Gateway: GatewayDefaults()},
+			{Path: "/u", ItemMethods: []string{"GET"}, Settings: Defaults(), Gateway: GatewayDefaults()},
 		}, 1, "item_path", `resource /u: the item path /u/{id} is the same route as resource /u/{x}`},
 	}
 	for _, tt := range tests {
@@ -270,7 +271,7 @@ func TestNearest(t *testing.T) {
 func TestPartialNeedsNoUndo(t *testing.T) {
 	s := Defaults()
 	s.SetAtomicity(Partial)
-	_, err := New([]ResourceSpec{{Path: "/a", CollectionMethods: []string{"POST", "DELETE"}, ItemMethods: []string{"DELETE"}, Settings: s}})
+	_, err := New([]ResourceSpec{{Path: "/a", CollectionMethods: []string{"POST", "DELETE"}, ItemMethods: []string{"DELETE"}, Settings: s, Gateway: GatewayDefaults()}})
 	if err != nil {
 		t.Fatalf("partial create and delete need no undo methods, got %v", err)
 	}
@@ -311,7 +312,7 @@ func BenchmarkLookup(b *testing.B) {
 func TestItemPaths(t *testing.T) {
 	p, err := New([]ResourceSpec{{
 		Path: "/u/{user}/posts", CollectionMethods: []string{"GET"}, ItemMethods: []string{"GET"},
-		ItemPath: "/u/{user}/posts/{id}/full", Settings: Defaults(),
+		ItemPath: "/u/{user}/posts/{id}/full", Settings: Defaults(), Gateway: GatewayDefaults(),
 	}})
 	if err != nil {
 		t.Fatal(err)

@@ -152,8 +152,10 @@ func ParseRestoreUpdated(s string) (Restore, error) {
 	return 0, unknown("restore_updated", s, []string{"put", "patch"})
 }
 
-// Settings are the tunables of batch handling, resolved for one resource:
-// the handler's values over the defaults, the resource's over those.
+// Settings are the tunables of batch handling that the engine (package
+// batch) reads, resolved for one resource: the handler's values over the
+// defaults, the resource's over those. What only the gateway reads is in
+// GatewaySettings.
 type Settings struct {
 	Atomicity           [opCount]Atomicity
 	AllowOverride       bool
@@ -179,15 +181,7 @@ type Settings struct {
 	// upstreams put strong ETags on reads and ignore the conditions on
 	// writes, so without it every undo is proved by a read.
 	ConditionalWrites bool
-	ItemLocks         ItemLocks
 	MaxResponseSize   int64
-	MaxInFlight       int
-	// IdempotencyTTL is how long the answer of a batch write that
-	// carried an Idempotency-Key is kept for replay.
-	IdempotencyTTL time.Duration
-	// Journal says an all-or-nothing write batch keeps its saga in
-	// storage, so that another process can finish it if this one dies.
-	Journal bool
 	// ScopeQuery names the query parameters that scope or authenticate a
 	// request (a tenant, an API key): the only ones an all-or-nothing
 	// write batch carries onto its sub-requests. Any other parameter may
@@ -197,35 +191,6 @@ type Settings struct {
 	// IDFormat says what the upstream's ids are, so that two spellings
 	// of one id name one item.
 	IDFormat IDFormat
-}
-
-// ItemLocks says where the locks a saga takes on its items live.
-type ItemLocks uint8
-
-const (
-	// LocalLocks lock items within one Caddy process.
-	LocalLocks ItemLocks = iota
-	// StorageLocks lock items through Caddy's storage, across instances.
-	StorageLocks
-)
-
-// String returns the configuration name.
-func (l ItemLocks) String() string {
-	if l == StorageLocks {
-		return "storage"
-	}
-	return "local"
-}
-
-// ParseItemLocks parses item_locks: local or storage.
-func ParseItemLocks(s string) (ItemLocks, error) {
-	switch s {
-	case "local":
-		return LocalLocks, nil
-	case "storage":
-		return StorageLocks, nil
-	}
-	return 0, unknown("item_locks", s, []string{"local", "storage"})
 }
 
 // Defaults returns the settings README's "Configuration" gives for an
@@ -244,11 +209,7 @@ func Defaults() Settings {
 		RestoreUpdated:      RestorePut,
 		CompensationRetries: 3,
 		CompensationTimeout: 30 * time.Second,
-		ItemLocks:           LocalLocks,
 		MaxResponseSize:     16 << 20,
-		MaxInFlight:         32,
-		IdempotencyTTL:      24 * time.Hour,
-		Journal:             true,
 	}
 }
 
@@ -274,18 +235,19 @@ const (
 	durationLimit
 )
 
-// limits returns s's limits, in the order the configuration lists them.
-func (s Settings) limits() []limit {
+// limits returns the limits of s and g, in the order the configuration
+// lists them.
+func limits(s Settings, g GatewaySettings) []limit {
 	return []limit{
 		{"max_items", int64(s.MaxItems), countLimit},
 		{"max_body_size", s.MaxBodySize, sizeLimit},
 		{"max_response_size", s.MaxResponseSize, sizeLimit},
 		{"concurrency", int64(s.Concurrency), countLimit},
-		{"max_in_flight", int64(s.MaxInFlight), countLimit},
+		{"max_in_flight", int64(g.MaxInFlight), countLimit},
 		{"item_timeout", int64(s.ItemTimeout), durationLimit},
 		{"batch_timeout", int64(s.BatchTimeout), durationLimit},
 		{"compensation_timeout", int64(s.CompensationTimeout), durationLimit},
-		{"idempotency_ttl", int64(s.IdempotencyTTL), durationLimit},
+		{"idempotency_ttl", int64(g.IdempotencyTTL), durationLimit},
 	}
 }
 
@@ -310,7 +272,7 @@ func CheckLimit(option string, value int64) error {
 	if value > 0 {
 		return nil
 	}
-	for _, def := range Defaults().limits() {
+	for _, def := range limits(Defaults(), GatewayDefaults()) {
 		if def.option == option {
 			return OptionError(option, fmt.Errorf("%s must be greater than zero, not %s: set a positive value, or leave it out for the default, %s",
 				option, def.kind.format(value), def.kind.format(def.value)))
@@ -328,15 +290,11 @@ func checkName(option, value string) error {
 	return OptionError(option, fmt.Errorf("%s must not be empty: give it a name, or leave it out for the default, %s", option, def))
 }
 
-// MethodParam is the query parameter that overrides a request's method,
-// as Rails and Laravel forms send it.
-const MethodParam = "_method"
-
-// Validate refuses settings that cannot work; each error is an *Error
-// that names the option.
-func (s Settings) Validate() error {
+// Validate refuses a resource's settings that cannot work; each error is
+// an *Error that names the option.
+func Validate(s Settings, g GatewaySettings) error {
 	var errs []error
-	for _, l := range s.limits() {
+	for _, l := range limits(s, g) {
 		errs = append(errs, CheckLimit(l.option, l.value))
 	}
 	errs = append(errs, checkName("ids_param", s.IDsParam), checkName("id_field", s.IDField))

@@ -1,0 +1,59 @@
+package policy
+
+import "time"
+
+// GatewaySettings are a resource's settings that only the gateway reads,
+// resolved as Settings are: where its items' locks live, the bound on
+// sub-requests in flight, how long a keyed batch's answer is kept, and
+// whether a saga keeps a journal. The engine (package batch) never sees
+// them.
+type GatewaySettings struct {
+	ItemLocks   ItemLocks
+	MaxInFlight int
+	// IdempotencyTTL is how long the answer of a batch write that
+	// carried an Idempotency-Key is kept for replay.
+	IdempotencyTTL time.Duration
+	// Journal says an all-or-nothing write batch keeps its saga in
+	// storage, so that another process can finish it if this one dies.
+	Journal bool
+}
+
+// GatewayDefaults returns the gateway's settings README's
+// "Configuration" gives for an option that is not configured.
+func GatewayDefaults() GatewaySettings {
+	return GatewaySettings{
+		ItemLocks:      LocalLocks,
+		MaxInFlight:    32,
+		IdempotencyTTL: 24 * time.Hour,
+		Journal:        true,
+	}
+}
+
+// ItemLocks says where the locks a saga takes on its items live.
+type ItemLocks uint8
+
+const (
+	// LocalLocks lock items within one Caddy process.
+	LocalLocks ItemLocks = iota
+	// StorageLocks lock items through Caddy's storage, across instances.
+	StorageLocks
+)
+
+// String returns the configuration name.
+func (l ItemLocks) String() string {
+	if l == StorageLocks {
+		return "storage"
+	}
+	return "local"
+}
+
+// ParseItemLocks parses item_locks: local or storage.
+func ParseItemLocks(s string) (ItemLocks, error) {
+	switch s {
+	case "local":
+		return LocalLocks, nil
+	case "storage":
+		return StorageLocks, nil
+	}
+	return 0, unknown("item_locks", s, []string{"local", "storage"})
+}
