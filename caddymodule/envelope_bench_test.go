@@ -52,9 +52,7 @@ func BenchmarkEnvelope10(b *testing.B) {
 			defer api.Close()
 			envelopeAddr, plainAddr := freeAddr(b), freeAddr(b)
 			p := startCaddyProcess(b, bin, quietGlobalOptions+envelope10Sites(envelopeAddr, plainAddr, srv.Listener.Addr().String()), envelopeAddr)
-			pid := p.cmd.Process.Pid
-			meter := &itemMeter{items: envelope10Posts + 1, cpuMetric: "caddy-cpu-ns/item", served: counted.served,
-				cpuClock: func(tb testing.TB) time.Duration { return processCPUOf(tb, pid) }}
+			meter := &itemMeter{items: envelope10Posts + 1, cpuMetric: "caddy-cpu-ns/item", cpuClock: p.cpu, served: counted.served}
 			client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
 			defer client.CloseIdleConnections()
 			post := func(url string, body []byte) (*http.Response, error) {
