@@ -85,7 +85,6 @@ func BenchmarkEnvelope10(b *testing.B) {
 				}
 				meter.report(b)
 			})
-			api.ResetLog()
 		})
 	}
 }
