@@ -142,44 +142,33 @@ func get100Cases(b *testing.B, addrs get100Addrs, cpuMetric string, cpuClock fun
 		asRole("client", func() { resp, err = client.Get(url) })
 		drain(b, resp, err, http.StatusOK)
 	}
-	var cpuStart time.Duration
-	var servedStart int64
-	start := func(b *testing.B) {
-		b.ReportAllocs()
-		cpuStart, servedStart = cpuClock(b), widgetUpstream.served.Load()
-	}
-	perItem := func(b *testing.B) {
-		items := float64(b.N * len(ids))
-		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/items, "ns/item")
-		b.ReportMetric(float64((cpuClock(b)-cpuStart).Nanoseconds())/items, cpuMetric)
-		b.ReportMetric(float64(widgetUpstream.served.Load()-servedStart)/items, "upstream-req/item")
-	}
+	meter := &itemMeter{items: len(ids), cpuMetric: cpuMetric, cpuClock: cpuClock, served: widgetUpstream.served}
 
 	b.Run("path=batch", func(b *testing.B) {
 		url := get100BatchURL(addrs.batch)
-		start(b)
+		meter.start(b)
 		for b.Loop() {
 			get(b, url)
 		}
-		perItem(b)
+		meter.report(b)
 	})
 	b.Run("path=batch-list", func(b *testing.B) {
 		url := get100BatchURL(addrs.list)
-		start(b)
+		meter.start(b)
 		for b.Loop() {
 			get(b, url)
 		}
-		perItem(b)
+		meter.report(b)
 	})
 	singles := func(addr string) func(b *testing.B) {
 		return func(b *testing.B) {
-			start(b)
+			meter.start(b)
 			for b.Loop() {
 				for _, id := range ids {
 					get(b, "http://"+addr+"/api/widgets/"+id)
 				}
 			}
-			perItem(b)
+			meter.report(b)
 		}
 	}
 	b.Run("path=single-sequential", singles(addrs.plain))
@@ -189,7 +178,7 @@ func get100Cases(b *testing.B, addrs get100Addrs, cpuMetric string, cpuClock fun
 	// The fairer rival: a client that sends the 100 GETs itself, as many
 	// at once as the batch does (concurrency 8).
 	b.Run("path=single-parallel8", func(b *testing.B) {
-		start(b)
+		meter.start(b)
 		for b.Loop() {
 			var wg sync.WaitGroup
 			next := make(chan string)
@@ -206,8 +195,36 @@ func get100Cases(b *testing.B, addrs get100Addrs, cpuMetric string, cpuClock fun
 			close(next)
 			wg.Wait()
 		}
-		perItem(b)
+		meter.report(b)
 	})
+}
+
+// itemMeter reports what a benchmark's ops cost per item, each op being
+// items items: the time (ns/item), the CPU time cpuClock counts (as
+// cpuMetric) and the requests the upstream served (upstream-req/item).
+type itemMeter struct {
+	items     int
+	cpuMetric string
+	cpuClock  func(testing.TB) time.Duration
+	served    *atomic.Int64
+
+	cpuStart    time.Duration
+	servedStart int64
+}
+
+// start begins the count of a (sub-)benchmark, and reports its
+// allocations.
+func (m *itemMeter) start(b *testing.B) {
+	b.ReportAllocs()
+	m.cpuStart, m.servedStart = m.cpuClock(b), m.served.Load()
+}
+
+// report reports the costs per item since start.
+func (m *itemMeter) report(b *testing.B) {
+	items := float64(b.N * m.items)
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/items, "ns/item")
+	b.ReportMetric(float64((m.cpuClock(b)-m.cpuStart).Nanoseconds())/items, m.cpuMetric)
+	b.ReportMetric(float64(m.served.Load()-m.servedStart)/items, "upstream-req/item")
 }
 
 // BenchmarkGet10Throughput is what 16 clients get from the gateway at

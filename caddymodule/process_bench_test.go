@@ -44,13 +44,11 @@ func BenchmarkGet100Process(b *testing.B) {
 }
 ` + get100Sites(addrs, upstream.Listener.Addr().String())
 	p := startCaddyProcess(b, bin, config, addrs.batch)
-	pid := p.cmd.Process.Pid
-	caddyCPU := func(tb testing.TB) time.Duration { return processCPUOf(tb, pid) }
 
 	if file := os.Getenv("BATCH_BENCH_CADDY_PROFILE"); file != "" {
 		profileCaddy(b, "http://"+adminAddr+"/debug/pprof/profile?seconds=10", file, get100BatchURL(addrs.batch))
 	}
-	get100Cases(b, addrs, "caddy-cpu-ns/item", caddyCPU)
+	get100Cases(b, addrs, "caddy-cpu-ns/item", p.cpu)
 }
 
 // profileCaddy writes to file the CPU profile that profileURL takes,
@@ -90,6 +88,12 @@ func profileCaddy(b *testing.B, profileURL, file, batchURL string) {
 			drain(b, resp, err, http.StatusOK)
 		}
 	}
+}
+
+// cpu is the CPU time the Caddy process has used, as processCPUOf counts
+// it.
+func (p *caddyProcess) cpu(tb testing.TB) time.Duration {
+	return processCPUOf(tb, p.cmd.Process.Pid)
 }
 
 // processCPUOf is the CPU time (user and system, all threads) that the
