@@ -5,10 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"encoding/json"
 	"io"
 	"io/fs"
 	"net/http"
 	"net/http/httptest"
+	"path"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -22,6 +24,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/durable"
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
 )
 
@@ -183,13 +186,51 @@ func planOf(t *testing.T, directive, method, target, body string, header ...stri
 
 // storedItem finds, in what the journal holds in storage, the item whose
 // recorded request is method on path.
-func storedItems(t *testing.T, js *journalStore, saga string) []batch.ItemSnapshot {
+func storedItems(t *testing.T, s certmagic.Storage, saga string) []batch.ItemSnapshot {
 	t.Helper()
-	st, err := js.load(context.Background(), saga)
+	ctx := context.Background()
+	keys, err := s.List(ctx, path.Join(journalPrefix, saga), false)
 	if err != nil {
 		t.Fatalf("reading the journal back: %v", err)
 	}
-	return st.snap.Items
+	slices.Sort(keys)
+	var items []batch.ItemSnapshot
+	for _, k := range keys {
+		if !strings.HasPrefix(path.Base(k), "seg.") {
+			continue
+		}
+		b, err := s.Load(ctx, k)
+		if err != nil {
+			t.Fatalf("reading the journal back: %v", err)
+		}
+		var seg struct {
+			Intent *struct {
+				Snapshot *batch.Snapshot `json:"snapshot"`
+			} `json:"intent"`
+			Items []struct {
+				Index int                `json:"i"`
+				Item  batch.ItemSnapshot `json:"item"`
+			} `json:"items"`
+		}
+		if err := json.Unmarshal(b, &seg); err != nil {
+			t.Fatalf("decoding %s: %v", k, err)
+		}
+		if seg.Intent != nil {
+			items = seg.Intent.Snapshot.Items
+		}
+		for _, it := range seg.Items {
+			items[it.Index] = it.Item
+		}
+	}
+	return items
+}
+
+// journalPrefix is where the journals are in storage.
+const journalPrefix = "batch/v1/journal"
+
+// newJournals keeps journals in s, under a lease of a minute.
+func newJournals(s certmagic.Storage) *durable.Journals {
+	return durable.NewJournals(durableStorage(s), durable.NewLeases(time.Minute), zap.NewNop())
 }
 
 // TestJournalWriteAhead runs an all-or-nothing update whose last item
@@ -212,8 +253,7 @@ func TestJournalWriteAhead(t *testing.T) {
 		}
 	}`, "PATCH", "/api/widgets", `[{"id":1,"name":"a"},{"id":2,"name":"b"},{"id":3,"name":"c"},{"id":4,"name":"d"},{"id":5,"name":"e"}]`)
 	storage := newMemStorage()
-	js := &journalStore{storage: storage, lease: time.Minute, logger: zap.NewNop()}
-	j := js.newJournal(httptest.NewRequest("PATCH", "/api/widgets", nil))
+	j := newJournals(storage).New(originOf(httptest.NewRequest("PATCH", "/api/widgets", nil)))
 	var mu sync.Mutex
 	var checked, changes int
 	sender := &directSender{base: upstream.URL, client: upstream.Client(), check: func(req *batch.SubRequest) {
@@ -223,7 +263,7 @@ func TestJournalWriteAhead(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		changes++
-		for _, it := range storedItems(t, js, j.saga) {
+		for _, it := range storedItems(t, storage, j.Saga()) {
 			switch {
 			case it.Phase == batch.PhaseSending && it.Sent != nil && it.Sent.Method == req.Method && it.Sent.Path == req.Path,
 				it.Phase == batch.PhaseUndoing && it.Undo != nil && it.Undo.Method == req.Method && it.Undo.Path == req.Path:
@@ -270,8 +310,8 @@ func TestJournalRefusesWhatItCannotRecord(t *testing.T) {
 	}`, "PATCH", "/api/widgets", `[{"id":1,"name":"a"},{"id":2,"name":"b"}]`)
 	storage := newMemStorage()
 	storage.fail = errors.New("the disk is full")
-	js := &journalStore{storage: storage, lease: time.Minute, logger: zap.NewNop()}
-	j := js.newJournal(httptest.NewRequest("PATCH", "/api/widgets", nil))
+	pending := durable.Pending()
+	j := newJournals(storage).New(originOf(httptest.NewRequest("PATCH", "/api/widgets", nil)))
 	res := batch.Run(context.Background(), plan, batch.Runtime{Send: &directSender{base: upstream.URL, client: upstream.Client()}, Journal: j})
 	if res.Outcome != batch.Failed || res.Items[0].Status != http.StatusServiceUnavailable {
 		t.Errorf("outcome %s, item 0 %d; want failed, 503: %s", res.Outcome, res.Items[0].Status, res.Detail)
@@ -279,8 +319,8 @@ func TestJournalRefusesWhatItCannotRecord(t *testing.T) {
 	if w := writes(api.Requests()); len(w) != 0 {
 		t.Errorf("writes reached the upstream with no journal:%s", describeRequests(w))
 	}
-	if owned.has(j.saga) {
-		t.Error("the saga is still counted as running")
+	if n := durable.Pending(); n != pending {
+		t.Errorf("%d sagas counted as running, %d before: the saga is still counted", n, pending)
 	}
 }
 
@@ -413,8 +453,8 @@ func TestJournalGroupCommit(t *testing.T) {
 		}
 	}`, "POST", "/api/widgets", "["+strings.Join(elems, ",")+"]")
 	mem := newMemStorage()
-	js := &journalStore{storage: slowStorage{mem, 20 * time.Millisecond}, lease: time.Minute, logger: zap.NewNop()}
-	j := js.newJournal(httptest.NewRequest("POST", "/api/widgets", nil))
+	storage := slowStorage{mem, 20 * time.Millisecond}
+	j := newJournals(storage).New(originOf(httptest.NewRequest("POST", "/api/widgets", nil)))
 	var mu sync.Mutex
 	var recorded, writes int
 	sender := &directSender{base: upstream.URL, client: upstream.Client(), check: func(req *batch.SubRequest) {
@@ -427,7 +467,7 @@ func TestJournalGroupCommit(t *testing.T) {
 		if counted(metrics.pending) < 1 {
 			t.Error("caddy_http_batch_journals_pending does not count the saga in flight")
 		}
-		for _, it := range storedItems(t, js, j.saga) {
+		for _, it := range storedItems(t, storage, j.Saga()) {
 			if it.Phase >= batch.PhaseSending && it.Sent != nil && it.Sent.Header.Get("Idempotency-Key") == req.Header.Get("Idempotency-Key") {
 				recorded++
 				return

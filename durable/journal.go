@@ -361,6 +361,15 @@ func (j *Journal) End(ctx context.Context, _ *batch.Result) {
 	owned.forget(j.saga)
 }
 
+// Abandon lets the saga go without ending it, as a process that dies
+// does: its lease is no longer renewed, and a recovery, this process's
+// included, takes it over once the lease lapses. The saga's run must not
+// end the journal after that (a dead gateway does nothing).
+func (j *Journal) Abandon() {
+	j.stopRenewal()
+	owned.forget(j.saga)
+}
+
 // remove deletes segment 0 first: without its intent, what is left of a
 // journal is no saga, only garbage for the recovery to sweep.
 func (j *Journal) remove(ctx context.Context) error {
