@@ -336,37 +336,6 @@ func TestIdempotencyExpiry(t *testing.T) {
 	}
 }
 
-// TestIdempotencySweepSparesRunningBatches: a sweep never deletes the
-// claim of a batch still running under a live lease, even past its ttl.
-func TestIdempotencySweepSparesRunningBatches(t *testing.T) {
-	storage := &certmagic.FileStorage{Path: t.TempDir()}
-	ctx := context.Background()
-	now := time.Now()
-	recs := map[string]durable.Record{
-		"running": {Version: 1, State: durable.StateInFlight, LeaseUntil: now.Add(time.Minute), Expires: now.Add(-time.Hour)},
-		"dead":    {Version: 1, State: durable.StateInFlight, LeaseUntil: now.Add(-time.Minute), Expires: now.Add(-time.Second)},
-		"done":    {Version: 1, State: durable.StateDone, Expires: now.Add(-time.Second)},
-		"fresh":   {Version: 1, State: durable.StateDone, Expires: now.Add(time.Hour)},
-	}
-	for name, rec := range recs {
-		if err := storage.Store(ctx, durable.IdempotencyPrefix+"/"+name, mustJSON(t, rec)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := storage.Store(ctx, durable.IdempotencyPrefix+"/garbled", []byte("{not json")); err != nil {
-		t.Fatal(err)
-	}
-	n, err := durable.SweepIdempotency(ctx, durableStorage(storage), now)
-	if n != 3 || err != nil {
-		t.Errorf("deleted %d (%v), want dead, done and garbled", n, err)
-	}
-	keys, _ := storage.List(ctx, durable.IdempotencyPrefix, false)
-	slices.Sort(keys)
-	if want := []string{durable.IdempotencyPrefix + "/fresh", durable.IdempotencyPrefix + "/running"}; !slices.Equal(keys, want) {
-		t.Errorf("left %v, want %v", keys, want)
-	}
-}
-
 // TestIdempotencyAnswerHeaders: a replay carries the headers the first
 // answer had: Retry-After, Preference-Applied, WWW-Authenticate.
 func TestIdempotencyAnswerHeaders(t *testing.T) {

@@ -3,9 +3,9 @@ package caddymodule
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
-	"encoding/json"
 	"io"
 	"io/fs"
 	"net/http"
