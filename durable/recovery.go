@@ -12,7 +12,7 @@ import (
 )
 
 // Recovered is a saga whose owner's lease lapsed, taken over by this
-// process (docs/durability.md, "Recovery"): what the caller needs to
+// process (docs/durability.md, "Durability: the saga journal"): what the caller needs to
 // finish it.
 type Recovered struct {
 	Saga    string
