@@ -41,6 +41,7 @@ func updatePlan(t *testing.T, p *policy.Policy, n int) *batch.Plan {
 	}
 	r := httptest.NewRequest("PATCH", "/widgets", strings.NewReader("["+strings.Join(elems, ",")+"]"))
 	r.Header.Set("Content-Type", "application/json")
+	r.Header.Set("Authorization", "Bearer journal-test")
 	m, _ := p.Lookup("/widgets")
 	_, isBatch, plan, prob := batch.Admit(r, m)
 	if !isBatch || prob != nil {
@@ -55,6 +56,8 @@ type upstream struct {
 	mu    sync.Mutex
 	check func(*batch.SubRequest)
 	fail  string // a path whose write fails
+	// created counts the creates, each given the next id.
+	created int
 }
 
 func (u *upstream) Send(_ context.Context, sr *batch.SubRequest) (*batch.SubResponse, error) {
@@ -64,6 +67,12 @@ func (u *upstream) Send(_ context.Context, sr *batch.SubRequest) (*batch.SubResp
 		u.mu.Unlock()
 	}
 	id := sr.Path[strings.LastIndex(sr.Path, "/")+1:]
+	if sr.Method == http.MethodPost {
+		u.mu.Lock()
+		u.created++
+		id = fmt.Sprint(1000 + u.created)
+		u.mu.Unlock()
+	}
 	if sr.Method != http.MethodGet && sr.Path == u.fail {
 		return &batch.SubResponse{Status: 500, Header: http.Header{}}, nil
 	}
@@ -71,9 +80,14 @@ func (u *upstream) Send(_ context.Context, sr *batch.SubRequest) (*batch.SubResp
 		Body: []byte(`{"id":` + id + `,"name":"old"}`)}, nil
 }
 
-// Every write and undo is in storage before it is sent, one storage
-// write each at the most, and nothing is left once the saga ends.
-func TestJournalWriteAheadInMemory(t *testing.T) {
+// TestJournalWriteAhead runs an all-or-nothing update whose last item
+// fails, so that every other item is written and then undone, and checks
+// at the moment each write and each undo reaches the upstream that the
+// journal in storage already says it is being sent, with the client's
+// Authorization for the undo; that the journal costs one storage write
+// per request that changes the upstream, no more; and that nothing is
+// left in storage at the end.
+func TestJournalWriteAhead(t *testing.T) {
 	s := newMemStorage()
 	js := NewJournals(s, NewLeases(time.Minute), zap.NewNop())
 	j := js.New(Origin{Server: "srv0", Method: "PATCH", URI: "/widgets", Host: "example.com"})
@@ -91,6 +105,9 @@ func TestJournalWriteAheadInMemory(t *testing.T) {
 		for _, it := range st.snap.Items {
 			if it.Phase == batch.PhaseSending && it.Sent != nil && it.Sent.Path == sr.Path && it.Sent.Method == sr.Method ||
 				it.Phase == batch.PhaseUndoing && it.Undo != nil && it.Undo.Path == sr.Path && it.Undo.Method == sr.Method {
+				if got := it.Sent.Header.Get("Authorization"); got != "Bearer journal-test" {
+					t.Errorf("the journal keeps Authorization %q, want the client's, for the undo", got)
+				}
 				checked++
 				return
 			}
@@ -101,8 +118,9 @@ func TestJournalWriteAheadInMemory(t *testing.T) {
 	if res.Outcome != batch.RolledBack {
 		t.Fatalf("outcome %s: %s", res.Outcome, res.Detail)
 	}
-	if changes == 0 || checked != changes {
-		t.Errorf("%d of %d writes and undos recorded before they were sent", checked, changes)
+	// 3 PATCHes (the third failed) and 2 PUTs putting the pre-images back.
+	if changes != 5 || checked != changes {
+		t.Errorf("%d of %d writes and undos recorded before they were sent, want 5 of 5", checked, changes)
 	}
 	keys, stores := s.count()
 	if stores > changes || keys != 0 {
@@ -110,19 +128,85 @@ func TestJournalWriteAheadInMemory(t *testing.T) {
 	}
 }
 
-// A write whose record cannot be stored is not sent.
-func TestJournalRefusesWhatItCannotRecordInMemory(t *testing.T) {
+// TestJournalRefusesWhatItCannotRecord checks that a write whose record
+// cannot be stored is not sent: the batch fails with nothing changed.
+func TestJournalRefusesWhatItCannotRecord(t *testing.T) {
 	s := newMemStorage()
 	s.failStores(errors.New("the disk is full"))
 	pending := Pending()
 	j := NewJournals(s, NewLeases(time.Minute), zap.NewNop()).New(Origin{})
 	up := &upstream{check: func(sr *batch.SubRequest) { t.Errorf("%s %s sent with no journal", sr.Method, sr.Path) }}
 	res := batch.Run(context.Background(), updatePlan(t, widgets(t), 2), batch.Runtime{Send: up, Journal: j})
-	if res.Outcome != batch.Failed {
-		t.Errorf("outcome %s, want failed", res.Outcome)
+	if res.Outcome != batch.Failed || res.Items[0].Status != http.StatusServiceUnavailable {
+		t.Errorf("outcome %s, item 0 %d; want failed, 503: %s", res.Outcome, res.Items[0].Status, res.Detail)
 	}
 	if owned.has(j.Saga()) || Pending() != pending {
 		t.Error("the saga is still counted as running")
+	}
+}
+
+// slowStorage is a storage whose every store takes a while, as a synced
+// file does.
+type slowStorage struct {
+	*memStorage
+	delay time.Duration
+}
+
+func (s slowStorage) Store(ctx context.Context, key string, value []byte) error {
+	time.Sleep(s.delay)
+	return s.memStorage.Store(ctx, key, value)
+}
+
+// TestJournalGroupCommit: writes that start together share one store of
+// their records, and none is sent before its own record is stored; the
+// saga counts as pending while it runs, and no more once it ended.
+func TestJournalGroupCommit(t *testing.T) {
+	mem := newMemStorage()
+	js := NewJournals(slowStorage{mem, 20 * time.Millisecond}, NewLeases(time.Minute), zap.NewNop())
+	j := js.New(Origin{})
+	pending := Pending()
+	p := widgets(t) // concurrency 8, the default
+	var elems []string
+	for i := range 16 {
+		elems = append(elems, fmt.Sprintf(`{"name":"g%d"}`, i))
+	}
+	r := httptest.NewRequest("POST", "/widgets", strings.NewReader("["+strings.Join(elems, ",")+"]"))
+	r.Header.Set("Content-Type", "application/json")
+	m, _ := p.Lookup("/widgets")
+	_, _, plan, prob := batch.Admit(r, m)
+	if prob != nil {
+		t.Fatal(prob.Detail)
+	}
+	var recorded, writes int
+	up := &upstream{check: func(sr *batch.SubRequest) {
+		writes++
+		if Pending() <= pending {
+			t.Error("the saga in flight is not counted as pending")
+		}
+		st, err := js.load(context.Background(), j.Saga())
+		if err != nil {
+			t.Errorf("a create sent with no journal: %v", err)
+			return
+		}
+		for _, it := range st.snap.Items {
+			if it.Phase >= batch.PhaseSending && it.Sent != nil && it.Sent.Header.Get("Idempotency-Key") == sr.Header.Get("Idempotency-Key") {
+				recorded++
+				return
+			}
+		}
+		t.Errorf("a create reached the upstream before the journal recorded it")
+	}}
+	if res := batch.Run(context.Background(), plan, batch.Runtime{Send: up, Journal: j}); res.Outcome != batch.Succeeded {
+		t.Fatalf("outcome %s: %s", res.Outcome, res.Detail)
+	}
+	if n := Pending(); n != pending {
+		t.Errorf("%d sagas pending after the saga ended, want %d", n, pending)
+	}
+	if writes != 16 || recorded != writes {
+		t.Errorf("%d of %d creates were recorded before they were sent, want 16 of 16", recorded, writes)
+	}
+	if _, stores := mem.count(); stores >= writes {
+		t.Errorf("%d stores for %d creates sent 8 at a time: their records were not stored together", stores, writes)
 	}
 }
 
