@@ -1,12 +1,10 @@
 package caddymodule
 
 import (
-	"bytes"
 	"context"
 	"encoding/hex"
 	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
@@ -174,7 +172,7 @@ func (k *keyedBatch) replay(w http.ResponseWriter, repl *caddy.Replacer, items i
 		zap.Int("status", rec.Answer.Status),
 		zap.String("outcome", rec.Outcome))
 	w.Header().Set("Idempotent-Replayed", "true")
-	return writeAnswer(w, rec.Answer)
+	return rec.Answer.Write(w)
 }
 
 // write answers the client with the batch's result. For a keyed batch
@@ -187,7 +185,7 @@ func (k *keyedBatch) write(w http.ResponseWriter, res *batch.Result) error {
 	if k == nil || k.held == nil {
 		return res.Write(w)
 	}
-	rec := &answerRecorder{header: http.Header{}}
+	rec := durable.NewAnswerRecorder()
 	if err := res.Write(rec); err != nil {
 		k.held.Release()
 		return err
@@ -196,15 +194,15 @@ func (k *keyedBatch) write(w http.ResponseWriter, res *batch.Result) error {
 		if err := k.held.GiveBack(k.r.Context()); err != nil {
 			k.idem.logger.Error("releasing an Idempotency-Key", zap.String("record", k.key), zap.Error(err))
 		}
-		return writeAnswer(w, rec.answer())
+		return rec.Answer().Write(w)
 	}
 	s := k.m.Resource.Settings
-	if err := k.held.Answered(k.r.Context(), rec.answer(), string(res.Outcome), s.IdempotencyTTL, s.MaxResponseSize+answerSlack); err != nil {
+	if err := k.held.Answered(k.r.Context(), rec.Answer(), string(res.Outcome), s.IdempotencyTTL, s.MaxResponseSize+answerSlack); err != nil {
 		// The client still gets its answer; a retry finds the claim,
 		// whose lease lapses, and is told the answer was not kept.
 		k.idem.logger.Error("storing a batch answer for replay", zap.String("record", k.key), zap.Error(err))
 	}
-	return writeAnswer(w, rec.answer())
+	return rec.Answer().Write(w)
 }
 
 // nothingSent reports whether the batch ended before any item started.
@@ -231,57 +229,14 @@ func (i *idempotency) settleRecovered(ctx context.Context, m policy.Match, snap 
 	}
 	recordKey, _ := durable.IdempotencyRecord(key, durable.Credentials(snap.Header),
 		m.Resource.Collection.String(), m.CollectionPath(), snap.Op)
-	rec := &answerRecorder{header: http.Header{}}
+	rec := durable.NewAnswerRecorder()
 	if err := res.Write(rec); err != nil {
 		return
 	}
 	s := m.Resource.Settings
-	if err := i.keys.SettleRecovered(ctx, recordKey, rec.answer(), string(res.Outcome), s.IdempotencyTTL, s.MaxResponseSize+answerSlack); err != nil {
+	if err := i.keys.SettleRecovered(ctx, recordKey, rec.Answer(), string(res.Outcome), s.IdempotencyTTL, s.MaxResponseSize+answerSlack); err != nil {
 		i.logger.Error("storing a recovered batch's answer for replay", zap.String("record", recordKey), zap.Error(err))
 	}
-}
-
-// answerRecorder keeps the batch's answer, so that it is stored before
-// the client gets it.
-type answerRecorder struct {
-	header http.Header
-	status int
-	body   bytes.Buffer
-}
-
-func (a *answerRecorder) Header() http.Header { return a.header }
-
-func (a *answerRecorder) WriteHeader(status int) {
-	if a.status == 0 {
-		a.status = status
-	}
-}
-
-func (a *answerRecorder) Write(b []byte) (int, error) {
-	a.WriteHeader(http.StatusOK)
-	return a.body.Write(b)
-}
-
-func (a *answerRecorder) answer() *durable.Answer {
-	h := a.header.Clone()
-	h.Del("Content-Length") // set again from the body on every answer
-	return &durable.Answer{Status: a.status, Header: h, Body: a.body.Bytes()}
-}
-
-// writeAnswer sends a, adding its headers to those already set on w.
-func writeAnswer(w http.ResponseWriter, a *durable.Answer) error {
-	h := w.Header()
-	for name, values := range a.Header {
-		h[name] = values
-	}
-	h.Set("Content-Length", strconv.Itoa(len(a.Body)))
-	status := a.Status
-	if status == 0 {
-		status = http.StatusOK
-	}
-	w.WriteHeader(status)
-	_, err := w.Write(a.Body)
-	return err
 }
 
 // configStorage returns the config's storage, or nil from a context
