@@ -79,15 +79,12 @@ type Keys struct {
 	storage Storage
 	leases  *Leases
 	logger  *zap.Logger
-	now     func() time.Time
-	// poll is the wait between two tries of a held storage lock.
-	poll time.Duration
 }
 
 // NewKeys keeps Idempotency-Key records in storage, claims held under
 // leases; logger hears of renewals that fail.
 func NewKeys(storage Storage, leases *Leases, logger *zap.Logger) *Keys {
-	return &Keys{storage: storage, leases: leases, logger: logger, now: time.Now, poll: LockPoll}
+	return &Keys{storage: storage, leases: leases, logger: logger}
 }
 
 // Claim is a keyed batch write about to run.
@@ -144,7 +141,7 @@ type Decision struct {
 // the claim waited for the key's lock: the client is gone.
 func (k *Keys) Claim(ctx context.Context, c Claim) (Decision, error) {
 	lockCtx, cancel := context.WithTimeout(ctx, c.Wait)
-	unlock, err := Lock(lockCtx, k.storage, c.Lock, k.poll, func(err error) {
+	unlock, err := Lock(lockCtx, k.storage, c.Lock, LockPoll, func(err error) {
 		k.logger.Error("releasing a storage lock", zap.String("lock", c.Lock), zap.Error(err))
 	})
 	cancel()
@@ -158,7 +155,7 @@ func (k *Keys) Claim(ctx context.Context, c Claim) (Decision, error) {
 	}
 	defer unlock()
 
-	now := k.now()
+	now := time.Now()
 	rec, err := loadRecord(ctx, k.storage, c.Record)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return Decision{Verdict: Unavailable, Err: err}, nil
@@ -217,7 +214,7 @@ func (h *Held) Key() string { return h.key }
 func (h *Held) renew() func() {
 	rec := *h.record
 	return func() {
-		rec.LeaseUntil = h.keys.now().Add(h.keys.leases.Length)
+		rec.LeaseUntil = time.Now().Add(h.keys.leases.Length)
 		ctx, cancel := context.WithTimeout(context.Background(), h.keys.leases.Length/3)
 		defer cancel()
 		if err := storeRecord(ctx, h.keys.storage, h.key, &rec); err != nil {
@@ -255,7 +252,7 @@ func (h *Held) Answered(ctx context.Context, a *Answer, outcome string, ttl time
 func (k *Keys) answered(claimed *Record, a *Answer, outcome string, ttl time.Duration, limit int64) *Record {
 	done := *claimed
 	done.State, done.Owner, done.LeaseUntil = StateDone, "", time.Time{}
-	done.Expires = k.now().Add(ttl)
+	done.Expires = time.Now().Add(ttl)
 	done.Outcome = outcome
 	done.Answer = a
 	if int64(len(a.Body)) > limit {
