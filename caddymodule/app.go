@@ -11,6 +11,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"go.uber.org/zap"
+
+	"github.com/caddy-batch/caddy-batch/durable"
 )
 
 func init() {
@@ -19,7 +21,7 @@ func init() {
 	// A process that exits lets the sagas it runs finish first, once its
 	// servers stopped taking requests: one cut short would wait a lease
 	// for another instance to undo it, when it can be finished now.
-	caddy.OnExit(func(context.Context) { owned.running.Wait() })
+	caddy.OnExit(func(context.Context) { durable.Wait() })
 }
 
 // App finishes the all-or-nothing batches that a Caddy process did not:
@@ -30,10 +32,12 @@ func init() {
 // handler chain of the server the batch came in on. Every batch handler
 // loads it; it needs no configuration of its own.
 type App struct {
-	// How long the owner of a saga holds the saga's journal without
-	// renewing its lease; the owner renews it every third of this while
-	// the saga runs. A saga whose owner died is taken over by another
-	// process this long after the last renewal, so clocks of instances
+	// How long this process holds what it holds in storage without
+	// renewing it: the journals of the sagas it runs and its
+	// Idempotency-Key claims, renewed every third of this while they run
+	// (docs/durability.md, "Leases"). A saga whose owner died is taken
+	// over by another process this long after the last renewal, and a
+	// key whose gateway died is told abandoned, so clocks of instances
 	// that share a storage must agree to well within it. Default: 30s.
 	Lease caddy.Duration `json:"lease,omitempty"`
 
@@ -43,7 +47,8 @@ type App struct {
 
 	ctx           caddy.Context
 	logger        *zap.Logger
-	journals      *journalStore
+	leases        *durable.Leases
+	journals      *durable.Journals
 	state         *appState
 	stop, stopped chan struct{}
 }
@@ -74,7 +79,8 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if a.RecoveryInterval == 0 {
 		a.RecoveryInterval = caddy.Duration(10 * time.Second)
 	}
-	a.journals = &journalStore{storage: ctx.Storage(), lease: time.Duration(a.Lease), logger: a.logger}
+	a.leases = durable.NewLeases(time.Duration(a.Lease))
+	a.journals = durable.NewJournals(durableStorage(ctx.Storage()), a.leases, a.logger)
 	a.state = &appState{failed: map[string]string{}}
 	return nil
 }
@@ -92,12 +98,13 @@ func (a *App) Validate() error {
 }
 
 // register is how a batch handler joins the app, in its Provision: it
-// gets the config's journals.
-func (a *App) register() *journalStore {
+// gets the config's journals, and the lease its Idempotency-Key claims
+// are held under.
+func (a *App) register() (*durable.Journals, *durable.Leases) {
 	a.state.mu.Lock()
 	defer a.state.mu.Unlock()
 	a.state.handlers++
-	return a.journals
+	return a.journals, a.leases
 }
 
 // Start starts looking for journals to finish. With no batch handler in

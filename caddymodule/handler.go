@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/durable"
 	"github.com/caddy-batch/caddy-batch/policy"
 	"github.com/caddy-batch/caddy-batch/problem"
 )
@@ -73,7 +74,7 @@ type Handler struct {
 	// storageLocks are set when a resource has item_locks storage.
 	storageLocks batch.Locker
 	idem         *idempotency
-	journals     *journalStore
+	journals     *durable.Journals
 }
 
 // Resource is one collection of the legacy API and its items.
@@ -163,12 +164,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("batch: registering metrics: %w", err)
 	}
-	h.idem = newIdempotency(storage, h.logger)
 	app, err := ctx.App("batch")
 	if err != nil {
 		return fmt.Errorf("batch: %w", err)
 	}
-	h.journals = app.(*App).register()
+	journals, leases := app.(*App).register()
+	h.journals = journals
+	h.idem = newIdempotency(storage, leases, h.logger)
 	return nil
 }
 

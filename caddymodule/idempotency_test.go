@@ -310,7 +310,7 @@ func TestIdempotencyExpiry(t *testing.T) {
 	if r := send("ttl"); r.Header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("not replayed within the ttl: %v", r)
 	}
-	if n, err := sweepIdempotency(ctx, storage, time.Now()); n != 0 || err != nil {
+	if n, err := durable.SweepIdempotency(ctx, durableStorage(storage), time.Now()); n != 0 || err != nil {
 		t.Errorf("a sweep within the ttl deleted %d records (%v)", n, err)
 	}
 	time.Sleep(1100 * time.Millisecond)
@@ -324,46 +324,15 @@ func TestIdempotencyExpiry(t *testing.T) {
 	if keys, _ := storage.List(ctx, durable.IdempotencyPrefix, false); len(keys) != 2 {
 		t.Fatalf("records %v, want 2", keys)
 	}
-	n, err := sweepIdempotency(ctx, storage, time.Now().Add(2*time.Second))
+	n, err := durable.SweepIdempotency(ctx, durableStorage(storage), time.Now().Add(2*time.Second))
 	if n != 2 || err != nil {
 		t.Errorf("the sweep deleted %d records (%v), want 2", n, err)
 	}
 	if keys, _ := storage.List(ctx, durable.IdempotencyPrefix, false); len(keys) != 0 {
 		t.Errorf("records left after the sweep: %v", keys)
 	}
-	if n, err := sweepIdempotency(ctx, &certmagic.FileStorage{Path: t.TempDir()}, time.Now()); n != 0 || err != nil {
+	if n, err := durable.SweepIdempotency(ctx, durableStorage(&certmagic.FileStorage{Path: t.TempDir()}), time.Now()); n != 0 || err != nil {
 		t.Errorf("a sweep of an empty storage: %d, %v", n, err)
-	}
-}
-
-// TestIdempotencySweepSparesRunningBatches: a sweep never deletes the
-// claim of a batch still running under a live lease, even past its ttl.
-func TestIdempotencySweepSparesRunningBatches(t *testing.T) {
-	storage := &certmagic.FileStorage{Path: t.TempDir()}
-	ctx := context.Background()
-	now := time.Now()
-	recs := map[string]idemRecord{
-		"running": {Version: 1, State: idemInFlight, LeaseUntil: now.Add(time.Minute), Expires: now.Add(-time.Hour)},
-		"dead":    {Version: 1, State: idemInFlight, LeaseUntil: now.Add(-time.Minute), Expires: now.Add(-time.Second)},
-		"done":    {Version: 1, State: idemDone, Expires: now.Add(-time.Second)},
-		"fresh":   {Version: 1, State: idemDone, Expires: now.Add(time.Hour)},
-	}
-	for name, rec := range recs {
-		if err := storeIdemRecord(ctx, storage, durable.IdempotencyPrefix+"/"+name, &rec); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := storage.Store(ctx, durable.IdempotencyPrefix+"/garbled", []byte("{not json")); err != nil {
-		t.Fatal(err)
-	}
-	n, err := sweepIdempotency(ctx, storage, now)
-	if n != 3 || err != nil {
-		t.Errorf("deleted %d (%v), want dead, done and garbled", n, err)
-	}
-	keys, _ := storage.List(ctx, durable.IdempotencyPrefix, false)
-	slices.Sort(keys)
-	if want := []string{durable.IdempotencyPrefix + "/fresh", durable.IdempotencyPrefix + "/running"}; !slices.Equal(keys, want) {
-		t.Errorf("left %v, want %v", keys, want)
 	}
 }
 
@@ -471,12 +440,12 @@ func TestIdempotencyStoredStates(t *testing.T) {
 		kind   string
 	}{
 		{"abandoned", func(fp string) []byte {
-			return mustJSON(t, idemRecord{Version: 1, State: idemInFlight, Fingerprint: fp, Owner: "dead",
+			return mustJSON(t, durable.Record{Version: 1, State: durable.StateInFlight, Fingerprint: fp, Owner: "dead",
 				LeaseUntil: now.Add(-time.Second), Created: now.Add(-time.Minute), Expires: now.Add(time.Hour)})
 		}, 409, "idempotency-key-abandoned"},
 		{"answer not kept", func(fp string) []byte {
-			return mustJSON(t, idemRecord{Version: 1, State: idemDone, Fingerprint: fp, Created: now, Expires: now.Add(time.Hour),
-				Outcome: "succeeded", Answer: &idemAnswer{Status: 200}, AnswerSize: 20 << 20})
+			return mustJSON(t, durable.Record{Version: 1, State: durable.StateDone, Fingerprint: fp, Created: now, Expires: now.Add(time.Hour),
+				Outcome: "succeeded", Answer: &durable.Answer{Status: 200}, AnswerSize: 20 << 20})
 		}, 409, "idempotency-answer-not-kept"},
 		{"unreadable", func(string) []byte { return []byte(`{"v": 99}`) }, 200, ""},
 	}

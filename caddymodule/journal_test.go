@@ -10,106 +10,15 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
-	"reflect"
-	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	"github.com/caddyserver/certmagic"
-	"go.uber.org/zap"
 
 	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
 )
-
-// memStorage is a certmagic.Storage in memory that counts its writes and
-// can be made to fail them.
-type memStorage struct {
-	mu     sync.Mutex
-	keys   map[string][]byte
-	stores int
-	fail   error // returned by Store when set
-}
-
-func newMemStorage() *memStorage { return &memStorage{keys: map[string][]byte{}} }
-
-func (s *memStorage) Lock(context.Context, string) error   { return nil }
-func (s *memStorage) Unlock(context.Context, string) error { return nil }
-
-func (s *memStorage) Store(_ context.Context, key string, value []byte) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.fail != nil {
-		return s.fail
-	}
-	s.stores++
-	s.keys[key] = bytes.Clone(value)
-	return nil
-}
-
-func (s *memStorage) Load(_ context.Context, key string) ([]byte, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	v, ok := s.keys[key]
-	if !ok {
-		return nil, fs.ErrNotExist
-	}
-	return bytes.Clone(v), nil
-}
-
-func (s *memStorage) Delete(_ context.Context, key string) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for k := range s.keys {
-		if k == key || strings.HasPrefix(k, key+"/") {
-			delete(s.keys, k)
-		}
-	}
-	return nil
-}
-
-func (s *memStorage) Exists(ctx context.Context, key string) bool {
-	_, err := s.Load(ctx, key)
-	return err == nil
-}
-
-func (s *memStorage) List(_ context.Context, prefix string, recursive bool) ([]string, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []string
-	for k := range s.keys {
-		rest, ok := strings.CutPrefix(k, prefix+"/")
-		if !ok {
-			continue
-		}
-		if first, _, nested := strings.Cut(rest, "/"); nested && !recursive {
-			k = prefix + "/" + first
-		}
-		if !slices.Contains(out, k) {
-			out = append(out, k)
-		}
-	}
-	if len(out) == 0 {
-		return nil, fs.ErrNotExist
-	}
-	return out, nil
-}
-
-func (s *memStorage) Stat(ctx context.Context, key string) (certmagic.KeyInfo, error) {
-	v, err := s.Load(ctx, key)
-	return certmagic.KeyInfo{Key: key, Size: int64(len(v)), IsTerminal: true}, err
-}
-
-func (s *memStorage) String() string { return "memStorage" }
-
-func (s *memStorage) count() (keys, stores int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.keys), s.stores
-}
 
 // directSender sends a saga's sub-requests straight to the upstream, as
 // a gateway's chain would; before each write it calls check.
@@ -181,108 +90,8 @@ func planOf(t *testing.T, directive, method, target, body string, header ...stri
 	return &h, plan
 }
 
-// storedItem finds, in what the journal holds in storage, the item whose
-// recorded request is method on path.
-func storedItems(t *testing.T, js *journalStore, saga string) []batch.ItemSnapshot {
-	t.Helper()
-	st, err := js.load(context.Background(), saga)
-	if err != nil {
-		t.Fatalf("reading the journal back: %v", err)
-	}
-	return st.snap.Items
-}
-
-// TestJournalWriteAhead runs an all-or-nothing update whose last item
-// fails, so that every other item is written and then undone, and checks
-// at the moment each write and each undo reaches the upstream that the
-// journal in storage already says it is being sent; that the journal
-// costs one storage write per request that changes the upstream, no
-// more; and that nothing is left in storage at the end.
-func TestJournalWriteAhead(t *testing.T) {
-	api := seededAPI()
-	api.Inject(legacyapi.Fault{Method: "PATCH", Path: "/api/widgets/5", Status: 500, Body: htmlError})
-	upstream := httptest.NewServer(api)
-	defer upstream.Close()
-	defer api.Close()
-	before := api.Items("/api/widgets")
-
-	_, plan := planOf(t, `batch {
-		concurrency 2
-		resource /api/widgets {`+resourceMethods+`
-		}
-	}`, "PATCH", "/api/widgets", `[{"id":1,"name":"a"},{"id":2,"name":"b"},{"id":3,"name":"c"},{"id":4,"name":"d"},{"id":5,"name":"e"}]`)
-	storage := newMemStorage()
-	js := &journalStore{storage: storage, lease: time.Minute, logger: zap.NewNop()}
-	j := js.newJournal(httptest.NewRequest("PATCH", "/api/widgets", nil))
-	var mu sync.Mutex
-	var checked, changes int
-	sender := &directSender{base: upstream.URL, client: upstream.Client(), check: func(req *batch.SubRequest) {
-		if req.Method == http.MethodGet {
-			return
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		changes++
-		for _, it := range storedItems(t, js, j.saga) {
-			switch {
-			case it.Phase == batch.PhaseSending && it.Sent != nil && it.Sent.Method == req.Method && it.Sent.Path == req.Path,
-				it.Phase == batch.PhaseUndoing && it.Undo != nil && it.Undo.Method == req.Method && it.Undo.Path == req.Path:
-				if got := it.Sent.Header.Get("Authorization"); got != "Bearer journal-test" {
-					t.Errorf("the journal keeps Authorization %q, want the client's, for the undo", got)
-				}
-				checked++
-				return
-			}
-		}
-		t.Errorf("%s %s reached the upstream before the journal recorded it", req.Method, req.Path)
-	}}
-	res := batch.Run(context.Background(), plan, batch.Runtime{Send: sender, Journal: j})
-
-	if res.Outcome != batch.RolledBack {
-		t.Fatalf("outcome %s, want rolled_back: %s", res.Outcome, res.Detail)
-	}
-	// 5 PATCHes (the fifth failed) and 4 PUTs putting the pre-images back.
-	if changes != 9 || checked != changes {
-		t.Errorf("%d of %d writes and undos were recorded before they were sent, want 9 of 9", checked, changes)
-	}
-	keys, stores := storage.count()
-	if stores > changes {
-		t.Errorf("the journal wrote storage %d times for %d requests that change the upstream; want one each at the most", stores, changes)
-	}
-	if keys != 0 {
-		t.Errorf("%d keys left in storage after the saga ended", keys)
-	}
-	if after := api.Items("/api/widgets"); !reflect.DeepEqual(after, before) {
-		t.Errorf("the upstream was not put back:\n got %v\nwant %v", after, before)
-	}
-}
-
-// TestJournalRefusesWhatItCannotRecord checks that a write whose record
-// cannot be stored is not sent: the batch fails with nothing changed.
-func TestJournalRefusesWhatItCannotRecord(t *testing.T) {
-	api := seededAPI()
-	upstream := httptest.NewServer(api)
-	defer upstream.Close()
-	defer api.Close()
-	_, plan := planOf(t, `batch {
-		resource /api/widgets {`+resourceMethods+`
-		}
-	}`, "PATCH", "/api/widgets", `[{"id":1,"name":"a"},{"id":2,"name":"b"}]`)
-	storage := newMemStorage()
-	storage.fail = errors.New("the disk is full")
-	js := &journalStore{storage: storage, lease: time.Minute, logger: zap.NewNop()}
-	j := js.newJournal(httptest.NewRequest("PATCH", "/api/widgets", nil))
-	res := batch.Run(context.Background(), plan, batch.Runtime{Send: &directSender{base: upstream.URL, client: upstream.Client()}, Journal: j})
-	if res.Outcome != batch.Failed || res.Items[0].Status != http.StatusServiceUnavailable {
-		t.Errorf("outcome %s, item 0 %d; want failed, 503: %s", res.Outcome, res.Items[0].Status, res.Detail)
-	}
-	if w := writes(api.Requests()); len(w) != 0 {
-		t.Errorf("writes reached the upstream with no journal:%s", describeRequests(w))
-	}
-	if owned.has(j.saga) {
-		t.Error("the saga is still counted as running")
-	}
-}
+// journalPrefix is where the journals are in storage.
+const journalPrefix = "batch/v1/journal"
 
 // journalKeys lists what the journal holds in a file system storage.
 func journalKeys(t *testing.T, dir string) []string {
@@ -382,69 +191,4 @@ func startJournalGateway(t *testing.T, api *legacyapi.API, dir, app, site string
 func startJournalGatewayTo(t *testing.T, api *legacyapi.API, upstream, dir, app, site string) *gateway {
 	t.Helper()
 	return startJournalGatewayAt(t, api, upstream, freeAddr(t), dir, app, site)
-}
-
-// slowStorage is a storage whose every store takes a while, as a synced
-// file does.
-type slowStorage struct {
-	*memStorage
-	delay time.Duration
-}
-
-func (s slowStorage) Store(ctx context.Context, key string, value []byte) error {
-	time.Sleep(s.delay)
-	return s.memStorage.Store(ctx, key, value)
-}
-
-// TestJournalGroupCommit: writes that start together share one store of
-// their records, and none is sent before its own record is stored.
-func TestJournalGroupCommit(t *testing.T) {
-	api := seededAPI()
-	upstream := httptest.NewServer(api)
-	defer upstream.Close()
-	defer api.Close()
-	var elems []string
-	for i := range 16 {
-		elems = append(elems, fmt.Sprintf(`{"name":"g%d"}`, i))
-	}
-	_, plan := planOf(t, `batch {
-		concurrency 8
-		resource /api/widgets {`+resourceMethods+`
-		}
-	}`, "POST", "/api/widgets", "["+strings.Join(elems, ",")+"]")
-	mem := newMemStorage()
-	js := &journalStore{storage: slowStorage{mem, 20 * time.Millisecond}, lease: time.Minute, logger: zap.NewNop()}
-	j := js.newJournal(httptest.NewRequest("POST", "/api/widgets", nil))
-	var mu sync.Mutex
-	var recorded, writes int
-	sender := &directSender{base: upstream.URL, client: upstream.Client(), check: func(req *batch.SubRequest) {
-		if req.Method == http.MethodGet {
-			return
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		writes++
-		if counted(metrics.pending) < 1 {
-			t.Error("caddy_http_batch_journals_pending does not count the saga in flight")
-		}
-		for _, it := range storedItems(t, js, j.saga) {
-			if it.Phase >= batch.PhaseSending && it.Sent != nil && it.Sent.Header.Get("Idempotency-Key") == req.Header.Get("Idempotency-Key") {
-				recorded++
-				return
-			}
-		}
-		t.Errorf("a create reached the upstream before the journal recorded it")
-	}}
-	if res := batch.Run(context.Background(), plan, batch.Runtime{Send: sender, Journal: j}); res.Outcome != batch.Succeeded {
-		t.Fatalf("outcome %s: %s", res.Outcome, res.Detail)
-	}
-	if n := counted(metrics.pending); n != 0 {
-		t.Errorf("caddy_http_batch_journals_pending is %v after the saga ended, want 0", n)
-	}
-	if writes != 16 || recorded != writes {
-		t.Errorf("%d of %d creates were recorded before they were sent, want 16 of 16", recorded, writes)
-	}
-	if _, stores := mem.count(); stores >= writes {
-		t.Errorf("%d stores for %d creates sent 8 at a time: their records were not stored together", stores, writes)
-	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/durable"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
@@ -115,7 +116,7 @@ func newBatchMetrics() *batchMetrics {
 			Namespace: ns, Subsystem: sub,
 			Name: "journals_pending",
 			Help: "Sagas this process keeps a journal for: running, or being finished for a dead owner.",
-		}, func() float64 { return float64(owned.count()) }),
+		}, func() float64 { return float64(durable.Pending()) }),
 		slots: newSlotGauges(ns, sub),
 	}
 }

@@ -3,8 +3,6 @@ package caddymodule
 import (
 	"context"
 	"crypto/tls"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -38,7 +36,9 @@ func (a *App) recoverLoop() {
 	tick := time.NewTicker(time.Duration(a.RecoveryInterval))
 	defer tick.Stop()
 	for {
-		a.scan(ctx)
+		if err := a.journals.Scan(ctx, a.finish, a.failedOnce); err != nil && ctx.Err() == nil {
+			a.logger.Warn("listing saga journals in storage", zap.Error(err))
+		}
 		a.sweepIdempotency(ctx)
 		select {
 		case <-ctx.Done():
@@ -54,7 +54,7 @@ func (a *App) recoverLoop() {
 // cluster, and a sweep that races another only deletes what both found
 // expired.
 func (a *App) sweepIdempotency(ctx context.Context) {
-	n, err := sweepIdempotency(ctx, a.journals.storage, time.Now())
+	n, err := durable.SweepIdempotency(ctx, a.journals.Storage(), time.Now())
 	switch {
 	case err != nil && ctx.Err() == nil:
 		a.logger.Warn("sweeping expired Idempotency-Key records", zap.Error(err))
@@ -63,121 +63,24 @@ func (a *App) sweepIdempotency(ctx context.Context) {
 	}
 }
 
-// scan takes over every saga in storage whose owner's lease lapsed.
-func (a *App) scan(ctx context.Context) {
-	sagas, err := a.journals.sagas(ctx)
-	if err != nil {
-		if ctx.Err() == nil {
-			a.logger.Warn("listing saga journals in storage", zap.Error(err))
-		}
-		return
-	}
-	for _, saga := range sagas {
-		if ctx.Err() != nil {
-			return
-		}
-		if owned.has(saga) {
-			continue
-		}
-		l, err := a.journals.leaseOf(ctx, saga)
-		switch {
-		case errors.Is(err, errNoIntent):
-			a.sweep(ctx, saga)
-		case err != nil:
-			a.failedOnce(saga, "reading the saga's lease", err)
-		case time.Now().After(l.Expires):
-			a.takeOver(ctx, saga)
-		}
-	}
-}
-
-// takeOver claims a dead owner's saga and finishes it on a goroutine of
-// its own. The claim is a new lease, written under the saga's storage
-// lock after reading again that the old one lapsed, so that of several
-// instances that find the saga at once only one takes it; the lock is
-// held for the claim only, the lease for as long as the saga runs.
-func (a *App) takeOver(ctx context.Context, saga string) {
-	unlock, ok := a.lock(ctx, saga)
-	if !ok {
-		return // another instance is claiming it; its lease will show
-	}
-	defer unlock()
-	dead, err := a.journals.leaseOf(ctx, saga)
-	if err != nil || !time.Now().After(dead.Expires) {
-		return
-	}
-	until := time.Now().Add(a.journals.lease)
-	b, _ := json.Marshal(lease{Owner: durable.Owner(), Expires: until})
-	sctx, cancel := context.WithTimeout(ctx, storageTimeout)
-	err = a.journals.storage.Store(sctx, leaseKey(saga), b)
-	cancel()
-	if err != nil {
-		a.failedOnce(saga, "claiming the saga's lease", err)
-		return
-	}
-	if !owned.add(saga) {
-		return
-	}
-	st, err := a.journals.load(ctx, saga)
-	if err != nil {
-		owned.done()
-		owned.forget(saga)
-		a.failedOnce(saga, "reading the saga's journal", err)
-		return
-	}
-	go a.finish(saga, dead, st, until)
-}
-
-// lock takes the storage lock under which a saga is claimed, without
-// waiting for an instance that holds it.
-func (a *App) lock(ctx context.Context, saga string) (unlock func(), ok bool) {
-	// A storage that cannot try a lock is given two seconds in Lock.
-	lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	unlock, err := durable.Lock(lctx, a.journals.storage, lockName(saga), 0, func(err error) {
-		a.logger.Warn("releasing a saga's storage lock", zap.String("saga", saga), zap.Error(err))
-	})
-	return unlock, err == nil
-}
-
-// sweep removes what is left of a journal whose removal was cut short
-// (segment 0, its intent, is deleted first), once nothing was written to
-// it for a lease: a journal being created is never without segment 0 for
-// longer than its first write.
-func (a *App) sweep(ctx context.Context, saga string) {
-	info, err := a.journals.storage.Stat(ctx, journalDir(saga))
-	if err != nil || time.Since(info.Modified) < a.journals.lease {
-		return
-	}
-	if err := a.journals.storage.Delete(ctx, journalDir(saga)); err != nil {
-		a.failedOnce(saga, "removing what is left of a finished saga's journal", err)
-	}
-}
-
-// finish resumes a saga this process took over, and logs what became of
-// it: one line per saga, ERROR when items were left behind.
-func (a *App) finish(saga string, dead lease, st *storedSaga, until time.Time) {
+// finish resumes a saga this process took over (durable's scan calls
+// it), and logs what became of it: one line per saga, ERROR when items
+// were left behind. An error is durable's to log and give the saga back.
+func (a *App) finish(r *durable.Recovered) error {
 	start := time.Now()
-	j := a.journals.takeOver(saga, st.next, until)
-	job := &recovery{snap: st.snap, journal: j}
-	err := a.probe(st.intent, job)
+	job := &recovery{snap: r.Snapshot, journal: r.Journal}
+	err := a.probe(r.Origin, job)
 	if err == nil {
 		err = job.err
 	}
 	if err != nil {
-		// Resume ends the journal only when it ran; otherwise the
-		// journal stays for a later try, ours or another instance's,
-		// once the lease lapses.
-		j.stopRenewal()
-		owned.done()
-		owned.forget(saga)
-		a.failedOnce(saga, "finishing the saga", err)
-		return
+		return err
 	}
-	a.logRecovered(saga, dead, st, job.res, time.Since(start))
+	a.logRecovered(r, job.res, time.Since(start))
+	return nil
 }
 
-func (a *App) logRecovered(saga string, dead lease, st *storedSaga, res *batch.Result, took time.Duration) {
+func (a *App) logRecovered(r *durable.Recovered, res *batch.Result, took time.Duration) {
 	metrics.recovered.WithLabelValues(string(res.Outcome)).Inc()
 	level, msg := zapcore.InfoLevel, "recovered a batch whose gateway died"
 	if res.Outcome == batch.RollbackFailed {
@@ -187,17 +90,16 @@ func (a *App) logRecovered(saga string, dead lease, st *storedSaga, res *batch.R
 	if ce == nil {
 		return
 	}
-	in := st.intent
 	fields := []zap.Field{
-		zap.String("saga", saga),
-		zap.String("server", in.Server),
-		zap.String("host", in.Host),
-		zap.String("op", st.snap.Op),
-		zap.String("path", st.snap.Path),
-		zap.Int("items", len(st.snap.Items)),
-		zap.Time("started", in.Started),
-		zap.String("dead_owner", dead.Owner),
-		zap.Time("lease_lapsed", dead.Expires),
+		zap.String("saga", r.Saga),
+		zap.String("server", r.Origin.Server),
+		zap.String("host", r.Origin.Host),
+		zap.String("op", r.Snapshot.Op),
+		zap.String("path", r.Snapshot.Path),
+		zap.Int("items", len(r.Snapshot.Items)),
+		zap.Time("started", r.Started),
+		zap.String("dead_owner", r.Dead.Owner),
+		zap.Time("lease_lapsed", r.Dead.Expires),
 		zap.String("outcome", string(res.Outcome)),
 		zap.Int("compensations", res.Compensations),
 		zap.Duration("duration", took),
@@ -241,7 +143,7 @@ var recoveryCtxKey recoveryCtxKeyType
 // authentication, load balancing and TLS apply as they did for the batch.
 // No access log is written, and no error route runs: nothing is answered
 // to anyone.
-func (a *App) probe(in *intent, job *recovery) error {
+func (a *App) probe(in durable.Origin, job *recovery) error {
 	srv, err := a.server(in.Server)
 	if err != nil {
 		return err
@@ -340,13 +242,4 @@ func (h *Handler) scopeOf(snap *batch.Snapshot) (scope, bool) {
 		return scope{}, false
 	}
 	return h.collectionScope(m), true
-}
-
-// journalFor is the journal of a batch, or nil if it keeps none: only an
-// all-or-nothing write batch is a saga.
-func (h *Handler) journalFor(r *http.Request, sc scope, p *batch.Plan) batch.Journal {
-	if h.journals == nil || !sc.gateway.Journal || p.Atomicity != policy.AllOrNothing || !p.Op.Writes() {
-		return nil
-	}
-	return h.journals.newJournal(r)
 }

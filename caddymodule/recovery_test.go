@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/durable"
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
@@ -158,11 +159,11 @@ func deadSaga(t *testing.T, tc deadSagaCase, api *legacyapi.API, dir, addr strin
 	before = api.Items(tc.collection)
 	_, plan := planOf(t, tc.directive(), tc.method, tc.target, tc.body, "Idempotency-Key", tc.key)
 	storage := &mortalStorage{Storage: &certmagic.FileStorage{Path: dir}}
-	js := &journalStore{storage: storage, lease: lease, logger: zap.NewNop()}
-	j := js.newJournal(httptest.NewRequest(tc.method, tc.target, nil))
+	origin := originOf(httptest.NewRequest(tc.method, tc.target, nil))
 	// As if the client had sent the batch to /v1/..., which the site
 	// rewrites before the batch handler (see recoverySite).
-	j.intent.Server, j.intent.Host, j.intent.URI = "srv0", addr, "/v1"+tc.target
+	origin.Server, origin.Host, origin.URI = "srv0", addr, "/v1"+tc.target
+	j := durable.NewJournals(durableStorage(storage), durable.NewLeases(lease), zap.NewNop()).New(origin)
 	sender := &dyingSender{
 		next: &directSender{base: srv.URL, client: srv.Client()},
 		nth:  tc.nth, dying: make(chan struct{}), dead: make(chan struct{}),
@@ -178,8 +179,7 @@ func deadSaga(t *testing.T, tc deadSagaCase, api *legacyapi.API, dir, addr strin
 		t.Fatal("the batch ended before its gateway died")
 	}
 	storage.kill()
-	j.stopRenewal()
-	owned.forget(j.saga)
+	j.Abandon()
 	// The dead saga's goroutine ends after the test, once the recovery
 	// is over: a dead gateway does nothing, and must not end its saga's
 	// bookkeeping before the one that took it over. (Its undos go
@@ -378,10 +378,10 @@ func TestRecoverSettlesTheIdempotencyKey(t *testing.T) {
 	digest := sha256.Sum256([]byte(tc.body))
 	k := (&idempotency{}).watch(req, h.collectionScope(m), policy.OpUpdate, digest[:])
 	now := time.Now()
-	claimed := idemRecord{Version: 1, State: idemInFlight, Fingerprint: k.fingerprint(), Resource: tc.collection, Op: "update",
+	claimed := durable.Record{Version: 1, State: durable.StateInFlight, Fingerprint: k.fingerprint(), Resource: tc.collection, Op: "update",
 		Owner: "dead", LeaseUntil: now.Add(-time.Second), Created: now, Expires: now.Add(time.Hour)}
 	storage := &certmagic.FileStorage{Path: dir}
-	if err := storeIdemRecord(context.Background(), storage, k.key, &claimed); err != nil {
+	if err := storage.Store(context.Background(), k.key, mustJSON(t, claimed)); err != nil {
 		t.Fatal(err)
 	}
 
@@ -389,8 +389,9 @@ func TestRecoverSettlesTheIdempotencyKey(t *testing.T) {
 	g := startJournalGatewayAt(t, api, upstream, addr, dir, "lease 1s\n\t\trecovery_interval 100ms", tc.recoverySite())
 	waitRecovered(t, api, tc.collection, before, dir, 10*time.Second)
 	eventually(t, 5*time.Second, "the record to be settled", func() bool {
-		rec, err := loadIdemRecord(context.Background(), storage, k.key)
-		return err == nil && rec != nil && rec.State == idemDone
+		var rec durable.Record
+		b, err := storage.Load(context.Background(), k.key)
+		return err == nil && json.Unmarshal(b, &rec) == nil && rec.State == durable.StateDone
 	})
 	api.ResetLog()
 	r := g.do(t, tc.method, "/v1"+tc.target, tc.body, "Authorization", "Bearer journal-test", "Idempotency-Key", tc.key)

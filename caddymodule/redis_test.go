@@ -92,10 +92,10 @@ func TestRedisIdempotency(t *testing.T) {
 	if err != nil || len(keys) != 1 {
 		t.Fatalf("records seen by another instance: %v (%v), want 1", keys, err)
 	}
-	if n, err := sweepIdempotency(ctx, other, time.Now()); n != 0 || err != nil {
+	if n, err := durable.SweepIdempotency(ctx, durableStorage(other), time.Now()); n != 0 || err != nil {
 		t.Errorf("a sweep within the ttl deleted %d (%v)", n, err)
 	}
-	if n, err := sweepIdempotency(ctx, other, time.Now().Add(25*time.Hour)); n != 1 || err != nil {
+	if n, err := durable.SweepIdempotency(ctx, durableStorage(other), time.Now().Add(25*time.Hour)); n != 1 || err != nil {
 		t.Errorf("a sweep after the ttl deleted %d (%v), want 1", n, err)
 	}
 	if keys, _ := other.List(ctx, durable.IdempotencyPrefix, false); len(keys) != 0 {

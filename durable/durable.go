@@ -1,8 +1,14 @@
 // Package durable is what outlives a request, over a small storage
-// interface and with no Caddy import (docs/architecture.md): the owner id
-// of this process among the instances sharing a storage, the one way to
-// take a storage lock, and item locks held in the storage. Caddy's
-// certmagic storages satisfy its interfaces as they are.
+// interface (Storage) and with no Caddy import (docs/architecture.md):
+// the owner id of this process among the instances sharing a storage,
+// the one lease of the process and the loop that renews what it holds,
+// the one way to take a storage lock, item locks held in the storage, the
+// saga journal (docs/durability.md, "Durability: the saga journal"), the
+// Idempotency-Key records and the decision of a claim (docs/durability.md,
+// "Idempotency-Key replay"), and the recovery scan that takes over the
+// sagas of dead owners and the sweeps of what is left behind. The
+// gateway adapts its storage to Storage, fills a saga's Origin, turns a
+// claim's Decision into an answer, and finishes a taken-over saga.
 package durable
 
 import (

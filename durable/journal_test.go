@@ -1,0 +1,266 @@
+package durable
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/policy"
+)
+
+// widgets is the policy of one /widgets resource.
+func widgets(t *testing.T) *policy.Policy {
+	t.Helper()
+	p, err := policy.New([]policy.ResourceSpec{{
+		Path:              "/widgets",
+		CollectionMethods: []string{"GET", "POST", "PATCH", "DELETE"},
+		ItemMethods:       []string{"GET", "PUT", "PATCH", "DELETE"},
+		Settings:          policy.Defaults(),
+		Gateway:           policy.GatewayDefaults(),
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// updatePlan plans an all-or-nothing update of n widgets.
+func updatePlan(t *testing.T, p *policy.Policy, n int) *batch.Plan {
+	t.Helper()
+	var elems []string
+	for i := 1; i <= n; i++ {
+		elems = append(elems, fmt.Sprintf(`{"id":%d,"name":"new"}`, i))
+	}
+	r := httptest.NewRequest("PATCH", "/widgets", strings.NewReader("["+strings.Join(elems, ",")+"]"))
+	r.Header.Set("Content-Type", "application/json")
+	r.Header.Set("Authorization", "Bearer journal-test")
+	m, _ := p.Lookup("/widgets")
+	_, isBatch, plan, prob := batch.Admit(r, m)
+	if !isBatch || prob != nil {
+		t.Fatalf("not a batch: %v", prob)
+	}
+	return plan
+}
+
+// upstream answers every request with an item; before each write it
+// calls check.
+type upstream struct {
+	mu    sync.Mutex
+	check func(*batch.SubRequest)
+	fail  string // a path whose write fails
+	// created counts the creates, each given the next id.
+	created int
+}
+
+func (u *upstream) Send(_ context.Context, sr *batch.SubRequest) (*batch.SubResponse, error) {
+	if sr.Method != http.MethodGet && u.check != nil {
+		u.mu.Lock()
+		u.check(sr)
+		u.mu.Unlock()
+	}
+	id := sr.Path[strings.LastIndex(sr.Path, "/")+1:]
+	if sr.Method == http.MethodPost {
+		u.mu.Lock()
+		u.created++
+		id = fmt.Sprint(1000 + u.created)
+		u.mu.Unlock()
+	}
+	if sr.Method != http.MethodGet && sr.Path == u.fail {
+		return &batch.SubResponse{Status: 500, Header: http.Header{}}, nil
+	}
+	return &batch.SubResponse{Status: 200, Header: http.Header{"Content-Type": {"application/json"}},
+		Body: []byte(`{"id":` + id + `,"name":"old"}`)}, nil
+}
+
+// TestJournalWriteAhead runs an all-or-nothing update whose last item
+// fails, so that every other item is written and then undone, and checks
+// at the moment each write and each undo reaches the upstream that the
+// journal in storage already says it is being sent, with the client's
+// Authorization for the undo; that the journal costs one storage write
+// per request that changes the upstream, no more; and that nothing is
+// left in storage at the end.
+func TestJournalWriteAhead(t *testing.T) {
+	s := newMemStorage()
+	js := NewJournals(s, NewLeases(time.Minute), zap.NewNop())
+	j := js.New(Origin{Server: "srv0", Method: "PATCH", URI: "/widgets", Host: "example.com"})
+	changes, checked := 0, 0
+	up := &upstream{fail: "/widgets/3", check: func(sr *batch.SubRequest) {
+		changes++
+		st, err := js.load(context.Background(), j.Saga())
+		if err != nil {
+			t.Errorf("%s %s sent with no journal: %v", sr.Method, sr.Path, err)
+			return
+		}
+		if st.intent.Origin.Host != "example.com" {
+			t.Errorf("origin %+v", st.intent.Origin)
+		}
+		for _, it := range st.snap.Items {
+			if it.Phase == batch.PhaseSending && it.Sent != nil && it.Sent.Path == sr.Path && it.Sent.Method == sr.Method ||
+				it.Phase == batch.PhaseUndoing && it.Undo != nil && it.Undo.Path == sr.Path && it.Undo.Method == sr.Method {
+				if got := it.Sent.Header.Get("Authorization"); got != "Bearer journal-test" {
+					t.Errorf("the journal keeps Authorization %q, want the client's, for the undo", got)
+				}
+				checked++
+				return
+			}
+		}
+		t.Errorf("%s %s sent before the journal recorded it", sr.Method, sr.Path)
+	}}
+	res := batch.Run(context.Background(), updatePlan(t, widgets(t), 3), batch.Runtime{Send: up, Journal: j})
+	if res.Outcome != batch.RolledBack {
+		t.Fatalf("outcome %s: %s", res.Outcome, res.Detail)
+	}
+	// 3 PATCHes (the third failed) and 2 PUTs putting the pre-images back.
+	if changes != 5 || checked != changes {
+		t.Errorf("%d of %d writes and undos recorded before they were sent, want 5 of 5", checked, changes)
+	}
+	keys, stores := s.count()
+	if stores > changes || keys != 0 {
+		t.Errorf("%d stores for %d writes, %d keys left", stores, changes, keys)
+	}
+}
+
+// TestJournalRefusesWhatItCannotRecord checks that a write whose record
+// cannot be stored is not sent: the batch fails with nothing changed.
+func TestJournalRefusesWhatItCannotRecord(t *testing.T) {
+	s := newMemStorage()
+	s.failStores(errors.New("the disk is full"))
+	pending := Pending()
+	j := NewJournals(s, NewLeases(time.Minute), zap.NewNop()).New(Origin{})
+	up := &upstream{check: func(sr *batch.SubRequest) { t.Errorf("%s %s sent with no journal", sr.Method, sr.Path) }}
+	res := batch.Run(context.Background(), updatePlan(t, widgets(t), 2), batch.Runtime{Send: up, Journal: j})
+	if res.Outcome != batch.Failed || res.Items[0].Status != http.StatusServiceUnavailable {
+		t.Errorf("outcome %s, item 0 %d; want failed, 503: %s", res.Outcome, res.Items[0].Status, res.Detail)
+	}
+	if owned.has(j.Saga()) || Pending() != pending {
+		t.Error("the saga is still counted as running")
+	}
+}
+
+// slowStorage is a storage whose every store takes a while, as a synced
+// file does.
+type slowStorage struct {
+	*memStorage
+	delay time.Duration
+}
+
+func (s slowStorage) Store(ctx context.Context, key string, value []byte) error {
+	time.Sleep(s.delay)
+	return s.memStorage.Store(ctx, key, value)
+}
+
+// TestJournalGroupCommit: writes that start together share one store of
+// their records, and none is sent before its own record is stored; the
+// saga counts as pending while it runs, and no more once it ended.
+func TestJournalGroupCommit(t *testing.T) {
+	mem := newMemStorage()
+	js := NewJournals(slowStorage{mem, 20 * time.Millisecond}, NewLeases(time.Minute), zap.NewNop())
+	j := js.New(Origin{})
+	pending := Pending()
+	p := widgets(t) // concurrency 8, the default
+	var elems []string
+	for i := range 16 {
+		elems = append(elems, fmt.Sprintf(`{"name":"g%d"}`, i))
+	}
+	r := httptest.NewRequest("POST", "/widgets", strings.NewReader("["+strings.Join(elems, ",")+"]"))
+	r.Header.Set("Content-Type", "application/json")
+	m, _ := p.Lookup("/widgets")
+	_, _, plan, prob := batch.Admit(r, m)
+	if prob != nil {
+		t.Fatal(prob.Detail)
+	}
+	var recorded, writes int
+	up := &upstream{check: func(sr *batch.SubRequest) {
+		writes++
+		if Pending() <= pending {
+			t.Error("the saga in flight is not counted as pending")
+		}
+		st, err := js.load(context.Background(), j.Saga())
+		if err != nil {
+			t.Errorf("a create sent with no journal: %v", err)
+			return
+		}
+		for _, it := range st.snap.Items {
+			if it.Phase >= batch.PhaseSending && it.Sent != nil && it.Sent.Header.Get("Idempotency-Key") == sr.Header.Get("Idempotency-Key") {
+				recorded++
+				return
+			}
+		}
+		t.Errorf("a create reached the upstream before the journal recorded it")
+	}}
+	if res := batch.Run(context.Background(), plan, batch.Runtime{Send: up, Journal: j}); res.Outcome != batch.Succeeded {
+		t.Fatalf("outcome %s: %s", res.Outcome, res.Detail)
+	}
+	if n := Pending(); n != pending {
+		t.Errorf("%d sagas pending after the saga ended, want %d", n, pending)
+	}
+	if writes != 16 || recorded != writes {
+		t.Errorf("%d of %d creates were recorded before they were sent, want 16 of 16", recorded, writes)
+	}
+	if _, stores := mem.count(); stores >= writes {
+		t.Errorf("%d stores for %d creates sent 8 at a time: their records were not stored together", stores, writes)
+	}
+}
+
+// A saga whose gateway died (its lease lapsed) is taken over by a scan,
+// once, with its origin and snapshot, under this process's lease, and
+// its journal is gone once it is finished; what is left of a removed
+// journal is swept once it is a lease old.
+func TestScanTakesOverADeadSaga(t *testing.T) {
+	s := newMemStorage()
+	p := widgets(t)
+	dead := NewJournals(s, NewLeases(30*time.Millisecond), zap.NewNop())
+	j := dead.New(Origin{Server: "srv0", Method: "PATCH", URI: "/v1/widgets", Host: "example.com"})
+	died := make(chan struct{})
+	up := &upstream{check: func(*batch.SubRequest) {
+		select {
+		case <-died:
+		default:
+			close(died)
+			j.Abandon()
+			select {} // the gateway died mid-write
+		}
+	}}
+	go batch.Run(context.Background(), updatePlan(t, p, 2), batch.Runtime{Send: up, Journal: j})
+	<-died
+	if err := s.Store(context.Background(), "batch/v1/journal/leftover/seg.00000001", []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	s.age("batch/v1/journal/leftover", time.Minute)
+
+	js := NewJournals(s, NewLeases(time.Minute), zap.NewNop())
+	finished := make(chan *Recovered, 2)
+	finish := func(r *Recovered) error {
+		_, err := batch.Resume(context.Background(), r.Snapshot, p.Lookup, nil, batch.Runtime{Send: &upstream{}, Journal: r.Journal})
+		finished <- r
+		return err
+	}
+	failed := func(saga, doing string, err error) { t.Errorf("%s: %s: %v", saga, doing, err) }
+	time.Sleep(40 * time.Millisecond) // the dead lease lapses
+	if err := js.Scan(context.Background(), finish, failed); err != nil {
+		t.Fatal(err)
+	}
+	if err := js.Scan(context.Background(), finish, failed); err != nil {
+		t.Fatal(err)
+	}
+	r := <-finished
+	if r.Saga != j.Saga() || r.Origin.URI != "/v1/widgets" || r.Dead.Owner != Owner() || len(r.Snapshot.Items) != 2 {
+		t.Errorf("recovered %+v", r)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if len(finished) != 0 {
+		t.Error("the saga was taken over twice")
+	}
+	if keys, _ := s.count(); keys != 0 {
+		t.Errorf("%d keys left after the recovery and the sweep: %v", keys, s.keys)
+	}
+}

@@ -1,0 +1,100 @@
+package durable
+
+import (
+	"sync"
+	"time"
+)
+
+// Leases is the one lease of the process (docs/durability.md, "Leases"):
+// one length, and one loop that renews, every third of it, everything
+// the process holds in storage under a lease — the journals of the sagas
+// it runs or took over, and its Idempotency-Key claims. Each holding is
+// its own record in storage (a saga's lease key, a claim's record), so
+// that an instance looking at one saga or key reads one key; the loop is
+// shared, and runs only while something is held.
+type Leases struct {
+	// Length is how long a holding stands without being renewed.
+	Length time.Duration
+
+	mu      sync.Mutex
+	held    map[*holding]struct{}
+	running bool
+}
+
+// NewLeases is the process's leases of length.
+func NewLeases(length time.Duration) *Leases {
+	return &Leases{Length: length, held: map[*holding]struct{}{}}
+}
+
+type holding struct {
+	renew func()
+	// until is when renewals end (zero: never), for a holder that may
+	// never let go.
+	until time.Time
+	// mu is held while renew runs, so that release waits for a renewal
+	// being written.
+	mu       sync.Mutex
+	released bool
+}
+
+// Hold renews a holding every third of the length, by calling renew
+// (which writes it to storage), until the returned release is called or,
+// with max above zero, for at most max. Release waits until no renewal
+// is being written, and none is written after it.
+func (l *Leases) Hold(renew func(), max time.Duration) (release func()) {
+	h := &holding{renew: renew}
+	if max > 0 {
+		h.until = time.Now().Add(max)
+	}
+	l.mu.Lock()
+	l.held[h] = struct{}{}
+	if !l.running {
+		l.running = true
+		go l.loop()
+	}
+	l.mu.Unlock()
+	return sync.OnceFunc(func() {
+		l.mu.Lock()
+		delete(l.held, h)
+		l.mu.Unlock()
+		h.mu.Lock()
+		h.released = true
+		h.mu.Unlock()
+	})
+}
+
+// loop renews every holding each tick, side by side so that a slow write
+// of one delays no other, and ends when nothing is held.
+func (l *Leases) loop() {
+	tick := time.NewTicker(l.Length / 3)
+	defer tick.Stop()
+	for range tick.C {
+		l.mu.Lock()
+		if len(l.held) == 0 {
+			l.running = false
+			l.mu.Unlock()
+			return
+		}
+		now := time.Now()
+		var due []*holding
+		for h := range l.held {
+			if !h.until.IsZero() && now.After(h.until) {
+				delete(l.held, h)
+				continue
+			}
+			due = append(due, h)
+		}
+		l.mu.Unlock()
+		var wg sync.WaitGroup
+		for _, h := range due {
+			wg.Go(func() {
+				h.mu.Lock()
+				defer h.mu.Unlock()
+				if !h.released {
+					h.renew()
+				}
+			})
+		}
+		wg.Wait()
+	}
+}

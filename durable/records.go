@@ -1,0 +1,363 @@
+package durable
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/caddy-batch/caddy-batch/batch"
+)
+
+// Idempotency-Key records (docs/durability.md, "Idempotency-Key replay";
+// draft-ietf-httpapi-idempotency-key-header): a batch write that carries
+// the header is claimed in the storage before it runs, and its answer is
+// stored there before the client gets it, so that the same request
+// again, on this instance or any other sharing the storage, is answered
+// with it and sends nothing upstream.
+
+// The states of a record.
+const (
+	StateInFlight = "in_flight"
+	StateDone     = "done"
+)
+
+// Record is an Idempotency-Key record as stored, JSON under
+// IdempotencyPrefix. It holds no credentials and not the client's key:
+// only hashes of them, in its name.
+type Record struct {
+	Version int `json:"v"`
+	// State is in_flight while the batch runs, done once it answered.
+	State string `json:"state"`
+	// Fingerprint is the hash of the request's method, path, query and
+	// body: the same key with another fingerprint is another request.
+	Fingerprint string `json:"fingerprint"`
+	// Resource and Op say what the record is about, for an operator
+	// reading the storage.
+	Resource string `json:"resource"`
+	Op       string `json:"op"`
+	// Owner is the process running the batch, and LeaseUntil how long
+	// its claim stands without being renewed: an in-flight record whose
+	// lease lapsed was left by a gateway that stopped mid-batch.
+	Owner      string    `json:"owner,omitempty"`
+	LeaseUntil time.Time `json:"lease_until,omitzero"`
+	Created    time.Time `json:"created"`
+	// Expires is when the record may be swept: idempotency_ttl after the
+	// claim, and again after the answer.
+	Expires time.Time `json:"expires"`
+	// Outcome is the batch's outcome, once done.
+	Outcome string `json:"outcome,omitempty"`
+	// Answer is what the client got, once done; its body is left out when
+	// it was larger than the limit (AnswerSize says how large).
+	Answer     *Answer `json:"answer,omitempty"`
+	AnswerSize int     `json:"answer_size,omitempty"`
+}
+
+// Answer is an answer as the client got it.
+type Answer struct {
+	Status int         `json:"status"`
+	Header http.Header `json:"header,omitempty"`
+	Body   []byte      `json:"body,omitempty"`
+}
+
+// expired reports whether the record no longer counts: its time is up,
+// unless it is a batch still running under a live lease.
+func (rec *Record) expired(now time.Time) bool {
+	if rec.State == StateInFlight && now.Before(rec.LeaseUntil) {
+		return false
+	}
+	return now.After(rec.Expires)
+}
+
+// Keys claims, replays and stores keyed batch writes in one storage.
+type Keys struct {
+	storage Storage
+	leases  *Leases
+	logger  *zap.Logger
+}
+
+// NewKeys keeps Idempotency-Key records in storage, claims held under
+// leases; logger hears of renewals that fail.
+func NewKeys(storage Storage, leases *Leases, logger *zap.Logger) *Keys {
+	return &Keys{storage: storage, leases: leases, logger: logger}
+}
+
+// Claim is a keyed batch write about to run.
+type Claim struct {
+	// Record and Lock are the record's storage key and lock
+	// (IdempotencyRecord).
+	Record, Lock string
+	// Fingerprint tells this request from another with the same key.
+	Fingerprint string
+	// Resource and Op go into the record, for an operator reading it.
+	Resource, Op string
+	// Wait bounds the wait for another request with the same key that is
+	// being checked right now.
+	Wait time.Duration
+	// TTL is how long the record is kept (idempotency_ttl).
+	TTL time.Duration
+	// MaxRun bounds how long the claim is renewed: a batch that never
+	// answers must not hold its key forever.
+	MaxRun time.Duration
+}
+
+// Verdict is what a claim found.
+type Verdict int
+
+const (
+	// Proceed: the key is this batch's; run it (Decision.Held).
+	Proceed Verdict = iota
+	// Replay: the batch ran and its answer is kept (Decision.Record).
+	Replay
+	// InFlight: a request with the key is running, or being checked.
+	InFlight
+	// Mismatch: the key was used for another request (fingerprint).
+	Mismatch
+	// NotKept: the batch ran, but its answer was too large to keep
+	// (Decision.Record has its outcome and size).
+	NotKept
+	// Abandoned: the gateway that ran the key's batch stopped before it
+	// answered (its claim's lease lapsed).
+	Abandoned
+	// Unavailable: the storage failed (Decision.Err); nothing was claimed.
+	Unavailable
+)
+
+// Decision is a claim's verdict, with what goes with it.
+type Decision struct {
+	Verdict Verdict
+	Held    *Held
+	Record  *Record
+	Err     error
+}
+
+// Claim looks the key up and, if it is new (or its record expired),
+// claims it for this batch. The error is set only when ctx ended while
+// the claim waited for the key's lock: the client is gone.
+func (k *Keys) Claim(ctx context.Context, c Claim) (Decision, error) {
+	lockCtx, cancel := context.WithTimeout(ctx, c.Wait)
+	unlock, err := Lock(lockCtx, k.storage, c.Lock, LockPoll, func(err error) {
+		k.logger.Error("releasing a storage lock", zap.String("lock", c.Lock), zap.Error(err))
+	})
+	cancel()
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return Decision{}, err
+	case errors.Is(err, batch.ErrLocked):
+		return Decision{Verdict: InFlight}, nil
+	case err != nil:
+		return Decision{Verdict: Unavailable, Err: err}, nil
+	}
+	defer unlock()
+
+	now := time.Now()
+	rec, err := loadRecord(ctx, k.storage, c.Record)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return Decision{Verdict: Unavailable, Err: err}, nil
+	}
+	if rec != nil && !rec.expired(now) {
+		return Decision{Verdict: verdictOf(rec, c.Fingerprint, now), Record: rec}, nil
+	}
+	claimed := &Record{
+		Version:     1,
+		State:       StateInFlight,
+		Fingerprint: c.Fingerprint,
+		Resource:    c.Resource,
+		Op:          c.Op,
+		Owner:       Owner(),
+		LeaseUntil:  now.Add(k.leases.Length),
+		Created:     now,
+		Expires:     now.Add(c.TTL),
+	}
+	if err := storeRecord(ctx, k.storage, c.Record, claimed); err != nil {
+		return Decision{Verdict: Unavailable, Err: err}, nil
+	}
+	held := &Held{keys: k, key: c.Record, record: claimed}
+	held.release = k.leases.Hold(held.renew(), c.MaxRun)
+	return Decision{Verdict: Proceed, Held: held}, nil
+}
+
+// verdictOf is what a live record says of a request with fingerprint.
+func verdictOf(rec *Record, fingerprint string, now time.Time) Verdict {
+	switch {
+	case rec.Fingerprint != fingerprint:
+		return Mismatch
+	case rec.State == StateDone && rec.Answer != nil && rec.AnswerSize == 0:
+		return Replay
+	case rec.State == StateDone:
+		return NotKept
+	case now.Before(rec.LeaseUntil):
+		return InFlight
+	default:
+		return Abandoned
+	}
+}
+
+// Held is a claimed key, its lease renewed until the batch answers.
+type Held struct {
+	keys    *Keys
+	key     string
+	record  *Record
+	release func()
+}
+
+// Key is the record's storage key.
+func (h *Held) Key() string { return h.key }
+
+// renew is the renewal of the claim's lease: the claimed record again,
+// with a later LeaseUntil.
+func (h *Held) renew() func() {
+	rec := *h.record
+	return func() {
+		rec.LeaseUntil = time.Now().Add(h.keys.leases.Length)
+		ctx, cancel := context.WithTimeout(context.Background(), h.keys.leases.Length/3)
+		defer cancel()
+		if err := storeRecord(ctx, h.keys.storage, h.key, &rec); err != nil {
+			h.keys.logger.Warn("renewing an idempotency claim", zap.String("record", h.key), zap.Error(err))
+		}
+	}
+}
+
+// Release stops renewing the claim, which lapses: the key is then
+// abandoned, as when the gateway stops mid-batch.
+func (h *Held) Release() { h.release() }
+
+// GiveBack deletes the claim: the batch sent nothing, and running it
+// again is what its client was told to do.
+func (h *Held) GiveBack(ctx context.Context) error {
+	h.release()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StorageTimeout)
+	defer cancel()
+	return h.keys.storage.Delete(ctx, h.key)
+}
+
+// Answered stores the batch's answer for replay, for ttl; an answer whose
+// body is larger than limit is kept without it. If it fails, the client
+// still gets its answer; a retry finds the claim, whose lease lapses,
+// and is told the answer was not kept.
+func (h *Held) Answered(ctx context.Context, a *Answer, outcome string, ttl time.Duration, limit int64) error {
+	h.release()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StorageTimeout)
+	defer cancel()
+	return storeRecord(ctx, h.keys.storage, h.key, h.keys.answered(h.record, a, outcome, ttl, limit))
+}
+
+// answered is a claimed record done: the batch's answer kept for replay
+// for ttl.
+func (k *Keys) answered(claimed *Record, a *Answer, outcome string, ttl time.Duration, limit int64) *Record {
+	done := *claimed
+	done.State, done.Owner, done.LeaseUntil = StateDone, "", time.Time{}
+	done.Expires = time.Now().Add(ttl)
+	done.Outcome = outcome
+	done.Answer = a
+	if int64(len(a.Body)) > limit {
+		kept := *a
+		kept.Body = nil
+		done.Answer, done.AnswerSize = &kept, len(a.Body)
+	}
+	return &done
+}
+
+// SettleRecovered keeps, for replay, the answer of a saga that a recovery
+// finished, when its record (key) is still in flight: the client whose
+// gateway died never got an answer, and its retry with the same
+// Idempotency-Key must get this one (rolled_back, or rollback_failed),
+// not run the batch again. A key with no in-flight record (the saga's
+// client sent none, or it is settled) is left alone.
+func (k *Keys) SettleRecovered(ctx context.Context, key string, a *Answer, outcome string, ttl time.Duration, limit int64) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StorageTimeout)
+	defer cancel()
+	claimed, err := loadRecord(ctx, k.storage, key)
+	if err != nil || claimed == nil || claimed.State != StateInFlight {
+		return nil
+	}
+	return storeRecord(ctx, k.storage, key, k.answered(claimed, a, outcome, ttl, limit))
+}
+
+func loadRecord(ctx context.Context, s Storage, key string) (*Record, error) {
+	raw, err := s.Load(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	var rec Record
+	if err := json.Unmarshal(raw, &rec); err != nil || rec.Version != 1 {
+		// Unreadable: treated as absent, so it is claimed over or swept,
+		// rather than blocking its key until someone deletes it.
+		return nil, nil
+	}
+	return &rec, nil
+}
+
+func storeRecord(ctx context.Context, s Storage, key string, rec *Record) error {
+	raw, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	return s.Store(ctx, key, raw)
+}
+
+// SweepIdempotency deletes the records that have expired, and returns
+// how many it deleted: one instance's sweep serves every instance of a
+// cluster, and a sweep that races another only deletes what both found
+// expired. Each record is checked again under its lock before it goes,
+// so that a key being claimed anew right now keeps its new record.
+func SweepIdempotency(ctx context.Context, s Storage, now time.Time) (int, error) {
+	keys, err := s.List(ctx, IdempotencyPrefix, false)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("listing idempotency records: %w", err)
+	}
+	deleted := 0
+	var errs []error
+	for _, key := range keys {
+		if ctx.Err() != nil {
+			errs = append(errs, ctx.Err())
+			break
+		}
+		gone, err := sweepRecord(ctx, s, key, now)
+		if gone {
+			deleted++
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return deleted, errors.Join(errs...)
+}
+
+func sweepRecord(ctx context.Context, s Storage, key string, now time.Time) (bool, error) {
+	rec, err := loadRecord(ctx, s, key)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("reading %s: %w", key, err)
+	case rec != nil && !rec.expired(now):
+		return false, nil
+	}
+	name := IdempotencyLock(key)
+	lockCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	unlock, err := Lock(lockCtx, s, name, LockPoll, nil)
+	cancel()
+	if errors.Is(err, batch.ErrLocked) {
+		return false, nil // being claimed: the next sweep looks again
+	}
+	if err != nil {
+		return false, fmt.Errorf("locking %s: %w", key, err)
+	}
+	defer unlock()
+	if rec, err := loadRecord(ctx, s, key); err != nil || rec != nil && !rec.expired(now) {
+		return false, nil
+	}
+	if err := s.Delete(ctx, key); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return false, fmt.Errorf("deleting %s: %w", key, err)
+	}
+	return true, nil
+}

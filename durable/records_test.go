@@ -1,0 +1,168 @@
+package durable
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+func claimOf(fingerprint string) Claim {
+	key, lock := IdempotencyRecord("k", "", "/widgets", "/widgets", "update")
+	return Claim{Record: key, Lock: lock, Fingerprint: fingerprint, Resource: "/widgets", Op: "update",
+		Wait: 20 * time.Millisecond, TTL: time.Hour, MaxRun: time.Minute}
+}
+
+func stored(t *testing.T, s Storage, key string) *Record {
+	t.Helper()
+	rec, err := loadRecord(context.Background(), s, key)
+	if err != nil || rec == nil {
+		t.Fatalf("record %s: %v", key, err)
+	}
+	return rec
+}
+
+// What a claim decides, in each state of the key's record: the batch
+// proceeds (its claim renewed under the lease) and its answer is
+// replayed; the same key for another request, while one runs, is told
+// so; an answer too large is not kept; a claim whose lease lapsed is
+// abandoned; a batch that sent nothing gives its key back.
+func TestClaim(t *testing.T) {
+	s := newMemStorage()
+	keys := NewKeys(s, NewLeases(30*time.Millisecond), zap.NewNop())
+	ctx := context.Background()
+	c := claimOf("fp")
+
+	d, err := keys.Claim(ctx, c)
+	if err != nil || d.Verdict != Proceed {
+		t.Fatalf("a new key: %v, %v", d.Verdict, err)
+	}
+	first := stored(t, s, c.Record).LeaseUntil
+	time.Sleep(40 * time.Millisecond)
+	if rec := stored(t, s, c.Record); rec.State != StateInFlight || !rec.LeaseUntil.After(first) || rec.Owner != Owner() {
+		t.Errorf("the claim was not renewed: %+v", rec)
+	}
+	if d, _ := keys.Claim(ctx, c); d.Verdict != InFlight {
+		t.Errorf("while it runs: %v, want InFlight", d.Verdict)
+	}
+	if d, _ := keys.Claim(ctx, claimOf("other")); d.Verdict != Mismatch {
+		t.Errorf("another request: %v, want Mismatch", d.Verdict)
+	}
+	// The key's lock held elsewhere: in flight too.
+	unlock, _ := Lock(ctx, s, c.Lock, 0, nil)
+	if d, _ := keys.Claim(ctx, c); d.Verdict != InFlight {
+		t.Errorf("its lock held: %v, want InFlight", d.Verdict)
+	}
+	unlock()
+
+	answer := &Answer{Status: 200, Body: []byte(`{"outcome":"succeeded"}`)}
+	if err := d.Held.Answered(ctx, answer, "succeeded", time.Hour, 1<<10); err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := keys.Claim(ctx, c); d.Verdict != Replay || string(d.Record.Answer.Body) != string(answer.Body) {
+		t.Errorf("after the answer: %v %+v, want Replay", d.Verdict, d.Record)
+	}
+
+	tooLarge := claimOf("fp")
+	tooLarge.Record, tooLarge.Lock = IdempotencyRecord("large", "", "/widgets", "/widgets", "update")
+	d, _ = keys.Claim(ctx, tooLarge)
+	_ = d.Held.Answered(ctx, answer, "succeeded", time.Hour, 4)
+	if d, _ := keys.Claim(ctx, tooLarge); d.Verdict != NotKept || d.Record.AnswerSize != len(answer.Body) || d.Record.Outcome != "succeeded" {
+		t.Errorf("a large answer: %v %+v, want NotKept", d.Verdict, d.Record)
+	}
+
+	given := claimOf("fp")
+	given.Record, given.Lock = IdempotencyRecord("given", "", "/widgets", "/widgets", "update")
+	d, _ = keys.Claim(ctx, given)
+	if err := d.Held.GiveBack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := keys.Claim(ctx, given); d.Verdict != Proceed {
+		t.Errorf("a key given back: %v, want Proceed", d.Verdict)
+	}
+
+	lapsed := claimOf("fp")
+	lapsed.Record, lapsed.Lock = IdempotencyRecord("lapsed", "", "/widgets", "/widgets", "update")
+	lapsed.MaxRun = time.Millisecond // renewed no more
+	keys.Claim(ctx, lapsed)
+	time.Sleep(60 * time.Millisecond)
+	if d, _ := keys.Claim(ctx, lapsed); d.Verdict != Abandoned {
+		t.Errorf("a claim past its max run: %v, want Abandoned", d.Verdict)
+	}
+
+	s.failStores(context.DeadlineExceeded)
+	unavailable := claimOf("fp")
+	unavailable.Record, unavailable.Lock = IdempotencyRecord("unavailable", "", "/widgets", "/widgets", "update")
+	if d, _ := keys.Claim(ctx, unavailable); d.Verdict != Unavailable || d.Err == nil {
+		t.Errorf("a storage that fails: %v, want Unavailable", d.Verdict)
+	}
+	s.failStores(nil)
+	unlock, _ = Lock(ctx, s, c.Lock, 0, nil)
+	defer unlock()
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := keys.Claim(cctx, c); err == nil {
+		t.Error("a claim for a client gone while it waits: no error")
+	}
+}
+
+// A recovered saga's answer settles its in-flight record, and only that.
+func TestSettleRecovered(t *testing.T) {
+	s := newMemStorage()
+	keys := NewKeys(s, NewLeases(time.Minute), zap.NewNop())
+	ctx := context.Background()
+	c := claimOf("fp")
+	d, _ := keys.Claim(ctx, c)
+	d.Held.Release()
+	answer := &Answer{Status: 200, Body: []byte(`{"outcome":"rolled_back"}`)}
+	if err := keys.SettleRecovered(ctx, c.Record, answer, "rolled_back", time.Hour, 1<<10); err != nil {
+		t.Fatal(err)
+	}
+	if rec := stored(t, s, c.Record); rec.State != StateDone || rec.Outcome != "rolled_back" || rec.Owner != "" {
+		t.Errorf("settled %+v", rec)
+	}
+	if err := keys.SettleRecovered(ctx, "batch/v1/idem/none", answer, "rolled_back", time.Hour, 1<<10); err != nil {
+		t.Errorf("no record: %v", err)
+	}
+	if _, err := s.Load(ctx, "batch/v1/idem/none"); err == nil {
+		t.Error("a record was made for a key never claimed")
+	}
+}
+
+// A sweep never deletes the claim of a batch still running under a live
+// lease, even past its ttl; it deletes what expired, and what cannot be
+// read.
+func TestSweepIdempotencySparesRunningBatches(t *testing.T) {
+	s := newMemStorage()
+	ctx := context.Background()
+	now := time.Now()
+	recs := map[string]Record{
+		"running": {Version: 1, State: StateInFlight, LeaseUntil: now.Add(time.Minute), Expires: now.Add(-time.Hour)},
+		"dead":    {Version: 1, State: StateInFlight, LeaseUntil: now.Add(-time.Minute), Expires: now.Add(-time.Second)},
+		"done":    {Version: 1, State: StateDone, Expires: now.Add(-time.Second)},
+		"fresh":   {Version: 1, State: StateDone, Expires: now.Add(time.Hour)},
+	}
+	for name, rec := range recs {
+		b, _ := json.Marshal(rec)
+		if err := s.Store(ctx, IdempotencyPrefix+"/"+name, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Store(ctx, IdempotencyPrefix+"/garbled", []byte("{not json")); err != nil {
+		t.Fatal(err)
+	}
+	n, err := SweepIdempotency(ctx, s, now)
+	if n != 3 || err != nil {
+		t.Errorf("deleted %d (%v), want dead, done and garbled", n, err)
+	}
+	keys, _ := s.List(ctx, IdempotencyPrefix, false)
+	if want := []string{IdempotencyPrefix + "/fresh", IdempotencyPrefix + "/running"}; !slices.Equal(keys, want) {
+		t.Errorf("left %v, want %v", keys, want)
+	}
+	if n, err := SweepIdempotency(ctx, newMemStorage(), now); n != 0 || err != nil {
+		t.Errorf("a sweep of an empty storage: %d, %v", n, err)
+	}
+}

@@ -1,0 +1,140 @@
+package durable
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/caddy-batch/caddy-batch/batch"
+)
+
+// Recovered is a saga whose owner's lease lapsed, taken over by this
+// process (docs/durability.md, "Durability: the saga journal"): what the caller needs to
+// finish it.
+type Recovered struct {
+	Saga    string
+	Origin  Origin
+	Started time.Time
+	// Snapshot is the saga as its journal left it.
+	Snapshot *batch.Snapshot
+	// Dead is the lease that lapsed: who held the saga, and until when.
+	Dead Lease
+	// Journal goes on after the dead owner's last segment, under this
+	// process's lease; batch.Resume ends it.
+	Journal *Journal
+}
+
+// abandon gives back a saga that could not be finished: Resume ends the
+// journal only when it ran, so the journal stays in storage for a later
+// try, this process's or another's, once the lease lapses.
+func (r *Recovered) abandon() {
+	r.Journal.stopRenewal()
+	owned.done()
+	owned.forget(r.Saga)
+}
+
+// Scan takes over every saga in storage whose owner's lease lapsed, and
+// hands each to finish, on a goroutine of its own; it sweeps what is left
+// of journals whose removal was cut short. A saga that cannot be taken
+// over, read or finished is told to failed, with what was being done; it
+// stays in storage and the next scan tries again. The error is the
+// listing's: then nothing was scanned.
+func (js *Journals) Scan(ctx context.Context, finish func(*Recovered) error, failed func(saga, doing string, err error)) error {
+	sagas, err := js.sagas(ctx)
+	if err != nil {
+		return err
+	}
+	for _, saga := range sagas {
+		if ctx.Err() != nil {
+			return nil
+		}
+		if owned.has(saga) {
+			continue
+		}
+		l, err := js.leaseOf(ctx, saga)
+		switch {
+		case errors.Is(err, errNoIntent):
+			js.sweep(ctx, saga, failed)
+		case err != nil:
+			failed(saga, "reading the saga's lease", err)
+		case time.Now().After(l.Expires):
+			js.takeOver(ctx, saga, finish, failed)
+		}
+	}
+	return nil
+}
+
+// takeOver claims a dead owner's saga and finishes it on a goroutine of
+// its own. The claim is a new lease, written under the saga's storage
+// lock after reading again that the old one lapsed, so that of several
+// instances that find the saga at once only one takes it; the lock is
+// held for the claim only, the lease for as long as the saga runs.
+func (js *Journals) takeOver(ctx context.Context, saga string, finish func(*Recovered) error, failed func(saga, doing string, err error)) {
+	unlock, ok := js.lock(ctx, saga, failed)
+	if !ok {
+		return // another instance is claiming it; its lease will show
+	}
+	defer unlock()
+	dead, err := js.leaseOf(ctx, saga)
+	if err != nil || !time.Now().After(dead.Expires) {
+		return
+	}
+	until := time.Now().Add(js.leases.Length)
+	b, _ := json.Marshal(Lease{Owner: Owner(), Expires: until})
+	sctx, cancel := context.WithTimeout(ctx, StorageTimeout)
+	err = js.storage.Store(sctx, leaseKey(saga), b)
+	cancel()
+	if err != nil {
+		failed(saga, "claiming the saga's lease", err)
+		return
+	}
+	if !owned.add(saga) {
+		return
+	}
+	st, err := js.load(ctx, saga)
+	if err != nil {
+		owned.done()
+		owned.forget(saga)
+		failed(saga, "reading the saga's journal", err)
+		return
+	}
+	// The journal goes on after the dead owner's last segment.
+	j := newJournalOf(&Journal{js: js, saga: saga, seq: st.next, stored: true, leaseUntil: until})
+	j.startRenewal()
+	r := &Recovered{Saga: saga, Origin: st.intent.Origin, Started: st.intent.Started, Snapshot: st.snap, Dead: dead, Journal: j}
+	go func() {
+		if err := finish(r); err != nil {
+			r.abandon()
+			failed(saga, "finishing the saga", err)
+		}
+	}()
+}
+
+// lock takes the storage lock under which a saga is claimed, without
+// waiting for an instance that holds it.
+func (js *Journals) lock(ctx context.Context, saga string, failed func(saga, doing string, err error)) (unlock func(), ok bool) {
+	// A storage that cannot try a lock is given two seconds in Lock.
+	lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	unlock, err := Lock(lctx, js.storage, lockName(saga), 0, func(err error) {
+		js.logger.Warn("releasing a saga's storage lock", zap.String("saga", saga), zap.Error(err))
+	})
+	return unlock, err == nil
+}
+
+// sweep removes what is left of a journal whose removal was cut short
+// (segment 0, its intent, is deleted first), once nothing was written to
+// it for a lease: a journal being created is never without segment 0 for
+// longer than its first write.
+func (js *Journals) sweep(ctx context.Context, saga string, failed func(saga, doing string, err error)) {
+	modified, err := js.storage.Modified(ctx, journalDir(saga))
+	if err != nil || time.Since(modified) < js.leases.Length {
+		return
+	}
+	if err := js.storage.Delete(ctx, journalDir(saga)); err != nil {
+		failed(saga, "removing what is left of a finished saga's journal", err)
+	}
+}

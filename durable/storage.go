@@ -1,0 +1,30 @@
+package durable
+
+import (
+	"context"
+	"time"
+)
+
+// Storage is what durable needs of a storage shared by the instances of a
+// cluster: certmagic.Storage's, less what it never uses. A key that is
+// not there answers an error wrapping fs.ErrNotExist, as certmagic's
+// storages do.
+type Storage interface {
+	Locker
+	Store(ctx context.Context, key string, value []byte) error
+	Load(ctx context.Context, key string) ([]byte, error)
+	Delete(ctx context.Context, key string) error
+	// List names the keys under prefix; a storage may list its
+	// "directories" instead of the keys in them.
+	List(ctx context.Context, prefix string, recursive bool) ([]string, error)
+	// Modified is when key (a key or a directory of keys) was last
+	// written.
+	Modified(ctx context.Context, key string) (time.Time, error)
+}
+
+// StorageTimeout bounds one storage call. The saga waits for the
+// journal's write-ahead ones, so a storage that hangs must fail the item
+// (not sent) rather than hold the batch forever; and some are made after
+// the request that needed them is gone (storing an answer, removing a
+// journal, renewing a lease).
+const StorageTimeout = 10 * time.Second

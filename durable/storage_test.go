@@ -1,0 +1,131 @@
+package durable
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// memStorage is a Storage in memory, shared by the "instances" of a
+// test as a cluster shares one; it counts its writes and can be made to
+// fail them.
+type memStorage struct {
+	*memLocks
+	mu       sync.Mutex
+	keys     map[string][]byte
+	modified map[string]time.Time
+	stores   int
+	fail     error // returned by Store when set
+}
+
+func newMemStorage() *memStorage {
+	return &memStorage{memLocks: newMemLocks(), keys: map[string][]byte{}, modified: map[string]time.Time{}}
+}
+
+func (s *memStorage) Store(_ context.Context, key string, value []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fail != nil {
+		return s.fail
+	}
+	s.stores++
+	s.keys[key] = append([]byte(nil), value...)
+	s.modified[key] = time.Now()
+	return nil
+}
+
+func (s *memStorage) Load(_ context.Context, key string) ([]byte, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, ok := s.keys[key]
+	if !ok {
+		return nil, fmt.Errorf("%s: %w", key, fs.ErrNotExist)
+	}
+	return v, nil
+}
+
+// Delete deletes key, or every key under it, as the file system storage
+// deletes a directory.
+func (s *memStorage) Delete(_ context.Context, key string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	found := false
+	for k := range s.keys {
+		if k == key || strings.HasPrefix(k, key+"/") {
+			delete(s.keys, k)
+			found = true
+		}
+	}
+	if !found {
+		return fmt.Errorf("%s: %w", key, fs.ErrNotExist)
+	}
+	return nil
+}
+
+// List lists the keys and "directories" right under prefix.
+func (s *memStorage) List(_ context.Context, prefix string, _ bool) ([]string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for k := range s.keys {
+		rest, ok := strings.CutPrefix(k, prefix+"/")
+		if !ok {
+			continue
+		}
+		first, _, _ := strings.Cut(rest, "/")
+		if name := prefix + "/" + first; !slices.Contains(out, name) {
+			out = append(out, name)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%s: %w", prefix, fs.ErrNotExist)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// Modified is the latest write to key or under it.
+func (s *memStorage) Modified(_ context.Context, key string) (time.Time, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var latest time.Time
+	for k, t := range s.modified {
+		if _, ok := s.keys[k]; ok && (k == key || strings.HasPrefix(k, key+"/")) && t.After(latest) {
+			latest = t
+		}
+	}
+	if latest.IsZero() {
+		return latest, fmt.Errorf("%s: %w", key, fs.ErrNotExist)
+	}
+	return latest, nil
+}
+
+// age makes every write under key look d older.
+func (s *memStorage) age(key string, d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, t := range s.modified {
+		if k == key || strings.HasPrefix(k, key+"/") {
+			s.modified[k] = t.Add(-d)
+		}
+	}
+}
+
+// failStores makes every later Store answer err (nil: succeed).
+func (s *memStorage) failStores(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fail = err
+}
+
+func (s *memStorage) count() (keys, stores int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.keys), s.stores
+}
+
+var _ Storage = (*memStorage)(nil)
