@@ -25,6 +25,7 @@ func widgets(t *testing.T) *policy.Policy {
 		CollectionMethods: []string{"GET", "POST", "PATCH", "DELETE"},
 		ItemMethods:       []string{"GET", "PUT", "PATCH", "DELETE"},
 		Settings:          policy.Defaults(),
+		Gateway:           policy.GatewayDefaults(),
 	}})
 	if err != nil {
 		t.Fatal(err)
