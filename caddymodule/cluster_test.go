@@ -67,6 +67,7 @@ func TestClusterOverlappingWritersSerialize(t *testing.T) {
 	upstream := newUpstream(t, api)
 	site := `
 	batch {
+		envelope /api/batch
 		item_locks storage
 		concurrency 3
 		item_timeout 30s
