@@ -98,7 +98,7 @@ func matches(labels, want map[string]string) bool {
 // a word from a fixed set, a server's name, or a resource's template.
 var labelValues = map[string]*regexp.Regexp{
 	"server":    regexp.MustCompile(`^srv\d+$`),
-	"operation": regexp.MustCompile(`^(get|create|update|delete)$`),
+	"operation": regexp.MustCompile(`^(get|create|update|delete|envelope)$`),
 	"atomicity": regexp.MustCompile(`^(all_or_nothing|partial)$`),
 	"outcome":   regexp.MustCompile(`^(succeeded|partial|failed|not_attempted|rolled_back|rollback_failed|unknown|rejected)$`),
 	"result":    regexp.MustCompile(`^(rolled_back|rollback_failed)$`),
