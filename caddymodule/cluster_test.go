@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -66,6 +67,7 @@ func TestClusterOverlappingWritersSerialize(t *testing.T) {
 	upstream := newUpstream(t, api)
 	site := `
 	batch {
+		envelope /api/batch
 		item_locks storage
 		concurrency 3
 		item_timeout 30s
@@ -209,4 +211,86 @@ func tail(s string, n int) string {
 		return fmt.Sprintf("…%s", s[len(s)-n:])
 	}
 	return s
+}
+
+// TestClusterEnvelope runs the envelope (docs/envelope.md, "As for
+// batches") on two Caddy processes that share a Redis storage, with
+// item_locks storage: an Idempotency-Key used on one is replayed by the
+// other, and two envelopes that share an item, one on each, never
+// interleave.
+func TestClusterEnvelope(t *testing.T) {
+	bin := caddyBinary(t)
+	host, port, prefix := redisServer(t)
+	api := shopAPI()
+	upstream := newUpstream(t, api)
+	site := `
+	batch /api/* {
+		envelope /api/batch
+		item_locks storage
+		item_timeout 15s` + shopResources + `
+	}
+	reverse_proxy ` + upstream
+	a := startInstance(t, bin, redisOption(host, port, prefix), site)
+	b := startInstance(t, bin, redisOption(host, port, prefix), site)
+	t.Run("a key used on one instance is replayed by the other", func(t *testing.T) {
+		key := []string{"Idempotency-Key", "cluster-envelope", "Authorization", "Bearer alice"}
+		first := a.do(t, "POST", "/api/batch", userWithPostsEnvelope, key...)
+		checkEnvelope(t, first, 200, "succeeded")
+		api.ResetLog()
+		checkReplay(t, api, first, b.do(t, "POST", "/api/batch", userWithPostsEnvelope, key...))
+	})
+	t.Run("overlapping envelopes on the two instances serialize", func(t *testing.T) {
+		testClusterEnvelopeLocks(t, api, a, b)
+	})
+}
+
+// testClusterEnvelopeLocks: an envelope on a patches user 3, held at the
+// API once applied, then fails on user 2 and undoes user 3. An envelope
+// on b that patches users 1 and 3, sent meanwhile, waits for a's storage
+// lock of user 3, sending nothing, and lands after the undo: the API
+// ends as a serial order of the two leaves it.
+func testClusterEnvelopeLocks(t *testing.T, api *legacyapi.API, a, b *gateway) {
+	held, release := heldUntilReleased(legacyapi.Fault{Method: "PATCH", Path: "/api/users/3", AfterApply: true, Times: 1})
+	defer release()
+	api.Inject(held)
+	api.ResetLog()
+	users := api.Items("/api/users")
+	var wg sync.WaitGroup
+	var first response
+	wg.Go(func() {
+		first = a.do(t, "POST", "/api/batch", `{"operations": [
+			{"id": "m3", "method": "PATCH", "url": "/api/users/3", "body": {"name": "first"}},
+			{"id": "m2", "method": "PATCH", "url": "/api/users/2", "body": {"name": ""}, "depends_on": ["m3"]}
+		]}`)
+	})
+	eventually(t, 5*time.Second, "the first envelope's write of user 3", func() bool { return len(api.AppliedWrites()) == 1 })
+	var second response
+	wg.Go(func() {
+		second = b.do(t, "POST", "/api/batch", `{"operations": [
+			{"id": "m1", "method": "PATCH", "url": "/api/users/1", "body": {"name": "second"}},
+			{"id": "m3", "method": "PATCH", "url": "/api/users/3", "body": {"name": "second"}}
+		]}`)
+	})
+	// The second envelope is on b by now, waiting for the lock.
+	time.Sleep(500 * time.Millisecond)
+	for _, r := range api.Requests() {
+		if r.Path == "/api/users/1" {
+			t.Errorf("while the first envelope held user 3, the API received:%s", describeRequests(api.Requests()))
+			break
+		}
+	}
+	release()
+	wg.Wait()
+	if bb := checkProblem(t, first, 422); bb.Outcome != "rolled_back" {
+		t.Errorf("the first envelope: %s %s", bb.Outcome, bb.Detail)
+	}
+	checkEnvelope(t, second, 200, "succeeded")
+	users["1"]["name"], users["3"]["name"] = "second", "second"
+	sameState(t, api, "/api/users", users)
+	// The second envelope's two writes go out together, in either order.
+	got := appliedWrites(api)
+	if len(got) == 4 {
+		slices.Sort(got[2:])
+	}
+	equalWrites(t, got, []string{"PATCH /api/users/3", "PUT /api/users/3", "PATCH /api/users/1", "PATCH /api/users/3"})
 }

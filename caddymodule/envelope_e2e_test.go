@@ -27,7 +27,13 @@ func shopAPI() *legacyapi.API {
 // shopSite is a batch handler with an envelope over users and their posts.
 const shopSite = `
 	batch /api/* {
-		envelope /api/batch
+		envelope /api/batch` + shopResources + `
+	}
+	reverse_proxy UPSTREAM`
+
+// shopResources are shopAPI's users and their posts, as resources of a
+// batch block.
+const shopResources = `
 		resource /api/users {
 			collection GET POST
 			item GET PUT PATCH DELETE
@@ -37,9 +43,7 @@ const shopSite = `
 			collection GET POST
 			item GET DELETE
 			restore_deleted post
-		}
-	}
-	reverse_proxy UPSTREAM`
+		}`
 
 const userWithPostsEnvelope = `{"operations": [
 	{"id": "u",  "method": "POST", "url": "/api/users", "body": {"name": "ada"}},

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -219,16 +220,17 @@ func sendAndKill(t *testing.T, p *caddyProcess, addr string, api *legacyapi.API,
 	return time.Now()
 }
 
-// awaitRecovery waits until the API is as before the batch (or, where
-// orphans may be left, no longer changing) and the journal is gone from
-// storage. It returns the time of the API's last change: the last undo.
-func awaitRecovery(t *testing.T, api *legacyapi.API, before map[string]map[string]any, dir string, orphans bool) time.Time {
+// awaitRecovery waits until the API's items (as state reads them) are
+// as before the batch (or, where orphans may be left, no longer
+// changing) and the journal is gone from storage. It returns the time of
+// the API's last change: the last undo.
+func awaitRecovery(t *testing.T, api *legacyapi.API, state func() any, before any, dir string, orphans bool) time.Time {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
-	last, lastChange := api.Items("/api/widgets"), time.Now()
+	last, lastChange := state(), time.Now()
 	for {
 		time.Sleep(20 * time.Millisecond)
-		now := api.Items("/api/widgets")
+		now := state()
 		if !reflect.DeepEqual(now, last) {
 			last, lastChange = now, time.Now()
 		}
@@ -241,13 +243,16 @@ func awaitRecovery(t *testing.T, api *legacyapi.API, before map[string]map[strin
 	}
 }
 
-// checkRecovered checks the API's final state against the one before the
-// batch: equal, or, where creates in flight may be orphaned, at most
-// concurrency more items, each named in the recovery's ERROR line.
-func checkRecovered(t *testing.T, api *legacyapi.API, before map[string]map[string]any, tc killCase, recoverer *caddyProcess) {
+// widgetsOf is the state a kill test of widget batches compares.
+func widgetsOf(api *legacyapi.API) func() any {
+	return func() any { return api.Items("/api/widgets") }
+}
+
+// recoveryLine waits for the recovery's log line in recoverer's log,
+// which comes just after it removed the journal, and returns it; there
+// must be one.
+func recoveryLine(t *testing.T, recoverer *caddyProcess) map[string]any {
 	t.Helper()
-	after := api.Items("/api/widgets")
-	// The recovery logs just after it removed the journal.
 	var logs, recovered []map[string]any
 	for deadline := time.Now().Add(5 * time.Second); len(recovered) == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		logs = recoverer.entries(t)
@@ -260,7 +265,16 @@ func checkRecovered(t *testing.T, api *legacyapi.API, before map[string]map[stri
 	if len(recovered) != 1 {
 		t.Fatalf("%d recovery log lines, want 1: %v", len(recovered), logs)
 	}
-	line := recovered[0]
+	return recovered[0]
+}
+
+// checkRecovered checks the API's final state against the one before the
+// batch: equal, or, where creates in flight may be orphaned, at most
+// concurrency more items, each named in the recovery's ERROR line.
+func checkRecovered(t *testing.T, api *legacyapi.API, before map[string]map[string]any, tc killCase, recoverer *caddyProcess) {
+	t.Helper()
+	after := api.Items("/api/widgets")
+	line := recoveryLine(t, recoverer)
 	if !tc.orphans {
 		if !reflect.DeepEqual(after, before) {
 			t.Fatalf("the API was not put back:\n got %v\nwant %v", after, before)
@@ -333,7 +347,7 @@ func TestJournalKillAndRestart(t *testing.T) {
 				t.Fatal("the killed Caddy left no journal")
 			}
 			second := startCaddyProcess(t, bin, config, addr)
-			lastUndo := awaitRecovery(t, api, before, dir, tc.orphans)
+			lastUndo := awaitRecovery(t, api, widgetsOf(api), before, dir, tc.orphans)
 			t.Logf("recovered: kill to last undo %v", lastUndo.Sub(killed).Round(time.Millisecond))
 			checkRecovered(t, api, before, tc, second)
 		})
@@ -356,7 +370,7 @@ func TestJournalKillOneOfTwo(t *testing.T) {
 	a := startCaddyProcess(t, bin, killConfig(addrA, upstream.Listener.Addr().String(), dir, ""), addrA)
 	b := startCaddyProcess(t, bin, killConfig(addrB, upstream.Listener.Addr().String(), dir, ""), addrB)
 	killed := sendAndKill(t, a, addrA, api, tc)
-	lastUndo := awaitRecovery(t, api, before, dir, false)
+	lastUndo := awaitRecovery(t, api, widgetsOf(api), before, dir, false)
 	t.Logf("recovered by the other instance: kill to last undo %v", lastUndo.Sub(killed).Round(time.Millisecond))
 	checkRecovered(t, api, before, tc, b)
 }
@@ -419,5 +433,82 @@ func TestJournalGracefulStop(t *testing.T) {
 		if rec["name"] != "renamed "+id {
 			t.Fatalf("half of the batch was left: item %s is %v\n got %v\nwant %v or every item renamed", id, rec, after, before)
 		}
+	}
+}
+
+// TestEnvelopeKilled kills a Caddy in the middle of an all-or-nothing
+// envelope that creates a user and two posts of theirs, then patches
+// another user, held at the legacy API once that patch is applied; a
+// restarted Caddy, or the other of two on the same storage, must put the
+// API back as it was, undoing dependents before what they depend on
+// (docs/envelope.md, "As for batches"), and log the recovery as the
+// envelope's.
+func TestEnvelopeKilled(t *testing.T) {
+	bin := caddyBinary(t)
+	envelope := strings.TrimSuffix(userWithPostsEnvelope, "\n]}") + `,
+	{"id": "m", "method": "PATCH", "url": "/api/users/2", "body": {"name": "renamed"}, "depends_on": ["p1", "p2"]}
+]}`
+	for _, restart := range []bool{true, false} {
+		t.Run(map[bool]string{true: "restarted", false: "the other of two"}[restart], func(t *testing.T) {
+			api := shopAPI()
+			held, release := heldUntilReleased(legacyapi.Fault{Method: "PATCH", Path: "/api/users/2", AfterApply: true, Times: 1})
+			defer release()
+			api.Inject(held)
+			upstream := httptest.NewServer(api)
+			defer upstream.Close()
+			defer api.Close()
+			state := func() any {
+				return []any{api.Items("/api/users"), api.Items("/api/users/1/posts"), len(api.Items("/api/users/1000/posts"))}
+			}
+			before := state()
+			dir, addr := t.TempDir(), freeAddr(t)
+			options := "envelope /api/batch" + shopResources
+			first := startCaddyProcess(t, bin, killConfig(addr, upstream.Listener.Addr().String(), dir, options), addr)
+			var recoverer *caddyProcess
+			if !restart {
+				other := freeAddr(t)
+				recoverer = startCaddyProcess(t, bin, killConfig(other, upstream.Listener.Addr().String(), dir, options), other)
+			}
+			// The kill comes once the user, the posts and the patch are applied.
+			sendAndKill(t, first, addr, api, killCase{method: "POST", target: "/api/batch", body: envelope, killAfter: 4})
+			if len(journalKeys(t, dir)) == 0 {
+				t.Fatal("the killed Caddy left no journal")
+			}
+			if restart {
+				recoverer = startCaddyProcess(t, bin, killConfig(addr, upstream.Listener.Addr().String(), dir, options), addr)
+			}
+			awaitRecovery(t, api, state, before, dir, false)
+			line := recoveryLine(t, recoverer)
+			if line["op"] != "envelope" || line["path"] != "/api/batch" || line["items"] != float64(4) || line["outcome"] != "rolled_back" {
+				t.Errorf("the recovery's log line does not name the envelope rolled back: %v", line)
+			}
+			checkUndoOrder(t, appliedWrites(api))
+		})
+	}
+}
+
+// checkUndoOrder checks the writes of TestEnvelopeKilled: the envelope's
+// four, then their undos, each dependent's before what it depends on.
+func checkUndoOrder(t *testing.T, writes []string) {
+	t.Helper()
+	at := map[string]int{}
+	for i, w := range writes {
+		at[w] = i
+	}
+	const (
+		user, post1, post2 = "DELETE /api/users/1000", "DELETE /api/users/1000/posts/1000", "DELETE /api/users/1000/posts/1001"
+		restore            = "PUT /api/users/2"
+	)
+	undos := []string{restore, post1, post2, user}
+	if len(writes) != 8 || len(at) != 7 || !slices.Equal(writes[:4:4], []string{"POST /api/users", writes[1], writes[2], "PATCH /api/users/2"}) {
+		t.Fatalf("writes carried out:\n\t%s\nwant the envelope's four, then %v", strings.Join(writes, "\n\t"), undos)
+	}
+	for _, w := range undos {
+		if _, ok := at[w]; !ok || at[w] < 4 {
+			t.Fatalf("no undo %s after the envelope's writes:\n\t%s", w, strings.Join(writes, "\n\t"))
+		}
+	}
+	if at[restore] > at[post1] || at[restore] > at[post2] || at[post1] > at[user] || at[post2] > at[user] {
+		t.Errorf("undos out of dependency order (the patch, which depends on the posts, first; the user last):\n\t%s", strings.Join(writes, "\n\t"))
 	}
 }

@@ -227,15 +227,17 @@ func sendHeader(client *http.Client, base, method, path, body string, header htt
 }
 
 // TestOverlappingWritersSerialize sends all-or-nothing batch updates and
-// deletes, and single PATCHes and DELETEs, at once through one Caddy over
-// a few shared ids. Some batches fail on purpose (an element the legacy
-// API refuses), and the first DELETE of one id is answered 503 without
-// being applied, whoever sends it. No batch may end rollback_failed, and
-// the legacy API must hold what the committed writes (single writes
-// answered 2xx, writes of batches that succeeded) leave when replayed in
-// the order it received them: writes to one item never interleave with a
-// saga's (its locks), and a batch that failed leaves no trace, whatever
-// else wrote to its items before and after.
+// deletes, envelopes that PATCH two widgets or PATCH one and DELETE
+// another (docs/envelope.md), and single PATCHes and DELETEs, at once
+// through one Caddy over a few shared ids. Some batches and envelopes
+// fail on purpose (an element the legacy API refuses), and the first
+// DELETE of one id is answered 503 without being applied, whoever sends
+// it. No batch may end rollback_failed, and the legacy API must hold what
+// the committed writes (single writes answered 2xx, writes of batches
+// and envelopes that succeeded, the succeeded items of partial ones)
+// leave when replayed in the order it received them: writes to one item
+// never interleave with a saga's (its locks), and a batch that failed
+// leaves no trace, whatever else wrote to its items before and after.
 func TestOverlappingWritersSerialize(t *testing.T) {
 	const clients, nIDs, rounds = 40, 8, 2
 	for _, tc := range []struct {
@@ -272,6 +274,7 @@ func testOverlappingWriters(t *testing.T, round, clients, nIDs int, etags bool, 
 		Normalize: mode.normalising, Fields: mode.fields(), FilterParam: mode.filterParam(), Seed: records("w", 1, nIDs)})
 	g := startGateway(t, api, `
 	batch {
+		envelope /api/batch
 		concurrency 3
 		item_timeout 20s
 		batch_timeout 60s
@@ -383,6 +386,17 @@ func overlappingWriters(t *testing.T, round int, api *legacyapi.API, upstream st
 				ids = append(ids, strconv.Itoa(i+1))
 			}
 			writes[c] = write{method: "DELETE", path: "/api/widgets" + by + "&ids=" + strings.Join(ids, ",")}
+		case 6, 8:
+			// An envelope on two widgets: PATCH both, or PATCH one and
+			// DELETE the other; its query goes on every operation. One
+			// in two of the second kind asks for partial.
+			patch := map[string]any{"v": c}
+			if mode.normalising {
+				patch["note"], patch["nickname"] = fmt.Sprintf("  n%d  ", c), "x"
+			}
+			failing := rand.IntN(3) == 0
+			writes[c] = write{failing: failing, partial: c%20 == 18, method: "POST", path: "/api/batch" + by,
+				body: widgetEnvelope(perm[0]+1, perm[1]+1, patch, c%10 == 8, failing)}
 		default:
 			failing := rand.IntN(3) == 0
 			elems := make([]map[string]any, len(perm))
@@ -456,7 +470,7 @@ func overlappingWriters(t *testing.T, round int, api *legacyapi.API, upstream st
 					itemCommitted[c][it.Index] = it.Outcome == "succeeded"
 				}
 			}
-			ended[fmt.Sprintf("batch %s %s (partial: %v)", w.method, b.Outcome, w.partial)]++
+			ended[fmt.Sprintf("batch %s %s (partial: %v)", strings.Replace(w.method, "POST", "envelope", 1), b.Outcome, w.partial)]++
 		}
 	}
 
@@ -640,7 +654,8 @@ func testUndoNeverOverwritesDirectWriters(t *testing.T, options string) {
 }
 
 // TestFaultStormKeepsPromises sends all-or-nothing and partial batch
-// updates and deletes at once through one Caddy, over shared ids, while
+// updates and deletes, and envelopes over two widgets (some refused on
+// purpose), at once through one Caddy, over shared ids, while
 // the legacy API fails a random request now and then in every way it can:
 // an answer lost after the write was applied, a proxy's 502 or 504 after
 // it was applied, its own 500 or 503, a hang past item_timeout. The
@@ -673,6 +688,7 @@ func testFaultStorm(t *testing.T, etags bool, mode overlap) {
 		FilterParam: mode.filterParam(), Seed: records("w", 1, nIDs)})
 	g := startGateway(t, api, `
 	batch {
+		envelope /api/batch
 		concurrency 3
 		item_timeout 300ms
 		batch_timeout 30s
@@ -716,13 +732,22 @@ func testFaultStorm(t *testing.T, etags bool, mode overlap) {
 		wg.Go(func() {
 			perm := rand.Perm(nIDs)[:2+rand.IntN(3)]
 			method, path, body := "PATCH", "/api/widgets", ""
-			if b%3 == 0 {
+			switch {
+			case b%6 == 2:
+				// An envelope: PATCH two widgets, or PATCH one and DELETE
+				// another; those with b%4 == 2 refused on purpose.
+				patch := map[string]any{"v": fmt.Sprintf("b%d", b)}
+				if normalising {
+					patch["v"], patch["nickname"] = fmt.Sprintf("  b%d ", b), "x"
+				}
+				method, path, body = "POST", "/api/batch", widgetEnvelope(perm[0]+1, perm[1]+1, patch, b%12 == 8, b%4 == 2)
+			case b%3 == 0:
 				var ids []string
 				for _, i := range perm {
 					ids = append(ids, strconv.Itoa(i+1))
 				}
 				method, path = "DELETE", "/api/widgets?ids="+strings.Join(ids, ",")
-			} else {
+			default:
 				elems := make([]map[string]any, len(perm))
 				for k, i := range perm {
 					elems[k] = map[string]any{"id": i + 1, "v": fmt.Sprintf("b%d", b)}
@@ -769,6 +794,27 @@ func testFaultStorm(t *testing.T, etags bool, mode overlap) {
 		}
 	}
 	t.Logf("batch outcomes %v", l.outcomes)
+}
+
+// widgetEnvelope is an envelope of two operations: a PATCH of widget
+// first with patch, then a PATCH of widget second with patch, or its
+// DELETE when del. failing makes the first PATCH one the legacy API
+// refuses (422).
+func widgetEnvelope(first, second int, patch map[string]any, del, failing bool) string {
+	ops := []map[string]any{
+		{"id": "a", "method": "PATCH", "url": fmt.Sprintf("/api/widgets/%d", first), "body": patch},
+		{"id": "b", "method": "PATCH", "url": fmt.Sprintf("/api/widgets/%d", second), "body": patch},
+	}
+	if del {
+		ops[1] = map[string]any{"id": "b", "method": "DELETE", "url": fmt.Sprintf("/api/widgets/%d", second)}
+	}
+	if failing {
+		refused := maps.Clone(patch)
+		refused["name"] = "" // the legacy API's 422
+		ops[0]["body"] = refused
+	}
+	raw, _ := json.Marshal(map[string]any{"operations": ops})
+	return string(raw)
 }
 
 // sendKeyedBatch sends batch b of a randomized test, with the
