@@ -1262,64 +1262,10 @@ func (a *API) handleItem(c *collection, t *table, id string, r *http.Request, bo
 		return c.recordAnswer(r, http.StatusOK, old)
 
 	case http.MethodPut:
-		if res, failed := c.preconditions(r, old, true); failed {
-			return res
-		}
-		rec, err := decodeObject(body)
-		if err != nil {
-			return plain(http.StatusBadRequest, "body must be a JSON object")
-		}
-		c.accept(rec, old)
-		if res, bad := checkName(rec); bad {
-			return res
-		}
-		if old != nil {
-			rec["id"] = old.fields["id"]
-			return c.recordAnswer(r, http.StatusOK, a.store(t, id, rec, c.Normalize))
-		}
-		if !c.PutCreates {
-			return notFound(r.URL.EscapedPath())
-		}
-		// The body's id only decides the type ("7" vs 7) when it names the
-		// same record; the path is what identifies the record.
-		if k, ok := idKey(rec["id"]); !ok || k != id {
-			rec["id"] = pathIDValue(id)
-		}
-		res := c.recordAnswer(r, http.StatusCreated, a.store(t, id, rec, c.Normalize))
-		res.header.Set("Location", location(r, c, id))
-		return res
+		return a.put(c, t, id, old, r, body)
 
 	case http.MethodPatch:
-		if res, failed := c.preconditions(r, old, false); failed {
-			return res
-		}
-		if old == nil {
-			return notFound(r.URL.EscapedPath())
-		}
-		patch, err := decodeObject(body)
-		if err != nil {
-			return plain(http.StatusBadRequest, "body must be a JSON object")
-		}
-		// The stored record already holds its read-only members, so none
-		// needs copying into the patch.
-		c.accept(patch, nil)
-		merged := make(map[string]any, len(old.fields)+len(patch))
-		for k, v := range old.fields {
-			merged[k] = v
-		}
-		for k, v := range patch {
-			switch {
-			case k == "id":
-			case v == nil:
-				delete(merged, k)
-			default:
-				merged[k] = v
-			}
-		}
-		if res, bad := checkName(merged); bad {
-			return res
-		}
-		return c.recordAnswer(r, http.StatusOK, a.store(t, id, merged, c.Normalize))
+		return a.patch(c, t, id, old, r, body)
 
 	case http.MethodDelete:
 		if res, failed := c.preconditions(r, old, false); failed {
@@ -1334,6 +1280,71 @@ func (a *API) handleItem(c *collection, t *table, id string, r *http.Request, bo
 	default:
 		return methodNotAllowed(r.Method, "GET, HEAD, PUT, PATCH, DELETE")
 	}
+}
+
+// put replaces the record at id (old, nil when missing), or creates it
+// where PUT may create.
+func (a *API) put(c *collection, t *table, id string, old *record, r *http.Request, body []byte) response {
+	if res, failed := c.preconditions(r, old, true); failed {
+		return res
+	}
+	rec, err := decodeObject(body)
+	if err != nil {
+		return plain(http.StatusBadRequest, "body must be a JSON object")
+	}
+	c.accept(rec, old)
+	if res, bad := checkName(rec); bad {
+		return res
+	}
+	if old != nil {
+		rec["id"] = old.fields["id"]
+		return c.recordAnswer(r, http.StatusOK, a.store(t, id, rec, c.Normalize))
+	}
+	if !c.PutCreates {
+		return notFound(r.URL.EscapedPath())
+	}
+	// The body's id only decides the type ("7" vs 7) when it names the
+	// same record; the path is what identifies the record.
+	if k, ok := idKey(rec["id"]); !ok || k != id {
+		rec["id"] = pathIDValue(id)
+	}
+	res := c.recordAnswer(r, http.StatusCreated, a.store(t, id, rec, c.Normalize))
+	res.header.Set("Location", location(r, c, id))
+	return res
+}
+
+// patch merges the body into the record at id (old, nil when missing).
+func (a *API) patch(c *collection, t *table, id string, old *record, r *http.Request, body []byte) response {
+	if res, failed := c.preconditions(r, old, false); failed {
+		return res
+	}
+	if old == nil {
+		return notFound(r.URL.EscapedPath())
+	}
+	patch, err := decodeObject(body)
+	if err != nil {
+		return plain(http.StatusBadRequest, "body must be a JSON object")
+	}
+	// The stored record already holds its read-only members, so none
+	// needs copying into the patch.
+	c.accept(patch, nil)
+	merged := make(map[string]any, len(old.fields)+len(patch))
+	for k, v := range old.fields {
+		merged[k] = v
+	}
+	for k, v := range patch {
+		switch {
+		case k == "id":
+		case v == nil:
+			delete(merged, k)
+		default:
+			merged[k] = v
+		}
+	}
+	if res, bad := checkName(merged); bad {
+		return res
+	}
+	return c.recordAnswer(r, http.StatusOK, a.store(t, id, merged, c.Normalize))
 }
 
 // etag is the record's strong entity tag.
