@@ -362,12 +362,15 @@ func statusOf(resp *SubResponse) int {
 	return resp.Status
 }
 
-func joinReasons(a, b string) string {
+func joinReasons(a, b string) string { return joinNonEmpty("; ", a, b) }
+
+// joinNonEmpty joins a and b with sep, leaving out either if empty.
+func joinNonEmpty(sep, a, b string) string {
 	switch {
 	case a == "":
 		return b
 	case b == "":
 		return a
 	}
-	return a + "; " + b
+	return a + sep + b
 }

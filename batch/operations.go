@@ -196,7 +196,7 @@ func parseOperation(i int, raw json.RawMessage, names map[string]int, e *Envelop
 		return Item{}, &d
 	}
 	op.resource = m.Resource
-	op.query = joinQuery(envQuery, op.query)
+	op.query = joinNonEmpty("&", envQuery, op.query)
 	if a == policy.AllOrNothing && kind.Writes() {
 		if prob := unscopedParam(op.query, m.Resource.Settings); prob != nil {
 			return bad("%s", prob.Detail)
@@ -393,17 +393,6 @@ func decodeStrict(b []byte, v any) error {
 		return fmt.Errorf("more than one JSON value")
 	}
 	return nil
-}
-
-// joinQuery joins two raw queries.
-func joinQuery(a, b string) string {
-	switch {
-	case a == "":
-		return b
-	case b == "":
-		return a
-	}
-	return a + "&" + b
 }
 
 // sortedUnique sorts indices and drops repeats.

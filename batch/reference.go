@@ -52,43 +52,49 @@ func parseReference(s string, names map[string]int) (reference, bool, error) {
 // reports the operations the body references.
 func markReferences(v any, names map[string]int) (any, []int, error) {
 	var deps []int
-	var mark func(v any) (any, error)
-	mark = func(v any) (any, error) {
-		switch v := v.(type) {
-		case string:
-			if strings.HasPrefix(v, "$$") {
-				return v[1:], nil
-			}
-			ref, isRef, err := parseReference(v, names)
-			switch {
-			case err != nil:
-				return nil, fmt.Errorf("its body's string %q %w", v, err)
-			case isRef:
-				deps = append(deps, ref.op)
-				return ref, nil
-			}
-			return v, nil
-		case map[string]any:
-			for k, e := range v {
-				m, err := mark(e)
-				if err != nil {
-					return nil, err
-				}
-				v[k] = m
-			}
-		case []any:
-			for k, e := range v {
-				m, err := mark(e)
-				if err != nil {
-					return nil, err
-				}
-				v[k] = m
+	marked, err := rebuild(v, func(leaf any) (any, error) {
+		s, ok := leaf.(string)
+		if !ok {
+			return leaf, nil
+		}
+		if strings.HasPrefix(s, "$$") {
+			return s[1:], nil
+		}
+		ref, isRef, err := parseReference(s, names)
+		switch {
+		case err != nil:
+			return nil, fmt.Errorf("its body's string %q %w", s, err)
+		case isRef:
+			deps = append(deps, ref.op)
+			return ref, nil
+		}
+		return s, nil
+	})
+	return marked, deps, err
+}
+
+// rebuild copies a decoded JSON value, objects and arrays rebuilt, every
+// other value replaced by what leaf makes of it.
+func rebuild(v any, leaf func(any) (any, error)) (out any, err error) {
+	switch v := v.(type) {
+	case map[string]any:
+		m := make(map[string]any, len(v))
+		for k, e := range v {
+			if m[k], err = rebuild(e, leaf); err != nil {
+				return nil, err
 			}
 		}
-		return v, nil
+		return m, nil
+	case []any:
+		a := make([]any, len(v))
+		for k, e := range v {
+			if a[k], err = rebuild(e, leaf); err != nil {
+				return nil, err
+			}
+		}
+		return a, nil
 	}
-	marked, err := mark(v)
-	return marked, deps, err
+	return leaf(v)
 }
 
 // fill puts into operation i what the operations it references did: ids
@@ -187,35 +193,17 @@ func (sg *saga) refValue(ref reference) (json.RawMessage, error) {
 // fillValue is a marked body (markReferences) with every reference
 // filled in.
 func (sg *saga) fillValue(v any) (any, error) {
-	switch v := v.(type) {
-	case reference:
-		raw, err := sg.refValue(v)
+	return rebuild(v, func(leaf any) (any, error) {
+		ref, ok := leaf.(reference)
+		if !ok {
+			return leaf, nil
+		}
+		raw, err := sg.refValue(ref)
 		if err != nil {
 			return nil, err
 		}
 		return json.RawMessage(raw), nil
-	case map[string]any:
-		out := make(map[string]any, len(v))
-		for k, e := range v {
-			f, err := sg.fillValue(e)
-			if err != nil {
-				return nil, err
-			}
-			out[k] = f
-		}
-		return out, nil
-	case []any:
-		out := make([]any, len(v))
-		for k, e := range v {
-			f, err := sg.fillValue(e)
-			if err != nil {
-				return nil, err
-			}
-			out[k] = f
-		}
-		return out, nil
-	}
-	return v, nil
+	})
 }
 
 // sentURL is the operation's url as sent: its path with the references
