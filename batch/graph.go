@@ -88,11 +88,14 @@ func (sg *saga) notAttempted(ctx context.Context, i, dep int) {
 // then it sends it as a batch's item. It reports whether it succeeded.
 func (sg *saga) executeOperation(batchCtx, ctx context.Context, i int) bool {
 	it := &sg.plan.Items[i]
-	late := it.tgt == nil || it.tgt.op == policy.OpCreate && it.ID == ""
+	late := it.tgt == nil || it.tgt.op == policy.OpCreate && it.ID == "" || it.rewrite
 	if it.tgt == nil || it.op.body != nil {
 		if !sg.fill(ctx, i) {
 			return false
 		}
+	}
+	if late && !it.rewrite && !sg.claimWrite(ctx, i) {
+		return false
 	}
 	if late && sg.isSaga() && it.tgt.op.Writes() && it.ID != "" {
 		if !sg.lockLate(batchCtx, ctx, i) {
@@ -104,6 +107,35 @@ func (sg *saga) executeOperation(batchCtx, ctx context.Context, i int) bool {
 		}
 	}
 	return sg.executeItem(batchCtx, ctx, i)
+}
+
+// claimWrite checks an operation whose item became known as the envelope
+// ran against the other operations that write the same item: one of each
+// two must wait for the other, as orderWrites asks of those known up
+// front. It settles the operation as failed (400, nothing sent) when it
+// would race one of them.
+func (sg *saga) claimWrite(ctx context.Context, i int) bool {
+	it := &sg.plan.Items[i]
+	key := it.writes()
+	if key == "" {
+		return true
+	}
+	sg.mu.Lock()
+	race := -1
+	for _, w := range sg.writers[key] {
+		if w != i && !sg.plan.dependsOn(i, w) && !sg.plan.dependsOn(w, i) {
+			race = w
+		}
+	}
+	if race < 0 {
+		sg.writers[key] = append(sg.writers[key], i)
+	}
+	sg.mu.Unlock()
+	if race >= 0 {
+		d := sameItem(it.op.name, sg.plan.Items[race].op.name, key)
+		sg.fail(ctx, i, http.StatusBadRequest, d.Detail, nil)
+	}
+	return race < 0
 }
 
 // lockLate locks an item whose id an envelope learned only as it ran, out

@@ -121,7 +121,58 @@ func AdmitEnvelope(r *http.Request, e *Envelope) (*Plan, *problem.Details) {
 		}
 		p.Items[i] = it
 	}
+	if prob := p.orderWrites(); prob != nil {
+		return nil, prob
+	}
 	return p, nil
+}
+
+// orderWrites refuses two operations that write one item whose urls name
+// it, unless the later depends on the earlier: they would race, and their
+// undos could not tell whose write they prove. The later's pre-image is
+// read just before it is written, after the earlier's write.
+func (p *Plan) orderWrites() *problem.Details {
+	writer := map[string]int{}
+	for i := range p.Items {
+		it := &p.Items[i]
+		key := it.writes()
+		if key == "" {
+			continue
+		}
+		if w, ok := writer[key]; ok {
+			if !p.dependsOn(i, w) {
+				return sameItem(it.op.name, p.Items[w].op.name, key)
+			}
+			it.rewrite = true
+		}
+		writer[key] = i
+	}
+	return nil
+}
+
+// writes is the path of the item the operation writes, as its lock names
+// it, when its url names it; "" otherwise.
+func (it *Item) writes() string {
+	if it.tgt == nil || !it.tgt.op.Writes() || it.ID == "" {
+		return ""
+	}
+	return it.tgt.paths.Path(it.ID)
+}
+
+// dependsOn reports whether operation i waits, directly or not, for
+// operation j.
+func (p *Plan) dependsOn(i, j int) bool {
+	for _, d := range p.Items[i].op.deps {
+		if d == j || d > j && p.dependsOn(d, j) {
+			return true
+		}
+	}
+	return false
+}
+
+func sameItem(later, earlier, key string) *problem.Details {
+	return invalid("operations %q and %q both write %s, and %q does not depend on %q: make it wait for it (depends_on), or write the item once",
+		later, earlier, key, later, earlier)
 }
 
 // chooseAtomicity applies the envelope's atomicity member, or the

@@ -478,6 +478,56 @@ func TestEnvelopeLateItemIsPreflighted(t *testing.T) {
 	}
 }
 
+func TestEnvelopeWritesOneItemInOrder(t *testing.T) {
+	t.Run("two writes of one item must be ordered", func(t *testing.T) {
+		_, prob := admitEnvelope(t, shop(t), `{"operations": [
+			{"id": "a", "method": "PATCH", "url": "/users/7", "body": {"a": 1}},
+			{"id": "b", "method": "PATCH", "url": "/users/7/", "body": {"b": 2}}
+		]}`)
+		if prob == nil || prob.Status != 400 || !strings.Contains(prob.Detail, `operations "b" and "a" both write /users/7`) {
+			t.Fatalf("got %+v", prob)
+		}
+	})
+	t.Run("ordered, and undone in turn", func(t *testing.T) {
+		api := newAPIStore("/users").put("/users/7", map[string]any{"id": 7, "name": "grace"})
+		api.failOnce("GET", "/reports/1", answer{status: 503, body: "down"})
+		before := api.state()
+		w := runEnvelope(t, shop(t), `{"operations": [
+			{"id": "a", "method": "PATCH", "url": "/users/7", "body": {"name": "G"}},
+			{"id": "b", "method": "PATCH", "url": "/users/7", "body": {"name": "GG"}, "depends_on": ["a"]},
+			{"id": "r", "method": "GET", "url": "/reports/1", "depends_on": ["b"]}
+		]}`, api)
+		equal(t, "outcome", w.Outcome, "rolled_back")
+		if got := api.state(); !maps.Equal(got, before) {
+			t.Errorf("store %v, want it back as it was: %v", got, before)
+		}
+		writes, _ := api.log()
+		equalSlices(t, "writes", writes, []string{"PATCH /users/7", "PATCH /users/7", "PUT /users/7", "PUT /users/7"})
+	})
+	t.Run("a delete, then a create of the same id", func(t *testing.T) {
+		api := newAPIStore("/users").put("/users/9", map[string]any{"id": 9, "name": "old"})
+		w := runEnvelope(t, shop(t), `{"operations": [
+			{"id": "d", "method": "DELETE", "url": "/users/9"},
+			{"id": "c", "method": "POST", "url": "/users", "body": {"id": 9, "name": "new"}, "depends_on": ["d"]}
+		]}`, api)
+		equal(t, "outcome", w.Outcome, "succeeded")
+		equal(t, "user 9", api.state()["/users/9"], `{"id":9,"name":"new"}`)
+	})
+	t.Run("two writes named by references must be ordered", func(t *testing.T) {
+		api := newAPIStore("/users")
+		w := runEnvelope(t, shop(t, func(s *policy.Settings) { s.Concurrency = 1 }), `{"operations": [
+			{"id": "u", "method": "POST", "url": "/users", "body": {"name": "ada"}},
+			{"id": "a", "method": "PATCH", "url": "/users/$u", "body": {"x": 1}},
+			{"id": "b", "method": "PATCH", "url": "/users/$u", "body": {"y": 2}}
+		]}`, api)
+		equal(t, "outcome", w.Outcome, "rolled_back")
+		if !strings.Contains(w.Items[2].Error, `operations "b" and "a" both write /users/100`) {
+			t.Errorf("error %q", w.Items[2].Error)
+		}
+		equal(t, "store", len(api.state()), 0)
+	})
+}
+
 func TestEnvelopeResume(t *testing.T) {
 	// A saga killed after the user and one post were created is finished
 	// from its journal: the post is deleted before the user.

@@ -77,6 +77,9 @@ type Item struct {
 	tgt *target
 	// op is the envelope's operation the item is; nil in a batch.
 	op *operation
+	// rewrite marks an envelope's operation that writes an item an
+	// earlier one wrote: its pre-image is read just before its write.
+	rewrite bool
 }
 
 // parsePlan applies the input rules (docs/wire-format.md, "Bad input") to a batch

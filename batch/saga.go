@@ -71,6 +71,10 @@ type saga struct {
 	state   []itemState
 	started []int // execution start order, which compensation reverses
 
+	// writers are an envelope's operations that write each item, by the
+	// item's path: those whose urls name it, and those found as it runs.
+	writers map[string][]int
+
 	locks     *heldLocks
 	refusal   *refusal // why the batch did not start, if it did not
 	sentUndos int
@@ -118,10 +122,16 @@ func newSaga(p *Plan, rt Runtime, backoff func(int) time.Duration) *saga {
 		items:   make([]ItemResult, len(p.Items)),
 		state:   make([]itemState, len(p.Items)),
 	}
+	if p.envelope() {
+		sg.writers = map[string][]int{}
+	}
 	for i, it := range p.Items {
 		sg.items[i] = ItemResult{Index: i, ID: it.ID, Outcome: NotAttempted}
 		if op := it.op; op != nil {
 			sg.items[i].Op, sg.items[i].Method, sg.items[i].URL = op.name, op.method, op.sentURL()
+		}
+		if key := it.writes(); key != "" && it.op != nil {
+			sg.writers[key] = append(sg.writers[key], i)
 		}
 	}
 	return sg
