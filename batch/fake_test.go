@@ -140,10 +140,15 @@ func (f *fakeSender) set(id string, rec map[string]any) {
 func (f *fakeSender) state() map[string]string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	out := map[string]string{}
-	for id, rec := range f.records {
+	return asJSON(f.records)
+}
+
+// asJSON is a copy of records, each as JSON.
+func asJSON(records map[string]map[string]any) map[string]string {
+	out := make(map[string]string, len(records))
+	for key, rec := range records {
 		b, _ := json.Marshal(rec)
-		out[id] = string(b)
+		out[key] = string(b)
 	}
 	return out
 }
@@ -152,7 +157,14 @@ func (f *fakeSender) state() map[string]string {
 // before: a rollback left nothing behind and lost nothing.
 func (f *fakeSender) checkUnchanged(t testing.TB, before map[string]string) {
 	t.Helper()
-	if now := f.state(); !maps.Equal(now, before) {
+	checkSameRecords(t, f.state(), before)
+}
+
+// checkSameRecords fails the test unless a store's records (now) are
+// those it held before.
+func checkSameRecords(t testing.TB, now, before map[string]string) {
+	t.Helper()
+	if !maps.Equal(now, before) {
 		t.Errorf("store %v, want it back as it was: %v", now, before)
 	}
 }
