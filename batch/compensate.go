@@ -347,30 +347,3 @@ func (sg *saga) retrying(ctx context.Context, i int, req *SubRequest, c *Compens
 		}
 	}
 }
-
-// retryable reports whether a failed request may succeed if sent again.
-func retryable(status int) bool {
-	return status >= 500 || status == http.StatusRequestTimeout || status == http.StatusTooManyRequests
-}
-
-func gone(status int) bool { return status == http.StatusNotFound || status == http.StatusGone }
-
-func statusOf(resp *SubResponse) int {
-	if resp == nil {
-		return 0
-	}
-	return resp.Status
-}
-
-func joinReasons(a, b string) string { return joinNonEmpty("; ", a, b) }
-
-// joinNonEmpty joins a and b with sep, leaving out either if empty.
-func joinNonEmpty(sep, a, b string) string {
-	switch {
-	case a == "":
-		return b
-	case b == "":
-		return a
-	}
-	return a + sep + b
-}

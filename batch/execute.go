@@ -250,45 +250,6 @@ func (sg *saga) answered(ctx context.Context, i int, req *SubRequest, resp *SubR
 	return succeeded
 }
 
-// nameCreated finds the id of a created item (docs/all-or-nothing.md): see
-// createdID; failing that, the id the element carried, which the saga
-// proved free before the create. An id that could not be safely put in a
-// path is not used: the item then cannot be undone, which the report
-// says.
-func (sg *saga) nameCreated(it *ItemResult, i int, resp *SubResponse) {
-	id, from := sg.createdID(i, resp)
-	if id == "" {
-		id, from = sg.plan.Items[i].ID, "element"
-	}
-	if reason := badID(id); reason != "" {
-		if id != "" {
-			it.Error = fmt.Sprintf("the upstream named the created item %q, which %s", id, reason)
-		}
-		id, from = "", ""
-	}
-	it.ID = id
-	sg.state[i].createdFrom = from
-}
-
-// createdID names the item a create's answer made: its Location when that
-// names an item of the same collection, else the answer body's id field
-// (not a 202's: that body describes the pending request, not the item).
-func (sg *saga) createdID(i int, resp *SubResponse) (id, from string) {
-	t := sg.tgt(i)
-	if v, ok := t.match.IDFromLocation(resp.Header.Get("Location")); ok {
-		return v, "location"
-	}
-	if resp.Status != http.StatusAccepted {
-		var body map[string]json.RawMessage
-		if json.Unmarshal(resp.Body, &body) == nil {
-			if v, ok := idFromJSON(body[t.s.IDField]); ok && v != "" {
-				return v, "body"
-			}
-		}
-	}
-	return "", ""
-}
-
 // recordNoAnswer records a request that got no answer: a timeout (504)
 // or an unreachable upstream (502). A write that left the gateway may
 // have been applied, so its outcome is unknown, and the saga treats it as
@@ -376,5 +337,3 @@ func (sg *saga) sendWithin(parent context.Context, timeout time.Duration, timeou
 	}
 	return nil, na
 }
-
-func is2xx(status int) bool { return status >= 200 && status < 300 }

@@ -1,14 +1,11 @@
 package batch
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"sync"
-
-	"github.com/caddy-batch/caddy-batch/policy"
 )
 
 // maxListTarget bounds a LIST's request target (path and query): servers
@@ -139,39 +136,6 @@ func arrayAt(body []byte, pointer []string) ([]json.RawMessage, string) {
 		return nil, "the answer is not JSON: " + err.Error()
 	}
 	return elems, ""
-}
-
-// valueAt is the value a parsed JSON pointer (RFC 6901) names in body, or
-// why there is none; what names the pointer in the reason.
-func valueAt(body []byte, pointer []string, what string) (json.RawMessage, string) {
-	raw := json.RawMessage(bytes.TrimSpace(body))
-	for _, tok := range pointer {
-		switch jsonKind(raw) {
-		case "object":
-			var members map[string]json.RawMessage
-			if err := json.Unmarshal(raw, &members); err != nil {
-				return nil, "the answer is not JSON: " + err.Error()
-			}
-			v, ok := members[tok]
-			if !ok {
-				return nil, fmt.Sprintf("the answer has no member %q where %s points", tok, what)
-			}
-			raw = bytes.TrimSpace(v)
-		case "array":
-			var elems []json.RawMessage
-			if err := json.Unmarshal(raw, &elems); err != nil {
-				return nil, "the answer is not JSON: " + err.Error()
-			}
-			n, ok := policy.ArrayIndex(tok)
-			if !ok || n >= len(elems) {
-				return nil, fmt.Sprintf("the answer has no element %q where %s points", tok, what)
-			}
-			raw = bytes.TrimSpace(elems[n])
-		default:
-			return nil, fmt.Sprintf("the answer is a JSON %s where %s points into it", jsonKind(raw), what)
-		}
-	}
-	return raw, ""
 }
 
 // idOf is the canonical id a JSON object names (a LIST's element, a

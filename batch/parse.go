@@ -352,26 +352,6 @@ func isJSON(contentType string) bool {
 	return err == nil && (mt == "application/json" || strings.HasPrefix(mt, "application/") && strings.HasSuffix(mt, "+json"))
 }
 
-// jsonKind names the kind of a JSON value from its first byte.
-func jsonKind(v []byte) string {
-	if len(v) == 0 {
-		return "nothing"
-	}
-	switch v[0] {
-	case '{':
-		return "object"
-	case '[':
-		return "array"
-	case '"':
-		return "string"
-	case 't', 'f':
-		return "boolean"
-	case 'n':
-		return "null"
-	}
-	return "number"
-}
-
 func itemsFromElements(elems []json.RawMessage, op policy.Op, s policy.Settings) ([]Item, *problem.Details) {
 	idField := s.IDField
 	items := make([]Item, len(elems))
@@ -424,20 +404,4 @@ func itemsFromElements(elems []json.RawMessage, op policy.Op, s policy.Settings)
 		items[i] = it
 	}
 	return items, nil
-}
-
-// idFromJSON returns the text of a string or integer id: 7 and "7" name
-// the same item. A number with a fraction or an exponent is refused, not
-// normalized: 1e3, 1.0 and 1000 are the same number but three different
-// texts, and whichever one the gateway picked, the upstream's own JSON
-// decoder might pick another item (or round 1.5e300 to something else).
-func idFromJSON(raw json.RawMessage) (string, bool) {
-	switch jsonKind(raw) {
-	case "string":
-		var s string
-		return s, json.Unmarshal(raw, &s) == nil
-	case "number":
-		return string(raw), !bytes.ContainsAny(raw, ".eE")
-	}
-	return "", false
 }

@@ -136,13 +136,3 @@ func (sg *saga) checkFree(ctx context.Context, i int) bool {
 	})
 	return false
 }
-
-// strongETag returns the answer's ETag if it is strong: only a strong
-// validator proves that a representation is byte for byte the same.
-func strongETag(h http.Header) string {
-	etag := h.Get("ETag")
-	if len(etag) < 2 || etag[0] != '"' || etag[len(etag)-1] != '"' {
-		return ""
-	}
-	return etag
-}

@@ -128,20 +128,6 @@ func (sg *saga) failureStatus(firstFailure int, batchCtx context.Context) int {
 	return 499
 }
 
-func wasWere(n int) string {
-	if n == 1 {
-		return "was"
-	}
-	return "were"
-}
-
-func plural(n int, noun string) string {
-	if n == 1 {
-		return "1 " + noun
-	}
-	return fmt.Sprintf("%d %ss", n, noun)
-}
-
 // describeLeft names an item a rollback left behind, and why.
 func (it *ItemResult) describeLeft() string {
 	reason := it.Error

@@ -1,13 +1,10 @@
 package batch
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"reflect"
 	"slices"
-	"unicode/utf8"
 
 	"github.com/caddy-batch/caddy-batch/policy"
 )
@@ -187,34 +184,6 @@ func restorePatch(preimage json.RawMessage, fields []string) []byte {
 	return b
 }
 
-// mergePatch applies a JSON merge patch (RFC 7396) to an object: what an
-// update should have left when its answer does not say.
-func mergePatch(target, patch []byte) []byte {
-	t, _ := decodeJSON(target)
-	pt, _ := decodeJSON(patch)
-	b, _ := json.Marshal(applyMerge(t, pt))
-	return b
-}
-
-func applyMerge(target, patch any) any {
-	p, ok := patch.(map[string]any)
-	if !ok {
-		return patch
-	}
-	t, ok := target.(map[string]any)
-	if !ok {
-		t = map[string]any{}
-	}
-	for k, v := range p {
-		if v == nil {
-			delete(t, k)
-		} else {
-			t[k] = applyMerge(t[k], v)
-		}
-	}
-	return t
-}
-
 // check tells whether a read of the item (resp) proves what proof asks.
 // It returns "" when it does, else why not.
 func (proof *Proof) check(resp *SubResponse, idField string) string {
@@ -235,58 +204,3 @@ func (proof *Proof) check(resp *SubResponse, idField string) string {
 	}
 	return "the item is no longer as the batch left it: another writer changed it, so it was left as they made it"
 }
-
-func decodeJSON(b []byte) (any, bool) {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.UseNumber()
-	var v any
-	if dec.Decode(&v) != nil || dec.More() {
-		return nil, false
-	}
-	return v, true
-}
-
-// sameJSON reports whether two JSON texts hold the same value, whatever
-// their spacing and member order.
-func sameJSON(a, b []byte) bool {
-	va, oka := decodeJSON(a)
-	vb, okb := decodeJSON(b)
-	return oka && okb && reflect.DeepEqual(va, vb)
-}
-
-// holdsMembers reports whether the object have holds every member of the
-// object want with the same value, skip aside.
-func holdsMembers(have, want []byte, skip string) bool {
-	h, ok1 := decodeJSON(have)
-	w, ok2 := decodeJSON(want)
-	hm, ok3 := h.(map[string]any)
-	wm, ok4 := w.(map[string]any)
-	if !ok1 || !ok2 || !ok3 || !ok4 {
-		return false
-	}
-	for k, v := range wm {
-		if k != skip && !reflect.DeepEqual(hm[k], v) {
-			return false
-		}
-	}
-	return true
-}
-
-// withoutMember returns the object without one member.
-func withoutMember(obj []byte, name string) []byte {
-	var m map[string]json.RawMessage
-	if json.Unmarshal(obj, &m) != nil {
-		return obj
-	}
-	delete(m, name)
-	b, _ := json.Marshal(m)
-	return b
-}
-
-func isObject(b []byte) bool {
-	return jsonKind(bytes.TrimSpace(b)) == "object" && validJSON(b)
-}
-
-// validJSON reports whether b is JSON a strict parser accepts: valid
-// syntax, and valid UTF-8 inside its strings.
-func validJSON(b []byte) bool { return json.Valid(b) && utf8.Valid(b) }
