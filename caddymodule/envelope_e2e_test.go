@@ -273,3 +273,51 @@ func TestEnvelopeObserved(t *testing.T) {
 		t.Errorf("batches counted under operation envelope: %v", n)
 	}
 }
+
+// TestEnvelopeInFrontOfARealAPI: the legacy API picks the tenant by
+// query, normalises what it stores (trims, lower-cases the email, stamps
+// updated_at), assigns its own ids whatever the client sends, and puts
+// ETags it does not enforce on its answers. An envelope in tenant b that
+// patches a user, creates a user naming an id of its own and a post of
+// that user, then fails, leaves tenant b as it was and never touches the
+// default tenant; the created user is found under the id the API chose.
+func TestEnvelopeInFrontOfARealAPI(t *testing.T) {
+	real := func(c legacyapi.Collection) legacyapi.Collection {
+		c.Tenants, c.Normalize, c.AssignIDs, c.ContentETags = true, true, true, true
+		return c
+	}
+	api := legacyapi.New(
+		real(legacyapi.Collection{Path: "/api/users", Seed: records("u", 1, 3)}),
+		real(legacyapi.Collection{Path: "/api/users/*/posts"}),
+	)
+	g := startGateway(t, api, strings.Replace(shopSite, "envelope /api/batch", "envelope /api/batch\n\t\tscope_query tenant", 1))
+	// Tenant b has its own user 1.
+	checkEnvelope(t, g.do(t, "POST", "/api/users?tenant=b", `[{"id": 1, "name": "b-one"}]`), 201, "succeeded")
+	tenantB, defaults := api.TenantItems("/api/users", "b"), api.Items("/api/users")
+	api.ResetLog()
+	api.Inject(legacyapi.Fault{Method: "POST", Path: "/api/users/1001/posts", Status: 422, Body: "<h1>no</h1>"})
+	b := checkProblem(t, g.do(t, "POST", "/api/batch?tenant=b", `{"operations": [
+		{"id": "m", "method": "PATCH", "url": "/api/users/1000", "body": {"name": "  B One ", "email": "B@Example.COM"}},
+		{"id": "u", "method": "POST", "url": "/api/users", "body": {"id": 77, "name": " cy "}},
+		{"id": "p", "method": "POST", "url": "/api/users/$u/posts", "body": {"title": "x", "author": "$u#/name"}}
+	]}`), 422)
+	if b.Outcome != "rolled_back" || b.Items[1].ID != "1001" || b.Items[2].URL != "/api/users/1001/posts" {
+		t.Fatalf("outcome %s, items %+v", b.Outcome, b.Items)
+	}
+	for _, r := range api.Requests() {
+		if !strings.Contains(r.RawQuery, "tenant=b") {
+			t.Errorf("%s %s?%s lost the tenant", r.Method, r.Path, r.RawQuery)
+		}
+	}
+	// A rollback puts the data back, not the clock (withoutStamp).
+	got := api.TenantItems("/api/users", "b")
+	if len(got) != len(tenantB) {
+		t.Errorf("tenant b %v, want it as it was: %v", got, tenantB)
+	}
+	for id, rec := range tenantB {
+		if !sameJSON(t, withoutStamp(got[id]), withoutStamp(rec)) {
+			t.Errorf("tenant b's user %s: %v, want %v", id, got[id], rec)
+		}
+	}
+	sameState(t, api, "/api/users", defaults)
+}
