@@ -160,14 +160,21 @@ func (it *Item) writes() string {
 }
 
 // dependsOn reports whether operation i waits, directly or not, for
-// operation j.
+// operation j. Each operation is looked at once: the graph's paths can be
+// exponentially many, its operations are at most max_items.
 func (p *Plan) dependsOn(i, j int) bool {
-	for _, d := range p.Items[i].op.deps {
-		if d == j || d > j && p.dependsOn(d, j) {
-			return true
+	seen := make([]bool, i+1)
+	var reaches func(k int) bool
+	reaches = func(k int) bool {
+		for _, d := range p.Items[k].op.deps {
+			if d == j || d > j && !seen[d] && reaches(d) {
+				return true
+			}
+			seen[d] = true
 		}
+		return false
 	}
-	return false
+	return reaches(i)
 }
 
 func sameItem(later, earlier, key string) *problem.Details {
@@ -323,14 +330,22 @@ func (op *operation) parseURL(names map[string]int) error {
 // wrote it: it matches the resource the filled path will, since a
 // reference stands for a whole segment.
 func (op *operation) path() string {
-	segs := make([]string, len(op.segs))
-	for k, seg := range op.segs {
-		segs[k] = seg
-		if ref, ok := op.refs[k]; ok {
-			segs[k] = url.PathEscape(ref.text)
+	path, _ := op.pathWith(func(ref reference) (string, error) { return ref.text, nil })
+	return path
+}
+
+// pathWith is the operation's path, each reference segment the escaped
+// text fill gives it.
+func (op *operation) pathWith(fill func(reference) (string, error)) (string, error) {
+	segs := slices.Clone(op.segs)
+	for k, ref := range op.refs {
+		text, err := fill(ref)
+		if err != nil {
+			return "", err
 		}
+		segs[k] = url.PathEscape(text)
 	}
-	return "/" + strings.Join(segs, "/")
+	return "/" + strings.Join(segs, "/"), nil
 }
 
 // parseBody checks the operation's body, and finds the references in it.
@@ -448,17 +463,6 @@ func decodeStrict(b []byte, v any) error {
 
 // sortedUnique sorts indices and drops repeats.
 func sortedUnique(xs []int) []int {
-	if len(xs) < 2 {
-		return xs
-	}
-	seen := make(map[int]bool, len(xs))
-	var out []int
-	for _, x := range xs {
-		if !seen[x] {
-			seen[x] = true
-			out = append(out, x)
-		}
-	}
-	slices.Sort(out)
-	return out
+	slices.Sort(xs)
+	return slices.Compact(xs)
 }

@@ -648,3 +648,24 @@ func FuzzAdmitEnvelope(f *testing.F) {
 		}
 	})
 }
+
+// TestEnvelopeDependsOnIsLinear: whether a write waits for an earlier
+// write of the same item is decided by looking at each operation once.
+// Here every read waits for every read before it, and the last write for
+// the last read alone: the paths back to the first write are 2^96, which
+// a walk of every path would never finish.
+func TestEnvelopeDependsOnIsLinear(t *testing.T) {
+	ops := []string{`{"id": "w0", "method": "PATCH", "url": "/users/7", "body": {"a": 1}}`}
+	for k := 1; k < 99; k++ {
+		var deps []string
+		for d := 1; d < k; d++ {
+			deps = append(deps, fmt.Sprintf(`"r%d"`, d))
+		}
+		ops = append(ops, fmt.Sprintf(`{"id": "r%d", "method": "GET", "url": "/users/1", "depends_on": [%s]}`, k, strings.Join(deps, ",")))
+	}
+	ops = append(ops, `{"id": "w1", "method": "PATCH", "url": "/users/7", "body": {"b": 2}, "depends_on": ["r98"]}`)
+	_, prob := admitEnvelope(t, shop(t), `{"operations": [`+strings.Join(ops, ",")+`]}`)
+	if prob == nil || prob.Status != 400 || !strings.Contains(prob.Detail, `operations "w1" and "w0" both write /users/7`) {
+		t.Fatalf("got %+v", prob)
+	}
+}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"net/url"
 	"strings"
 
 	"github.com/caddy-batch/caddy-batch/policy"
@@ -111,9 +110,6 @@ func (sg *saga) fill(ctx context.Context, i int) bool {
 			err = it.elementID()
 		}
 	}
-	if err == nil && it.tgt == nil {
-		err = fmt.Errorf("its filled url names no item of %s", it.op.resource.Collection)
-	}
 	if err != nil {
 		sg.fail(ctx, i, http.StatusBadRequest, fmt.Sprintf("operation %q could not be filled in: %v", it.op.name, err), nil)
 		return false
@@ -130,23 +126,16 @@ func (sg *saga) fillURL(it *Item) error {
 	if len(op.refs) == 0 {
 		return nil
 	}
-	segs := make([]string, len(op.segs))
-	for k, seg := range op.segs {
-		segs[k] = seg
-		ref, ok := op.refs[k]
-		if !ok {
-			continue
-		}
+	path, err := op.pathWith(func(ref reference) (string, error) {
 		text, err := sg.refText(ref)
-		if err != nil {
-			return err
+		if err == nil && badID(text) != "" {
+			err = fmt.Errorf("%s is %q, which %s", ref.text, text, badID(text))
 		}
-		if reason := badID(text); reason != "" {
-			return fmt.Errorf("%s is %q, which %s", ref.text, text, reason)
-		}
-		segs[k] = url.PathEscape(text)
+		return text, err
+	})
+	if err != nil {
+		return err
 	}
-	path := "/" + strings.Join(segs, "/")
 	op.filledPath = path
 	m, ok := sg.plan.lookup(path)
 	if !ok || m.Resource != op.resource || m.Item != (op.kind != policy.OpCreate) {
