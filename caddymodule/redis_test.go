@@ -92,10 +92,10 @@ func TestRedisIdempotency(t *testing.T) {
 	if err != nil || len(keys) != 1 {
 		t.Fatalf("records seen by another instance: %v (%v), want 1", keys, err)
 	}
-	if n, err := durable.SweepIdempotency(ctx, durableStorage(other), time.Now()); n != 0 || err != nil {
+	if n, err := sweepAt(ctx, other, time.Now()); n != 0 || err != nil {
 		t.Errorf("a sweep within the ttl deleted %d (%v)", n, err)
 	}
-	if n, err := durable.SweepIdempotency(ctx, durableStorage(other), time.Now().Add(25*time.Hour)); n != 1 || err != nil {
+	if n, err := sweepAt(ctx, other, time.Now().Add(25*time.Hour)); n != 1 || err != nil {
 		t.Errorf("a sweep after the ttl deleted %d (%v), want 1", n, err)
 	}
 	if keys, _ := other.List(ctx, durable.IdempotencyPrefix, false); len(keys) != 0 {
@@ -118,4 +118,11 @@ func TestRedisStorageLocks(t *testing.T) {
 	t.Run("gateway", func(t *testing.T) {
 		testStorageLocksGateway(t, redisOption(host, port, prefix), newRedisStorage(t, host, port, prefix))
 	})
+}
+
+// sweepAt sweeps the expired Idempotency-Key records of s as of at, as
+// a new app's first sweep does, and returns how many it deleted.
+func sweepAt(ctx context.Context, s certmagic.Storage, at time.Time) (int, error) {
+	swept, err := durable.NewSweeper(durableStorage(s)).Sweep(ctx, at)
+	return swept.Deleted, err
 }

@@ -1,0 +1,318 @@
+package durable
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/caddy-batch/caddy-batch/batch"
+)
+
+// The expiry index of the Idempotency-Key records (docs/durability.md,
+// "Expiry and the sweep"): each record is also filed, under the time
+// bucket its expiry falls in, as a small entry
+//
+//	batch/v1/idem-expiry/<bucket end>/<record name>
+//
+// so that a sweep lists the buckets, and then only those whose end has
+// passed: its work is proportional to what expired, not to what is
+// kept. A bucket is named by its end (UTC, sortable), so writers that cut
+// buckets of other widths still agree on when one has passed. A record's
+// expiry moves (its answer is stored after its claim; a key is claimed
+// anew after it expired), so an entry may name a record that expires
+// later now: the sweep deletes a record only after reading it again
+// under its lock and finding it expired.
+const (
+	expiryPrefix = "batch/v1/idem-expiry"
+	bucketLayout = "20060102T150405Z"
+	// maxBucket bounds a bucket's width: the sweep lists at most
+	// idempotency_ttl / maxBucket buckets (288 at 24h), and a record
+	// outlives its expiry by at most a bucket and a sweep_interval.
+	maxBucket = 5 * time.Minute
+	// sweepLock is held by the one instance of a cluster that sweeps.
+	sweepLock = "batch_idem_sweep"
+	// sweepPace spaces the records a sweep deletes (at most 200 a
+	// second), so that a sweep of a large backlog (a cluster that was
+	// down for a day) never floods the storage the batches need.
+	sweepPace = 5 * time.Millisecond
+	// sweepLockWait bounds the wait for a record's lock: a record being
+	// claimed is looked at again by the next sweep.
+	sweepLockWait = 5 * time.Second
+)
+
+// expiryEntry is an entry of the index: which record, and the expiry it
+// was filed for (for an operator reading the storage).
+type expiryEntry struct {
+	Version int       `json:"v"`
+	Record  string    `json:"record"`
+	Expires time.Time `json:"expires"`
+}
+
+// bucketWidth is the width of the buckets of records kept for ttl: a
+// 64th of it, at least a second and at most maxBucket.
+func bucketWidth(ttl time.Duration) time.Duration {
+	return min(max((ttl/64).Truncate(time.Second), time.Second), maxBucket)
+}
+
+// expiryKey is the index entry of the record at recordKey, expiring at
+// expires, in buckets of width.
+func expiryKey(recordKey string, expires time.Time, width time.Duration) string {
+	end := expires.UTC().Truncate(width).Add(width)
+	return path.Join(expiryPrefix, end.Format(bucketLayout), path.Base(recordKey))
+}
+
+// fileExpiry indexes the record at recordKey under its expiry, before
+// the record is written, in buckets of width: a record is never in storage unindexed (an
+// entry whose record's write failed is dropped by the sweep).
+func fileExpiry(ctx context.Context, s Storage, recordKey string, expires time.Time, width time.Duration) error {
+	b, _ := json.Marshal(expiryEntry{Version: 1, Record: recordKey, Expires: expires})
+	if err := s.Store(ctx, expiryKey(recordKey, expires, width), b); err != nil {
+		return fmt.Errorf("indexing %s under its expiry: %w", recordKey, err)
+	}
+	return nil
+}
+
+// sweepsAfter is when the sweep may delete the record: its expiry, or,
+// for a batch still running, its lease's end if that is later.
+func (rec *Record) sweepsAfter() time.Time {
+	if rec.State == StateInFlight && rec.LeaseUntil.After(rec.Expires) {
+		return rec.LeaseUntil
+	}
+	return rec.Expires
+}
+
+// Swept is what a sweep did.
+type Swept struct {
+	// Elsewhere: another instance holds the sweep's lock, and sweeps.
+	Elsewhere bool
+	// Buckets is how many passed buckets were swept.
+	Buckets int
+	// Deleted records expired; Kept were found not expired (filed again
+	// under their new expiry) or unreadable (left to the build that
+	// reads them); Indexed were written by a build without the index.
+	Deleted, Kept, Indexed int
+}
+
+// Sweeper deletes the expired Idempotency-Key records of a storage, one
+// instance of a cluster at a time. It belongs to one config's app.
+type Sweeper struct {
+	storage Storage
+	// unindexedDone is set once this sweeper indexed the records of a
+	// build that kept no index (IndexUnindexed).
+	unindexedDone bool
+}
+
+// NewSweeper sweeps storage.
+func NewSweeper(s Storage) *Sweeper { return &Sweeper{storage: s} }
+
+// Sweep deletes what expired by at, if no other instance is sweeping:
+// the records filed under buckets that ended by then. The first sweep
+// that holds the lock also indexes the records written by a build that
+// kept no index, so that they expire too.
+func (sw *Sweeper) Sweep(ctx context.Context, at time.Time) (Swept, error) {
+	unlock, err := Lock(ctx, sw.storage, sweepLock, 0, nil)
+	if errors.Is(err, batch.ErrLocked) {
+		return Swept{Elsewhere: true}, nil
+	}
+	if err != nil {
+		return Swept{}, fmt.Errorf("taking the sweep's storage lock: %w", err)
+	}
+	defer unlock()
+	var done Swept
+	var errs []error
+	if !sw.unindexedDone {
+		n, err := IndexUnindexed(ctx, sw.storage)
+		done.Indexed = n
+		sw.unindexedDone = err == nil
+		errs = append(errs, err)
+	}
+	errs = append(errs, sweepBuckets(ctx, sw.storage, at, &done))
+	return done, errors.Join(errs...)
+}
+
+// sweepBuckets sweeps each bucket that ended by at, oldest first.
+func sweepBuckets(ctx context.Context, s Storage, at time.Time, out *Swept) error {
+	buckets, err := listNames(ctx, s, expiryPrefix)
+	if err != nil {
+		return fmt.Errorf("listing the expiry index: %w", err)
+	}
+	slices.Sort(buckets)
+	var errs []error
+	for _, b := range buckets {
+		end, err := time.Parse(bucketLayout, b)
+		if err != nil || end.After(at) {
+			continue // not a bucket, or not passed yet
+		}
+		if ctx.Err() != nil {
+			return errors.Join(append(errs, ctx.Err())...)
+		}
+		out.Buckets++
+		errs = append(errs, sweepBucket(ctx, s, path.Join(expiryPrefix, b), at, out))
+	}
+	return errors.Join(errs...)
+}
+
+// sweepBucket sweeps the records filed under one passed bucket, paced,
+// and removes the bucket's emptied folder.
+func sweepBucket(ctx context.Context, s Storage, bucket string, at time.Time, out *Swept) error {
+	names, err := listNames(ctx, s, bucket)
+	if err != nil {
+		return fmt.Errorf("listing %s: %w", bucket, err)
+	}
+	pace := time.NewTicker(sweepPace)
+	defer pace.Stop()
+	var errs []error
+	for _, name := range names {
+		select {
+		case <-ctx.Done():
+			return errors.Join(append(errs, ctx.Err())...)
+		case <-pace.C:
+		}
+		errs = append(errs, sweepEntry(ctx, s, path.Join(bucket, name), at, out))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	return removeEmptyFolder(ctx, s, bucket)
+}
+
+// sweepEntry looks at the record an entry names, under the record's
+// lock: an expired record goes, then its entry; a record that expires
+// later now is filed under its new bucket; a record this build cannot
+// read (a newer build's) is left alone, with its entry, for the build
+// that reads it; an entry without a record goes.
+func sweepEntry(ctx context.Context, s Storage, entry string, at time.Time, out *Swept) error {
+	recordKey := path.Join(IdempotencyPrefix, path.Base(entry))
+	lctx, cancel := context.WithTimeout(ctx, sweepLockWait)
+	unlock, err := Lock(lctx, s, IdempotencyLock(recordKey), LockPoll, nil)
+	cancel()
+	if errors.Is(err, batch.ErrLocked) {
+		out.Kept++
+		return nil // being claimed: the next sweep looks again
+	}
+	if err != nil {
+		return fmt.Errorf("locking %s: %w", recordKey, err)
+	}
+	defer unlock()
+	rec, err := readRecord(ctx, s, recordKey)
+	switch {
+	case errors.Is(err, errUnreadable):
+		out.Kept++
+		return nil
+	case err != nil && !errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("reading %s: %w", recordKey, err)
+	case rec != nil && !rec.expired(at):
+		out.Kept++
+		// Its expiry moved past the passed bucket: filed again under the
+		// bucket it falls in now, a later one.
+		if err := fileExpiry(ctx, s, recordKey, rec.sweepsAfter(), maxBucket); err != nil {
+			return err
+		}
+	case rec != nil:
+		if err := deleteKey(ctx, s, recordKey); err != nil {
+			return fmt.Errorf("deleting %s: %w", recordKey, err)
+		}
+		out.Deleted++
+	}
+	if err := deleteKey(ctx, s, entry); err != nil {
+		return fmt.Errorf("deleting %s: %w", entry, err)
+	}
+	return nil
+}
+
+// IndexUnindexed files under their expiry the records written by a
+// build that kept no expiry index, so that they expire too (an upgrade
+// in place loses no replay, and leaks no record), and returns how many
+// it filed. It lists the records and the index once (a few requests,
+// whose answers grow with what is kept), and reads only the records no
+// entry names; a record that cannot be read is left alone. The records
+// are listed before the index, so a record being claimed meanwhile,
+// which is indexed before it is written, is never filed twice.
+func IndexUnindexed(ctx context.Context, s Storage) (int, error) {
+	records, err := listNames(ctx, s, IdempotencyPrefix)
+	if err != nil || len(records) == 0 {
+		return 0, err
+	}
+	unindexed := make(map[string]bool, len(records))
+	for _, name := range records {
+		unindexed[name] = true
+	}
+	buckets, err := listNames(ctx, s, expiryPrefix)
+	if err != nil {
+		return 0, err
+	}
+	for _, b := range buckets {
+		names, err := listNames(ctx, s, path.Join(expiryPrefix, b))
+		if err != nil {
+			return 0, err
+		}
+		for _, name := range names {
+			delete(unindexed, name)
+		}
+	}
+	pace := time.NewTicker(sweepPace)
+	defer pace.Stop()
+	filed := 0
+	for name := range unindexed {
+		select {
+		case <-ctx.Done():
+			return filed, ctx.Err()
+		case <-pace.C:
+		}
+		key := path.Join(IdempotencyPrefix, name)
+		rec, err := readRecord(ctx, s, key)
+		if errors.Is(err, errUnreadable) || errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err == nil {
+			err = fileExpiry(ctx, s, key, rec.sweepsAfter(), maxBucket)
+		}
+		if err != nil {
+			return filed, fmt.Errorf("indexing %s: %w", key, err)
+		}
+		filed++
+	}
+	return filed, nil
+}
+
+// listNames lists the names right under dir (a folder none of whose
+// keys is ever a folder of its own), as base names; a folder that is
+// not there lists nothing. A storage may list a name twice (a key being
+// written), so names are de-duplicated, in linear time.
+func listNames(ctx context.Context, s Storage, dir string) ([]string, error) {
+	keys, err := s.List(ctx, dir, false)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	seen := make(map[string]bool, len(keys))
+	names := make([]string, 0, len(keys))
+	for _, k := range keys {
+		rest, ok := strings.CutPrefix(k, dir+"/")
+		if !ok {
+			continue
+		}
+		name, _, _ := strings.Cut(rest, "/")
+		if name != "" && !seen[name] {
+			seen[name] = true
+			names = append(names, name)
+		}
+	}
+	return names, nil
+}
+
+// deleteKey deletes one key; a key already gone is not an error.
+func deleteKey(ctx context.Context, s Storage, key string) error {
+	if err := s.Delete(ctx, key); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
