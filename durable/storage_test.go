@@ -25,10 +25,13 @@ type memStorage struct {
 	flat bool
 	// failDelete is returned by Delete when set.
 	failDelete error
+	// unlisted are folders whose listing is lost while their keys stay,
+	// as the Redis module leaves a folder an older build deleted.
+	unlisted map[string]bool
 }
 
 func newMemStorage() *memStorage {
-	return &memStorage{memLocks: newMemLocks(), keys: map[string][]byte{}, modified: map[string]time.Time{}}
+	return &memStorage{memLocks: newMemLocks(), keys: map[string][]byte{}, modified: map[string]time.Time{}, unlisted: map[string]bool{}}
 }
 
 func (s *memStorage) Store(_ context.Context, key string, value []byte) error {
@@ -82,6 +85,9 @@ func (s *memStorage) Delete(_ context.Context, key string) error {
 func (s *memStorage) List(_ context.Context, prefix string, _ bool) ([]string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.unlisted[prefix] {
+		return nil, nil
+	}
 	var out []string
 	seen := map[string]bool{}
 	for k := range s.keys {
