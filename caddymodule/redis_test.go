@@ -1,11 +1,17 @@
 package caddymodule
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
+	"io"
 	"net"
 	"os"
+	"os/exec"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,10 +24,11 @@ import (
 )
 
 // The cluster storage (docs/durability.md, "Clusters") is the Redis storage module. Its
-// tests run against a real redis-server when BATCH_TEST_REDIS_ADDR names
-// one (host:port; .ci/run starts one when it is installed), and otherwise
-// against miniredis, a Redis server in Go that the test starts, so that
-// go test needs nothing but Go.
+// tests run against a real redis-server: the one BATCH_TEST_REDIS_ADDR
+// names (host:port; .ci/run starts one, installing Debian's when it is
+// missing), else one the test starts when redis-server is installed, and
+// otherwise against miniredis, a Redis server in Go that the test starts,
+// so that go test needs nothing but Go.
 
 // redisServer returns the address of the Redis server the test uses, and
 // a key prefix of its own, so that runs against one real server never
@@ -29,10 +36,13 @@ import (
 func redisServer(t *testing.T) (host, port, prefix string) {
 	t.Helper()
 	addr := os.Getenv("BATCH_TEST_REDIS_ADDR")
-	if addr == "" {
-		addr = miniredis.RunT(t).Addr()
-	} else {
+	switch {
+	case addr != "":
 		t.Logf("using the Redis server at %s (BATCH_TEST_REDIS_ADDR)", addr)
+	case hasRedisServer():
+		addr = startRedisServer(t)
+	default:
+		addr = miniredis.RunT(t).Addr()
 	}
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
@@ -125,4 +135,108 @@ func TestRedisStorageLocks(t *testing.T) {
 func sweepAt(ctx context.Context, s certmagic.Storage, at time.Time) (int, error) {
 	swept, err := durable.NewSweeper(durableStorage(s)).Sweep(ctx, at)
 	return swept.Deleted, err
+}
+
+// hasRedisServer reports whether redis-server is installed.
+func hasRedisServer() bool {
+	_, err := exec.LookPath("redis-server")
+	return err == nil
+}
+
+// startRedisServer starts a redis-server of the test's own on a free
+// loopback port, keeping nothing on disk, and stops it when the test
+// ends; it returns its address once it answers.
+func startRedisServer(t testing.TB) string {
+	t.Helper()
+	for range 5 {
+		addr := freeAddr(t)
+		_, port, _ := net.SplitHostPort(addr)
+		cmd := exec.Command("redis-server", "--bind", "127.0.0.1", "--port", port, "--save", "", "--appendonly", "no", "--dir", t.TempDir())
+		if err := cmd.Start(); err != nil {
+			t.Fatalf("starting redis-server: %v", err)
+		}
+		exited := make(chan struct{})
+		go func() {
+			_ = cmd.Wait()
+			close(exited)
+		}()
+		for range 100 {
+			if _, err := redisCommand(addr, "PING"); err == nil {
+				t.Cleanup(func() {
+					_ = cmd.Process.Kill()
+					<-exited
+				})
+				return addr
+			}
+			select {
+			case <-exited: // the port was taken meanwhile: another one
+			case <-time.After(20 * time.Millisecond):
+				continue
+			}
+			break
+		}
+		_ = cmd.Process.Kill()
+		<-exited
+	}
+	t.Fatal("redis-server did not start")
+	return ""
+}
+
+// redisCommand sends one command to the Redis server at addr and reads
+// its answer: a status or bulk string, an integer, or an array of bulk
+// strings, joined by newlines.
+func redisCommand(addr string, args ...string) (string, error) {
+	conn, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	req := fmt.Sprintf("*%d\r\n", len(args))
+	for _, a := range args {
+		req += fmt.Sprintf("$%d\r\n%s\r\n", len(a), a)
+	}
+	if _, err := conn.Write([]byte(req)); err != nil {
+		return "", err
+	}
+	return readReply(bufio.NewReader(conn))
+}
+
+func readReply(r *bufio.Reader) (string, error) {
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	line = strings.TrimSuffix(line, "\r\n")
+	if line == "" {
+		return "", fmt.Errorf("an empty reply")
+	}
+	switch line[0] {
+	case '+', ':':
+		return line[1:], nil
+	case '-':
+		return "", fmt.Errorf("redis: %s", line[1:])
+	case '$':
+		n, _ := strconv.Atoi(line[1:])
+		if n < 0 {
+			return "", nil
+		}
+		buf := make([]byte, n+2)
+		if _, err := io.ReadFull(r, buf); err != nil {
+			return "", err
+		}
+		return string(buf[:n]), nil
+	case '*':
+		n, _ := strconv.Atoi(line[1:])
+		var items []string
+		for range n {
+			item, err := readReply(r)
+			if err != nil {
+				return "", err
+			}
+			items = append(items, item)
+		}
+		return strings.Join(items, "\n"), nil
+	}
+	return "", fmt.Errorf("an unknown reply %q", line)
 }

@@ -116,7 +116,11 @@ func NewSweeper(s Storage) *Sweeper { return &Sweeper{storage: s} }
 // that holds the lock also indexes the records written by a build that
 // kept no index, so that they expire too.
 func (sw *Sweeper) Sweep(ctx context.Context, at time.Time) (Swept, error) {
-	unlock, err := Lock(ctx, sw.storage, sweepLock, 0, nil)
+	// One try: a storage that cannot try a lock is given a moment in
+	// Lock (the Redis module's tries at once, then waits a second).
+	lctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	unlock, err := Lock(lctx, sw.storage, sweepLock, 0, nil)
+	cancel()
 	if errors.Is(err, batch.ErrLocked) {
 		return Swept{Elsewhere: true}, nil
 	}
