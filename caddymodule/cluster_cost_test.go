@@ -153,7 +153,7 @@ func TestNoJournalKeyLeft(t *testing.T) {
 
 // commandCalls is how many commands the Redis server at addr served
 // since its stats were reset (INFO commandstats), by command.
-func commandCalls(t *testing.T, addr string) (total int, by map[string]int) {
+func commandCalls(t testing.TB, addr string) (total int, by map[string]int) {
 	t.Helper()
 	info, err := redisCommand(addr, "INFO", "commandstats")
 	if err != nil {
@@ -176,7 +176,7 @@ func commandCalls(t *testing.T, addr string) (total int, by map[string]int) {
 
 // keepRecords stores n answered Idempotency-Key records in s, as n keyed
 // batches would have, 32 at a time.
-func keepRecords(t *testing.T, s durable.Storage, n int) {
+func keepRecords(t testing.TB, s durable.Storage, n int) {
 	t.Helper()
 	keys := durable.NewKeys(s, durable.NewLeases(time.Minute), zap.NewNop())
 	var wg sync.WaitGroup

@@ -49,7 +49,7 @@ func startIdemGateway(t *testing.T, api *legacyapi.API, dir, site string) *gatew
 
 // newUpstream serves api on a free loopback port until the test ends,
 // and returns its host:port.
-func newUpstream(t *testing.T, api http.Handler) string {
+func newUpstream(t testing.TB, api http.Handler) string {
 	t.Helper()
 	upstream := httptest.NewServer(api)
 	t.Cleanup(func() {

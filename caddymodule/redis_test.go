@@ -60,7 +60,7 @@ func redisOption(host, port, prefix string) string {
 
 // newRedisStorage is another instance's Redis storage: its own client
 // and its own locks, as in another Caddy process.
-func newRedisStorage(t *testing.T, host, port, prefix string) certmagic.Storage {
+func newRedisStorage(t testing.TB, host, port, prefix string) certmagic.Storage {
 	t.Helper()
 	rs := storageredis.New()
 	rs.Host, rs.Port, rs.KeyPrefix = []string{host}, []string{port}, prefix

@@ -1,0 +1,51 @@
+package caddymodule
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// BenchmarkIdleCluster is what an idle instance asks of a real Redis, and
+// spends of the CPU, per second, against the number of Idempotency-Key
+// records kept (docs/performance.md, "An idle cluster"): each op is one
+// recovery_interval (100ms) of an in-process Caddy with nothing to do,
+// after its first scan and sweep; redis-cmds/s comes from Redis's INFO
+// commandstats, cpu-ms/s from the process's rusage. It needs
+// redis-server, and fills Redis with up to 50,000 records first:
+//
+//	go test -run '^$' -bench IdleCluster -benchtime 20x ./caddymodule
+func BenchmarkIdleCluster(b *testing.B) {
+	if !hasRedisServer() {
+		b.Skip("redis-server is not installed")
+	}
+	for _, records := range []int{0, 1000, 10000, 50000} {
+		addr := startRedisServer(b)
+		host, port, _ := strings.Cut(addr, ":")
+		keepRecords(b, durableStorage(newRedisStorage(b, host, port, "idle")), records)
+		b.Run(fmt.Sprintf("records=%d", records), func(b *testing.B) {
+			api := costAPI(1)
+			option := redisOption(host, port, "idle") + "\n\tbatch {\n\t\trecovery_interval 100ms\n\t}"
+			startGatewayStorage(b, api, newUpstream(b, api), option, costSite)
+			defer caddy.Stop()
+			time.Sleep(2 * time.Second) // the first scan and sweep
+			if _, err := redisCommand(addr, "CONFIG", "RESETSTAT"); err != nil {
+				b.Fatal(err)
+			}
+			cpu := processCPU(b)
+			start := time.Now()
+			b.ResetTimer()
+			for range b.N {
+				time.Sleep(100 * time.Millisecond)
+			}
+			b.StopTimer()
+			took := time.Since(start).Seconds()
+			total, _ := commandCalls(b, addr)
+			b.ReportMetric(float64(total-1)/took, "redis-cmds/s") // less the RESETSTAT
+			b.ReportMetric(float64(processCPU(b)-cpu)/float64(time.Millisecond)/took, "cpu-ms/s")
+		})
+	}
+}
