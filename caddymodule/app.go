@@ -96,7 +96,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 	a.leases = durable.ProcessLeases(time.Duration(a.Lease))
 	storage := durableStorage(ctx.Storage())
 	a.journals = durable.NewJournals(storage, a.leases, a.logger)
-	a.sweeper = durable.NewSweeper(storage)
+	a.sweeper = durable.NewSweeper(storage, a.logger)
 	a.state = &appState{failed: map[string]string{}}
 	return nil
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/certmagic"
 	storageredis "github.com/pberkel/caddy-storage-redis"
+	"go.uber.org/zap"
 
 	"github.com/caddy-batch/caddy-batch/durable"
 )
@@ -133,7 +134,7 @@ func TestRedisStorageLocks(t *testing.T) {
 // sweepAt sweeps the expired Idempotency-Key records of s as of at, as
 // a new app's first sweep does, and returns how many it deleted.
 func sweepAt(ctx context.Context, s certmagic.Storage, at time.Time) (int, error) {
-	swept, err := durable.NewSweeper(durableStorage(s)).Sweep(ctx, at)
+	swept, err := durable.NewSweeper(durableStorage(s), zap.NewNop()).Sweep(ctx, at)
 	return swept.Deleted, err
 }
 

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/caddy-batch/caddy-batch/batch"
 )
 
@@ -103,13 +105,22 @@ type Swept struct {
 // instance of a cluster at a time. It belongs to one config's app.
 type Sweeper struct {
 	storage Storage
+	logger  *zap.Logger
 	// unindexedDone is set once this sweeper indexed the records of a
 	// build that kept no index (IndexUnindexed).
 	unindexedDone bool
 }
 
-// NewSweeper sweeps storage.
-func NewSweeper(s Storage) *Sweeper { return &Sweeper{storage: s} }
+// NewSweeper sweeps storage; logger hears of locks it could not release.
+func NewSweeper(s Storage, logger *zap.Logger) *Sweeper { return &Sweeper{storage: s, logger: logger} }
+
+// unlockFailed logs a storage lock the sweep could not release (it
+// lapses on its own: Redis's in 5 s, the file system's in 10 s).
+func (sw *Sweeper) unlockFailed(name string) func(error) {
+	return func(err error) {
+		sw.logger.Warn("releasing a storage lock after a sweep", zap.String("lock", name), zap.Error(err))
+	}
+}
 
 // Sweep deletes what expired by at, if no other instance is sweeping:
 // the records filed under buckets that ended by then. The first sweep
@@ -119,7 +130,7 @@ func (sw *Sweeper) Sweep(ctx context.Context, at time.Time) (Swept, error) {
 	// One try: a storage that cannot try a lock is given a moment in
 	// Lock (the Redis module's tries at once, then waits a second).
 	lctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-	unlock, err := Lock(lctx, sw.storage, sweepLock, 0, nil)
+	unlock, err := Lock(lctx, sw.storage, sweepLock, 0, sw.unlockFailed(sweepLock))
 	cancel()
 	if errors.Is(err, batch.ErrLocked) {
 		return Swept{Elsewhere: true}, nil
@@ -136,13 +147,13 @@ func (sw *Sweeper) Sweep(ctx context.Context, at time.Time) (Swept, error) {
 		sw.unindexedDone = err == nil
 		errs = append(errs, err)
 	}
-	errs = append(errs, sweepBuckets(ctx, sw.storage, at, &done))
+	errs = append(errs, sw.sweepBuckets(ctx, at, &done))
 	return done, errors.Join(errs...)
 }
 
 // sweepBuckets sweeps each bucket that ended by at, oldest first.
-func sweepBuckets(ctx context.Context, s Storage, at time.Time, out *Swept) error {
-	buckets, err := listNames(ctx, s, expiryPrefix)
+func (sw *Sweeper) sweepBuckets(ctx context.Context, at time.Time, out *Swept) error {
+	buckets, err := listNames(ctx, sw.storage, expiryPrefix)
 	if err != nil {
 		return fmt.Errorf("listing the expiry index: %w", err)
 	}
@@ -157,15 +168,15 @@ func sweepBuckets(ctx context.Context, s Storage, at time.Time, out *Swept) erro
 			return errors.Join(append(errs, ctx.Err())...)
 		}
 		out.Buckets++
-		errs = append(errs, sweepBucket(ctx, s, path.Join(expiryPrefix, b), at, out))
+		errs = append(errs, sw.sweepBucket(ctx, path.Join(expiryPrefix, b), at, out))
 	}
 	return errors.Join(errs...)
 }
 
 // sweepBucket sweeps the records filed under one passed bucket, paced,
 // and removes the bucket's emptied folder.
-func sweepBucket(ctx context.Context, s Storage, bucket string, at time.Time, out *Swept) error {
-	names, err := listNames(ctx, s, bucket)
+func (sw *Sweeper) sweepBucket(ctx context.Context, bucket string, at time.Time, out *Swept) error {
+	names, err := listNames(ctx, sw.storage, bucket)
 	if err != nil {
 		return fmt.Errorf("listing %s: %w", bucket, err)
 	}
@@ -178,12 +189,12 @@ func sweepBucket(ctx context.Context, s Storage, bucket string, at time.Time, ou
 			return errors.Join(append(errs, ctx.Err())...)
 		case <-pace.C:
 		}
-		errs = append(errs, sweepEntry(ctx, s, path.Join(bucket, name), at, out))
+		errs = append(errs, sw.sweepEntry(ctx, path.Join(bucket, name), at, out))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	return removeEmptyFolder(ctx, s, bucket)
+	return removeEmptyFolder(ctx, sw.storage, bucket)
 }
 
 // sweepEntry looks at the record an entry names, under the record's
@@ -191,10 +202,11 @@ func sweepBucket(ctx context.Context, s Storage, bucket string, at time.Time, ou
 // later now is filed under its new bucket; a record this build cannot
 // read (a newer build's) is left alone, with its entry, for the build
 // that reads it; an entry without a record goes.
-func sweepEntry(ctx context.Context, s Storage, entry string, at time.Time, out *Swept) error {
+func (sw *Sweeper) sweepEntry(ctx context.Context, entry string, at time.Time, out *Swept) error {
+	s := sw.storage
 	recordKey := path.Join(IdempotencyPrefix, path.Base(entry))
 	lctx, cancel := context.WithTimeout(ctx, sweepLockWait)
-	unlock, err := Lock(lctx, s, IdempotencyLock(recordKey), LockPoll, nil)
+	unlock, err := Lock(lctx, s, IdempotencyLock(recordKey), LockPoll, sw.unlockFailed(IdempotencyLock(recordKey)))
 	cancel()
 	if errors.Is(err, batch.ErrLocked) {
 		out.Kept++

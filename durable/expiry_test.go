@@ -8,6 +8,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 // fileRecord stores a record as the gateway does, filed under its
@@ -46,7 +48,7 @@ func TestSweepReadsOnlyWhatExpired(t *testing.T) {
 	for i := range expired {
 		fileRecord(t, s, fmt.Sprintf("gone%02d", i), Record{Version: 1, State: StateDone, Expires: start.Add(time.Duration(i) * time.Minute)}, time.Hour)
 	}
-	sw := NewSweeper(s)
+	sw := NewSweeper(s, zap.NewNop())
 	sw.unindexedDone = true // nothing here predates the index
 	s.take()
 	swept, err := sw.Sweep(context.Background(), start.Add(time.Hour))
@@ -111,7 +113,7 @@ func TestSweepKeepsWhatItMustNotDelete(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	sw := NewSweeper(s)
+	sw := NewSweeper(s, zap.NewNop())
 	swept, err := sw.Sweep(ctx, at)
 	if err != nil || swept.Deleted != 2 || swept.Kept != 4 {
 		t.Errorf("swept %+v (%v): want done and dead deleted; running, renewed, newer and garbled kept", swept, err)
@@ -161,7 +163,7 @@ func TestUnindexedRecordsStillExpire(t *testing.T) {
 	if d, err := keys.Claim(ctx, c); err != nil || d.Verdict != Replay {
 		t.Fatalf("a record of the build before: %v, %v; want it replayed", d.Verdict, err)
 	}
-	sw := NewSweeper(s)
+	sw := NewSweeper(s, zap.NewNop())
 	s.take()
 	swept, err := sw.Sweep(ctx, at)
 	if err != nil || swept.Indexed != 2 || swept.Deleted != 0 {

@@ -154,7 +154,7 @@ func TestIdleCostDoesNotGrowWithWhatIsKept(t *testing.T) {
 		}}
 		go batch.Run(context.Background(), updatePlan(t, widgets(t), 1), batch.Runtime{Send: up, Journal: j})
 		<-died
-		sw := NewSweeper(s)
+		sw := NewSweeper(s, zap.NewNop())
 		if _, err := sw.Sweep(context.Background(), time.Now()); err != nil { // the first, which indexes
 			t.Fatal(err)
 		}
