@@ -241,3 +241,49 @@ func TestIdleRedisCommandsDoNotGrow(t *testing.T) {
 		t.Errorf("an idle instance asked Redis %d commands with 20,000 records kept, %d with none: want within 2x", kept, none)
 	}
 }
+
+// TestTakeoverWithRecordsKept: two Caddy processes on one Redis holding
+// 20,000 Idempotency-Key records; the one running an all-or-nothing
+// batch is killed (SIGKILL), and the other undoes the saga within lease +
+// 3 × recovery_interval + 2 s of the kill, however much is kept, leaving
+// no journal key.
+func TestTakeoverWithRecordsKept(t *testing.T) {
+	bin := caddyBinary(t)
+	host, port, prefix := redisServer(t)
+	keepRecords(t, durableStorage(newRedisStorage(t, host, port, prefix)), 20000)
+	tc := killCases()[2] // update
+	api := killAPI(false)
+	upstream := newUpstream(t, api)
+	before := api.Items("/api/widgets")
+	config := func(addr string) string {
+		c := killConfig(addr, upstream, "DIR", "")
+		return strings.Replace(c, "storage file_system DIR", redisOption(host, port, prefix), 1)
+	}
+	addrA, addrB := freeAddr(t), freeAddr(t)
+	a := startCaddyProcess(t, bin, config(addrA), addrA)
+	b := startCaddyProcess(t, bin, config(addrB), addrB)
+	killed := sendAndKill(t, a, addrA, api, tc)
+	redisAddr := host + ":" + port
+	deadline := time.Now().Add(60 * time.Second)
+	last, lastChange := api.Items("/api/widgets"), time.Now()
+	for {
+		time.Sleep(20 * time.Millisecond)
+		now := api.Items("/api/widgets")
+		if !sameJSON(t, now, last) {
+			last, lastChange = now, time.Now()
+		}
+		keys, err := redisCommand(redisAddr, "KEYS", prefix+"/batch/v1/journal*")
+		if err == nil && keys == "" && api.InFlight() == 0 && sameJSON(t, now, before) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not recovered within a minute: journal keys %q (%v)", keys, err)
+		}
+	}
+	took := lastChange.Sub(killed)
+	t.Logf("20,000 records kept: kill to last undo %v", took.Round(time.Millisecond))
+	if limit := 2*time.Second + 3*250*time.Millisecond + 2*time.Second; took > limit {
+		t.Errorf("the saga was undone %v after the kill, want within %v (lease + 3 × recovery_interval + 2s)", took, limit)
+	}
+	checkRecovered(t, api, before, tc, b)
+}
