@@ -49,3 +49,36 @@ func BenchmarkIdleCluster(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkKeyedBatchWithRecordsKept is a keyed all-or-nothing batch of
+// three updates through an in-process Caddy on a real Redis, with 0 and
+// with 20,000 Idempotency-Key records kept, recovery_interval 100ms: the
+// records kept must not slow a batch down (docs/performance.md, "An idle
+// cluster").
+//
+//	go test -run '^$' -bench KeyedBatchWithRecordsKept -benchtime 200x ./caddymodule
+func BenchmarkKeyedBatchWithRecordsKept(b *testing.B) {
+	if !hasRedisServer() {
+		b.Skip("redis-server is not installed")
+	}
+	for _, records := range []int{0, 20000} {
+		addr := startRedisServer(b)
+		host, port, _ := strings.Cut(addr, ":")
+		keepRecords(b, durableStorage(newRedisStorage(b, host, port, "keyed")), records)
+		b.Run(fmt.Sprintf("records=%d", records), func(b *testing.B) {
+			api := costAPI(1)
+			option := redisOption(host, port, "keyed") + "\n\tbatch {\n\t\trecovery_interval 100ms\n\t}"
+			g := startGatewayStorage(b, api, newUpstream(b, api), option, costSite)
+			defer caddy.Stop()
+			time.Sleep(2 * time.Second) // the first scan and sweep
+			b.ResetTimer()
+			for i := range b.N {
+				r := g.do(b, "PATCH", "/api/widgets", `[{"id": 1, "name": "a"}, {"id": 2, "name": "b"}, {"id": 3, "name": "c"}]`,
+					"Prefer", "atomic", "Idempotency-Key", fmt.Sprintf("bench-%d-%d", records, i))
+				if r.Status != 200 {
+					b.Fatalf("%v", r)
+				}
+			}
+		})
+	}
+}
