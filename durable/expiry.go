@@ -80,6 +80,12 @@ func fileExpiry(ctx context.Context, s Storage, recordKey string, expires time.T
 	return nil
 }
 
+// bucketWidth is the width of the buckets the record is filed in: those
+// of the ttl it was kept for, as near as the record tells.
+func (rec *Record) bucketWidth() time.Duration {
+	return bucketWidth(rec.Expires.Sub(rec.Created))
+}
+
 // sweepsAfter is when the sweep may delete the record: its expiry, or,
 // for a batch still running, its lease's end if that is later.
 func (rec *Record) sweepsAfter() time.Time {
@@ -227,7 +233,7 @@ func (sw *Sweeper) sweepEntry(ctx context.Context, entry string, at time.Time, o
 		out.Kept++
 		// Its expiry moved past the passed bucket: filed again under the
 		// bucket it falls in now, a later one.
-		if err := fileExpiry(ctx, s, recordKey, rec.sweepsAfter(), maxBucket); err != nil {
+		if err := fileExpiry(ctx, s, recordKey, rec.sweepsAfter(), rec.bucketWidth()); err != nil {
 			return err
 		}
 	case rec != nil:
@@ -287,7 +293,7 @@ func IndexUnindexed(ctx context.Context, s Storage) (int, error) {
 			continue
 		}
 		if err == nil {
-			err = fileExpiry(ctx, s, key, rec.sweepsAfter(), maxBucket)
+			err = fileExpiry(ctx, s, key, rec.sweepsAfter(), rec.bucketWidth())
 		}
 		if err != nil {
 			return filed, fmt.Errorf("indexing %s: %w", key, err)
