@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-batch/caddy-batch/durable"
 )
 
 // BenchmarkIdleCluster is what an idle instance asks of a real Redis, and
@@ -74,10 +76,10 @@ func BenchmarkKeyedBatchWithRecordsKept(b *testing.B) {
 			time.Sleep(2 * time.Second) // the first scan and sweep
 			took := make([]time.Duration, 0, b.N)
 			b.ResetTimer()
-			for i := range b.N {
+			for range b.N {
 				start := time.Now()
 				r := g.do(b, "PATCH", "/api/widgets", `[{"id": 1, "name": "a"}, {"id": 2, "name": "b"}, {"id": 3, "name": "c"}]`,
-					"Prefer", "atomic", "Idempotency-Key", fmt.Sprintf("bench-%d-%d-%d", records, b.N, i))
+					"Prefer", "atomic", "Idempotency-Key", durable.NewID())
 				took = append(took, time.Since(start))
 				if r.Status != 200 {
 					b.Fatalf("%v", r)
