@@ -112,9 +112,9 @@ type Swept struct {
 type Sweeper struct {
 	storage Storage
 	logger  *zap.Logger
-	// unindexedDone is set once this sweeper indexed the records of a
-	// build that kept no index (IndexUnindexed).
-	unindexedDone bool
+	// unindexedNext is when the records a build without the index
+	// wrote are next looked for (indexUnindexedDue).
+	unindexedNext time.Time
 }
 
 // NewSweeper sweeps storage; logger hears of locks it could not release.
@@ -129,8 +129,8 @@ func (sw *Sweeper) unlockFailed(name string) func(error) {
 }
 
 // Sweep deletes what expired by at, if no other instance is sweeping:
-// the records filed under buckets that ended by then. The first sweep
-// that holds the lock also indexes the records written by a build that
+// the records filed under buckets that ended by then. Once a day for
+// the cluster, a sweep also indexes the records written by a build that
 // kept no index, so that they expire too.
 func (sw *Sweeper) Sweep(ctx context.Context, at time.Time) (Swept, error) {
 	// One try: a storage that cannot try a lock is given a moment in
@@ -147,14 +147,52 @@ func (sw *Sweeper) Sweep(ctx context.Context, at time.Time) (Swept, error) {
 	defer unlock()
 	var done Swept
 	var errs []error
-	if !sw.unindexedDone {
-		n, err := IndexUnindexed(ctx, sw.storage)
-		done.Indexed = n
-		sw.unindexedDone = err == nil
-		errs = append(errs, err)
-	}
-	errs = append(errs, sw.sweepBuckets(ctx, at, &done))
+	n, err := sw.indexUnindexedDue(ctx, at)
+	done.Indexed = n
+	errs = append(errs, err, sw.sweepBuckets(ctx, at, &done))
 	return done, errors.Join(errs...)
+}
+
+// unindexedMarker holds when the records were last looked for
+// unindexed ones, for the whole cluster; unindexedPeriod is how often.
+// Looking lists every record and every index entry (a few requests
+// whose answers grow with what is kept), so it is done once a day, not
+// every sweep: in a cluster upgraded one instance at a time, what the
+// older instances write after the first upgraded one looked is filed a
+// day later at most, and expires then.
+const (
+	unindexedMarker = "batch/v1/idem-sweep/unindexed-checked"
+	unindexedPeriod = 24 * time.Hour
+)
+
+// indexUnindexedDue runs IndexUnindexed if the cluster did not for a
+// day, and notes when it did; this sweeper reads the note once a day.
+func (sw *Sweeper) indexUnindexedDue(ctx context.Context, at time.Time) (int, error) {
+	if at.Before(sw.unindexedNext) {
+		return 0, nil
+	}
+	var last time.Time
+	b, err := sw.storage.Load(ctx, unindexedMarker)
+	switch {
+	case err == nil:
+		_ = last.UnmarshalText(b) // unreadable: looked for now, and noted again
+	case !errors.Is(err, fs.ErrNotExist):
+		return 0, fmt.Errorf("reading %s: %w", unindexedMarker, err)
+	}
+	if next := last.Add(unindexedPeriod); at.Before(next) {
+		sw.unindexedNext = next
+		return 0, nil
+	}
+	n, err := IndexUnindexed(ctx, sw.storage)
+	if err != nil {
+		return n, err
+	}
+	stamp, _ := at.UTC().MarshalText()
+	if err := sw.storage.Store(ctx, unindexedMarker, stamp); err != nil {
+		return n, fmt.Errorf("noting the look for unindexed records: %w", err)
+	}
+	sw.unindexedNext = at.Add(unindexedPeriod)
+	return n, nil
 }
 
 // sweepBuckets sweeps each bucket that ended by at, oldest first.

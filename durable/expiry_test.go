@@ -49,7 +49,7 @@ func TestSweepReadsOnlyWhatExpired(t *testing.T) {
 		fileRecord(t, s, fmt.Sprintf("gone%02d", i), Record{Version: 1, State: StateDone, Expires: start.Add(time.Duration(i) * time.Minute)}, time.Hour)
 	}
 	sw := NewSweeper(s, zap.NewNop())
-	sw.unindexedDone = true // nothing here predates the index
+	sw.unindexedNext = start.Add(48 * time.Hour) // nothing here predates the index
 	s.take()
 	swept, err := sw.Sweep(context.Background(), start.Add(time.Hour))
 	if err != nil || swept.Deleted != expired || swept.Kept != 0 {
@@ -169,15 +169,31 @@ func TestUnindexedRecordsStillExpire(t *testing.T) {
 	if err != nil || swept.Indexed != 2 || swept.Deleted != 0 {
 		t.Errorf("the first sweep %+v (%v): want the two readable unindexed records filed", swept, err)
 	}
-	if counts := s.take(); counts["load"] != 3 {
-		t.Errorf("the first sweep made %v: want a load of each unindexed record only", counts)
+	if counts := s.take(); counts["load"] != 3+1 {
+		t.Errorf("the first sweep made %v: want a load of each unindexed record, and of the note of the last look", counts)
 	}
 	if swept, _ := sw.Sweep(ctx, at); swept.Indexed != 0 {
 		t.Errorf("a second sweep indexed again: %+v", swept)
 	}
+	// Another instance, or the next config, reads that the cluster
+	// looked today, and lists nothing but the index's buckets.
+	storeUnindexed(t, s, "later", Record{Version: 1, State: StateDone, Expires: at.Add(time.Hour)})
+	s.take()
+	if swept, _ := NewSweeper(s, zap.NewNop()).Sweep(ctx, at.Add(time.Minute)); swept.Indexed != 0 {
+		t.Errorf("another instance's sweep the same day indexed: %+v", swept)
+	}
+	if counts := s.take(); counts["list"] != 1 || counts["load"] != 1 {
+		t.Errorf("another instance's sweep the same day made %v: want the note read and the index listed", counts)
+	}
 	swept, err = sw.Sweep(ctx, at.Add(4*time.Hour))
 	if err != nil || swept.Deleted != 3 {
 		t.Errorf("a sweep after they expired %+v (%v), want the three readable records deleted", swept, err)
+	}
+	// A day later, what an older instance wrote meanwhile is indexed, and
+	// goes, expired.
+	swept, err = sw.Sweep(ctx, at.Add(25*time.Hour))
+	if err != nil || swept.Indexed != 1 || swept.Deleted != 1 {
+		t.Errorf("a sweep a day later %+v (%v), want the later record indexed and deleted", swept, err)
 	}
 	if left := mem.keysUnder(IdempotencyPrefix); !slices.Equal(left, []string{path.Join(IdempotencyPrefix, "newer")}) {
 		t.Errorf("records left %v, want only the one this build cannot read", left)
