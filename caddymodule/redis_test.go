@@ -241,3 +241,45 @@ func readReply(r *bufio.Reader) (string, error) {
 	}
 	return "", fmt.Errorf("an unknown reply %q", line)
 }
+
+// TestRedisLeftoversCleared: what an older build left of finished
+// journals on Redis (it deleted segment 0 and then the journal's folder,
+// which the module does not delete recursively: the lease and the later
+// segments stayed, unlisted, and the folder's entry too) is cleared by
+// the recovery scan once it is a lease old, down to the last key.
+func TestRedisLeftoversCleared(t *testing.T) {
+	host, port, prefix := redisServer(t)
+	s := newRedisStorage(t, host, port, prefix)
+	ctx := context.Background()
+	saga := "0123456789abcdef0123456789abcdef"
+	for _, k := range []string{"seg.00000000", "seg.00000001", "seg.00000002", "lease"} {
+		if err := s.Store(ctx, "batch/v1/journal/"+saga+"/"+k, []byte(`{"owner":"gone","expires":"2000-01-01T00:00:00Z"}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The older build's removal.
+	if err := s.Delete(ctx, "batch/v1/journal/"+saga+"/seg.00000000"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, "batch/v1/journal/"+saga); err != nil {
+		t.Fatal(err)
+	}
+	addr := host + ":" + port
+	if keys, _ := redisCommand(addr, "KEYS", prefix+"/batch/v1/journal*"); keys == "" {
+		t.Fatal("the older build's removal left nothing: the test no longer shows the leak")
+	}
+	restore := durable.SetClock(func() time.Time { return time.Now().Add(time.Minute) })
+	defer restore()
+	js := durable.NewJournals(durableStorage(s), durable.NewLeases(30*time.Second), zap.NewNop())
+	finish := func(*durable.Recovered) error { t.Error("a leftover was taken over"); return nil }
+	failed := func(saga, doing string, err error) { t.Errorf("%s: %s: %v", saga, doing, err) }
+	if err := js.Scan(ctx, finish, failed); err != nil {
+		t.Fatal(err)
+	}
+	if keys, err := redisCommand(addr, "KEYS", prefix+"/batch/v1/journal*"); keys != "" || err != nil {
+		t.Errorf("left after the scan (%v): %q", err, keys)
+	}
+	if folders, _ := redisCommand(addr, "ZRANGE", prefix+"/batch/v1", "0", "-1"); strings.Contains(folders, "journal") {
+		t.Errorf("the journal folder is still listed: %q", folders)
+	}
+}
