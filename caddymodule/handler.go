@@ -270,7 +270,7 @@ func (h *Handler) serveBatch(w http.ResponseWriter, r *http.Request, sc scope, o
 		}
 		return prob.Write(w)
 	}
-	keyed := h.idem.watch(r, sc, op, plan.BodyDigest())
+	keyed := h.idem.watch(r, sc, plan)
 	if done, err := keyed.claim(w, len(plan.Items)); done {
 		return err
 	}

@@ -3,7 +3,6 @@ package caddymodule
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -19,9 +18,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/durable"
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
-	"github.com/caddy-batch/caddy-batch/policy"
 )
 
 // The end-to-end tests of Idempotency-Key replay (docs/durability.md,
@@ -462,8 +461,12 @@ func TestIdempotencyStoredStates(t *testing.T) {
 				t.Fatal(err)
 			}
 			m, _ := p.Lookup("/api/widgets")
-			digest := sha256.Sum256([]byte(body))
-			k := (&idempotency{}).watch(req, h.collectionScope(m), policy.OpUpdate, digest[:])
+			req.Header.Set("Content-Type", "application/json")
+			_, _, plan, prob := batch.Admit(req, m)
+			if prob != nil {
+				t.Fatal(prob.Detail)
+			}
+			k := (&idempotency{}).watch(req, h.collectionScope(m), plan)
 			if err := storage.Store(context.Background(), k.key, c.record(k.fingerprint())); err != nil {
 				t.Fatal(err)
 			}

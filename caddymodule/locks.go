@@ -3,7 +3,6 @@ package caddymodule
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 
 	"github.com/caddyserver/caddy/v2"
@@ -97,21 +96,17 @@ func (h *Handler) serveLockedWrite(w http.ResponseWriter, r *http.Request, m pol
 	unlock, err := observeLocks(h.lockerFor(m), r, m.Resource.Collection.String(), lockBySingle).Lock(ctx, key)
 	cancel()
 	if err != nil {
-		if r.Context().Err() != nil {
+		ref := batch.RefuseLock(key, err, batch.LockWait{Client: r.Context(), ItemTimeout: m.Resource.Settings.ItemTimeout})
+		switch ref.Status {
+		case 499:
 			return caddyhttp.Error(499, err)
-		}
-		if !errors.Is(err, batch.ErrLocked) {
+		case http.StatusServiceUnavailable:
 			// The storage failed: the write cannot be excluded from a
 			// saga on another instance, so it is not sent.
 			h.logger.Error("locking an item", zap.String("item", key), zap.Error(err))
-			w.Header().Set("Retry-After", "1")
-			return problem.New(http.StatusServiceUnavailable, "item-lock-unavailable", fmt.Sprintf(
-				"the lock of %s could not be taken (item_locks storage); nothing was changed, try again", key)).Write(w)
 		}
-		w.Header().Set("Retry-After", "1")
-		return problem.New(http.StatusConflict, "item-locked", fmt.Sprintf(
-			"a batch through the gateway held %s for longer than item_timeout (%s); nothing was changed, try again",
-			key, m.Resource.Settings.ItemTimeout)).Write(w)
+		w.Header().Set("Retry-After", ref.RetryAfter)
+		return problem.New(ref.Status, ref.Type, ref.Detail).Write(w)
 	}
 	defer unlock()
 	return serve()
