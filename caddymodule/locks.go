@@ -17,28 +17,25 @@ import (
 )
 
 // pools keep what must outlive one config: a reload provisions the new
-// handlers before the old ones are cleaned up, so a saga running on the
-// old config and a write arriving on the new one lock the same table.
+// handlers before the old ones are cleaned up, so a batch running on the
+// old config and one arriving on the new share the max_in_flight slots.
 var pools = caddy.NewUsagePool()
 
-// localLocksKey names the one table of local item locks of the process.
-// Every handler shares it: two sites in front of one API must exclude
-// each other, and two in front of different APIs only share keys when
-// their item paths are the same.
-const localLocksKey = "batch.item_locks.local"
+// localLocks is the one table of local item locks of the process. It
+// lives as long as the process, not as long as some handler: a saga
+// outlives its config (a reload to a config without a batch handler
+// cleans up every handler while the saga may still be compensating), and
+// later configs' writers must still wait for it. Its entries remove
+// themselves when unused, so it holds nothing for long. Every handler
+// shares it: two sites in front of one API must exclude each other, and
+// two in front of different APIs only share keys when their item paths
+// are the same.
+var localLocks batch.LocalLocks
 
-type pooledLocks struct{ batch.LocalLocks }
-
-func (*pooledLocks) Destruct() error { return nil }
-
-// provisionLocks takes the handler's share of the local lock table, and
-// sets up storage locks when a resource asks for them.
+// provisionLocks sets up storage locks when a resource asks for them;
+// local locks are the process's table.
 func (h *Handler) provisionLocks(storage certmagic.Storage) error {
-	v, _, err := pools.LoadOrNew(localLocksKey, func() (caddy.Destructor, error) { return new(pooledLocks), nil })
-	if err != nil {
-		return err
-	}
-	h.locks = &v.(*pooledLocks).LocalLocks
+	h.locks = &localLocks
 	if h.policy.Uses(func(g policy.GatewaySettings) bool { return g.ItemLocks == policy.StorageLocks }) {
 		if storage == nil {
 			return errors.New("item_locks storage needs Caddy's storage, and this context has none")
@@ -68,17 +65,12 @@ func unlockFailed(logger *zap.Logger, name string) func(error) {
 
 // Cleanup lets go of the handler's share of what the pools keep.
 func (h *Handler) Cleanup() error {
-	var errs []error
-	if h.locks != nil {
-		_, err := pools.Delete(localLocksKey)
-		errs = append(errs, err)
+	if h.slots == nil {
+		return nil
 	}
-	if h.slots != nil {
-		h.untrackSlots()
-		_, err := pools.Delete(h.slots.key)
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
+	h.untrackSlots()
+	_, err := pools.Delete(h.slots.key)
+	return err
 }
 
 // isWrite reports whether a single-item request changes the item, and so
