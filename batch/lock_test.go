@@ -84,8 +84,8 @@ func TestCreatedIDIsLocked(t *testing.T) {
 	f.on("POST", "/widgets", answer{}, answer{status: 500, body: `{}`, hook: func(context.Context, *SubRequest) { <-created }})
 	f.on("GET", "/widgets/1000", answer{delay: 30 * time.Millisecond}) // the proof read is slow
 	done := make(chan *Result)
+	p := mustPlan(t, newRequest("POST", "/widgets", elements(2)), concurrency(1))
 	go func() {
-		p := mustPlan(t, newRequest("POST", "/widgets", elements(2)), concurrency(1))
 		done <- newSaga(p, Runtime{Send: f, Locks: &locks}, noBackoff).run(context.Background())
 	}()
 	// Item 0 is created and answered before item 1 is sent.
@@ -163,8 +163,8 @@ func TestConcurrentBatchesSerialize(t *testing.T) {
 				s.fail[fmt.Sprintf(`{"v":%d} /widgets/%s`, b, last)] = true
 				s.mu.Unlock()
 			}
+			p := mustPlan(t, newRequest("PATCH", "/widgets", "["+strings.Join(elems, ",")+"]"), concurrency(3), batchTimeout(20*time.Second))
 			wg.Go(func() {
-				p := mustPlan(t, newRequest("PATCH", "/widgets", "["+strings.Join(elems, ",")+"]"), concurrency(3), batchTimeout(20*time.Second))
 				results[b] = newSaga(p, Runtime{Send: s, Locks: &locks}, noBackoff).run(context.Background())
 			})
 		}

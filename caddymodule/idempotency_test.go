@@ -207,8 +207,9 @@ func TestIdempotencyInFlight(t *testing.T) {
 	key := []string{"Idempotency-Key", "slow-1"}
 	body := `[{"id": 1, "name": "x"}]`
 	var first response
+	var firstErr error
 	var wg sync.WaitGroup
-	wg.Go(func() { first = g.do(t, "PATCH", "/api/slow", body, key...) })
+	wg.Go(func() { first, firstErr = g.try("PATCH", "/api/slow", body, key...) })
 	eventually(t, 5*time.Second, "the first write to reach the API", func() bool { return api.InFlight() > 0 })
 
 	r := g.do(t, "PATCH", "/api/slow", body, key...)
@@ -217,8 +218,8 @@ func TestIdempotencyInFlight(t *testing.T) {
 		t.Error("409 without Retry-After")
 	}
 	wg.Wait()
-	if first.Status != 200 {
-		t.Fatalf("first answer %v", first)
+	if firstErr != nil || first.Status != 200 {
+		t.Fatalf("first answer %v %v", first, firstErr)
 	}
 	if n := len(writes(api.Requests())); n != 1 {
 		t.Errorf("%d writes upstream, want the first request's 1", n)
@@ -405,7 +406,8 @@ func TestIdempotencyRefusedBatchGivesItsKeyBack(t *testing.T) {
 	reverse_proxy UPSTREAM
 `)
 	var wg sync.WaitGroup
-	wg.Go(func() { g.do(t, "PATCH", "/api/slow/1", `{"name": "single"}`) })
+	var singleErr error
+	wg.Go(func() { _, singleErr = g.try("PATCH", "/api/slow/1", `{"name": "single"}`) })
 	eventually(t, 5*time.Second, "the single write to reach the API", func() bool { return api.InFlight() > 0 })
 	key := []string{"Idempotency-Key", "locked-out"}
 	body := `[{"id": 1, "name": "batch"}]`
@@ -414,6 +416,9 @@ func TestIdempotencyRefusedBatchGivesItsKeyBack(t *testing.T) {
 		t.Fatalf("a batch on a locked item: %v", r)
 	}
 	wg.Wait()
+	if singleErr != nil {
+		t.Fatal(singleErr)
+	}
 	api.ResetLog()
 	r = g.do(t, "PATCH", "/api/slow", body, key...)
 	if r.Status != 200 || r.Header.Get("Idempotent-Replayed") != "" || len(writes(api.Requests())) != 1 {

@@ -148,8 +148,9 @@ func testStorageLocksGateway(t *testing.T, storage string, other certmagic.Stora
 	// other instance cannot have it until the batch is over.
 	var wg sync.WaitGroup
 	var batchDone time.Time
+	var batchErr error
 	wg.Go(func() {
-		g.do(t, "PATCH", "/api/slow", `[{"id": 3, "name": "c"}]`)
+		_, batchErr = g.try("PATCH", "/api/slow", `[{"id": 3, "name": "c"}]`)
 		batchDone = time.Now()
 	})
 	eventually(t, 5*time.Second, "the batch's write to reach the API", func() bool { return api.InFlight() > 0 })
@@ -168,6 +169,9 @@ func testStorageLocksGateway(t *testing.T, storage string, other certmagic.Stora
 	got := time.Now()
 	unlock()
 	wg.Wait()
+	if batchErr != nil {
+		t.Fatal(batchErr)
+	}
 	if got.Before(batchDone.Add(-time.Second)) {
 		t.Errorf("the other instance had item 3 at %s, long before the batch ended at %s", got, batchDone)
 	}
