@@ -8,67 +8,9 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/caddy-batch/caddy-batch/itemlock"
 )
-
-// Locker holds exclusive locks on items, each named by a key (the item's
-// path, as policy.Match builds it). A saga locks the items it writes, and
-// a single-item write through the gateway locks its item, so that writers
-// through the gateway never interleave with a saga.
-type Locker interface {
-	// Lock takes the lock on key, waiting until ctx is done. The error
-	// wraps ErrLocked when another holder kept it that long.
-	Lock(ctx context.Context, key string) (unlock func(), err error)
-}
-
-// ErrLocked is the error of a lock another writer held for too long.
-var ErrLocked = errors.New("the item is locked by another write")
-
-// LocalLocks are item locks within one process. The zero value is ready
-// to use.
-type LocalLocks struct {
-	mu   sync.Mutex
-	held map[string]*localLock
-}
-
-type localLock struct {
-	token chan struct{} // holds one token while the lock is free
-	refs  int           // holders and waiters; the entry goes at zero
-}
-
-// Lock takes key's lock. Waiters are served in the order they came.
-func (l *LocalLocks) Lock(ctx context.Context, key string) (func(), error) {
-	l.mu.Lock()
-	if l.held == nil {
-		l.held = map[string]*localLock{}
-	}
-	e := l.held[key]
-	if e == nil {
-		e = &localLock{token: make(chan struct{}, 1)}
-		e.token <- struct{}{}
-		l.held[key] = e
-	}
-	e.refs++
-	l.mu.Unlock()
-
-	select {
-	case <-e.token:
-		return sync.OnceFunc(func() {
-			e.token <- struct{}{}
-			l.drop(key, e)
-		}), nil
-	case <-ctx.Done():
-		l.drop(key, e)
-		return nil, fmt.Errorf("%w: %s (%w)", ErrLocked, key, context.Cause(ctx))
-	}
-}
-
-func (l *LocalLocks) drop(key string, e *localLock) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if e.refs--; e.refs == 0 {
-		delete(l.held, key)
-	}
-}
 
 // heldLocks are the locks a saga holds until its last undo or check.
 type heldLocks struct {
@@ -215,7 +157,7 @@ func RefuseLock(key string, err error, w LockWait) LockRefusal {
 	case w.Client.Err() != nil:
 		return LockRefusal{Status: 499, Detail: fmt.Sprintf(
 			"the client went away while the write waited for the lock of %s; nothing was sent", key)}
-	case !errors.Is(err, ErrLocked):
+	case !errors.Is(err, itemlock.ErrLocked):
 		// Not another writer: the locks themselves failed (a storage
 		// that is down, under item_locks storage).
 		return LockRefusal{Status: http.StatusServiceUnavailable, Type: "item-lock-unavailable", RetryAfter: "1", Detail: fmt.Sprintf(

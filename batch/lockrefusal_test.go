@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-batch/caddy-batch/itemlock"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
@@ -19,7 +20,7 @@ func TestRefuseLock(t *testing.T) {
 	expired, cancel := context.WithTimeout(context.Background(), 0)
 	defer cancel()
 	live := context.Background()
-	locked := errors.Join(ErrLocked, context.DeadlineExceeded)
+	locked := errors.Join(itemlock.ErrLocked, context.DeadlineExceeded)
 	for _, c := range []struct {
 		name       string
 		err        error
@@ -50,8 +51,8 @@ func TestRefuseLock(t *testing.T) {
 
 // heldBy is a lock table in which another writer holds key until the
 // returned release.
-func heldBy(t *testing.T, key string) (*LocalLocks, func()) {
-	l := &LocalLocks{}
+func heldBy(t *testing.T, key string) (*itemlock.Local, func()) {
+	l := &itemlock.Local{}
 	unlock, err := l.Lock(context.Background(), key)
 	if err != nil {
 		t.Fatal(err)
@@ -62,14 +63,14 @@ func heldBy(t *testing.T, key string) (*LocalLocks, func()) {
 // leavingClient is a client that goes away as soon as its batch waits
 // for key, whose lock another writer holds, after skip earlier waits
 // for it: locks is the table, ctx the client's request.
-func leavingClient(t *testing.T, key string, skip int) (Locker, func(), context.Context) {
+func leavingClient(t *testing.T, key string, skip int) (itemlock.Locker, func(), context.Context) {
 	held, release := heldBy(t, key)
 	ctx, leave := context.WithCancel(context.Background())
-	return &leaveOnWait{LocalLocks: held, key: key, skip: skip, leave: leave}, release, ctx
+	return &leaveOnWait{Local: held, key: key, skip: skip, leave: leave}, release, ctx
 }
 
 type leaveOnWait struct {
-	*LocalLocks
+	*itemlock.Local
 	key   string
 	skip  int
 	leave context.CancelFunc
@@ -85,7 +86,7 @@ func (l *leaveOnWait) Lock(ctx context.Context, key string) (func(), error) {
 		}
 		l.mu.Unlock()
 	}
-	return l.LocalLocks.Lock(ctx, key)
+	return l.Local.Lock(ctx, key)
 }
 
 // A partial batch's write that cannot lock its item is answered as a
@@ -94,7 +95,7 @@ func (l *leaveOnWait) Lock(ctx context.Context, key string) (func(), error) {
 func TestPartialWriteRefusedItsLock(t *testing.T) {
 	for _, c := range []struct {
 		name       string
-		locks      func(t *testing.T) (Locker, func(), context.Context)
+		locks      func(t *testing.T) (itemlock.Locker, func(), context.Context)
 		mods       []specMod
 		status     int
 		detail     string
@@ -105,7 +106,9 @@ func TestPartialWriteRefusedItsLock(t *testing.T) {
 		{"batch_timeout ran out", heldWith("/widgets/1"),
 			[]specMod{itemTimeout(10 * time.Second), batchTimeout(40 * time.Millisecond)}, 409, "until batch_timeout (40ms) ran out", "1"},
 		{"the locks are unavailable", broken("/widgets/1"), nil, 503, "the item locks are unavailable", "1"},
-		{"the client went away", func(t *testing.T) (Locker, func(), context.Context) { return leavingClient(t, "/widgets/1", 0) },
+		{"the client went away", func(t *testing.T) (itemlock.Locker, func(), context.Context) {
+			return leavingClient(t, "/widgets/1", 0)
+		},
 			[]specMod{itemTimeout(10 * time.Second)}, 499, "the client went away", ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -132,16 +135,16 @@ func TestPartialWriteRefusedItsLock(t *testing.T) {
 
 // heldWith is a lock table in which another writer holds key, and a
 // client that stays.
-func heldWith(key string) func(t *testing.T) (Locker, func(), context.Context) {
-	return func(t *testing.T) (Locker, func(), context.Context) {
+func heldWith(key string) func(t *testing.T) (itemlock.Locker, func(), context.Context) {
+	return func(t *testing.T) (itemlock.Locker, func(), context.Context) {
 		l, release := heldBy(t, key)
 		return l, release, context.Background()
 	}
 }
 
 // broken is locks that fail for key, and a client that stays.
-func broken(key string) func(t *testing.T) (Locker, func(), context.Context) {
-	return func(*testing.T) (Locker, func(), context.Context) {
+func broken(key string) func(t *testing.T) (itemlock.Locker, func(), context.Context) {
+	return func(*testing.T) (itemlock.Locker, func(), context.Context) {
 		return brokenOn{key}, func() {}, context.Background()
 	}
 }
@@ -180,14 +183,16 @@ func TestEnvelopeLateLockRefused(t *testing.T) {
 	]}`
 	for _, c := range []struct {
 		name       string
-		locks      func(t *testing.T) (Locker, func(), context.Context)
+		locks      func(t *testing.T) (itemlock.Locker, func(), context.Context)
 		status     int
 		retryAfter string
 	}{
 		{"another writer held it", heldWith("/users/100"), 409, "1"},
 		// The first wait for the created user is the create's own
 		// (lockCreated), which gives up quietly.
-		{"the client went away", func(t *testing.T) (Locker, func(), context.Context) { return leavingClient(t, "/users/100", 1) }, 499, ""},
+		{"the client went away", func(t *testing.T) (itemlock.Locker, func(), context.Context) {
+			return leavingClient(t, "/users/100", 1)
+		}, 499, ""},
 		{"the locks are unavailable", broken("/users/100"), 503, "1"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/caddy-batch/caddy-batch/itemlock"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
@@ -27,7 +28,7 @@ type Runtime struct {
 	Send Sender
 	// Locks locks the items an all-or-nothing batch writes; nil takes no
 	// locks.
-	Locks Locker
+	Locks itemlock.Locker
 	// Journal records the saga's transitions; nil records nothing.
 	Journal Journal
 	// Slots bound the sub-requests in flight across batches

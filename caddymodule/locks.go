@@ -12,6 +12,7 @@ import (
 
 	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/durable"
+	"github.com/caddy-batch/caddy-batch/itemlock"
 	"github.com/caddy-batch/caddy-batch/policy"
 	"github.com/caddy-batch/caddy-batch/problem"
 )
@@ -30,7 +31,7 @@ var pools = caddy.NewUsagePool()
 // shares it: two sites in front of one API must exclude each other, and
 // two in front of different APIs only share keys when their item paths
 // are the same.
-var localLocks batch.LocalLocks
+var localLocks itemlock.Local
 
 // provisionLocks sets up storage locks when a resource asks for them;
 // local locks are the process's table.
@@ -48,7 +49,7 @@ func (h *Handler) provisionLocks(storage certmagic.Storage) error {
 // lockerFor returns the locks of the matched resource's items: storage
 // locks take the local lock too, so writers of one process exclude each
 // other whatever their resource's item_locks.
-func (h *Handler) lockerFor(m policy.Match) batch.Locker {
+func (h *Handler) lockerFor(m policy.Match) itemlock.Locker {
 	if m.Resource.Gateway.ItemLocks == policy.StorageLocks && h.storageLocks != nil {
 		return h.storageLocks
 	}
