@@ -143,8 +143,10 @@ type LockRefusal struct {
 	// Type is the problem type a single write is answered with
 	// (README, "Problem types"); empty for 499, which is answered to
 	// no one.
-	Type       string
-	Detail     string
+	Type string
+	// Detail says which item, and what kept its lock from the write.
+	Detail string
+	// RetryAfter is the Retry-After to answer with; empty for 499.
 	RetryAfter string
 }
 
@@ -187,7 +189,8 @@ func (sg *saga) refuseItem(ctx context.Context, i int, ref LockRefusal, cause er
 	})
 }
 
-// wait is what a wait for item i's lock runs under, in this batch.
+// wait is what a wait for a lock runs under in this batch: its client,
+// its deadline, and itemTimeout when that bounds the wait too (not zero).
 func (sg *saga) wait(clientCtx, batchCtx context.Context, itemTimeout time.Duration) LockWait {
 	return LockWait{Client: clientCtx, Batch: batchCtx, BatchTimeout: sg.s.BatchTimeout, ItemTimeout: itemTimeout}
 }
