@@ -13,7 +13,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/itemlock"
 )
 
 // The expiry index of the Idempotency-Key records (docs/durability.md,
@@ -138,7 +138,7 @@ func (sw *Sweeper) Sweep(ctx context.Context, at time.Time) (Swept, error) {
 	lctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	unlock, err := Lock(lctx, sw.storage, sweepLock, 0, sw.unlockFailed(sweepLock))
 	cancel()
-	if errors.Is(err, batch.ErrLocked) {
+	if errors.Is(err, itemlock.ErrLocked) {
 		return Swept{Elsewhere: true}, nil
 	}
 	if err != nil {
@@ -252,7 +252,7 @@ func (sw *Sweeper) sweepEntry(ctx context.Context, entry string, at time.Time, o
 	lctx, cancel := context.WithTimeout(ctx, sweepLockWait)
 	unlock, err := Lock(lctx, s, IdempotencyLock(recordKey), LockPoll, sw.unlockFailed(IdempotencyLock(recordKey)))
 	cancel()
-	if errors.Is(err, batch.ErrLocked) {
+	if errors.Is(err, itemlock.ErrLocked) {
 		out.Kept++
 		return nil // being claimed: the next sweep looks again
 	}
