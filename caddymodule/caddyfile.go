@@ -353,7 +353,8 @@ var optionExamples = []struct{ name, example string }{
 	{"max_body_size", "max_body_size 1MiB"},
 	{"max_response_size", "max_response_size 16MiB"},
 	{"concurrency", "concurrency 8"},
-	{"max_in_flight", "max_in_flight 32"},
+	{"max_in_flight", "max_in_flight 32, or max_in_flight auto 4 32"},
+	{"max_throttle_wait", "max_throttle_wait 5s"},
 	{"item_timeout", "item_timeout 10s"},
 	{"batch_timeout", "batch_timeout 30s"},
 	{"ids_param", "ids_param ids"},
@@ -436,7 +437,12 @@ func (o *Options) set(a optionArgs) (known bool, err error) {
 	case "journal":
 		return true, a.flag(&o.Journal)
 	case "max_in_flight":
+		if len(a.args) > 0 && a.args[0] == "auto" {
+			return true, a.autoInFlight(&o.MaxInFlightAuto)
+		}
 		return true, a.number(&o.MaxInFlight)
+	case "max_throttle_wait":
+		return true, a.pause(&o.MaxThrottleWait)
 	case "max_response_size":
 		return true, a.size(&o.MaxResponseSize)
 	case "max_items":
@@ -542,6 +548,40 @@ func (a optionArgs) duration(dst *caddy.Duration) error {
 	}
 	*dst = caddy.Duration(dur)
 	return a.limit(int64(dur))
+}
+
+// autoInFlight reads max_in_flight auto [<min> <max>].
+func (a optionArgs) autoInFlight(dst **AutoInFlight) error {
+	bounds := &AutoInFlight{}
+	switch len(a.args) {
+	case 1:
+	case 3:
+		lo, err1 := strconv.Atoi(a.args[1])
+		hi, err2 := strconv.Atoi(a.args[2])
+		if err1 != nil || err2 != nil || lo < 1 || hi < 1 {
+			return a.d.Errf("max_in_flight auto takes two whole numbers above zero, the least and the most, e.g. max_in_flight auto 4 32, not %q", strings.Join(a.args[1:], " "))
+		}
+		bounds.Min, bounds.Max = lo, hi
+	default:
+		return a.d.Errf("max_in_flight auto takes no bounds, or the least and the most, e.g. max_in_flight auto 4 32")
+	}
+	*dst = bounds
+	return nil
+}
+
+// pause reads a duration that may be zero (which turns a wait off).
+func (a optionArgs) pause(dst **caddy.Duration) error {
+	v, err := a.one()
+	if err != nil {
+		return err
+	}
+	dur, err := caddy.ParseDuration(v)
+	if err != nil || dur < 0 {
+		return a.d.Errf("%s takes a duration such as 5s or 0 (off), not %q", a.name, v)
+	}
+	d := caddy.Duration(dur)
+	*dst = &d
+	return nil
 }
 
 func (a optionArgs) size(dst *int64) error {

@@ -16,9 +16,14 @@ import (
 // that a reload does not reset them: the new config is provisioned
 // before the old one is cleaned up, and the old config's batches run on
 // after that, so both share one bound instead of having one each.
+//
+// The throttles the legacy API asked for are kept with them, so that a
+// batch on the new config waits out a pause a batch on the old one was
+// asked for: both send to the same API.
 type pooledSlots struct {
 	*batch.FIFOSlots
-	key string
+	key       string
+	throttles *batch.Throttles
 }
 
 func (*pooledSlots) Destruct() error { return nil }
@@ -36,7 +41,7 @@ func (*pooledSlots) Destruct() error { return nil }
 func (h *Handler) provisionSlots() *pooledSlots {
 	key, n := h.slotsKey()
 	v, _, _ := pools.LoadOrNew(key, func() (caddy.Destructor, error) {
-		return &pooledSlots{FIFOSlots: batch.NewFIFOSlots(n), key: key}, nil
+		return &pooledSlots{FIFOSlots: batch.NewFIFOSlots(n), key: key, throttles: batch.NewThrottles(metrics.throttledWait)}, nil
 	})
 	return v.(*pooledSlots)
 }
@@ -55,7 +60,9 @@ func (h *Handler) slotsKey() (key string, n int) {
 	id, _ := json.Marshal(struct {
 		Paths       []string `json:"paths"`
 		MaxInFlight int      `json:"max_in_flight"`
-	}{paths, g.MaxInFlight})
+		Auto        bool     `json:"auto,omitempty"`
+		MinInFlight int      `json:"min,omitempty"`
+	}{paths, g.MaxInFlight, g.AutoInFlight, g.MinInFlight})
 	sum := sha256.Sum256(id)
 	return "batch.max_in_flight." + hex.EncodeToString(sum[:12]), g.MaxInFlight
 }

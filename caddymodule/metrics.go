@@ -40,6 +40,7 @@ type batchMetrics struct {
 	replays       *prometheus.CounterVec
 	recovered     *prometheus.CounterVec
 	listFallbacks *prometheus.CounterVec
+	throttled     *prometheus.CounterVec
 	pending       prometheus.GaugeFunc
 	slots         *slotGauges
 }
@@ -112,6 +113,11 @@ func newBatchMetrics() *batchMetrics {
 			Name: "list_fallbacks_total",
 			Help: `LISTs sent through a resource's list_filter that answered nothing usable, so that their ids were read one by one, by reason: "no_answer", "status" (not 2xx), or "body" (not JSON, or no array where items points).`,
 		}, []string{"server", "resource", "reason"}),
+		throttled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub,
+			Name: "throttled_total",
+			Help: "Sub-requests the legacy API throttled (429, or 503 with Retry-After) that waited the pause it asked for and were sent again (README, \"Throttling\").",
+		}, []string{"resource"}),
 		pending: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub,
 			Name: "journals_pending",
@@ -122,7 +128,13 @@ func newBatchMetrics() *batchMetrics {
 }
 
 func (m *batchMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.batches, m.items, m.duration, m.itemsPerBatch, m.compensations, m.lockWait, m.lockConflicts, m.replays, m.recovered, m.listFallbacks, m.pending, m.slots}
+	return []prometheus.Collector{m.batches, m.items, m.duration, m.itemsPerBatch, m.compensations, m.lockWait, m.lockConflicts, m.replays, m.recovered, m.listFallbacks, m.throttled, m.pending, m.slots}
+}
+
+// throttledWait counts a throttling answer waited out on resource (its
+// template).
+func (m *batchMetrics) throttledWait(resource string) {
+	m.throttled.WithLabelValues(resource).Inc()
 }
 
 // registerMetrics registers the module's collectors on a config's

@@ -139,6 +139,23 @@ type Options struct {
 	// that batches reuse kept-alive connections. Default: 32.
 	MaxInFlight int `json:"max_in_flight,omitempty"`
 
+	// Makes the handler's bound on sub-requests in flight follow the
+	// legacy API instead of max_in_flight: it grows while sub-requests'
+	// latency stays near the lowest recently seen, and shrinks when it
+	// rises or the API throttles (README, "Sizing the limits"). It is
+	// the handler's alone, kept across reloads as max_in_flight is, and
+	// cannot be set with max_in_flight. Default: off (a fixed
+	// max_in_flight).
+	MaxInFlightAuto *AutoInFlight `json:"max_in_flight_auto,omitempty"`
+
+	// The longest pause a throttling answer of the legacy API (429, or
+	// 503 with Retry-After) may ask for and still be waited out: the
+	// sub-request is sent again after it, if the batch's deadline allows,
+	// and the same client's other sub-requests to the resource wait
+	// with it. A longer pause fails the item at once with the API's
+	// status and Retry-After; 0 waits out none. Default: 5s.
+	MaxThrottleWait *caddy.Duration `json:"max_throttle_wait,omitempty"`
+
 	// How long the answer of a batch write (create, update, delete) that
 	// carried an Idempotency-Key is kept in Caddy's storage, so that the
 	// same request again is answered with it instead of running again.
@@ -151,6 +168,17 @@ type Options struct {
 	// batch's forwarded headers (Authorization included) until the saga
 	// ends. Default: true.
 	Journal *bool `json:"journal,omitempty"`
+}
+
+// AutoInFlight bounds an adaptive max_in_flight.
+type AutoInFlight struct {
+	// The fewest sub-requests in flight the bound may fall to.
+	// Default: 4.
+	Min int `json:"min,omitempty"`
+	// The most sub-requests in flight the bound may grow to: 32 matches
+	// reverse_proxy's pool of kept-alive connections; more is the
+	// operator's choice. Default: 32.
+	Max int `json:"max,omitempty"`
 }
 
 // buildPolicy resolves every resource's settings (defaults, then the
@@ -175,7 +203,7 @@ func (h *Handler) buildPolicy(lines []int) (*policy.Policy, error) {
 		if err := r.Options.apply(&specs[i].Settings, &specs[i].Gateway); err != nil {
 			errs = append(errs, policy.Flatten(policy.InResource(i, r.Path, err))...)
 		}
-		if r.MaxInFlight != 0 {
+		if r.MaxInFlight != 0 || r.MaxInFlightAuto != nil {
 			errs = append(errs, policy.InResource(i, r.Path, policy.OptionError("max_in_flight",
 				errors.New("max_in_flight bounds the sub-requests of every batch of the handler together, so a resource cannot have its own: set it in the batch block"))))
 		}
@@ -240,6 +268,10 @@ func (o Options) apply(s *policy.Settings, g *policy.GatewaySettings) error {
 	setNonZero(&s.CompensationTimeout, time.Duration(o.CompensationTimeout))
 	setNonZero(&s.MaxResponseSize, o.MaxResponseSize)
 	setNonZero(&g.MaxInFlight, o.MaxInFlight)
+	errs = append(errs, o.applyAutoInFlight(g)...)
+	if o.MaxThrottleWait != nil {
+		s.MaxThrottleWait = time.Duration(*o.MaxThrottleWait)
+	}
 	setNonZero(&g.IdempotencyTTL, time.Duration(o.IdempotencyTTL))
 	setNonZero(&s.IDsParam, o.IDsParam)
 	setNonZero(&s.IDField, o.IDField)
@@ -256,6 +288,22 @@ func (o Options) apply(s *policy.Settings, g *policy.GatewaySettings) error {
 	parseWord(&errs, "id_format", o.IDFormat, &s.IDFormat, policy.ParseIDFormat)
 	parseWord(&errs, "item_locks", o.ItemLocks, &g.ItemLocks, policy.ParseItemLocks)
 	return errors.Join(errs...)
+}
+
+// applyAutoInFlight lays max_in_flight auto over g: the bound becomes
+// adaptive, max_in_flight its most.
+func (o Options) applyAutoInFlight(g *policy.GatewaySettings) []error {
+	a := o.MaxInFlightAuto
+	if a == nil {
+		return nil
+	}
+	if o.MaxInFlight != 0 {
+		return []error{policy.OptionError("max_in_flight", fmt.Errorf("max_in_flight is set both to %d and to auto: choose one", o.MaxInFlight))}
+	}
+	g.AutoInFlight, g.MinInFlight, g.MaxInFlight = true, policy.AutoInFlightMin, policy.AutoInFlightMax
+	setNonZero(&g.MinInFlight, a.Min)
+	setNonZero(&g.MaxInFlight, a.Max)
+	return nil
 }
 
 // applyAtomicity lays the atomicity options over s: the general mode,
