@@ -275,6 +275,22 @@ type Collection struct {
 	// HEAD of one answers 403 with an HTML page. Writes to them are not
 	// affected. Default: none.
 	Hidden []string
+	// Workers and ServiceTime imitate a server's thread pool
+	// (capacity.go): at most Workers requests to the collection or its
+	// items are served at once, each holding its worker for at least
+	// ServiceTime; the others wait their turn in a queue. Default 0: no
+	// bound, no service time.
+	Workers     int
+	ServiceTime time.Duration
+	// RateLimit and Burst imitate a rate limiter in front of the API
+	// (capacity.go): a token bucket of Burst tokens (default: a tenth of
+	// a second's worth, at least 1) refilled at RateLimit a second; a
+	// request to the collection or its items that finds no token is
+	// answered 429 with Retry-After (whole seconds until a token, at
+	// least 1) before the queue of Workers, and nothing is applied.
+	// Default 0: no limit.
+	RateLimit float64
+	Burst     int
 	// Seed holds the initial records. Each must have an "id" that is a number
 	// (e.g. 1) or a non-empty string. A pattern Path has none.
 	Seed []map[string]any
@@ -313,6 +329,8 @@ type Request struct {
 	RawQuery string
 	Header   http.Header // a clone, safe to keep
 	Body     []byte
+	// At is when the request was received.
+	At time.Time
 }
 
 // Fault replaces or disturbs the normal answer of matching requests, to
@@ -329,6 +347,9 @@ type Fault struct {
 	ContentType string
 	// Body of the injected answer.
 	Body string
+	// Header holds more headers of the injected answer (Retry-After,
+	// say).
+	Header http.Header
 	// Delay waits this long before answering; the wait ends early if the
 	// client goes away (nothing is sent then) or Close is called.
 	Delay time.Duration
@@ -381,6 +402,10 @@ type API struct {
 	// recording is whether log and applied are kept (NewRecording); set
 	// before the API serves, only read afterwards.
 	recording bool
+
+	// capacity holds the declared collections' worker pools and token
+	// buckets, by declared path; built by New, nil when none has one.
+	capacity map[string]*capacity
 }
 
 // collection is a declared collection and its records. The declaration is
@@ -464,6 +489,12 @@ func New(cols ...Collection) *API {
 		}
 		if _, dup := a.cols[c.Path]; dup || slices.ContainsFunc(a.patterns, func(p *collection) bool { return p.Path == c.Path }) {
 			panic(fmt.Sprintf("legacyapi: collection %q declared twice", c.Path))
+		}
+		if cp := newCapacity(c); cp != nil {
+			if a.capacity == nil {
+				a.capacity = map[string]*capacity{}
+			}
+			a.capacity[c.Path] = cp
 		}
 		col := &collection{Collection: c, tables: map[string]*table{}}
 		col.Seed = nil
@@ -816,10 +847,29 @@ func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	a.mu.Lock()
 	if a.recording {
-		a.log = append(a.log, Request{Method: r.Method, Path: path, RawQuery: r.URL.RawQuery, Header: r.Header.Clone(), Body: bytes.Clone(body)})
+		a.log = append(a.log, Request{Method: r.Method, Path: path, RawQuery: r.URL.RawQuery, Header: r.Header.Clone(), Body: bytes.Clone(body), At: time.Now()})
 	}
-	f := a.takeFault(r.Method, path)
+	cp := a.capacityFor(path)
+	var retryAfter string
+	if cp != nil {
+		retryAfter = cp.limit(time.Now())
+	}
+	var f *Fault
+	if retryAfter == "" {
+		f = a.takeFault(r.Method, path)
+	}
 	a.mu.Unlock()
+	if retryAfter != "" {
+		write(w, r, tooMany(retryAfter))
+		return
+	}
+	if cp != nil {
+		release, ok := cp.serve(r.Context(), a.closed)
+		if !ok {
+			return // the client went away while queued
+		}
+		defer release()
+	}
 
 	var res response
 	applied := f == nil || f.AfterApply
@@ -850,7 +900,12 @@ func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if ct == "" {
 			ct = "text/html; charset=utf-8"
 		}
-		write(w, r, response{status: f.Status, header: http.Header{"Content-Type": {ct}}, body: []byte(f.Body)})
+		h := f.Header.Clone()
+		if h == nil {
+			h = http.Header{}
+		}
+		h.Set("Content-Type", ct)
+		write(w, r, response{status: f.Status, header: h, body: []byte(f.Body)})
 	default:
 		if !applied {
 			res = normal()
