@@ -750,7 +750,7 @@ func (a *API) AppliedWrites() []Request {
 func copyRequests(rs []Request) []Request {
 	out := make([]Request, len(rs))
 	for i, r := range rs {
-		out[i] = Request{Method: r.Method, Path: r.Path, RawQuery: r.RawQuery, Header: r.Header.Clone(), Body: bytes.Clone(r.Body)}
+		out[i] = Request{Method: r.Method, Path: r.Path, RawQuery: r.RawQuery, Header: r.Header.Clone(), Body: bytes.Clone(r.Body), At: r.At}
 	}
 	return out
 }
