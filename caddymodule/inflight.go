@@ -5,9 +5,11 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"slices"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/caddy-batch/caddy-batch/adaptive"
 	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
@@ -20,10 +22,25 @@ import (
 // The throttles the legacy API asked for are kept with them, so that a
 // batch on the new config waits out a pause a batch on the old one was
 // asked for: both send to the same API.
+//
+// Under max_in_flight auto, the number of slots follows limit, which
+// every sub-request's answer is told to (Observe).
 type pooledSlots struct {
 	*batch.FIFOSlots
 	key       string
 	throttles *batch.Throttles
+	limit     *adaptive.Limit // nil: a fixed max_in_flight
+}
+
+// Observe tells an adaptive limit what one sub-request's answer showed,
+// and moves the slots where it goes.
+func (p *pooledSlots) Observe(latency time.Duration, overloaded bool) {
+	if p.limit == nil {
+		return
+	}
+	if n, changed := p.limit.Observe(latency, p.InFlight(), overloaded); changed {
+		p.SetCap(n)
+	}
 }
 
 func (*pooledSlots) Destruct() error { return nil }
@@ -39,16 +56,23 @@ func (*pooledSlots) Destruct() error { return nil }
 // two bounds add up. Two handlers that list the same resources with the
 // same max_in_flight (two sites in front of one API) share one bound.
 func (h *Handler) provisionSlots() *pooledSlots {
-	key, n := h.slotsKey()
+	key, g := h.slotsKey()
 	v, _, _ := pools.LoadOrNew(key, func() (caddy.Destructor, error) {
-		return &pooledSlots{FIFOSlots: batch.NewFIFOSlots(n), key: key, throttles: batch.NewThrottles(metrics.throttledWait)}, nil
+		p := &pooledSlots{key: key, throttles: batch.NewThrottles(metrics.throttledWait)}
+		if g.AutoInFlight {
+			p.limit = adaptive.New(g.MinInFlight, g.MaxInFlight)
+			p.FIFOSlots = batch.NewFIFOSlots(p.limit.Current())
+		} else {
+			p.FIFOSlots = batch.NewFIFOSlots(g.MaxInFlight)
+		}
+		return p, nil
 	})
 	return v.(*pooledSlots)
 }
 
-// slotsKey names the handler's slots in pools, and says how many there
-// are.
-func (h *Handler) slotsKey() (key string, n int) {
+// slotsKey names the handler's slots in pools, and returns the settings
+// that say how many there are.
+func (h *Handler) slotsKey() (key string, g policy.GatewaySettings) {
 	// buildPolicy has already refused whatever apply could refuse.
 	s, g := policy.Defaults(), policy.GatewayDefaults()
 	_ = h.Options.apply(&s, &g)
@@ -64,5 +88,5 @@ func (h *Handler) slotsKey() (key string, n int) {
 		MinInFlight int      `json:"min,omitempty"`
 	}{paths, g.MaxInFlight, g.AutoInFlight, g.MinInFlight})
 	sum := sha256.Sum256(id)
-	return "batch.max_in_flight." + hex.EncodeToString(sum[:12]), g.MaxInFlight
+	return "batch.max_in_flight." + hex.EncodeToString(sum[:12]), g
 }

@@ -234,6 +234,7 @@ func (l observedLocks) Lock(ctx context.Context, key string) (func(), error) {
 type slotCounter interface {
 	InFlight() int
 	Waiting() int
+	Cap() int
 }
 
 // slotGauges reports the sub-requests in flight and waiting for a slot,
@@ -242,7 +243,7 @@ type slotCounter interface {
 // reload), so each set of slots is counted once however many handlers
 // track it.
 type slotGauges struct {
-	inFlight, waiting *prometheus.Desc
+	inFlight, waiting, limit *prometheus.Desc
 
 	mu      sync.Mutex
 	tracked map[slotCounter]int // how many handlers track each
@@ -254,6 +255,8 @@ func newSlotGauges(ns, sub string) *slotGauges {
 			"Sub-requests of batches holding a slot of max_in_flight.", nil, nil),
 		waiting: prometheus.NewDesc(prometheus.BuildFQName(ns, sub, "subrequests_waiting"),
 			"Sub-requests of batches waiting for a slot of max_in_flight.", nil, nil),
+		limit: prometheus.NewDesc(prometheus.BuildFQName(ns, sub, "in_flight_limit"),
+			"The number of slots of max_in_flight: fixed, or where max_in_flight auto has taken it.", nil, nil),
 		tracked: map[slotCounter]int{},
 	}
 }
@@ -275,6 +278,7 @@ func (g *slotGauges) track(sc slotCounter) (untrack func()) {
 func (g *slotGauges) Describe(ch chan<- *prometheus.Desc) {
 	ch <- g.inFlight
 	ch <- g.waiting
+	ch <- g.limit
 }
 
 func (g *slotGauges) Collect(ch chan<- prometheus.Metric) {
@@ -283,11 +287,13 @@ func (g *slotGauges) Collect(ch chan<- prometheus.Metric) {
 	if len(g.tracked) == 0 {
 		return // no handler bounds its sub-requests: a 0 would be a lie
 	}
-	var inFlight, waiting int
+	var inFlight, waiting, limit int
 	for sc := range g.tracked {
 		inFlight += sc.InFlight()
 		waiting += sc.Waiting()
+		limit += sc.Cap()
 	}
 	ch <- prometheus.MustNewConstMetric(g.inFlight, prometheus.GaugeValue, float64(inFlight))
 	ch <- prometheus.MustNewConstMetric(g.waiting, prometheus.GaugeValue, float64(waiting))
+	ch <- prometheus.MustNewConstMetric(g.limit, prometheus.GaugeValue, float64(limit))
 }
