@@ -17,8 +17,9 @@ import (
 
 // Limit is an adaptive limit between a least and a most. Every request
 // that completes is told to Observe; the limit changes once per window
-// of samples (about one round trip's worth), never per sample, so one
-// slow request moves nothing. It is safe for concurrent use.
+// of samples (twice the limit, at least 16: about two round trips'
+// worth), never per sample, so one slow request moves nothing. It is
+// safe for concurrent use.
 type Limit struct {
 	least, most int
 
@@ -83,7 +84,7 @@ func (l *Limit) Observe(latency time.Duration, inFlight int, overloaded bool) (i
 	w.latencies = append(w.latencies, latency)
 	w.busiest = max(w.busiest, inFlight)
 	w.overloaded = w.overloaded || overloaded
-	if len(w.latencies) < max(int(l.limit), 8) {
+	if len(w.latencies) < max(2*int(l.limit), 16) {
 		return int(l.limit), false
 	}
 	before := int(l.limit)

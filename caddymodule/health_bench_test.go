@@ -79,9 +79,10 @@ func BenchmarkHealthProcess(b *testing.B) {
 	for _, wait := range []string{"0", "5s"} {
 		b.Run("throttled/max_throttle_wait="+wait, func(b *testing.B) {
 			for range b.N {
-				succeeded, undone := throttledStorm(b, client, "http://"+addrs["wait "+wait])
-				b.ReportMetric(succeeded, "succeeded-share")
-				b.ReportMetric(undone, "undone-share")
+				shares := throttledStorm(b, client, "http://"+addrs["wait "+wait])
+				b.ReportMetric(shares["succeeded"], "succeeded-share")
+				b.ReportMetric(shares["failed"], "failed-share")
+				b.ReportMetric(shares["rolled_back"], "undone-share")
 			}
 		})
 	}
@@ -132,9 +133,10 @@ func healthStorm(b *testing.B, client *http.Client, base string) healthFigures {
 }
 
 // throttledStorm sends 20 all-or-nothing batch UPDATEs of 10 items each
-// at once to the throttling API behind base, and returns the shares that
-// succeeded and that were undone.
-func throttledStorm(b *testing.B, client *http.Client, base string) (succeeded, undone float64) {
+// at once to the throttling API behind base, and returns the share of
+// the batches of each outcome: succeeded, failed (nothing written), or
+// rolled_back (undone).
+func throttledStorm(b *testing.B, client *http.Client, base string) map[string]float64 {
 	b.Helper()
 	const batches, items = 20, 10
 	var mu sync.Mutex
@@ -165,5 +167,9 @@ func throttledStorm(b *testing.B, client *http.Client, base string) (succeeded, 
 		})
 	}
 	wg.Wait()
-	return float64(outcomes["succeeded"]) / batches, float64(outcomes["rolled_back"]) / batches
+	shares := map[string]float64{}
+	for outcome, n := range outcomes {
+		shares[outcome] = float64(n) / batches
+	}
+	return shares
 }
