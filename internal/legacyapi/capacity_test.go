@@ -2,25 +2,15 @@ package legacyapi
 
 import (
 	"net/http"
-	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
 )
 
-func serve(t *testing.T, cols ...Collection) (*API, *httptest.Server) {
-	t.Helper()
-	api := NewRecording(cols...)
-	srv := httptest.NewServer(api)
-	t.Cleanup(srv.Close)
-	t.Cleanup(api.Close)
-	return api, srv
-}
-
 // With Workers, a request waits in the queue while every worker is busy,
 // and is served once one comes free.
 func TestWorkersQueue(t *testing.T) {
-	api, srv := serve(t, Collection{Path: "/w", Workers: 1, Seed: []map[string]any{{"id": 1}}})
+	api, srv := startWith(t, Collection{Path: "/w", Workers: 1, Seed: []map[string]any{{"id": 1}}})
 	busy := make(chan struct{})
 	api.Inject(Fault{Path: "/w/1", Until: busy, Times: 1})
 	c := fresh(5 * time.Second)
@@ -55,7 +45,7 @@ func TestWorkersQueue(t *testing.T) {
 // ServiceTime holds a worker that long: two workers serve four requests
 // in no less than two service times.
 func TestServiceTime(t *testing.T) {
-	_, srv := serve(t, Collection{Path: "/w", Workers: 2, ServiceTime: 50 * time.Millisecond, Seed: []map[string]any{{"id": 1}}})
+	_, srv := startWith(t, Collection{Path: "/w", Workers: 2, ServiceTime: 50 * time.Millisecond, Seed: []map[string]any{{"id": 1}}})
 	c := &http.Client{Timeout: 5 * time.Second}
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -76,7 +66,7 @@ func TestServiceTime(t *testing.T) {
 // nothing, and serves again once a token is back; without it nothing is
 // limited.
 func TestRateLimit(t *testing.T) {
-	api, srv := serve(t,
+	api, srv := startWith(t,
 		Collection{Path: "/limited", RateLimit: 20, Burst: 2},
 		Collection{Path: "/free"})
 	c := fresh(5 * time.Second)
