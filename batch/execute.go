@@ -185,15 +185,8 @@ func (sg *saga) answered(ctx context.Context, i int, req *SubRequest, resp *SubR
 			return
 		}
 		it.setAnswer(ans)
-		var held *HeldBack
 		if err != nil {
-			it.Error, it.cause = "the answer's body was cut short", err
-			if errors.As(err, &held) {
-				it.Error = held.Error()
-			}
-			if errors.Is(err, ErrBodyTooLarge) {
-				it.Error = "the answer's body is larger than max_body_size and is left out"
-			}
+			it.Error, it.cause = answerError(err), err
 		}
 		switch {
 		case is2xx(resp.Status):
@@ -251,6 +244,19 @@ func (sg *saga) answered(ctx context.Context, i int, req *SubRequest, resp *SubR
 		sg.lockCreated(ctx, i, id)
 	}
 	return succeeded
+}
+
+// answerError says what is wrong with an answer that came with an
+// error: its body, or that it stands for a request never sent.
+func answerError(err error) string {
+	var held *HeldBack
+	switch {
+	case errors.As(err, &held):
+		return held.Error()
+	case errors.Is(err, ErrBodyTooLarge):
+		return "the answer's body is larger than max_body_size and is left out"
+	}
+	return "the answer's body was cut short"
 }
 
 // recordNoAnswer records a request that got no answer: a timeout (504)

@@ -437,10 +437,7 @@ func (o *Options) set(a optionArgs) (known bool, err error) {
 	case "journal":
 		return true, a.flag(&o.Journal)
 	case "max_in_flight":
-		if len(a.args) > 0 && a.args[0] == "auto" {
-			return true, a.autoInFlight(&o.MaxInFlightAuto)
-		}
-		return true, a.number(&o.MaxInFlight)
+		return true, a.maxInFlight(o)
 	case "max_throttle_wait":
 		return true, a.pause(&o.MaxThrottleWait)
 	case "max_response_size":
@@ -548,6 +545,14 @@ func (a optionArgs) duration(dst *caddy.Duration) error {
 	}
 	*dst = caddy.Duration(dur)
 	return a.limit(int64(dur))
+}
+
+// maxInFlight reads max_in_flight <n>, or max_in_flight auto.
+func (a optionArgs) maxInFlight(o *Options) error {
+	if len(a.args) > 0 && a.args[0] == "auto" {
+		return a.autoInFlight(&o.MaxInFlightAuto)
+	}
+	return a.number(&o.MaxInFlight)
 }
 
 // autoInFlight reads max_in_flight auto [<min> <max>].

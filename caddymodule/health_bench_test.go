@@ -27,6 +27,7 @@ import (
 //     It reports the single GETs' median before the storm (idle-ms) and
 //     during it (storm-ms), their ratio (storm/idle), and the storm's
 //     items a second, for max_in_flight auto and 4, 8, 16, 32 and 64.
+//
 //   - throttled/max_throttle_wait=…: an API that takes 200 requests a
 //     second (a token bucket answering 429 with Retry-After beyond it);
 //     20 all-or-nothing batch UPDATEs of 10 items each at once. It
@@ -34,7 +35,7 @@ import (
 //     max_throttle_wait 0 (the gateway before throttling was honoured)
 //     and the default, 5s.
 //
-//	go test -run '^$' -bench HealthProcess -benchtime 1x ./caddymodule
+//     go test -run '^$' -bench HealthProcess -benchtime 1x ./caddymodule
 func BenchmarkHealthProcess(b *testing.B) {
 	if runtime.GOOS != "linux" {
 		b.Skip("runs cmd/caddy as a process of its own")

@@ -61,9 +61,9 @@ func (a *API) capacityFor(path string) *capacity {
 
 // limit takes a token from the bucket; when there is none it returns
 // the Retry-After to answer: whole seconds until the next token, at
-// least 1.
+// least 1. A nil capacity limits nothing.
 func (cp *capacity) limit(now time.Time) string {
-	if cp.rate <= 0 {
+	if cp == nil || cp.rate <= 0 {
 		return ""
 	}
 	cp.mu.Lock()
@@ -78,6 +78,20 @@ func (cp *capacity) limit(now time.Time) string {
 	}
 	wait := (1 - cp.tokens) / cp.rate
 	return strconv.Itoa(max(1, int(math.Ceil(wait))))
+}
+
+// admit answers 429 with retryAfter, when limit gave one, or serves
+// the request as the workers allow (serve); ok is false when the request
+// was answered, or its client went away. A nil capacity admits all.
+func (cp *capacity) admit(w http.ResponseWriter, r *http.Request, retryAfter string, closed <-chan struct{}) (release func(), ok bool) {
+	switch {
+	case cp == nil:
+		return func() {}, true
+	case retryAfter != "":
+		write(w, r, tooMany(retryAfter))
+		return nil, false
+	}
+	return cp.serve(r.Context(), closed)
 }
 
 // serve waits for a worker, in turn, and holds it for the service time;

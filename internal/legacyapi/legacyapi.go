@@ -845,31 +845,12 @@ func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return a.process(r, path, body)
 	}
 
-	a.mu.Lock()
-	if a.recording {
-		a.log = append(a.log, Request{Method: r.Method, Path: path, RawQuery: r.URL.RawQuery, Header: r.Header.Clone(), Body: bytes.Clone(body), At: time.Now()})
-	}
-	cp := a.capacityFor(path)
-	var retryAfter string
-	if cp != nil {
-		retryAfter = cp.limit(time.Now())
-	}
-	var f *Fault
-	if retryAfter == "" {
-		f = a.takeFault(r.Method, path)
-	}
-	a.mu.Unlock()
-	if retryAfter != "" {
-		write(w, r, tooMany(retryAfter))
+	f, cp, retryAfter := a.receive(r, path, body)
+	release, ok := cp.admit(w, r, retryAfter, a.closed)
+	if !ok {
 		return
 	}
-	if cp != nil {
-		release, ok := cp.serve(r.Context(), a.closed)
-		if !ok {
-			return // the client went away while queued
-		}
-		defer release()
-	}
+	defer release()
 
 	var res response
 	applied := f == nil || f.AfterApply
@@ -900,18 +881,39 @@ func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if ct == "" {
 			ct = "text/html; charset=utf-8"
 		}
-		h := f.Header.Clone()
-		if h == nil {
-			h = http.Header{}
-		}
-		h.Set("Content-Type", ct)
-		write(w, r, response{status: f.Status, header: h, body: []byte(f.Body)})
+		write(w, r, response{status: f.Status, header: f.header(ct), body: []byte(f.Body)})
 	default:
 		if !applied {
 			res = normal()
 		}
 		write(w, r, res)
 	}
+}
+
+// receive logs a request, takes a token of its collection's rate limit
+// (the Retry-After to answer when there is none) and, when it got one,
+// the fault that hits it.
+func (a *API) receive(r *http.Request, path string, body []byte) (f *Fault, cp *capacity, retryAfter string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.recording {
+		a.log = append(a.log, Request{Method: r.Method, Path: path, RawQuery: r.URL.RawQuery, Header: r.Header.Clone(), Body: bytes.Clone(body), At: time.Now()})
+	}
+	cp = a.capacityFor(path)
+	if retryAfter = cp.limit(time.Now()); retryAfter == "" {
+		f = a.takeFault(r.Method, path)
+	}
+	return f, cp, retryAfter
+}
+
+// header is the headers of the fault's answer.
+func (f *Fault) header(contentType string) http.Header {
+	h := f.Header.Clone()
+	if h == nil {
+		h = http.Header{}
+	}
+	h.Set("Content-Type", contentType)
+	return h
 }
 
 // takeFault consumes the first matching fault with hits left. Callers hold mu.
