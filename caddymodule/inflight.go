@@ -74,8 +74,9 @@ func (h *Handler) provisionSlots() *pooledSlots {
 // that say how many there are.
 func (h *Handler) slotsKey() (key string, g policy.GatewaySettings) {
 	// buildPolicy has already refused whatever apply could refuse.
-	s, g := policy.Defaults(), policy.GatewayDefaults()
-	_ = h.Options.apply(&s, &g)
+	l := defaults()
+	_ = h.Options.apply(&l)
+	g = l.GatewaySettings
 	paths := make([]string, len(h.Resources))
 	for i, r := range h.Resources {
 		paths[i] = r.Path
