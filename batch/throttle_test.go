@@ -2,6 +2,7 @@ package batch
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"strings"
 	"sync"
@@ -247,5 +248,37 @@ func TestThrottledListIsSentAgain(t *testing.T) {
 		if c.Path != "/widgets" {
 			t.Errorf("%s sent: a throttled LIST fell back to single GETs", c)
 		}
+	}
+}
+
+// Held requests are released spread over up to a quarter of the pause
+// (at most a second), never before the moment.
+func TestThrottleReleaseIsJittered(t *testing.T) {
+	for _, d := range []time.Duration{0, 100 * time.Millisecond, time.Second, 10 * time.Second} {
+		span := min(d/4, time.Second)
+		seen := map[time.Duration]bool{}
+		for range 200 {
+			j := jitter(d)
+			if j < 0 || (span > 0 && j >= span) || (span == 0 && j != 0) {
+				t.Fatalf("jitter(%s) = %s, want within [0, %s)", d, j, span)
+			}
+			seen[j] = true
+		}
+		if span > 0 && len(seen) < 100 {
+			t.Errorf("jitter(%s) took only %d values in 200 draws: held requests would go together", d, len(seen))
+		}
+	}
+	throttles := NewThrottles(nil)
+	moment := time.Now().Add(200 * time.Millisecond)
+	throttles.hold("ada", "/widgets", throttleHold{until: moment, delay: 200 * time.Millisecond, status: 429, retryAfter: "1"}, time.Now())
+	if err := throttles.wait(context.Background(), "ada", "/widgets"); err != nil || time.Now().Before(moment) {
+		t.Errorf("wait returned %v at %v, before the moment %v", err, time.Now(), moment)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	throttles.hold("bob", "/widgets", throttleHold{until: time.Now().Add(time.Second), delay: time.Second, status: 429, retryAfter: "1"}, time.Now())
+	var held *HeldBack
+	if err := throttles.wait(ctx, "bob", "/widgets"); !errors.As(err, &held) || held.Status != 429 || held.RetryAfter != "1" {
+		t.Errorf("a hold past the deadline: %v, want a HeldBack with 429 and Retry-After 1", err)
 	}
 }
