@@ -91,6 +91,9 @@ type intent struct {
 	Started time.Time `json:"started"`
 	Origin
 	Snapshot *batch.Snapshot `json:"snapshot"`
+	// Revived marks the journal of an operator's retry of a kept saga:
+	// its end removes the kept copy, or keeps it again.
+	Revived bool `json:"revived,omitempty"`
 }
 
 // Origin is where a saga's batch came from, as the caller (the gateway)
@@ -109,6 +112,11 @@ type Origin struct {
 	Host       string `json:"host"`
 	RemoteAddr string `json:"remote_addr,omitempty"`
 	TLS        bool   `json:"tls,omitempty"`
+	// Resource names the batch's resource, as its log line does, and
+	// ScopeQuery the query parameters whose values are shown redacted
+	// wherever the saga's URI is shown (docs/durability.md, "Kept sagas").
+	Resource   string   `json:"resource,omitempty"`
+	ScopeQuery []string `json:"scope_query,omitempty"`
 }
 
 // Lease is an owner's claim on a saga, renewed while the saga runs.
@@ -218,6 +226,8 @@ type Journal struct {
 	leaseUntil time.Time
 	// release stops the renewal of the saga's lease.
 	release func()
+	// revived: see intent.Revived.
+	revived bool
 }
 
 // New is the journal of a batch that came from origin.
@@ -338,8 +348,9 @@ func (j *Journal) keepAgain(items []itemRecord) {
 	}
 }
 
-// End removes the journal: the saga is over, whatever its outcome.
-func (j *Journal) End(ctx context.Context, _ *batch.Result) {
+// End removes the journal: the saga is over, whatever its outcome. A
+// saga that left items behind is kept first (keepOrForget).
+func (j *Journal) End(ctx context.Context, res *batch.Result) {
 	j.stopRenewal()
 	j.mu.Lock()
 	stored := j.stored
@@ -347,6 +358,14 @@ func (j *Journal) End(ctx context.Context, _ *batch.Result) {
 	defer owned.done()
 	if !stored {
 		owned.forget(j.saga)
+		return
+	}
+	if err := j.keepOrForget(ctx, res); err != nil {
+		// Never both lost: the journal and its lease stay until the
+		// kept copy is stored.
+		j.js.logger.Error("the saga that left items behind could not be kept in storage; its journal stays, and keeping it is retried while this process runs",
+			zap.String("saga", j.saga), zap.Error(err))
+		go j.keepLater(res)
 		return
 	}
 	if err := j.remove(ctx); err != nil {
