@@ -118,6 +118,7 @@ func (a *App) Start() error {
 		close(a.stopped)
 		return nil
 	}
+	operated.Store(a)
 	go a.recoverLoop()
 	return nil
 }
@@ -128,6 +129,7 @@ func (a *App) Stop() error {
 	if a.stop == nil {
 		return nil
 	}
+	operated.CompareAndSwap(a, nil)
 	close(a.stop)
 	<-a.stopped
 	return nil

@@ -275,7 +275,9 @@ func (h *Handler) serveBatch(w http.ResponseWriter, r *http.Request, sc scope, o
 		return err
 	}
 	send := newSubrequests(r, obs.chain(next), sc.settings.MaxBodySize)
-	result := batch.Run(r.Context(), plan, batch.Runtime{Send: send, Locks: obs.locks(sc.locks), Slots: h.slots, Journal: h.journalFor(r, sc, plan)})
+	journal := h.journalFor(r, sc, plan)
+	obs.saga = sagaOf(journal)
+	result := batch.Run(r.Context(), plan, batch.Runtime{Send: send, Locks: obs.locks(sc.locks), Slots: h.slots, Journal: journal})
 	obs.finished(plan, result)
 	return keyed.write(w, result)
 }

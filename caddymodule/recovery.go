@@ -40,6 +40,7 @@ func (a *App) recoverLoop() {
 			a.logger.Warn("listing saga journals in storage", zap.Error(err))
 		}
 		a.sweepIdempotency(ctx)
+		a.countSagas(ctx)
 		select {
 		case <-ctx.Done():
 			return
@@ -104,7 +105,7 @@ func (a *App) logRecovered(r *durable.Recovered, res *batch.Result, took time.Du
 		zap.Int("compensations", res.Compensations),
 		zap.Duration("duration", took),
 	}
-	ce.Write(append(fields, outcomeFields(res)...)...)
+	ce.Write(append(fields, outcomeFields(res, r.Saga)...)...)
 }
 
 // failedOnce logs that a saga could not be taken over or finished, once
@@ -115,6 +116,9 @@ func (a *App) failedOnce(saga, doing string, err error) {
 	seen := a.state.failed[saga] == why
 	a.state.failed[saga] = why
 	a.state.mu.Unlock()
+	if doing == "finishing the saga" || doing == "reading the saga's journal" {
+		a.journals.MarkStuck(context.Background(), saga, why)
+	}
 	if !seen {
 		a.logger.Error("a saga whose gateway died could not be finished; it stays in storage and is tried again",
 			zap.String("saga", saga), zap.String("while", doing), zap.Error(err))
@@ -126,6 +130,11 @@ func (a *App) failedOnce(saga, doing string, err error) {
 type recovery struct {
 	snap    *batch.Snapshot
 	journal batch.Journal
+	// prev, for an operator's retry of a kept saga, are its items as the
+	// saga answered them: what it left behind is undone again
+	// (batch.Retry), and the Idempotency-Key's answer stays the first.
+	prev    []batch.ItemResult
+	retry   bool
 	reached bool // a batch handler serving the saga's resource took it
 	res     *batch.Result
 	err     error
@@ -220,6 +229,10 @@ func (h *Handler) resume(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		Locks:   sc.locks,
 		Journal: job.journal,
 		Slots:   h.slots,
+	}
+	if job.retry {
+		job.res, job.err = batch.Retry(r.Context(), job.snap, job.prev, h.policy.Lookup, h.envelope, rt)
+		return nil
 	}
 	job.res, job.err = batch.Resume(r.Context(), job.snap, h.policy.Lookup, h.envelope, rt)
 	if job.err == nil {
