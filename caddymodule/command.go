@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -47,14 +46,11 @@ items are still left behind.`,
 // exitLeftBehind is the exit status of a retry that left items behind.
 const exitLeftBehind = 3
 
-// cliOut is where the commands write; tests read it.
-var cliOut io.Writer = os.Stdout
-
 func sagaCommands() []*cobra.Command {
 	defs := []struct {
 		use, short string
 		args       int
-		run        func(caddycmd.Flags, string) (int, error)
+		run        func(fl caddycmd.Flags, id string, w io.Writer) (int, error)
 		flags      func(*pflag.FlagSet)
 	}{
 		{"sagas", "Lists the sagas, newest first", 0, cmdSagas, func(fs *pflag.FlagSet) {
@@ -78,7 +74,7 @@ func sagaCommands() []*cobra.Command {
 			d.flags(c.Flags())
 		}
 		c.RunE = caddycmd.WrapCommandFuncForCobra(func(fl caddycmd.Flags) (int, error) {
-			return d.run(fl, fl.Arg(0))
+			return d.run(fl, fl.Arg(0), c.OutOrStdout())
 		})
 		out = append(out, c)
 	}
@@ -94,7 +90,7 @@ func adminFlags(fs *pflag.FlagSet) {
 	fs.Bool("json", false, "print the admin API's JSON answer")
 }
 
-func cmdSagas(fl caddycmd.Flags, _ string) (int, error) {
+func cmdSagas(fl caddycmd.Flags, _ string, w io.Writer) (int, error) {
 	q := url.Values{}
 	if s := fl.String("state"); s != "" {
 		q.Set("state", s)
@@ -110,27 +106,27 @@ func cmdSagas(fl caddycmd.Flags, _ string) (int, error) {
 		uri += "?" + q.Encode()
 	}
 	var list []durable.Summary
-	if code, err := adminCall(fl, http.MethodGet, uri, nil, &list); err != nil {
+	if code, err := adminCall(fl, w, http.MethodGet, uri, nil, &list); err != nil {
 		return code, err
 	}
 	if !fl.Bool("json") {
-		printSagas(list)
+		printSagas(w, list)
 	}
 	return caddy.ExitCodeSuccess, nil
 }
 
-func cmdSaga(fl caddycmd.Flags, id string) (int, error) {
+func cmdSaga(fl caddycmd.Flags, id string, w io.Writer) (int, error) {
 	var v durable.SagaView
-	if code, err := adminCall(fl, http.MethodGet, "/batch/sagas/"+url.PathEscape(id), nil, &v); err != nil {
+	if code, err := adminCall(fl, w, http.MethodGet, "/batch/sagas/"+url.PathEscape(id), nil, &v); err != nil {
 		return code, err
 	}
 	if !fl.Bool("json") {
-		printSaga(&v)
+		printSaga(w, &v)
 	}
 	return caddy.ExitCodeSuccess, nil
 }
 
-func cmdRetry(fl caddycmd.Flags, id string) (int, error) {
+func cmdRetry(fl caddycmd.Flags, id string, w io.Writer) (int, error) {
 	headers, _ := fl.GetStringArray("header")
 	body := retryBody{Headers: map[string]string{}}
 	for _, h := range headers {
@@ -141,11 +137,11 @@ func cmdRetry(fl caddycmd.Flags, id string) (int, error) {
 		body.Headers[strings.TrimSpace(name)] = strings.TrimSpace(value)
 	}
 	var v durable.SagaView
-	if code, err := adminCall(fl, http.MethodPost, "/batch/sagas/"+url.PathEscape(id)+"/retry", body, &v); err != nil {
+	if code, err := adminCall(fl, w, http.MethodPost, "/batch/sagas/"+url.PathEscape(id)+"/retry", body, &v); err != nil {
 		return code, err
 	}
 	if !fl.Bool("json") {
-		printSaga(&v)
+		printSaga(w, &v)
 	}
 	if v.State == durable.StateLeftBehind {
 		return exitLeftBehind, nil
@@ -153,17 +149,17 @@ func cmdRetry(fl caddycmd.Flags, id string) (int, error) {
 	return caddy.ExitCodeSuccess, nil
 }
 
-func cmdResolve(fl caddycmd.Flags, id string) (int, error) {
+func cmdResolve(fl caddycmd.Flags, id string, w io.Writer) (int, error) {
 	reason := fl.String("reason")
 	if strings.TrimSpace(reason) == "" {
 		return caddy.ExitCodeFailedStartup, errors.New(`resolve needs --reason "what was done", for the audit line`)
 	}
 	var v durable.SagaView
-	if code, err := adminCall(fl, http.MethodPost, "/batch/sagas/"+url.PathEscape(id)+"/resolve", resolveBody{Reason: reason}, &v); err != nil {
+	if code, err := adminCall(fl, w, http.MethodPost, "/batch/sagas/"+url.PathEscape(id)+"/resolve", resolveBody{Reason: reason}, &v); err != nil {
 		return code, err
 	}
 	if !fl.Bool("json") {
-		fmt.Fprintf(cliOut, "resolved %s (%d items, %d left behind)\n", v.ID, len(v.Items), len(v.LeftBehind))
+		fmt.Fprintf(w, "resolved %s (%d items, %d left behind)\n", v.ID, len(v.Items), len(v.LeftBehind))
 	}
 	return caddy.ExitCodeSuccess, nil
 }
@@ -171,7 +167,7 @@ func cmdResolve(fl caddycmd.Flags, id string) (int, error) {
 // adminCall sends a request to the admin endpoint and decodes its JSON
 // answer into v; with --json it prints the answer as it came. A refusal
 // is an error with the problem's detail.
-func adminCall(fl caddycmd.Flags, method, uri string, body, v any) (int, error) {
+func adminCall(fl caddycmd.Flags, w io.Writer, method, uri string, body, v any) (int, error) {
 	config, file, err := configToRead(fl)
 	if err != nil {
 		return caddy.ExitCodeFailedStartup, err
@@ -198,7 +194,7 @@ func adminCall(fl caddycmd.Flags, method, uri string, body, v any) (int, error) 
 		return caddy.ExitCodeFailedStartup, fmt.Errorf("reading the answer of %s %s: %v", method, uri, err)
 	}
 	if fl.Bool("json") {
-		_, _ = cliOut.Write(raw)
+		_, _ = w.Write(raw)
 	}
 	return caddy.ExitCodeSuccess, nil
 }
@@ -229,27 +225,27 @@ func problemDetail(err error) string {
 	return fmt.Sprintf("%d: %s", p.Status, p.Detail)
 }
 
-func printSagas(list []durable.Summary) {
+func printSagas(w io.Writer, list []durable.Summary) {
 	if len(list) == 0 {
-		fmt.Fprintln(cliOut, "no sagas")
+		fmt.Fprintln(w, "no sagas")
 		return
 	}
-	tw := tabwriter.NewWriter(cliOut, 0, 4, 2, ' ', 0)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tSTATE\tSTARTED\tREQUEST\tITEMS\tLEFT\tREASON")
 	for _, s := range list {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s %s\t%d\t%d\t%s\n", s.ID, s.State, s.Started.Local().Format(time.DateTime),
-			s.Method, s.URI, s.Items, s.LeftBehind, cut(s.Reason, 80))
+			s.Method, s.URI, s.Items, s.LeftBehind, s.Reason)
 	}
 	_ = tw.Flush()
 }
 
-func printSaga(v *durable.SagaView) {
-	fmt.Fprintf(cliOut, "saga     %s\nstate    %s\nrequest  %s %s (host %s, server %s, client %s)\nstarted  %s\n",
-		v.ID, v.State, v.Method, v.URI, v.Host, v.Server, v.ClientAddress, v.Started.Local().Format(time.DateTime))
+func printSaga(w io.Writer, v *durable.SagaView) {
+	fmt.Fprintf(w, "saga     %s\nstate    %s\nrequest  %s %s (host %s, server %s)\nstarted  %s\n",
+		v.ID, v.State, v.Method, v.URI, v.Host, v.Server, v.Started.Local().Format(time.DateTime))
 	if v.Reason != "" {
-		fmt.Fprintf(cliOut, "reason   %s\n", v.Reason)
+		fmt.Fprintf(w, "reason   %s\n", v.Reason)
 	}
-	tw := tabwriter.NewWriter(cliOut, 0, 4, 2, ' ', 0)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "\nITEM\tID\tOUTCOME\tWHY LEFT\tPRE-IMAGE")
 	for _, it := range v.Items {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", it.Index, it.ID, it.Outcome, cut(it.Reason, 80), cut(string(it.Preimage), 60))
