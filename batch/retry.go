@@ -14,7 +14,10 @@ import (
 // what already rolled back stays so. Every undo is proved first, as in
 // the saga itself. An item whose POST restore re-created it under
 // another id (Compensation.CreatedID) is never sent again: that would
-// make a duplicate. rt.Journal records it all, as Resume's does.
+// make a duplicate. A saga that never ended (prev nil: a journal
+// recovery could not finish) is finished as Resume finishes it, except
+// that the undos not yet sent are computed under the current settings
+// too. rt.Journal records it all, as Resume's does.
 func Retry(ctx context.Context, snap *Snapshot, prev []ItemResult, lookup func(path string) (policy.Match, bool), env *Envelope, rt Runtime) (*Result, error) {
 	return resume(ctx, snap, lookup, env, rt, func(sg *saga) {
 		for i := range sg.items {
@@ -30,10 +33,19 @@ func Retry(ctx context.Context, snap *Snapshot, prev []ItemResult, lookup func(p
 // reopen makes item i, if it was left behind, one to undo again: its
 // undo computed under the current settings, or, where none could be
 // computed because what its write did was never learned, its outcome
-// unknown again, to be learned by a new read.
+// unknown again, to be learned by a new read. An item still to undo
+// gets its undo under the current settings, unless it may have been
+// sent already (PhaseUndoing: the recorded one is what is proved).
 func (sg *saga) reopen(i int) {
 	it, st := &sg.items[i], &sg.state[i]
-	if it.Outcome != RollbackFailed || !st.applied {
+	if !st.applied {
+		return
+	}
+	if !sg.undone(i) && st.undo != nil && st.phase != PhaseUndoing {
+		st.undo = sg.undoAgain(i, st)
+		return
+	}
+	if it.Outcome != RollbackFailed {
 		return
 	}
 	if c := it.Compensation; c != nil && c.CreatedID != "" {

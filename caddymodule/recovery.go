@@ -130,9 +130,9 @@ func (a *App) failedOnce(saga, doing string, err error) {
 type recovery struct {
 	snap    *batch.Snapshot
 	journal batch.Journal
-	// prev, for an operator's retry of a kept saga, are its items as the
-	// saga answered them: what it left behind is undone again
-	// (batch.Retry), and the Idempotency-Key's answer stays the first.
+	// retry is an operator's (batch.Retry: undos under the current
+	// config); prev, for a kept saga, are its items as the saga answered
+	// them, whose Idempotency-Key answer stays the first.
 	prev    []batch.ItemResult
 	retry   bool
 	reached bool // a batch handler serving the saga's resource took it
@@ -232,10 +232,10 @@ func (h *Handler) resume(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	}
 	if job.retry {
 		job.res, job.err = batch.Retry(r.Context(), job.snap, job.prev, h.policy.Lookup, h.envelope, rt)
-		return nil
+	} else {
+		job.res, job.err = batch.Resume(r.Context(), job.snap, h.policy.Lookup, h.envelope, rt)
 	}
-	job.res, job.err = batch.Resume(r.Context(), job.snap, h.policy.Lookup, h.envelope, rt)
-	if job.err == nil {
+	if job.err == nil && job.prev == nil {
 		h.idem.settleRecovered(r.Context(), sc, job.snap, job.res)
 	}
 	return nil

@@ -54,7 +54,7 @@ func (a *App) retrySaga(ctx context.Context, saga string, header http.Header, ca
 	if err != nil {
 		return nil, err
 	}
-	job := &recovery{snap: rv.Snapshot, journal: rv.Journal, prev: rv.Prev, retry: rv.Prev != nil}
+	job := &recovery{snap: rv.Snapshot, journal: rv.Journal, prev: rv.Prev, retry: true}
 	err = a.probe(rv.Origin, job)
 	if err == nil {
 		err = job.err
