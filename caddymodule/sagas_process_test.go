@@ -13,14 +13,19 @@ import (
 
 // operatedConfig is the Caddyfile of a gateway process at addr, with its
 // admin endpoint at admin, in front of upstream, keeping its storage in
-// dir; resource is the widgets' resource block (or another resource's).
+// dir (a folder, or a whole storage option); resource is the widgets'
+// resource block (or another resource's).
 func operatedConfig(addr, admin, upstream, dir, lease, resource string) string {
+	storage := dir
+	if !strings.HasPrefix(dir, "storage ") {
+		storage = "storage file_system " + dir
+	}
 	return fmt.Sprintf(`{
 	admin %[2]s
 	persist_config off
 	auto_https off
 	grace_period 1s
-	storage file_system %[4]s
+	%[4]s
 	batch {
 		lease %[5]s
 		recovery_interval 250ms
@@ -39,7 +44,7 @@ http://%[1]s {
 	}
 	reverse_proxy %[3]s
 }
-`, addr, admin, upstream, dir, lease, resource)
+`, addr, admin, upstream, storage, lease, resource)
 }
 
 func widgetsResource(restore string) string {
@@ -159,5 +164,62 @@ func loadConfig(t *testing.T, g *gateway, caddyfile string) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 {
 		t.Fatalf("loading the config: %d", resp.StatusCode)
+	}
+}
+
+// TestSagaClusterOperations: two instances sharing a Redis storage; a
+// saga one left behind is listed, retried and resolved through the
+// other's admin endpoint, and of two retries at once (one on each
+// instance) one runs and the other is 409.
+func TestSagaClusterOperations(t *testing.T) {
+	bin := caddyBinary(t)
+	api := seededAPI()
+	upstream := newUpstream(t, api)
+	host, port, prefix := redisServer(t)
+	storage := redisOption(host, port, prefix)
+	addrA, adminA, addrB, adminB := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
+	startCaddyProcess(t, bin, operatedConfig(addrA, adminA, upstream, storage, "30s", widgetsResource("put")), addrA)
+	startCaddyProcess(t, bin, operatedConfig(addrB, adminB, upstream, storage, "30s", widgetsResource("put")), addrB)
+	a, b := processAdmin(adminA), processAdmin(adminB)
+
+	api.Inject(legacyapi.Fault{Method: "DELETE", Path: "/api/widgets/18", Status: 500, Body: htmlError})
+	resp, err := http.Post("http://"+addrA+"/api/widgets?ids=17,18&_method=DELETE", "application/json", nil)
+	if err != nil || resp.StatusCode != 500 {
+		t.Fatalf("the batch on A: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	api.ClearFaults()
+	list := listSagas(t, b, "")
+	if len(list) != 1 || list[0].State != "left_behind" {
+		t.Fatalf("B lists %+v, want A's saga left behind", list)
+	}
+	saga := list[0].ID
+
+	// A retry on A holds at the API's PUT; one on B meanwhile is 409.
+	held, release := heldUntilReleased(legacyapi.Fault{Method: "PUT", Path: "/api/widgets/17", Status: 404, Body: htmlError})
+	api.Inject(held)
+	first := make(chan response, 1)
+	go func() { first <- a.adminDo(t, "POST", "/batch/sagas/"+saga+"/retry", nil) }()
+	eventually(t, 30*time.Second, "A's retry at the API", func() bool { return api.InFlight() == 1 })
+	if r := b.adminDo(t, "POST", "/batch/sagas/"+saga+"/retry", nil); r.Status != 409 || !strings.Contains(string(r.Body), "saga-running") {
+		t.Errorf("a retry on B while A's runs: %s, want 409 saga-running", r)
+	}
+	if got := listSagas(t, b, ""); len(got) != 1 || got[0].State != "running" {
+		t.Errorf("B lists %+v while A retries, want it running", got)
+	}
+	release()
+	if s := decodeSaga(t, <-first, 200); s.State != "left_behind" {
+		t.Errorf("A's retry: %+v", s)
+	}
+	api.ClearFaults()
+
+	if s := decodeSaga(t, b.adminDo(t, "POST", "/batch/sagas/"+saga+"/retry", nil), 200); s.State != "left_behind" || s.Items[0].Reason == "" {
+		t.Errorf("B's retry: %+v", s)
+	}
+	if s := decodeSaga(t, b.adminDo(t, "POST", "/batch/sagas/"+saga+"/resolve", map[string]any{"reason": "restored by hand"}), 200); s.State != "resolved" {
+		t.Errorf("B's resolve: %+v", s)
+	}
+	if got := listSagas(t, a, ""); len(got) != 0 {
+		t.Errorf("A lists %+v after B resolved it", got)
 	}
 }

@@ -35,6 +35,7 @@ func (js *Journals) ListSagas(ctx context.Context, q SagaQuery) ([]Summary, erro
 		return nil, err
 	}
 	out := []Summary{}
+	live := map[string]bool{} // the journals that are sagas
 	for _, saga := range journals {
 		s, err := js.journalSummary(ctx, saga)
 		if errors.Is(err, errNoIntent) {
@@ -44,13 +45,14 @@ func (js *Journals) ListSagas(ctx context.Context, q SagaQuery) ([]Summary, erro
 			return nil, err
 		}
 		out = append(out, s)
+		live[saga] = true
 	}
 	kept, err := js.keptSagas(ctx)
 	if err != nil {
 		return nil, err
 	}
 	for _, saga := range kept {
-		if slices.Contains(journals, saga) {
+		if live[saga] {
 			continue
 		}
 		s, err := js.keptSummary(ctx, saga)
@@ -101,9 +103,11 @@ func (js *Journals) CountSagas(ctx context.Context) (map[string]int, error) {
 	if err != nil {
 		return nil, err
 	}
+	live := map[string]bool{}
 	for _, saga := range journals {
 		if s, err := js.journalSummary(ctx, saga); err == nil {
 			counts[s.State]++
+			live[saga] = true
 		}
 	}
 	kept, err := js.keptSagas(ctx)
@@ -111,7 +115,7 @@ func (js *Journals) CountSagas(ctx context.Context) (map[string]int, error) {
 		return nil, err
 	}
 	for _, saga := range kept {
-		if !slices.Contains(journals, saga) {
+		if !live[saga] {
 			counts[StateLeftBehind]++
 		}
 	}
