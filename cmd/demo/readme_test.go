@@ -51,7 +51,7 @@ func TestReadmeSession(t *testing.T) {
 
 // startDemo serves Caddyfile.example as the demo does, on free ports
 // (the admin endpoint's included).
-func startDemo(t *testing.T) *demo {
+func startDemo(t testing.TB) *demo {
 	raw, err := os.ReadFile("../../Caddyfile.example")
 	if err != nil {
 		t.Fatal(err)
@@ -87,7 +87,7 @@ func startDemo(t *testing.T) *demo {
 	return d
 }
 
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
