@@ -51,6 +51,9 @@ func (g *gateway) adminDo(t testing.TB, method, path string, body any) response 
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A config load restarts the admin endpoint, closing kept-alive
+	// connections under the client: each request has its own.
+	req.Close = true
 	resp, err := g.client.Do(req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, path, err)
