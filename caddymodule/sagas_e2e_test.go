@@ -6,7 +6,6 @@ import (
 	"io"
 	"io/fs"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,15 +19,10 @@ import (
 
 // startAdminGateway is startGateway with Caddy's admin endpoint on, at a
 // free loopback port, and the storage in a folder of the test's own.
-func startAdminGateway(t testing.TB, api *legacyapi.API, site string) *gateway {
+func startAdminGateway(t *testing.T, api *legacyapi.API, site string) *gateway {
 	t.Helper()
-	upstream := httptest.NewServer(api)
-	t.Cleanup(func() {
-		api.Close()
-		upstream.Close()
-	})
 	g := &gateway{API: api, client: &http.Client{Timeout: 60 * time.Second}, addr: freeAddr(t),
-		upstream: upstream.Listener.Addr().String(), storage: "storage file_system " + t.TempDir(), admin: freeAddr(t)}
+		upstream: newUpstream(t, api), storage: "storage file_system " + t.TempDir(), admin: freeAddr(t)}
 	g.start(t, site)
 	return g
 }

@@ -466,26 +466,7 @@ var errNoIntent = errors.New("the journal has no intent (segment 0)")
 
 // sagas lists the sagas that have a journal in storage.
 func (js *Journals) sagas(ctx context.Context) ([]string, error) {
-	keys, err := js.storage.List(ctx, journalPrefix, false)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for _, k := range keys {
-		// A storage may list keys under the prefix, or its "directories".
-		rest, ok := strings.CutPrefix(k, journalPrefix+"/")
-		if !ok {
-			continue
-		}
-		saga, _, _ := strings.Cut(rest, "/")
-		if saga != "" && !slices.Contains(out, saga) {
-			out = append(out, saga)
-		}
-	}
-	return out, nil
+	return js.sagasUnder(ctx, journalPrefix)
 }
 
 // leaseOf returns who holds saga and until when: the lease key if it was

@@ -124,7 +124,12 @@ func (js *Journals) CountSagas(ctx context.Context) (map[string]int, error) {
 
 // keptSagas names the kept sagas.
 func (js *Journals) keptSagas(ctx context.Context) ([]string, error) {
-	keys, err := js.storage.List(ctx, sagasPrefix, false)
+	return js.sagasUnder(ctx, sagasPrefix)
+}
+
+// sagasUnder names the sagas that have a folder under prefix.
+func (js *Journals) sagasUnder(ctx context.Context, prefix string) ([]string, error) {
+	keys, err := js.storage.List(ctx, prefix, false)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
@@ -133,7 +138,8 @@ func (js *Journals) keptSagas(ctx context.Context) ([]string, error) {
 	}
 	var out []string
 	for _, k := range keys {
-		rest, ok := strings.CutPrefix(k, sagasPrefix+"/")
+		// A storage may list keys under the prefix, or its "directories".
+		rest, ok := strings.CutPrefix(k, prefix+"/")
 		if !ok {
 			continue
 		}

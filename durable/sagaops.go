@@ -37,37 +37,37 @@ type Revival struct {
 // and a second retry, on any instance, finds it running. ErrUnknownSaga
 // if there is no such saga, ErrSagaRunning if a process runs it.
 func (js *Journals) Revive(ctx context.Context, saga string, header http.Header) (*Revival, error) {
-	unlock, ok := js.lock(ctx, saga, nil)
-	if !ok {
-		return nil, ErrSagaRunning
+	unlock, err := js.hold(ctx, saga)
+	if unlock == nil {
+		return nil, err
 	}
 	defer unlock()
-	_, state, _, err := js.journalState(ctx, saga)
-	switch {
-	case err == nil && state == StateRunning:
-		return nil, ErrSagaRunning
-	case err == nil:
-		l, err := js.leaseOf(ctx, saga)
-		if err != nil {
-			return nil, err
-		}
-		r, _, err := js.claim(ctx, saga, l)
-		if errors.Is(err, errOwned) {
-			return nil, ErrSagaRunning
-		}
-		if err != nil {
-			return nil, err
-		}
-		r.Snapshot.Header = withHeaders(r.Snapshot.Header, header)
-		return &Revival{Recovered: r}, nil
-	case !errors.Is(err, errNoIntent):
-		return nil, err
+	if err == nil {
+		return js.reviveJournal(ctx, saga, header)
 	}
 	k, err := js.loadKept(ctx, saga)
 	if err != nil {
 		return nil, err
 	}
 	return js.revive(ctx, k, header)
+}
+
+// reviveJournal claims a journal that no process runs (stuck or
+// orphaned) for a retry now.
+func (js *Journals) reviveJournal(ctx context.Context, saga string, header http.Header) (*Revival, error) {
+	l, err := js.leaseOf(ctx, saga)
+	if err != nil {
+		return nil, err
+	}
+	r, _, err := js.claim(ctx, saga, l)
+	if errors.Is(err, errOwned) {
+		return nil, ErrSagaRunning
+	}
+	if err != nil {
+		return nil, err
+	}
+	r.Snapshot.Header = withHeaders(r.Snapshot.Header, header)
+	return &Revival{Recovered: r}, nil
 }
 
 // revive stores a kept saga's journal again, as a batch's first segment
@@ -129,29 +129,44 @@ func (rv *Revival) GiveUp(ctx context.Context, why string) {
 // stuck or orphaned. ErrUnknownSaga if there is no such saga,
 // ErrSagaRunning if a process runs it.
 func (js *Journals) Resolve(ctx context.Context, saga string) (*SagaView, error) {
-	unlock, ok := js.lock(ctx, saga, nil)
-	if !ok {
-		return nil, ErrSagaRunning
+	unlock, err := js.hold(ctx, saga)
+	if unlock == nil {
+		return nil, err
 	}
 	defer unlock()
-	_, state, _, err := js.journalState(ctx, saga)
-	switch {
-	case err == nil && state == StateRunning:
-		return nil, ErrSagaRunning
-	case err == nil:
+	if err == nil {
 		v, err := js.Saga(ctx, saga)
 		if err != nil {
 			return nil, err
 		}
 		return v, js.dropJournal(ctx, saga)
-	case !errors.Is(err, errNoIntent):
-		return nil, err
 	}
 	k, err := js.loadKept(ctx, saga)
 	if err != nil {
 		return nil, err
 	}
 	return k.view(), js.removeKept(ctx, saga)
+}
+
+// hold takes the storage lock under which saga is claimed, for an
+// operator's action on it, and tells whether it is a journal that no
+// process runs (nil), no journal (errNoIntent), or something the action
+// must not touch: then unlock is nil, and the error ErrSagaRunning
+// where a process runs it.
+func (js *Journals) hold(ctx context.Context, saga string) (unlock func(), err error) {
+	unlock, ok := js.lock(ctx, saga, nil)
+	if !ok {
+		return nil, ErrSagaRunning
+	}
+	_, state, _, err := js.journalState(ctx, saga)
+	switch {
+	case err == nil && state == StateRunning:
+		err = ErrSagaRunning
+	case err == nil || errors.Is(err, errNoIntent):
+		return unlock, err
+	}
+	unlock()
+	return nil, err
 }
 
 // dropJournal removes a journal that no process runs, key by key, its
