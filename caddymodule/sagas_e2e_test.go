@@ -199,6 +199,9 @@ func TestSagaLeftBehindIsOperated(t *testing.T) {
 	if _, ok := api.Item("/api/widgets", "17"); ok {
 		t.Fatal("widget 17 was put back while the cause persisted")
 	}
+	if n := sagasGauge("left_behind"); n != 1 {
+		t.Errorf("caddy_http_batch_sagas{state=left_behind} is %v after a retry that left the saga, want 1", n)
+	}
 
 	g.reload(t, operatedSite("post"))
 	before := sagaActions("retry", "resolved")
@@ -214,6 +217,9 @@ func TestSagaLeftBehindIsOperated(t *testing.T) {
 	}
 	if got := listSagas(t, g, ""); len(got) != 0 {
 		t.Errorf("sagas left: %+v", got)
+	}
+	if n := sagasGauge("left_behind"); n != 0 {
+		t.Errorf("caddy_http_batch_sagas{state=left_behind} is %v once the saga is resolved, want 0", n)
 	}
 	if r := g.adminDo(t, "GET", "/batch/sagas/"+saga, nil); r.Status != 404 || r.Header.Get("Content-Type") != "application/problem+json" {
 		t.Errorf("a resolved saga: %s, want a 404 problem", r)
@@ -305,6 +311,13 @@ func sagaActions(action, result string) float64 {
 	var m dto.Metric
 	_ = metrics.sagaActions.WithLabelValues(action, result).Write(&m)
 	return m.GetCounter().GetValue()
+}
+
+// sagasGauge reads the sagas gauge of a state.
+func sagasGauge(state string) float64 {
+	var m dto.Metric
+	_ = metrics.sagas.WithLabelValues(state).Write(&m)
+	return m.GetGauge().GetValue()
 }
 
 func fmtvalue(v any) string {
