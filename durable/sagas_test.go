@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -423,5 +424,49 @@ func TestScanReadsNoKeptSaga(t *testing.T) {
 	counts, _ := js.CountSagas(ctx)
 	if counts[StateLeftBehind] != 1000 || s.reads != 1 {
 		t.Errorf("counted %v with %d reads of kept sagas; want 1000 from one listing", counts, s.reads)
+	}
+}
+
+// goldenKeptSaga is the kept saga under testdata/kept-v1 (kept-saga
+// format 1): an all-or-nothing DELETE of widgets 1 and 2 in tenant acme
+// (string ids), whose second DELETE failed and whose first could not be
+// put back by a PUT (the API cannot create by PUT); the client sent
+// Authorization: Bearer client-secret, erased from what was kept. Never
+// regenerated: later builds must list, show and retry what an older
+// instance kept.
+const goldenKeptSaga = "859c533d87c33c77a93ae0dc5d000c92"
+
+// The golden journals and kept saga side by side: the live journal is
+// running, the dead one orphaned, the kept saga left behind; the kept
+// saga is shown with widget 1's pre-image and no credential, and a
+// retry under restore_deleted post finishes it.
+func TestGoldenSagasListedShownRetried(t *testing.T) {
+	s := storedFrom(t, goldenDir, "testdata/kept-v1")
+	js := NewJournals(s, NewLeases(time.Minute), zap.NewNop())
+	ctx := context.Background()
+	list, err := js.ListSagas(ctx, SagaQuery{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	states := map[string]string{}
+	for _, s := range list {
+		states[s.ID] = s.State
+	}
+	want := map[string]string{goldenLiveSaga: StateRunning, goldenDeadSaga: StateOrphaned, goldenKeptSaga: StateLeftBehind}
+	if !reflect.DeepEqual(states, want) {
+		t.Errorf("states %v, want %v", states, want)
+	}
+	v, err := js.Saga(ctx, goldenKeptSaga)
+	if err != nil || v.Items[0].ID != "1" || !strings.Contains(string(v.Items[0].Preimage), "p1@example.com") ||
+		v.Headers["Authorization"] != "[redacted]" || v.URI != "/widgets?ids=1,2&tenant=[redacted]" {
+		t.Fatalf("the golden kept saga: %+v, %v", v, err)
+	}
+	api := newRailsAPI("2")
+	api.postKeepsIDs = true
+	if res := retry(t, js, goldenKeptSaga, widgetsRestoring(t, policy.RestorePost), api); res.Outcome != batch.RolledBack || !api.has("1") {
+		t.Errorf("retry of the golden kept saga: %s (%s)", res.Outcome, res.Detail)
+	}
+	if _, err := js.Saga(ctx, goldenKeptSaga); !errors.Is(err, ErrUnknownSaga) {
+		t.Errorf("the golden kept saga after its retry: %v", err)
 	}
 }
