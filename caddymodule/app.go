@@ -139,6 +139,7 @@ func (a *App) Start() error {
 		close(a.stopped)
 		return nil
 	}
+	operated.Store(a)
 	ctx, cancel := context.WithCancel(context.Background())
 	var loops sync.WaitGroup
 	loops.Go(func() { a.every(ctx, time.Duration(a.RecoveryInterval), a.scan) })
@@ -160,6 +161,7 @@ func (a *App) Stop() error {
 	if a.stop == nil {
 		return nil
 	}
+	operated.CompareAndSwap(a, nil)
 	close(a.stop)
 	<-a.stopped
 	return nil

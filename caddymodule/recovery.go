@@ -19,7 +19,8 @@ import (
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
-// scan looks for journals to finish (durable's Scan), once.
+// scan looks for journals to finish (durable's Scan), once, and counts
+// the sagas by state for the gauge.
 func (a *App) scan(ctx context.Context) {
 	a.state.mu.Lock()
 	a.state.failedBefore, a.state.failed = a.state.failed, map[string]string{}
@@ -27,6 +28,7 @@ func (a *App) scan(ctx context.Context) {
 	if err := a.journals.Scan(ctx, a.finish, a.failedOnce); err != nil && ctx.Err() == nil {
 		a.logger.Warn("listing saga journals in storage", zap.Error(err))
 	}
+	a.countSagas(ctx)
 }
 
 // sweepIdempotency deletes the Idempotency-Key records that expired
@@ -84,7 +86,7 @@ func (a *App) logRecovered(r *durable.Recovered, res *batch.Result, took time.Du
 		zap.Int("compensations", res.Compensations),
 		zap.Duration("duration", took),
 	}
-	ce.Write(append(fields, outcomeFields(res)...)...)
+	ce.Write(append(fields, outcomeFields(res, r.Saga)...)...)
 }
 
 // failedOnce logs that a saga could not be taken over or finished, once
@@ -95,6 +97,9 @@ func (a *App) failedOnce(saga, doing string, err error) {
 	seen := a.state.failed[saga] == why || a.state.failedBefore[saga] == why
 	a.state.failed[saga] = why
 	a.state.mu.Unlock()
+	if doing == "finishing the saga" || doing == "reading the saga's journal" {
+		a.journals.MarkStuck(context.Background(), saga, why)
+	}
 	if !seen {
 		a.logger.Error("a saga whose gateway died could not be finished; it stays in storage and is tried again",
 			zap.String("saga", saga), zap.String("while", doing), zap.Error(err))
@@ -106,6 +111,11 @@ func (a *App) failedOnce(saga, doing string, err error) {
 type recovery struct {
 	snap    *batch.Snapshot
 	journal batch.Journal
+	// retry is an operator's (batch.Retry: undos under the current
+	// config); prev, for a kept saga, are its items as the saga answered
+	// them, whose Idempotency-Key answer stays the first.
+	prev    []batch.ItemResult
+	retry   bool
 	reached bool // a batch handler serving the saga's resource took it
 	res     *batch.Result
 	err     error
@@ -205,8 +215,12 @@ func (h *Handler) resume(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		Throttles: h.slots.throttles,
 		Client:    durable.Credentials(job.snap.Header),
 	}
-	job.res, job.err = batch.Resume(r.Context(), job.snap, h.policy.Lookup, h.envelope, rt)
-	if job.err == nil {
+	if job.retry {
+		job.res, job.err = batch.Retry(r.Context(), job.snap, job.prev, h.policy.Lookup, h.envelope, rt)
+	} else {
+		job.res, job.err = batch.Resume(r.Context(), job.snap, h.policy.Lookup, h.envelope, rt)
+	}
+	if job.err == nil && job.prev == nil {
 		h.idem.settleRecovered(r.Context(), sc, job.snap, job.res)
 	}
 	return nil

@@ -91,6 +91,9 @@ type intent struct {
 	Started time.Time `json:"started"`
 	Origin
 	Snapshot *batch.Snapshot `json:"snapshot"`
+	// Revived marks the journal of an operator's retry of a kept saga:
+	// its end removes the kept copy, or keeps it again.
+	Revived bool `json:"revived,omitempty"`
 }
 
 // Origin is where a saga's batch came from, as the caller (the gateway)
@@ -109,6 +112,11 @@ type Origin struct {
 	Host       string `json:"host"`
 	RemoteAddr string `json:"remote_addr,omitempty"`
 	TLS        bool   `json:"tls,omitempty"`
+	// Resource names the batch's resource, as its log line does, and
+	// ScopeQuery the query parameters whose values are shown redacted
+	// wherever the saga's URI is shown (docs/durability.md, "Kept sagas").
+	Resource   string   `json:"resource,omitempty"`
+	ScopeQuery []string `json:"scope_query,omitempty"`
 }
 
 // Lease is an owner's claim on a saga, renewed while the saga runs.
@@ -217,6 +225,8 @@ type Journal struct {
 	leaseUntil time.Time
 	// release stops the renewal of the saga's lease.
 	release func()
+	// revived: see intent.Revived.
+	revived bool
 }
 
 // New is the journal of a batch that came from origin.
@@ -338,9 +348,10 @@ func (j *Journal) keepAgain(items []itemRecord) {
 }
 
 // End removes the journal: the saga is over, whatever its outcome. A
-// removal that fails is retried by the process (removals) under the
-// saga's lease, and logged.
-func (j *Journal) End(ctx context.Context, _ *batch.Result) {
+// saga that left items behind is kept first (keepOrForget); a removal
+// that fails is retried by the process (removals) under the saga's
+// lease, and logged.
+func (j *Journal) End(ctx context.Context, res *batch.Result) {
 	j.stopRenewal()
 	j.mu.Lock()
 	stored := j.stored
@@ -350,13 +361,26 @@ func (j *Journal) End(ctx context.Context, _ *batch.Result) {
 		owned.forget(j.saga)
 		return
 	}
+	if err := j.keepOrForget(ctx, res); err != nil {
+		// Never both lost: the journal and its lease stay until the
+		// kept copy is stored.
+		j.js.logger.Error("the saga that left items behind could not be kept in storage; its journal stays, and keeping it is retried while this process runs",
+			zap.String("saga", j.saga), zap.Error(err))
+		removals.retry(j, func(ctx context.Context) error {
+			if err := j.keepOrForget(ctx, res); err != nil {
+				return err
+			}
+			return j.removeJournal(ctx)
+		})
+		return
+	}
 	if err := j.removeJournal(ctx); err != nil {
 		// A journal left in storage would be taken for a saga cut
 		// short, and undone, once its lease lapsed: keep the lease and
 		// try again.
 		j.js.logger.Error("the saga's journal could not be removed from storage; retrying while this process runs",
 			zap.String("saga", j.saga), zap.Error(err))
-		removals.retry(j)
+		removals.retry(j, j.removeJournal)
 		return
 	}
 	owned.forget(j.saga)
@@ -387,13 +411,16 @@ func (j *Journal) removeJournal(ctx context.Context) error {
 	return j.js.removeKeys(ctx, j.saga, written)
 }
 
-// removeKeys deletes segments 0 to segments-1 of saga, its lease, and
-// its folder.
+// removeKeys deletes segments 0 to segments-1 of saga, its stuck mark,
+// its lease, and its folder.
 func (js *Journals) removeKeys(ctx context.Context, saga string, segments int) error {
 	for seq := range segments {
 		if err := deleteKey(ctx, js.storage, segmentKey(saga, seq)); err != nil {
 			return fmt.Errorf("deleting %s: %w", segmentKey(saga, seq), err)
 		}
+	}
+	if err := deleteKey(ctx, js.storage, stuckKey(saga)); err != nil {
+		return fmt.Errorf("deleting %s: %w", stuckKey(saga), err)
 	}
 	if err := deleteKey(ctx, js.storage, leaseKey(saga)); err != nil {
 		return fmt.Errorf("deleting %s: %w", leaseKey(saga), err)

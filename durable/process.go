@@ -54,14 +54,16 @@ type pendingRemovals struct {
 // removal failed, once the sagas ended.
 const exitRemovalGrace = 3 * StorageTimeout
 
-func (p *pendingRemovals) retry(j *Journal) {
-	p.running.Go(func() { j.removeLater(p.hurry) })
+// retry tries end (what is left of ending j: keeping its saga, removing
+// its journal) again until it succeeds.
+func (p *pendingRemovals) retry(j *Journal, end func(context.Context) error) {
+	p.running.Go(func() { j.endLater(p.hurry, end) })
 }
 
-// removeLater tries the removal again, holding the lease meanwhile and
-// letting it go for each try, so that no renewal writes the lease again
-// once the journal is removed.
-func (j *Journal) removeLater(hurry <-chan struct{}) {
+// endLater tries end again, holding the lease meanwhile and letting it
+// go for each try, so that no renewal writes the lease again once the
+// journal is removed.
+func (j *Journal) endLater(hurry <-chan struct{}, end func(context.Context) error) {
 	defer owned.forget(j.saga)
 	for try := 2; ; try++ {
 		wait := j.js.leases.Length / 3
@@ -78,7 +80,7 @@ func (j *Journal) removeLater(hurry <-chan struct{}) {
 		case <-hurry:
 		}
 		j.stopRenewal()
-		err := j.removeJournal(context.Background())
+		err := end(context.Background())
 		if err == nil {
 			j.js.logger.Info("removed the saga's journal from storage after it failed", zap.String("saga", j.saga), zap.Int("tries", try))
 			return

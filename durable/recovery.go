@@ -86,29 +86,13 @@ func (js *Journals) takeOver(ctx context.Context, saga string, finish func(*Reco
 	if err != nil || !now().After(dead.Expires) {
 		return
 	}
-	until := now().Add(js.leases.Length)
-	b, _ := json.Marshal(Lease{Owner: Owner(), Expires: until})
-	sctx, cancel := context.WithTimeout(ctx, StorageTimeout)
-	err = js.storage.Store(sctx, leaseKey(saga), b)
-	cancel()
+	r, doing, err := js.claim(ctx, saga, dead)
 	if err != nil {
-		failed(saga, "claiming the saga's lease", err)
+		if doing != "" {
+			failed(saga, doing, err)
+		}
 		return
 	}
-	if !owned.add(saga) {
-		return
-	}
-	st, err := js.load(ctx, saga)
-	if err != nil {
-		owned.done()
-		owned.forget(saga)
-		failed(saga, "reading the saga's journal", err)
-		return
-	}
-	// The journal goes on after the dead owner's last segment.
-	j := newJournalOf(&Journal{js: js, saga: saga, seq: st.next, written: st.next, stored: true, leaseUntil: until})
-	j.startRenewal()
-	r := &Recovered{Saga: saga, Origin: st.intent.Origin, Started: st.intent.Started, Snapshot: st.snap, Dead: dead, Journal: j}
 	go func() {
 		if err := finish(r); err != nil {
 			r.abandon()
@@ -116,6 +100,38 @@ func (js *Journals) takeOver(ctx context.Context, saga string, finish func(*Reco
 		}
 	}()
 }
+
+// claim makes a saga whose lease (dead) lapsed, or that was given up,
+// this process's: a new lease, then its journal read back to go on
+// after the last segment. The saga's storage lock is held. An error
+// comes with what was being done, or none when this process has the
+// saga already.
+func (js *Journals) claim(ctx context.Context, saga string, dead Lease) (*Recovered, string, error) {
+	until := now().Add(js.leases.Length)
+	b, _ := json.Marshal(Lease{Owner: Owner(), Expires: until})
+	sctx, cancel := context.WithTimeout(ctx, StorageTimeout)
+	err := js.storage.Store(sctx, leaseKey(saga), b)
+	cancel()
+	if err != nil {
+		return nil, "claiming the saga's lease", err
+	}
+	if !owned.add(saga) {
+		return nil, "", errOwned
+	}
+	st, err := js.load(ctx, saga)
+	if err != nil {
+		owned.done()
+		owned.forget(saga)
+		return nil, "reading the saga's journal", err
+	}
+	// The journal goes on after the dead owner's last segment.
+	j := newJournalOf(&Journal{js: js, saga: saga, seq: st.next, written: st.next, stored: true, leaseUntil: until, revived: st.intent.Revived})
+	j.startRenewal()
+	return &Recovered{Saga: saga, Origin: st.intent.Origin, Started: st.intent.Started, Snapshot: st.snap, Dead: dead, Journal: j}, "", nil
+}
+
+// errOwned is the claim of a saga this process runs already.
+var errOwned = errors.New("this process is running the saga already")
 
 // lock takes the storage lock under which a saga is claimed, without
 // waiting for an instance that holds it.
