@@ -82,18 +82,14 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	}
 	// caddy adapt does not provision, so without this a configuration
 	// that cannot work would be adapted, and refused later with no line.
-	p, err := h.buildPolicy(at.lines())
-	if err == nil {
-		_, _, err = h.envelopeOf(p)
-	}
-	if err != nil {
+	if _, err := h.resolve(at.lines()); err != nil {
 		return at.locate(err)
 	}
 	return nil
 }
 
 // places remembers where each part of the directive is written, so that
-// a mistake buildPolicy finds, placed by resource and option, is reported
+// a mistake resolve finds, placed by resource and option, is reported
 // at its line.
 type places struct {
 	directive caddyfile.Token
@@ -169,7 +165,7 @@ var resourceWords = []string{"collection", "item", "item_path", "batch", "list_f
 var listFilterWords = []string{"items", "max_ids", "preflight"}
 
 // unmarshal reads the tokens into h, refusing what the Caddyfile's syntax
-// does not allow; buildPolicy judges the values.
+// does not allow; resolve judges the values.
 func (h *Handler) unmarshal(d *caddyfile.Dispenser) (*places, error) {
 	d.Next() // the directive's name
 	at := &places{directive: d.Token(), options: map[string]caddyfile.Token{}}
@@ -406,9 +402,9 @@ func (a optionArgs) one() (string, error) {
 	return a.args[0], nil
 }
 
-// limit refuses a zero: it cannot reach buildPolicy (in JSON it means
-// "the default"), so it is refused here, with the policy's own rule;
-// buildPolicy judges every other value.
+// limit refuses a zero: it cannot reach resolve (in JSON it means "the
+// default"), so it is refused here, with the policy's own rule; resolve
+// judges every other value.
 func (a optionArgs) limit(n int64) error {
 	if n != 0 {
 		return nil

@@ -58,7 +58,7 @@ func (h *Handler) envelopeScope() scope {
 		resource:   e.Path,
 		collection: e.Path,
 		settings:   e.Settings,
-		gateway:    h.envelopeGateway,
+		gateway:    h.handler.GatewaySettings,
 		atomicity:  func(policy.Op) policy.Atomicity { return e.Atomicity },
 		locks:      envelopeLocks{h},
 		allow:      envelopeAllow,
@@ -76,16 +76,16 @@ func (l envelopeLocks) Lock(ctx context.Context, key string) (func(), error) {
 	return l.h.locks.Lock(ctx, key)
 }
 
-// envelopeOf builds the handler's envelope over its policy, or refuses
-// one that cannot work; nil when the handler has none.
-func (h *Handler) envelopeOf(p *policy.Policy) (*batch.Envelope, policy.GatewaySettings, error) {
-	handler := defaults()
+// envelopeOf builds the handler's envelope over its policy and its own
+// settings, or refuses one that cannot work; nil when the handler has
+// none.
+func (h *Handler) envelopeOf(p *policy.Policy, handler level) (*batch.Envelope, error) {
 	path := h.Envelope
 	if path == "" {
-		return nil, handler.GatewaySettings, nil
+		return nil, nil
 	}
-	refuse := func(format string, args ...any) (*batch.Envelope, policy.GatewaySettings, error) {
-		return nil, handler.GatewaySettings, policy.OptionError("envelope", fmt.Errorf(format, args...))
+	refuse := func(format string, args ...any) (*batch.Envelope, error) {
+		return nil, policy.OptionError("envelope", fmt.Errorf(format, args...))
 	}
 	switch {
 	case !strings.HasPrefix(path, "/") || strings.ContainsAny(path, "?#{}"):
@@ -97,10 +97,7 @@ func (h *Handler) envelopeOf(p *policy.Policy) (*batch.Envelope, policy.GatewayS
 		return refuse("envelope %s is a path of the resource %s: give the envelope a path of its own, such as %s",
 			path, m.Resource.Collection, strings.TrimSuffix(path, "/")+"/batch")
 	}
-	if err := h.Options.apply(&handler); err != nil {
-		return nil, handler.GatewaySettings, err
-	}
-	return &batch.Envelope{Path: path, Settings: handler.Settings, Atomicity: handler.atomicity, Lookup: p.Lookup}, handler.GatewaySettings, nil
+	return &batch.Envelope{Path: path, Settings: handler.Settings, Atomicity: handler.atomicity, Lookup: p.Lookup}, nil
 }
 
 // isEnvelope reports whether a request path is the envelope's, with or

@@ -61,14 +61,11 @@ type Handler struct {
 	// no resource. Default: none (no envelope).
 	Envelope string `json:"envelope,omitempty"`
 
-	policy   *policy.Policy
-	envelope *batch.Envelope // nil without one
-	// envelopeGateway are the gateway's settings of the envelope: the
-	// handler's.
-	envelopeGateway policy.GatewaySettings
-	logger          *zap.Logger
-	locks           *batch.LocalLocks
-	slots           *pooledSlots
+	// config is the configuration above, resolved by Provision.
+	config
+	logger *zap.Logger
+	locks  *batch.LocalLocks
+	slots  *pooledSlots
 	// untrackSlots stops the metrics counting the slots, at Cleanup.
 	untrackSlots func()
 	// storageLocks are set when a resource has item_locks storage.
@@ -147,14 +144,11 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // once, so that ServeHTTP only reads.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
-	p, err := h.buildPolicy(nil)
+	cfg, err := h.resolve(nil)
 	if err != nil {
 		return fmt.Errorf("batch: %w", err)
 	}
-	h.policy = p
-	if h.envelope, h.envelopeGateway, err = h.envelopeOf(p); err != nil {
-		return fmt.Errorf("batch: %w", err)
-	}
+	h.config = cfg
 	storage := configStorage(ctx)
 	if err := h.provisionLocks(storage); err != nil {
 		return fmt.Errorf("batch: %w", err)

@@ -22,7 +22,8 @@ type pooledSlots struct {
 
 func (*pooledSlots) Destruct() error { return nil }
 
-// provisionSlots takes the handler's share of its max_in_flight slots.
+// provisionSlots takes the handler's share of its max_in_flight slots,
+// as resolve set max_in_flight.
 //
 // The slots are found again after a reload by what names the handler
 // across configs: its resources' paths, and max_in_flight itself. A
@@ -33,19 +34,17 @@ func (*pooledSlots) Destruct() error { return nil }
 // two bounds add up. Two handlers that list the same resources with the
 // same max_in_flight (two sites in front of one API) share one bound.
 func (h *Handler) provisionSlots() *pooledSlots {
-	key, n := h.slotsKey()
+	n := h.handler.MaxInFlight
+	key := h.slotsKey(n)
 	v, _, _ := pools.LoadOrNew(key, func() (caddy.Destructor, error) {
 		return &pooledSlots{FIFOSlots: batch.NewFIFOSlots(n), key: key}, nil
 	})
 	return v.(*pooledSlots)
 }
 
-// slotsKey names the handler's slots in pools, and says how many there
-// are.
-func (h *Handler) slotsKey() (key string, n int) {
-	// buildPolicy has already refused whatever apply could refuse.
-	g := defaults()
-	_ = h.Options.apply(&g)
+// slotsKey names in pools the slots of the handler's resources, n of
+// them.
+func (h *Handler) slotsKey(n int) string {
 	paths := make([]string, len(h.Resources))
 	for i, r := range h.Resources {
 		paths[i] = r.Path
@@ -54,7 +53,7 @@ func (h *Handler) slotsKey() (key string, n int) {
 	id, _ := json.Marshal(struct {
 		Paths       []string `json:"paths"`
 		MaxInFlight int      `json:"max_in_flight"`
-	}{paths, g.MaxInFlight})
+	}{paths, n})
 	sum := sha256.Sum256(id)
-	return "batch.max_in_flight." + hex.EncodeToString(sum[:12]), g.MaxInFlight
+	return "batch.max_in_flight." + hex.EncodeToString(sum[:12])
 }

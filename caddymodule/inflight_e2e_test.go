@@ -46,11 +46,11 @@ func startQuietGateway(t testing.TB, api *legacyapi.API, upstream, site string) 
 // handler with these resources and max_in_flight, and how many
 // handlers share them.
 func heldSlots(maxInFlight int, paths ...string) (*pooledSlots, int) {
-	h := Handler{Options: Options{MaxInFlight: maxInFlight}}
+	var h Handler
 	for _, p := range paths {
 		h.Resources = append(h.Resources, Resource{Path: p})
 	}
-	key, _ := h.slotsKey()
+	key := h.slotsKey(maxInFlight)
 	refs, _ := pools.References(key)
 	var found *pooledSlots
 	pools.Range(func(k, v any) bool {
