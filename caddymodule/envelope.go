@@ -110,30 +110,29 @@ func (h *Handler) isEnvelope(escapedPath string) bool {
 // envelopeAllow is what the envelope's path allows.
 const envelopeAllow = "OPTIONS, POST"
 
+// admitEnvelope admits a POST to the envelope's path
+// (batch.AdmitEnvelope).
+func (h *Handler) admitEnvelope(r *http.Request) admission {
+	plan, prob := batch.AdmitEnvelope(r, h.envelope)
+	return admission{scope: h.envelopeScope(), op: policy.OpEnvelope, plan: plan, refusal: prob}
+}
+
 // serveEnvelope answers a request to the envelope's path: a POST is an
 // envelope of operations, OPTIONS is answered, and any other method is
 // refused.
 func (h *Handler) serveEnvelope(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	path := h.envelope.Path
 	if o, ok, err := policy.FindMethodOverride(r); err != nil || ok && o.Method != http.MethodPost {
 		// The envelope's path takes POST alone, whatever a client names.
-		w.Header().Set("Allow", envelopeAllow)
-		return problem.New(http.StatusMethodNotAllowed, "method-not-allowed",
-			fmt.Sprintf("the envelope %s takes POST alone; it honours no method override", h.envelope.Path)).Write(w)
+		return refuse(w, problem.New(http.StatusMethodNotAllowed, "method-not-allowed",
+			fmt.Sprintf("the envelope %s takes POST alone; it honours no method override", path)), envelopeAllow)
 	}
 	switch r.Method {
 	case http.MethodPost:
+		return h.serveBatch(w, r, h.admitEnvelope(r), next)
 	case http.MethodOptions:
-		if r.Header.Get("Origin") != "" && r.Header.Get("Access-Control-Request-Method") != "" {
-			return next.ServeHTTP(w, r) // a CORS preflight is the CORS handler's to answer
-		}
-		w.Header().Set("Allow", envelopeAllow)
-		w.WriteHeader(http.StatusNoContent)
-		return nil
-	default:
-		w.Header().Set("Allow", envelopeAllow)
-		return problem.New(http.StatusMethodNotAllowed, "method-not-allowed",
-			fmt.Sprintf("%s is not allowed on the envelope %s; send its operations with POST", r.Method, h.envelope.Path)).Write(w)
+		return answerOptions(w, r, next, envelopeAllow, false)
 	}
-	plan, prob := batch.AdmitEnvelope(r, h.envelope)
-	return h.serveBatch(w, r, h.envelopeScope(), policy.OpEnvelope, plan, prob, next)
+	return refuse(w, problem.New(http.StatusMethodNotAllowed, "method-not-allowed",
+		fmt.Sprintf("%s is not allowed on the envelope %s; send its operations with POST", r.Method, path)), envelopeAllow)
 }

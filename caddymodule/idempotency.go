@@ -154,11 +154,11 @@ func refusal(d durable.Decision) (problem.Details, string) {
 	}
 }
 
-// maxRun bounds how long a batch can run, compensations included: past
-// it the claim stops being renewed, even if the batch never answered.
+// maxRun bounds how long a batch can run, compensations included, with
+// a minute to spare: past it the claim stops being renewed, even if the
+// batch never answered.
 func maxRun(s policy.Settings) time.Duration {
-	attempts := time.Duration(s.CompensationRetries + 1)
-	return s.BatchTimeout + attempts*(s.CompensationTimeout+2*time.Second) + time.Minute
+	return s.BatchTimeout + batch.CompensationBudget(s) + time.Minute
 }
 
 // replay answers with a finished batch's stored answer.
