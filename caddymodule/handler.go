@@ -44,7 +44,7 @@ func init() {
 // The gateway's own answers (OPTIONS, 405, 501, the batch answer and its
 // problems) are written by the handler, not returned as errors, so they
 // do not go through handle_errors: they are complete answers, and a
-// handle_errors route would replace a batch's envelope with an error
+// handle_errors route would replace a batch's answer with an error
 // page.
 type Handler struct {
 	// The defaults of every resource's options.

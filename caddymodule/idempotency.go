@@ -31,7 +31,7 @@ type idempotency struct {
 }
 
 // answerSlack is what a batch answer may hold beyond max_response_size,
-// which bounds its items, and still be kept: the envelope around them.
+// which bounds its items, and still be kept: the answer's own members around them.
 const answerSlack = 64 << 10
 
 func newIdempotency(storage certmagic.Storage, leases *durable.Leases, logger *zap.Logger) *idempotency {
