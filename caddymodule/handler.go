@@ -17,6 +17,7 @@ import (
 
 	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/durable"
+	"github.com/caddy-batch/caddy-batch/itemlock"
 	"github.com/caddy-batch/caddy-batch/policy"
 	"github.com/caddy-batch/caddy-batch/problem"
 )
@@ -64,12 +65,12 @@ type Handler struct {
 	// config is the configuration above, resolved by Provision.
 	config
 	logger *zap.Logger
-	locks  *batch.LocalLocks
+	locks  *itemlock.Local
 	slots  *pooledSlots
 	// untrackSlots stops the metrics counting the slots, at Cleanup.
 	untrackSlots func()
 	// storageLocks are set when a resource has item_locks storage.
-	storageLocks batch.Locker
+	storageLocks itemlock.Locker
 	idem         *idempotency
 	journals     *durable.Journals
 }
@@ -299,7 +300,7 @@ func (h *Handler) serveBatch(w http.ResponseWriter, r *http.Request, a admission
 		obs.rejected(a.refusal.Status, a.refusal.Detail)
 		return refuse(w, *a.refusal, sc.allow)
 	}
-	keyed := h.idem.watch(r, sc, a.op, plan.BodyDigest())
+	keyed := h.idem.watch(r, sc, plan)
 	if done, err := keyed.claim(w, len(plan.Items)); done {
 		return err
 	}
