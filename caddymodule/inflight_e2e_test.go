@@ -15,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
+	"github.com/caddy-batch/caddy-batch/policy"
 )
 
 // The tests of max_in_flight: a storm of batches puts no more load on
@@ -50,7 +51,7 @@ func heldSlots(maxInFlight int, paths ...string) (*pooledSlots, int) {
 	for _, p := range paths {
 		h.Resources = append(h.Resources, Resource{Path: p})
 	}
-	key := h.slotsKey(maxInFlight)
+	key := h.slotsKey(policy.GatewaySettings{MaxInFlight: maxInFlight})
 	refs, _ := pools.References(key)
 	var found *pooledSlots
 	pools.Range(func(k, v any) bool {
