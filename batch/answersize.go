@@ -10,7 +10,7 @@ import (
 // max_response_size (README, "Sizing the limits"). It reports false when that made
 // the item a failure. The bodies are what a batch holds
 // until it answers, and what its answer is made of, so counting them as
-// they come bounds both before the memory runs out; the envelope's own
+// they come bounds both before the memory runs out; the answer's own
 // members are small beside them, and bounded by max_items.
 //
 // An item left out fails, so that an all-or-nothing batch fails and a

@@ -59,17 +59,7 @@ func (sg *saga) listRead(ctx context.Context, indices []int, stop <-chan struct{
 		query += "&"
 	}
 	groups := f.Split(ids, maxListTarget-len(t.collectionPath)-len("?")-len(query))
-	var mu sync.Mutex
-	held := make(map[int]bool, len(indices))
-	take := func(i int) bool {
-		mu.Lock()
-		defer mu.Unlock()
-		if held[i] {
-			return false
-		}
-		held[i] = true
-		return true
-	}
+	claims := &listClaims{held: make(map[int]bool, len(indices))}
 	sent := sg.fanOut(ctx, upTo(len(groups)), stop, func(ctx context.Context, g int) {
 		req := sg.request(first, http.MethodGet, t.collectionPath, nil, "")
 		req.RawQuery = query + f.Query(groups[g])
@@ -84,14 +74,14 @@ func (sg *saga) listRead(ctx context.Context, indices []int, stop <-chan struct{
 		for _, elem := range elems {
 			// An element that names no id of the batch is ignored: an
 			// API that does not know the filter answers everything.
-			if i, ok := index[sg.idOf(first, elem)]; ok && take(i) {
+			if i, ok := index[sg.idOf(first, elem)]; ok && claims.take(i) {
 				found(ctx, i, elem)
 			}
 		}
 	})
 	var rest []int
 	for _, i := range indices {
-		if !held[i] {
+		if !claims.held[i] {
 			rest = append(rest, i)
 		}
 	}
@@ -100,6 +90,23 @@ func (sg *saga) listRead(ctx context.Context, indices []int, stop <-chan struct{
 	sg.lists.fallbacks += len(rest)
 	sg.lists.mu.Unlock()
 	return rest
+}
+
+// listClaims give each item of a batch read through a LIST to the first
+// answer that holds it: the answers of two LISTs may overlap.
+type listClaims struct {
+	mu   sync.Mutex
+	held map[int]bool
+}
+
+func (c *listClaims) take(i int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.held[i] {
+		return false
+	}
+	c.held[i] = true
+	return true
 }
 
 // list sends one LIST and returns the elements of its answer's array, or

@@ -240,30 +240,11 @@ func parseOperation(i int, raw json.RawMessage, names map[string]int, e *Envelop
 		return bad("%s", prob)
 	}
 	m, ok := e.Lookup(op.path())
-	switch {
-	case !ok:
-		return bad("the url %s matches no resource of this gateway", ob.URL)
-	case kind == policy.OpCreate && m.Item:
-		return bad("POST goes to a collection, and %s is an item of %s", ob.URL, m.Resource.Collection)
-	case kind != policy.OpCreate && !m.Item:
-		return bad("%s goes to an item, and %s is the collection %s", ob.Method, ob.URL, m.Resource.Collection)
-	}
-	if method, _ := policy.ParseMethod(ob.Method); !m.Methods().Has(method) {
-		d := problem.New(http.StatusMethodNotAllowed, "method-not-allowed",
-			fmt.Sprintf("operation %q: %s is not allowed on %s; allowed: %s", ob.ID, ob.Method, ob.URL, m.Allow()))
-		return Item{}, &d
+	op.query = joinNonEmpty("&", envQuery, op.query)
+	if prob := op.fits(m, ok, a); prob != nil {
+		return Item{}, prob
 	}
 	op.resource = m.Resource
-	op.query = joinNonEmpty("&", envQuery, op.query)
-	if a == policy.AllOrNothing && kind.Writes() {
-		if prob := unscopedParam(op.query, m.Resource.Settings); prob != nil {
-			return bad("%s", prob.Detail)
-		}
-		if missing, how := m.Resource.UndoMissing(kind); missing != "" {
-			return bad("an all-or-nothing envelope undoes it if the envelope fails (%s), and the map of %s does not allow %s: allow it, or send the envelope as partial",
-				how, m.Resource.Collection, missing)
-		}
-	}
 	for _, name := range ob.DependsOn {
 		j, ok := names[name]
 		if !ok {
@@ -285,6 +266,39 @@ func parseOperation(i int, raw json.RawMessage, names map[string]int, e *Envelop
 		}
 	}
 	return it, nil
+}
+
+// fits checks that the operation may go where its url points (m, when
+// ok): the kind of path its method goes to, a method the map allows,
+// and, in an all-or-nothing envelope, a query it may carry and an undo
+// the map allows.
+func (op *operation) fits(m policy.Match, ok bool, a policy.Atomicity) *problem.Details {
+	bad := func(format string, args ...any) *problem.Details {
+		return invalid("operation %q: %s", op.name, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case !ok:
+		return bad("the url %s matches no resource of this gateway", op.url)
+	case op.kind == policy.OpCreate && m.Item:
+		return bad("POST goes to a collection, and %s is an item of %s", op.url, m.Resource.Collection)
+	case op.kind != policy.OpCreate && !m.Item:
+		return bad("%s goes to an item, and %s is the collection %s", op.method, op.url, m.Resource.Collection)
+	}
+	if method, _ := policy.ParseMethod(op.method); !m.Methods().Has(method) {
+		d := problem.New(http.StatusMethodNotAllowed, "method-not-allowed",
+			fmt.Sprintf("operation %q: %s is not allowed on %s; allowed: %s", op.name, op.method, op.url, m.Allow()))
+		return &d
+	}
+	if a == policy.AllOrNothing && op.kind.Writes() {
+		if prob := unscopedParam(op.query, m.Resource.Settings); prob != nil {
+			return bad("%s", prob.Detail)
+		}
+		if missing, how := m.Resource.UndoMissing(op.kind); missing != "" {
+			return bad("an all-or-nothing envelope undoes it if the envelope fails (%s), and the map of %s does not allow %s: allow it, or send the envelope as partial",
+				how, m.Resource.Collection, missing)
+		}
+	}
+	return nil
 }
 
 // parseURL takes the url apart: its path's segments, the references

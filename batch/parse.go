@@ -117,7 +117,7 @@ func parsePlan(r *http.Request, m policy.Match, op policy.Op) (*Plan, *problem.D
 			p.Items, prob = itemsFromElements(elems, op, s)
 		}
 	}
-	if prob == nil && op.Writes() && p.Atomicity == policy.AllOrNothing {
+	if prob == nil && p.Saga() {
 		prob = unscopedParam(query, s)
 	}
 	if prob != nil {

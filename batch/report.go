@@ -27,35 +27,7 @@ func (sg *saga) report(clientCtx, batchCtx context.Context) *Result {
 		ListFallbacks:     sg.lists.fallbacks,
 		ListFailures:      sg.lists.failures,
 	}
-	firstFailure := -1
-	rolledBack := 0
-	for i, it := range sg.items {
-		switch it.Outcome {
-		case Succeeded:
-			r.Succeeded++
-		case RolledBack:
-			rolledBack++
-		case RollbackFailed, Unknown:
-			if sg.allOrNothing() {
-				r.LeftBehind = append(r.LeftBehind, it.describeLeft())
-			}
-		}
-		if it.cause != nil {
-			r.Errors = append(r.Errors, fmt.Sprintf("%s: %v", it.describe(), it.cause))
-		}
-		if c := it.Compensation; c != nil && c.cause != nil {
-			r.Errors = append(r.Errors, fmt.Sprintf("undoing %s: %v", it.describe(), c.cause))
-		}
-		if it.Outcome == RollbackFailed && sg.state[i].preimage != nil {
-			r.Preimages = append(r.Preimages, Preimage{Item: it.describe(), Body: sg.state[i].preimage})
-		}
-		if sg.state[i].failure {
-			r.Failed++
-			if firstFailure < 0 {
-				firstFailure = i
-			}
-		}
-	}
+	firstFailure, rolledBack := sg.tally(r)
 	cause := sg.cause(firstFailure, clientCtx, batchCtx)
 	switch {
 	case sg.refusal != nil:
@@ -91,6 +63,42 @@ func (sg *saga) report(clientCtx, batchCtx context.Context) *Result {
 		}
 	}
 	return r
+}
+
+// tally counts the items' outcomes into r, with what the operator must
+// know of them (errors, items left as the batch made them, their
+// pre-images), and returns the first failed item (-1 when none failed)
+// and how many items were rolled back.
+func (sg *saga) tally(r *Result) (firstFailure, rolledBack int) {
+	firstFailure = -1
+	for i, it := range sg.items {
+		switch it.Outcome {
+		case Succeeded:
+			r.Succeeded++
+		case RolledBack:
+			rolledBack++
+		case RollbackFailed, Unknown:
+			if sg.allOrNothing() {
+				r.LeftBehind = append(r.LeftBehind, it.describeLeft())
+			}
+		}
+		if it.cause != nil {
+			r.Errors = append(r.Errors, fmt.Sprintf("%s: %v", it.describe(), it.cause))
+		}
+		if c := it.Compensation; c != nil && c.cause != nil {
+			r.Errors = append(r.Errors, fmt.Sprintf("undoing %s: %v", it.describe(), c.cause))
+		}
+		if it.Outcome == RollbackFailed && sg.state[i].preimage != nil {
+			r.Preimages = append(r.Preimages, Preimage{Item: it.describe(), Body: sg.state[i].preimage})
+		}
+		if sg.state[i].failure {
+			r.Failed++
+			if firstFailure < 0 {
+				firstFailure = i
+			}
+		}
+	}
+	return firstFailure, rolledBack
 }
 
 // cause says in a clause why the batch failed.

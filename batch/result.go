@@ -136,10 +136,10 @@ type Preimage struct {
 	Body json.RawMessage `json:"preimage"`
 }
 
-// Write answers the client: the envelope as JSON, or, for a failed
-// all-or-nothing batch, as RFC 9457 problem details with the envelope's
+// Write answers the client: the answer as JSON, or, for a failed
+// all-or-nothing batch, as RFC 9457 problem details with the answer's
 // members added. The answer is written from the items' own bodies (see
-// writeEnvelope), never gathered into one buffer: a batch holds each
+// writeAnswer), never gathered into one buffer: a batch holds each
 // body once.
 func (r *Result) Write(w http.ResponseWriter) error {
 	h := w.Header()
@@ -160,7 +160,7 @@ func (r *Result) Write(w http.ResponseWriter) error {
 			break
 		}
 	}
-	contentType, head := "application/json", any(r.envelopeHead())
+	contentType, head := "application/json", any(r.answerHead())
 	if r.Atomicity != policy.Partial && r.Outcome != Succeeded {
 		kind := "batch-failed"
 		switch r.Outcome {
@@ -172,8 +172,8 @@ func (r *Result) Write(w http.ResponseWriter) error {
 		contentType = problem.ContentType
 		head = struct {
 			problem.Details
-			envelopeHead
-		}{problem.New(r.Status, kind, r.Detail), r.envelopeHead()}
+			answerHead
+		}{problem.New(r.Status, kind, r.Detail), r.answerHead()}
 	}
 	// Content-Length, not chunked: the answer is encoded twice, once only
 	// to count it, where a body costs its length and the other members a
@@ -182,7 +182,7 @@ func (r *Result) Write(w http.ResponseWriter) error {
 	// gateway, and an encoding error is found before the status is sent,
 	// when it can still become a 500.
 	var size byteCounter
-	if err := writeEnvelope(&size, head, r.Items); err != nil {
+	if err := writeAnswer(&size, head, r.Items); err != nil {
 		return err
 	}
 	h.Set("Content-Type", contentType)
@@ -195,14 +195,14 @@ func (r *Result) Write(w http.ResponseWriter) error {
 		bw.Reset(nil) // not to keep the client's writer alive in the pool
 		answerWriters.Put(bw)
 	}()
-	if err := writeEnvelope(bw, head, r.Items); err != nil {
+	if err := writeAnswer(bw, head, r.Items); err != nil {
 		return err
 	}
 	return bw.Flush()
 }
 
-func (r *Result) envelopeHead() envelopeHead {
-	return envelopeHead{Atomicity: r.Atomicity.String(), Outcome: r.Outcome, Succeeded: r.Succeeded, Failed: r.Failed}
+func (r *Result) answerHead() answerHead {
+	return answerHead{Atomicity: r.Atomicity.String(), Outcome: r.Outcome, Succeeded: r.Succeeded, Failed: r.Failed}
 }
 
 // itemAnswer is what an item shows of an upstream answer. It is worked
@@ -224,7 +224,7 @@ func answerOf(resp *SubResponse) itemAnswer {
 	// body is copied into the answer as it is: the answer would not be
 	// JSON any more.
 	case validJSON(resp.Body):
-		// The answer carries the body byte for byte (writeEnvelope); the
+		// The answer carries the body byte for byte (writeAnswer); the
 		// whitespace around it, insignificant in JSON, need not go too.
 		a.body = bytes.TrimSpace(resp.Body)
 	default:

@@ -67,6 +67,17 @@ func compensationBackoff(attempt int) time.Duration {
 	return min(100*time.Millisecond<<(attempt-1), 2*time.Second)
 }
 
+// CompensationBudget is the most one item's compensation may take under
+// s: every attempt its compensation_timeout, and the backoffs between
+// them.
+func CompensationBudget(s policy.Settings) time.Duration {
+	d := time.Duration(s.CompensationRetries+1) * s.CompensationTimeout
+	for attempt := 1; attempt <= s.CompensationRetries; attempt++ {
+		d += compensationBackoff(attempt)
+	}
+	return d
+}
+
 type saga struct {
 	plan    *Plan
 	s       policy.Settings
@@ -150,9 +161,13 @@ func newSaga(p *Plan, rt Runtime, backoff func(int) time.Duration) *saga {
 
 func (sg *saga) allOrNothing() bool { return sg.plan.Atomicity == policy.AllOrNothing }
 
-// isSaga reports whether the batch runs as a saga: it writes, and what it
-// did is undone if it fails.
-func (sg *saga) isSaga() bool { return sg.allOrNothing() && sg.plan.Writes() }
+// isSaga reports whether the batch runs as a saga (Plan.Saga).
+func (sg *saga) isSaga() bool { return sg.plan.Saga() }
+
+// Saga reports whether the plan runs as a saga: it writes (Writes), and
+// what it did is undone if it fails. Only a saga takes item locks for
+// its writes and keeps a journal.
+func (p *Plan) Saga() bool { return p.Atomicity == policy.AllOrNothing && p.Writes() }
 
 // run is the saga, top to bottom. The batch's deadline stops new starts
 // (preflight reads and items); writes already sent run to their own

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
+	"github.com/caddy-batch/caddy-batch/policy"
 )
 
 // Under max_in_flight auto, the slots follow the legacy API: in front of
@@ -23,7 +24,7 @@ func TestMaxInFlightAutoE2E(t *testing.T) {
 `
 	g := startGateway(t, api, site)
 	h := Handler{Options: Options{MaxInFlightAuto: &AutoInFlight{Min: 2, Max: 12}}, Resources: []Resource{{Path: "/api/widgets"}}}
-	key, _ := h.slotsKey()
+	key := h.slotsKey(policy.GatewaySettings{AutoInFlight: true, MinInFlight: 2, MaxInFlight: 12})
 	var slots *pooledSlots
 	pools.Range(func(k, v any) bool {
 		if k == key {

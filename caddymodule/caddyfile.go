@@ -111,18 +111,14 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	}
 	// caddy adapt does not provision, so without this a configuration
 	// that cannot work would be adapted, and refused later with no line.
-	p, err := h.buildPolicy(at.lines())
-	if err == nil {
-		_, _, err = h.envelopeOf(p)
-	}
-	if err != nil {
+	if _, err := h.resolve(at.lines()); err != nil {
 		return at.locate(err)
 	}
 	return nil
 }
 
 // places remembers where each part of the directive is written, so that
-// a mistake buildPolicy finds, placed by resource and option, is reported
+// a mistake resolve finds, placed by resource and option, is reported
 // at its line.
 type places struct {
 	directive caddyfile.Token
@@ -198,7 +194,7 @@ var resourceWords = []string{"collection", "item", "item_path", "batch", "list_f
 var listFilterWords = []string{"items", "max_ids", "preflight"}
 
 // unmarshal reads the tokens into h, refusing what the Caddyfile's syntax
-// does not allow; buildPolicy judges the values.
+// does not allow; resolve judges the values.
 func (h *Handler) unmarshal(d *caddyfile.Dispenser) (*places, error) {
 	d.Next() // the directive's name
 	at := &places{directive: d.Token(), options: map[string]caddyfile.Token{}}
@@ -258,63 +254,68 @@ func unmarshalResource(d *caddyfile.Dispenser) (Resource, resourcePlaces, error)
 		return r, at, d.Errf("resource takes one path template, not %q too: declare each collection in its own resource block", d.Val())
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		name := d.Val()
-		if !slices.Contains(resourceWords, name) {
-			switch name {
-			case "resource":
-				return r, at, d.Errf("resource blocks do not nest: close the block of resource %s before the next resource", r.Path)
-			case "envelope":
-				return r, at, d.Errf("envelope belongs in the batch block, not in resource %s: one envelope serves every resource", r.Path)
-			}
-			if err := r.Options.unmarshalOption(d, at.options, resourceWords); err != nil {
-				return r, at, err
-			}
-			continue
+		var err error
+		switch name := d.Val(); {
+		case name == "resource":
+			err = d.Errf("resource blocks do not nest: close the block of resource %s before the next resource", r.Path)
+		case name == "envelope":
+			err = d.Errf("envelope belongs in the batch block, not in resource %s: one envelope serves every resource", r.Path)
+		case slices.Contains(resourceWords, name):
+			err = r.unmarshalWord(d, at.options)
+		default:
+			err = r.Options.unmarshalOption(d, at.options, resourceWords)
 		}
-		if err := once(d, at.options, name, d.Token()); err != nil {
+		if err != nil {
 			return r, at, err
-		}
-		if name == "list_filter" {
-			f, err := unmarshalListFilter(d, at.options)
-			if err != nil {
-				return r, at, err
-			}
-			r.ListFilter = f
-			continue
-		}
-		args := d.RemainingArgs()
-		switch name {
-		case "collection", "item":
-			if len(args) == 0 {
-				example := map[string]string{"collection": "GET POST", "item": "GET PUT DELETE"}[name]
-				return r, at, d.Errf("%s needs one or more methods, e.g. %s %s", name, name, example)
-			}
-			for i, m := range args {
-				args[i] = strings.ToUpper(m)
-			}
-			if name == "collection" {
-				r.Collection = args
-			} else {
-				r.Item = args
-			}
-		case "item_path":
-			if len(args) != 1 {
-				return r, at, d.Errf("item_path takes one template, e.g. item_path %s/{id}", r.Path)
-			}
-			r.ItemPath = args[0]
-		case "batch":
-			switch {
-			case len(args) == 0:
-				return r, at, d.Errf("batch needs operations (get create update delete) or none")
-			case len(args) == 1 && args[0] == "none":
-				args = []string{}
-			case slices.Contains(args, "none"):
-				return r, at, d.Errf("batch none turns every operation off, so it stands alone: write batch none, or list the operations to keep")
-			}
-			r.Batch = &args
 		}
 	}
 	return r, at, nil
+}
+
+// unmarshalWord reads the resource's subdirective the dispenser is on,
+// one of resourceWords, placing it in seen.
+func (r *Resource) unmarshalWord(d *caddyfile.Dispenser, seen map[string]caddyfile.Token) error {
+	name := d.Val()
+	if err := once(d, seen, name, d.Token()); err != nil {
+		return err
+	}
+	if name == "list_filter" {
+		f, err := unmarshalListFilter(d, seen)
+		r.ListFilter = f
+		return err
+	}
+	args := d.RemainingArgs()
+	switch name {
+	case "collection", "item":
+		if len(args) == 0 {
+			example := map[string]string{"collection": "GET POST", "item": "GET PUT DELETE"}[name]
+			return d.Errf("%s needs one or more methods, e.g. %s %s", name, name, example)
+		}
+		for i, m := range args {
+			args[i] = strings.ToUpper(m)
+		}
+		if name == "collection" {
+			r.Collection = args
+		} else {
+			r.Item = args
+		}
+	case "item_path":
+		if len(args) != 1 {
+			return d.Errf("item_path takes one template, e.g. item_path %s/{id}", r.Path)
+		}
+		r.ItemPath = args[0]
+	case "batch":
+		switch {
+		case len(args) == 0:
+			return d.Errf("batch needs operations (get create update delete) or none")
+		case len(args) == 1 && args[0] == "none":
+			args = []string{}
+		case slices.Contains(args, "none"):
+			return d.Errf("batch none turns every operation off, so it stands alone: write batch none, or list the operations to keep")
+		}
+		r.Batch = &args
+	}
+	return nil
 }
 
 // unmarshalListFilter reads list_filter <query> [{ items <pointer>;
@@ -435,9 +436,9 @@ func (a optionArgs) one() (string, error) {
 	return a.args[0], nil
 }
 
-// limit refuses a zero: it cannot reach buildPolicy (in JSON it means
-// "the default"), so it is refused here, with the policy's own rule;
-// buildPolicy judges every other value.
+// limit refuses a zero: it cannot reach resolve (in JSON it means "the
+// default"), so it is refused here, with the policy's own rule; resolve
+// judges every other value.
 func (a optionArgs) limit(n int64) error {
 	if n != 0 {
 		return nil

@@ -4,15 +4,28 @@ import (
 	"errors"
 	"slices"
 
+	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
-// buildPolicy resolves every resource's settings (defaults, then the
-// handler's options, then the resource's) and builds the method map. It
-// is the one validation of a configuration: Provision runs it, and so
-// does the Caddyfile adapter, which turns its errors' places into lines.
-// lines, when not nil, holds the line each resource is declared on.
-func (h *Handler) buildPolicy(lines []int) (*policy.Policy, error) {
+// config is the handler's configuration resolved: all that provisioning
+// builds on.
+type config struct {
+	policy *policy.Policy
+	// handler is the handler's own settings, over the defaults: the
+	// envelope's, and the size of the max_in_flight slots.
+	handler level
+	// envelope is nil when the handler has none.
+	envelope *batch.Envelope
+}
+
+// resolve works the handler's configuration out: every resource's
+// settings (defaults, then the handler's options, then the resource's),
+// the method map and the envelope. It is the one validation of a
+// configuration: Provision runs it, and so does the Caddyfile adapter,
+// which turns its errors' places into lines. lines, when not nil, holds
+// the line each resource is declared on.
+func (h *Handler) resolve(lines []int) (config, error) {
 	handler := defaults()
 	err := h.Options.apply(&handler)
 	if err == nil {
@@ -20,8 +33,22 @@ func (h *Handler) buildPolicy(lines []int) (*policy.Policy, error) {
 	}
 	if err != nil {
 		// Every resource inherits these, so one error each is enough.
-		return nil, err
+		return config{}, err
 	}
+	p, err := h.buildPolicy(handler, lines)
+	if err != nil {
+		return config{}, err
+	}
+	envelope, err := h.envelopeOf(p, handler)
+	if err != nil {
+		return config{}, err
+	}
+	return config{policy: p, handler: handler, envelope: envelope}, nil
+}
+
+// buildPolicy lays each resource's options over the handler's settings
+// and builds the method map, refusing every mistake at once.
+func (h *Handler) buildPolicy(handler level, lines []int) (*policy.Policy, error) {
 	var errs []error
 	specs := make([]policy.ResourceSpec, len(h.Resources))
 	for i, r := range h.Resources {

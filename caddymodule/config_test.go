@@ -535,11 +535,11 @@ func TestSettingsInheritance(t *testing.T) {
 		t.Fatal(err)
 	}
 	// What Provision builds, without the app a bare Context cannot load.
-	p, err := h.buildPolicy(nil)
+	cfg, err := h.resolve(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.policy = p
+	h.config = cfg
 	plain := policy.Defaults()
 	plain.SetAtomicity(policy.Partial)
 	plain.Atomicity[policy.OpDelete] = policy.AllOrNothing
@@ -591,11 +591,11 @@ func TestListFilterReachesThePolicy(t *testing.T) {
 		if err := json.Unmarshal(raw, &fromJSON); err != nil {
 			t.Fatal(err)
 		}
-		p, err := fromJSON.buildPolicy(nil)
+		cfg, err := fromJSON.resolve(nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		m, _ := p.Lookup("/users")
+		m, _ := cfg.policy.Lookup("/users")
 		f := m.Resource.List
 		if f == nil || f.Query([]string{"1", "2"}) != tt.query || f.MaxIDs != tt.maxIDs || f.Preflight != tt.preflight {
 			t.Errorf("%s: list filter %+v", tt.block[0], f)
@@ -624,12 +624,12 @@ func TestAdaptiveOptionsReachThePolicy(t *testing.T) {
 		if err := json.Unmarshal([]byte(tt.raw), &h); err != nil {
 			t.Fatal(err)
 		}
-		p, err := h.buildPolicy(nil)
+		cfg, err := h.resolve(nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for path, wait := range tt.wait {
-			m, _ := p.Lookup(path)
+			m, _ := cfg.policy.Lookup(path)
 			if got := m.Resource.Settings.MaxThrottleWait; got != wait {
 				t.Errorf("%s: max_throttle_wait %s, want %s", path, got, wait)
 			}

@@ -59,7 +59,7 @@ func (h *Handler) envelopeScope() scope {
 		resource:   e.Path,
 		collection: e.Path,
 		settings:   e.Settings,
-		gateway:    h.envelopeGateway,
+		gateway:    h.handler.GatewaySettings,
 		atomicity:  func(policy.Op) policy.Atomicity { return e.Atomicity },
 		locks:      envelopeLocks{h},
 		allow:      envelopeAllow,
@@ -77,16 +77,16 @@ func (l envelopeLocks) Lock(ctx context.Context, key string) (func(), error) {
 	return l.h.locks.Lock(ctx, key)
 }
 
-// envelopeOf builds the handler's envelope over its policy, or refuses
-// one that cannot work; nil when the handler has none.
-func (h *Handler) envelopeOf(p *policy.Policy) (*batch.Envelope, policy.GatewaySettings, error) {
-	handler := defaults()
+// envelopeOf builds the handler's envelope over its policy and its own
+// settings, or refuses one that cannot work; nil when the handler has
+// none.
+func (h *Handler) envelopeOf(p *policy.Policy, handler level) (*batch.Envelope, error) {
 	path := h.Envelope
 	if path == "" {
-		return nil, handler.GatewaySettings, nil
+		return nil, nil
 	}
-	refuse := func(format string, args ...any) (*batch.Envelope, policy.GatewaySettings, error) {
-		return nil, handler.GatewaySettings, policy.OptionError("envelope", fmt.Errorf(format, args...))
+	refuse := func(format string, args ...any) (*batch.Envelope, error) {
+		return nil, policy.OptionError("envelope", fmt.Errorf(format, args...))
 	}
 	switch {
 	case !strings.HasPrefix(path, "/") || strings.ContainsAny(path, "?#{}"):
@@ -98,10 +98,7 @@ func (h *Handler) envelopeOf(p *policy.Policy) (*batch.Envelope, policy.GatewayS
 		return refuse("envelope %s is a path of the resource %s: give the envelope a path of its own, such as %s",
 			path, m.Resource.Collection, strings.TrimSuffix(path, "/")+"/batch")
 	}
-	if err := h.Options.apply(&handler); err != nil {
-		return nil, handler.GatewaySettings, err
-	}
-	return &batch.Envelope{Path: path, Settings: handler.Settings, Atomicity: handler.atomicity, Lookup: p.Lookup}, handler.GatewaySettings, nil
+	return &batch.Envelope{Path: path, Settings: handler.Settings, Atomicity: handler.atomicity, Lookup: p.Lookup}, nil
 }
 
 // isEnvelope reports whether a request path is the envelope's, with or
@@ -114,30 +111,29 @@ func (h *Handler) isEnvelope(escapedPath string) bool {
 // envelopeAllow is what the envelope's path allows.
 const envelopeAllow = "OPTIONS, POST"
 
+// admitEnvelope admits a POST to the envelope's path
+// (batch.AdmitEnvelope).
+func (h *Handler) admitEnvelope(r *http.Request) admission {
+	plan, prob := batch.AdmitEnvelope(r, h.envelope)
+	return admission{scope: h.envelopeScope(), op: policy.OpEnvelope, plan: plan, refusal: prob}
+}
+
 // serveEnvelope answers a request to the envelope's path: a POST is an
 // envelope of operations, OPTIONS is answered, and any other method is
 // refused.
 func (h *Handler) serveEnvelope(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	path := h.envelope.Path
 	if o, ok, err := policy.FindMethodOverride(r); err != nil || ok && o.Method != http.MethodPost {
 		// The envelope's path takes POST alone, whatever a client names.
-		w.Header().Set("Allow", envelopeAllow)
-		return problem.New(http.StatusMethodNotAllowed, "method-not-allowed",
-			fmt.Sprintf("the envelope %s takes POST alone; it honours no method override", h.envelope.Path)).Write(w)
+		return refuse(w, problem.New(http.StatusMethodNotAllowed, "method-not-allowed",
+			fmt.Sprintf("the envelope %s takes POST alone; it honours no method override", path)), envelopeAllow)
 	}
 	switch r.Method {
 	case http.MethodPost:
+		return h.serveBatch(w, r, h.admitEnvelope(r), next)
 	case http.MethodOptions:
-		if r.Header.Get("Origin") != "" && r.Header.Get("Access-Control-Request-Method") != "" {
-			return next.ServeHTTP(w, r) // a CORS preflight is the CORS handler's to answer
-		}
-		w.Header().Set("Allow", envelopeAllow)
-		w.WriteHeader(http.StatusNoContent)
-		return nil
-	default:
-		w.Header().Set("Allow", envelopeAllow)
-		return problem.New(http.StatusMethodNotAllowed, "method-not-allowed",
-			fmt.Sprintf("%s is not allowed on the envelope %s; send its operations with POST", r.Method, h.envelope.Path)).Write(w)
+		return answerOptions(w, r, next, envelopeAllow, false)
 	}
-	plan, prob := batch.AdmitEnvelope(r, h.envelope)
-	return h.serveBatch(w, r, h.envelopeScope(), policy.OpEnvelope, plan, prob, next)
+	return refuse(w, problem.New(http.StatusMethodNotAllowed, "method-not-allowed",
+		fmt.Sprintf("%s is not allowed on the envelope %s; send its operations with POST", r.Method, path)), envelopeAllow)
 }

@@ -200,8 +200,15 @@ func TestEnvelopeBadInput(t *testing.T) {
 	}
 	t.Run("OPTIONS", func(t *testing.T) {
 		r := g.do(t, "OPTIONS", "/api/batch", nil)
-		if r.Status != 204 || r.Header.Get("Allow") != "OPTIONS, POST" {
-			t.Errorf("%d Allow %q", r.Status, r.Header.Get("Allow"))
+		if r.Status != 204 || r.Header.Get("Allow") != "OPTIONS, POST" || r.Header.Get("Accept-Patch") != "" {
+			t.Errorf("%d Allow %q Accept-Patch %q", r.Status, r.Header.Get("Allow"), r.Header.Get("Accept-Patch"))
+		}
+	})
+	t.Run("CORS preflight passes through", func(t *testing.T) {
+		api.ResetLog()
+		r := g.do(t, "OPTIONS", "/api/batch", nil, "Origin", "http://app.example", "Access-Control-Request-Method", "POST")
+		if r.Header.Get("Allow") == "OPTIONS, POST" || len(api.Requests()) != 1 {
+			t.Errorf("%d Allow %q: the gateway answered; the legacy API received %s", r.Status, r.Header.Get("Allow"), describeRequests(api.Requests()))
 		}
 	})
 }

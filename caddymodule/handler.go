@@ -45,7 +45,7 @@ func init() {
 // The gateway's own answers (OPTIONS, 405, 501, the batch answer and its
 // problems) are written by the handler, not returned as errors, so they
 // do not go through handle_errors: they are complete answers, and a
-// handle_errors route would replace a batch's envelope with an error
+// handle_errors route would replace a batch's answer with an error
 // page.
 type Handler struct {
 	// The defaults of every resource's options.
@@ -62,14 +62,11 @@ type Handler struct {
 	// no resource. Default: none (no envelope).
 	Envelope string `json:"envelope,omitempty"`
 
-	policy   *policy.Policy
-	envelope *batch.Envelope // nil without one
-	// envelopeGateway are the gateway's settings of the envelope: the
-	// handler's.
-	envelopeGateway policy.GatewaySettings
-	logger          *zap.Logger
-	locks           *itemlock.Local
-	slots           *pooledSlots
+	// config is the configuration above, resolved by Provision.
+	config
+	logger *zap.Logger
+	locks  *itemlock.Local
+	slots  *pooledSlots
 	// untrackSlots stops the metrics counting the slots, at Cleanup.
 	untrackSlots func()
 	// storageLocks are set when a resource has item_locks storage.
@@ -148,14 +145,11 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // once, so that ServeHTTP only reads.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
-	p, err := h.buildPolicy(nil)
+	cfg, err := h.resolve(nil)
 	if err != nil {
 		return fmt.Errorf("batch: %w", err)
 	}
-	h.policy = p
-	if h.envelope, h.envelopeGateway, err = h.envelopeOf(p); err != nil {
-		return fmt.Errorf("batch: %w", err)
-	}
+	h.config = cfg
 	storage := configStorage(ctx)
 	if err := h.provisionLocks(storage); err != nil {
 		return fmt.Errorf("batch: %w", err)
@@ -198,32 +192,40 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		policy.RemoveMethodOverride(r)
 		r.Method = d.Method
 	}
-	if r.Method == http.MethodOptions {
-		if r.Header.Get("Origin") != "" && r.Header.Get("Access-Control-Request-Method") != "" {
-			return next.ServeHTTP(w, r) // a CORS preflight is the CORS handler's to answer
-		}
-		w.Header().Set("Allow", m.Allow())
-		if m.Methods().Has(policy.MethodPatch) {
-			w.Header().Set("Accept-Patch", "application/json, application/merge-patch+json")
-		}
-		w.WriteHeader(http.StatusNoContent)
-		return nil
+	switch {
+	case r.Method == http.MethodOptions:
+		return answerOptions(w, r, next, m.Allow(), m.Methods().Has(policy.MethodPatch))
+	case m.Item:
+		return h.serveItem(w, r, m, next)
 	}
-	if m.Item {
-		serve := func() error { return next.ServeHTTP(w, r) }
-		if r.Method == http.MethodDelete && m.Resource.Settings.DeleteSemantics == policy.Declarative {
-			serve = func() error { return serveDeclarativeDelete(w, r, next) }
-		}
-		if isWrite(r.Method) {
-			return h.serveLockedWrite(w, r, m, serve)
-		}
-		return serve()
-	}
-	op, isBatch, plan, prob := batch.Admit(r, m)
+	a, isBatch := h.admit(r, m)
 	if !isBatch {
 		return next.ServeHTTP(w, r)
 	}
-	return h.serveBatch(w, r, h.collectionScope(m), op, plan, prob, next)
+	return h.serveBatch(w, r, a, next)
+}
+
+// answerOptions answers OPTIONS on a path the gateway knows with what
+// it allows, and hands a CORS preflight on to the CORS handler.
+func answerOptions(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, allow string, acceptsPatch bool) error {
+	if r.Header.Get("Origin") != "" && r.Header.Get("Access-Control-Request-Method") != "" {
+		return next.ServeHTTP(w, r) // a CORS preflight is the CORS handler's to answer
+	}
+	w.Header().Set("Allow", allow)
+	if acceptsPatch {
+		w.Header().Set("Accept-Patch", "application/json, application/merge-patch+json")
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// refuse answers with a problem the gateway found; a 405 says what the
+// path allows.
+func refuse(w http.ResponseWriter, prob problem.Details, allow string) error {
+	if prob.Status == http.StatusMethodNotAllowed {
+		w.Header().Set("Allow", allow)
+	}
+	return prob.Write(w)
 }
 
 // refuseMethod answers a method, or a method override, that the map
@@ -231,12 +233,24 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 func refuseMethod(w http.ResponseWriter, m policy.Match, d policy.MethodDecision) error {
 	switch d.Refusal {
 	case policy.MethodNotImplemented:
-		return problem.New(http.StatusNotImplemented, "method-not-implemented", d.Detail).Write(w)
+		return refuse(w, problem.New(http.StatusNotImplemented, "method-not-implemented", d.Detail), m.Allow())
 	case policy.MethodNotAllowed:
-		w.Header().Set("Allow", m.Allow())
-		return problem.New(http.StatusMethodNotAllowed, "method-not-allowed", d.Detail).Write(w)
+		return refuse(w, problem.New(http.StatusMethodNotAllowed, "method-not-allowed", d.Detail), m.Allow())
 	}
-	return problem.New(http.StatusBadRequest, "invalid-method-override", d.Detail).Write(w)
+	return refuse(w, problem.New(http.StatusBadRequest, "invalid-method-override", d.Detail), m.Allow())
+}
+
+// serveItem passes a request to one item on, a write under its item's
+// lock, a declarative DELETE's 404 turned into 204.
+func (h *Handler) serveItem(w http.ResponseWriter, r *http.Request, m policy.Match, next caddyhttp.Handler) error {
+	serve := func() error { return next.ServeHTTP(w, r) }
+	if r.Method == http.MethodDelete && m.Resource.Settings.DeleteSemantics == policy.Declarative {
+		serve = func() error { return serveDeclarativeDelete(w, r, next) }
+	}
+	if isWrite(r.Method) {
+		return h.serveLockedWrite(w, r, m, serve)
+	}
+	return serve()
 }
 
 // serveDeclarativeDelete turns the upstream's 404 to a single-item DELETE
@@ -260,16 +274,31 @@ func serveDeclarativeDelete(w http.ResponseWriter, r *http.Request, next caddyht
 	return nil
 }
 
+// admission is a batch request past the front door, a collection's or
+// the envelope's: what it runs under, its operation, and its plan, or
+// the problem that refused it before anything was sent.
+type admission struct {
+	scope   scope
+	op      policy.Op
+	plan    *batch.Plan
+	refusal *problem.Details
+}
+
+// admit tells whether a request to the collection m matched is a batch
+// and, if it is, admits it (batch.Admit).
+func (h *Handler) admit(r *http.Request, m policy.Match) (a admission, isBatch bool) {
+	op, isBatch, plan, prob := batch.Admit(r, m)
+	return admission{scope: h.collectionScope(m), op: op, plan: plan, refusal: prob}, isBatch
+}
+
 // serveBatch runs an admitted batch or envelope, or answers the problem
 // that refused it.
-func (h *Handler) serveBatch(w http.ResponseWriter, r *http.Request, sc scope, op policy.Op, plan *batch.Plan, prob *problem.Details, next caddyhttp.Handler) error {
-	obs := h.observe(r, sc, op)
-	if prob != nil {
-		obs.rejected(prob.Status, prob.Detail)
-		if prob.Status == http.StatusMethodNotAllowed {
-			w.Header().Set("Allow", sc.allow)
-		}
-		return prob.Write(w)
+func (h *Handler) serveBatch(w http.ResponseWriter, r *http.Request, a admission, next caddyhttp.Handler) error {
+	sc, plan := a.scope, a.plan
+	obs := h.observe(r, sc, a.op)
+	if a.refusal != nil {
+		obs.rejected(a.refusal.Status, a.refusal.Detail)
+		return refuse(w, *a.refusal, sc.allow)
 	}
 	keyed := h.idem.watch(r, sc, plan)
 	if done, err := keyed.claim(w, len(plan.Items)); done {

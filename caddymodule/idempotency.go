@@ -31,7 +31,7 @@ type idempotency struct {
 }
 
 // answerSlack is what a batch answer may hold beyond max_response_size,
-// which bounds its items, and still be kept: the envelope around them.
+// which bounds its items, and still be kept: the answer's own members around them.
 const answerSlack = 64 << 10
 
 func newIdempotency(storage certmagic.Storage, leases *durable.Leases, logger *zap.Logger) *idempotency {
@@ -155,11 +155,11 @@ func refusal(d durable.Decision) (problem.Details, string) {
 	}
 }
 
-// maxRun bounds how long a batch can run, compensations included: past
-// it the claim stops being renewed, even if the batch never answered.
+// maxRun bounds how long a batch can run, compensations included, with
+// a minute to spare: past it the claim stops being renewed, even if the
+// batch never answered.
 func maxRun(s policy.Settings) time.Duration {
-	attempts := time.Duration(s.CompensationRetries + 1)
-	return s.BatchTimeout + attempts*(s.CompensationTimeout+2*time.Second) + time.Minute
+	return s.BatchTimeout + batch.CompensationBudget(s) + time.Minute
 }
 
 // replay answers with a finished batch's stored answer.

@@ -461,11 +461,11 @@ func TestIdempotencyStoredStates(t *testing.T) {
 			req := httptest.NewRequest("PATCH", "/api/widgets", strings.NewReader(body))
 			req.Header.Set("Idempotency-Key", key)
 			h := &Handler{Resources: []Resource{{Path: "/api/widgets", Collection: []string{"PATCH"}, Item: []string{"GET", "PUT", "PATCH"}}}}
-			p, err := h.buildPolicy(nil)
+			cfg, err := h.resolve(nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			m, _ := p.Lookup("/api/widgets")
+			m, _ := cfg.policy.Lookup("/api/widgets")
 			req.Header.Set("Content-Type", "application/json")
 			_, _, plan, prob := batch.Admit(req, m)
 			if prob != nil {

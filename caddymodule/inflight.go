@@ -45,7 +45,8 @@ func (p *pooledSlots) Observe(latency time.Duration, overloaded bool) {
 
 func (*pooledSlots) Destruct() error { return nil }
 
-// provisionSlots takes the handler's share of its max_in_flight slots.
+// provisionSlots takes the handler's share of its max_in_flight slots,
+// as resolve set max_in_flight.
 //
 // The slots are found again after a reload by what names the handler
 // across configs: its resources' paths, and max_in_flight itself. A
@@ -56,7 +57,8 @@ func (*pooledSlots) Destruct() error { return nil }
 // two bounds add up. Two handlers that list the same resources with the
 // same max_in_flight (two sites in front of one API) share one bound.
 func (h *Handler) provisionSlots() *pooledSlots {
-	key, g := h.slotsKey()
+	g := h.handler.GatewaySettings
+	key := h.slotsKey(g)
 	v, _, _ := pools.LoadOrNew(key, func() (caddy.Destructor, error) {
 		p := &pooledSlots{key: key, throttles: batch.NewThrottles(metrics.throttledWait)}
 		if g.AutoInFlight {
@@ -70,13 +72,9 @@ func (h *Handler) provisionSlots() *pooledSlots {
 	return v.(*pooledSlots)
 }
 
-// slotsKey names the handler's slots in pools, and returns the settings
-// that say how many there are.
-func (h *Handler) slotsKey() (key string, g policy.GatewaySettings) {
-	// buildPolicy has already refused whatever apply could refuse.
-	l := defaults()
-	_ = h.Options.apply(&l)
-	g = l.GatewaySettings
+// slotsKey names in pools the slots of the handler's resources, as g
+// says how many there are.
+func (h *Handler) slotsKey(g policy.GatewaySettings) string {
 	paths := make([]string, len(h.Resources))
 	for i, r := range h.Resources {
 		paths[i] = r.Path
@@ -89,5 +87,5 @@ func (h *Handler) slotsKey() (key string, g policy.GatewaySettings) {
 		MinInFlight int      `json:"min,omitempty"`
 	}{paths, g.MaxInFlight, g.AutoInFlight, g.MinInFlight})
 	sum := sha256.Sum256(id)
-	return "batch.max_in_flight." + hex.EncodeToString(sum[:12]), g
+	return "batch.max_in_flight." + hex.EncodeToString(sum[:12])
 }

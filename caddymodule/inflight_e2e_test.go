@@ -15,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
+	"github.com/caddy-batch/caddy-batch/policy"
 )
 
 // The tests of max_in_flight: a storm of batches puts no more load on
@@ -46,11 +47,11 @@ func startQuietGateway(t testing.TB, api *legacyapi.API, upstream, site string) 
 // handler with these resources and max_in_flight, and how many
 // handlers share them.
 func heldSlots(maxInFlight int, paths ...string) (*pooledSlots, int) {
-	h := Handler{Options: Options{MaxInFlight: maxInFlight}}
+	var h Handler
 	for _, p := range paths {
 		h.Resources = append(h.Resources, Resource{Path: p})
 	}
-	key, _ := h.slotsKey()
+	key := h.slotsKey(policy.GatewaySettings{MaxInFlight: maxInFlight})
 	refs, _ := pools.References(key)
 	var found *pooledSlots
 	pools.Range(func(k, v any) bool {

@@ -7,17 +7,16 @@ import (
 
 	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/durable"
-	"github.com/caddy-batch/caddy-batch/policy"
 )
 
 // The saga journal (docs/durability.md) is durable's, in Caddy's
 // storage; what the gateway adds is where a batch came from, so that a
 // recovery sends the saga's requests through the same server and route.
 
-// journalFor is the journal of a batch, or nil if it keeps none: only an
-// all-or-nothing write batch is a saga.
+// journalFor is the journal of a batch, or nil if it keeps none: only a
+// saga keeps one.
 func (h *Handler) journalFor(r *http.Request, sc scope, p *batch.Plan) batch.Journal {
-	if h.journals == nil || !sc.gateway.Journal || p.Atomicity != policy.AllOrNothing || !p.Writes() {
+	if h.journals == nil || !sc.gateway.Journal || !p.Saga() {
 		return nil
 	}
 	o := originOf(r)

@@ -61,11 +61,11 @@ func planOf(t *testing.T, directive, method, target, body string, header ...stri
 	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(directive)); err != nil {
 		t.Fatal(err)
 	}
-	p, err := h.buildPolicy(nil)
+	cfg, err := h.resolve(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.policy = p
+	h.config = cfg
 	r := httptest.NewRequest(method, target, strings.NewReader(body))
 	if body != "" {
 		r.Header.Set("Content-Type", "application/json")
@@ -76,7 +76,7 @@ func planOf(t *testing.T, directive, method, target, body string, header ...stri
 			r.Header.Set(header[i], header[i+1])
 		}
 	}
-	m, ok := p.Lookup(r.URL.EscapedPath())
+	m, ok := h.policy.Lookup(r.URL.EscapedPath())
 	if !ok {
 		t.Fatalf("no resource at %s", target)
 	}

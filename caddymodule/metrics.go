@@ -57,87 +57,75 @@ const (
 )
 
 func newBatchMetrics() *batchMetrics {
-	const ns, sub = "caddy", "http_batch"
 	// From a lock taken at once to batch_timeout and beyond: a failed
 	// batch answers after its undos too.
 	durationBuckets := []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
 	labels := func(more ...string) []string { return append([]string{"server", "resource", "operation"}, more...) }
 	return &batchMetrics{
-		batches: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub,
-			Name: "requests_total",
-			Help: `Batch requests, by outcome: a batch outcome, or "rejected" for a batch refused before anything was sent.`,
-		}, labels("atomicity", "outcome")),
-		items: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub,
-			Name: "items_total",
-			Help: "Items of batch requests, by item outcome.",
-		}, labels("outcome")),
-		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: ns, Subsystem: sub,
-			Name:    "request_duration_seconds",
-			Help:    "Time from a batch's arrival to its answer, undos included, of batches that were run.",
-			Buckets: durationBuckets,
-		}, labels("outcome")),
-		itemsPerBatch: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: ns, Subsystem: sub,
-			Name:    "items_per_request",
-			Help:    "Items per batch request, of batches that were run.",
-			Buckets: []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000},
-		}, labels()),
-		compensations: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub,
-			Name: "compensations_total",
-			Help: "Items of all-or-nothing batches that had to be undone, by result: rolled_back, or rollback_failed (left as the batch made them).",
-		}, labels("result")),
-		lockWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: ns, Subsystem: sub,
-			Name:    "lock_wait_seconds",
-			Help:    "Time taken to get an item lock, or to give up on it, by the request that wanted it: a batch, or a single-item write.",
-			Buckets: durationBuckets,
-		}, []string{"server", "resource", "request"}),
-		lockConflicts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub,
-			Name: "lock_conflicts_total",
-			Help: "Item locks given up on because another write through the gateway held the item until the wait's timeout (answered 409), by the request that gave up.",
-		}, []string{"server", "resource", "request"}),
-		replays: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub,
-			Name: "idempotent_replays_total",
-			Help: "Batch writes answered from the stored answer of an earlier request with the same Idempotency-Key, with nothing sent upstream.",
-		}, labels()),
-		recovered: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub,
-			Name: "journals_recovered_total",
-			Help: "Sagas of dead owners this process finished from their journals, by the batch outcome they ended with: rolled_back, or rollback_failed.",
-		}, []string{"outcome"}),
-		listFallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub,
-			Name: "list_fallbacks_total",
-			Help: `LISTs sent through a resource's list_filter that answered nothing usable, so that their ids were read one by one, by reason: "no_answer", "status" (not 2xx), or "body" (not JSON, or no array where items points).`,
-		}, []string{"server", "resource", "reason"}),
-		throttled: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub,
-			Name: "throttled_total",
-			Help: "Sub-requests the legacy API throttled (429, or 503 with Retry-After) that waited the pause it asked for and were sent again (README, \"Throttling\").",
-		}, []string{"resource"}),
+		batches: counter("requests_total",
+			`Batch requests, by outcome: a batch outcome, or "rejected" for a batch refused before anything was sent.`,
+			labels("atomicity", "outcome")),
+		items: counter("items_total",
+			"Items of batch requests, by item outcome.",
+			labels("outcome")),
+		duration: histogram("request_duration_seconds",
+			"Time from a batch's arrival to its answer, undos included, of batches that were run.",
+			durationBuckets, labels("outcome")),
+		itemsPerBatch: histogram("items_per_request",
+			"Items per batch request, of batches that were run.",
+			[]float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000}, labels()),
+		compensations: counter("compensations_total",
+			"Items of all-or-nothing batches that had to be undone, by result: rolled_back, or rollback_failed (left as the batch made them).",
+			labels("result")),
+		lockWait: histogram("lock_wait_seconds",
+			"Time taken to get an item lock, or to give up on it, by the request that wanted it: a batch, or a single-item write.",
+			durationBuckets, []string{"server", "resource", "request"}),
+		lockConflicts: counter("lock_conflicts_total",
+			"Item locks given up on because another write through the gateway held the item until the wait's timeout (answered 409), by the request that gave up.",
+			[]string{"server", "resource", "request"}),
+		replays: counter("idempotent_replays_total",
+			"Batch writes answered from the stored answer of an earlier request with the same Idempotency-Key, with nothing sent upstream.",
+			labels()),
+		recovered: counter("journals_recovered_total",
+			"Sagas of dead owners this process finished from their journals, by the batch outcome they ended with: rolled_back, or rollback_failed.",
+			[]string{"outcome"}),
+		listFallbacks: counter("list_fallbacks_total",
+			`LISTs sent through a resource's list_filter that answered nothing usable, so that their ids were read one by one, by reason: "no_answer", "status" (not 2xx), or "body" (not JSON, or no array where items points).`,
+			[]string{"server", "resource", "reason"}),
+		throttled: counter("throttled_total",
+			"Sub-requests the legacy API throttled (429, or 503 with Retry-After) that waited the pause it asked for and were sent again (README, \"Throttling\").",
+			[]string{"resource"}),
 		pending: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Namespace: ns, Subsystem: sub,
+			Namespace: metricsNamespace, Subsystem: metricsSubsystem,
 			Name: "journals_pending",
 			Help: "Sagas this process keeps a journal for: running, or being finished for a dead owner.",
 		}, func() float64 { return float64(durable.Pending()) }),
-		slots: newSlotGauges(ns, sub),
+		slots: newSlotGauges(metricsNamespace, metricsSubsystem),
 		sagas: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: ns, Subsystem: sub,
+			Namespace: metricsNamespace, Subsystem: metricsSubsystem,
 			Name: "sagas",
 			Help: "Sagas in the storage, by state: running, orphaned, stuck, left_behind; every instance sharing a storage reports the same count (aggregate with max).",
 		}, []string{"state"}),
-		sagaActions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub,
-			Name: "saga_actions_total",
-			Help: `Operators' actions on sagas through this instance's admin endpoint, by action (retry, resolve) and result: "resolved", "left_behind", or "refused".`,
-		}, []string{"action", "result"}),
+		sagaActions: counter("saga_actions_total",
+			`Operators' actions on sagas through this instance's admin endpoint, by action (retry, resolve) and result: "resolved", "left_behind", or "refused".`,
+			[]string{"action", "result"}),
 	}
+}
+
+// metricsNamespace and metricsSubsystem prefix every collector's name:
+// caddy_http_batch_<name>, beside Caddy's own caddy_http_ metrics.
+const metricsNamespace, metricsSubsystem = "caddy", "http_batch"
+
+func counter(name, help string, labels []string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: name, Help: help,
+	}, labels)
+}
+
+func histogram(name, help string, buckets []float64, labels []string) *prometheus.HistogramVec {
+	return prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: name, Help: help, Buckets: buckets,
+	}, labels)
 }
 
 func (m *batchMetrics) collectors() []prometheus.Collector {

@@ -338,20 +338,27 @@ func (b binding[O, S]) field(o *Options) *O {
 // whose zero is a value of its own (a flag's off) is a pointer in
 // Options; a negative limit is set, for policy.Validate to refuse.
 
-// count is an option that takes a whole number greater than zero.
-func count(name, example string, b binding[int, int]) option {
-	return option{name: name, forms: []string{"<n>"}, example: example,
-		read:  func(o *Options, a optionArgs) error { return a.number(b.field(o)) },
+// plain is an option whose value is its setting, laid over it when set.
+func plain[T comparable](name, form, example string, read func(optionArgs, *T) error, b binding[T, T]) option {
+	return option{name: name, forms: []string{form}, example: example,
+		read:  func(o *Options, a optionArgs) error { return read(a, b.field(o)) },
 		apply: func(o *Options, l *level) error { f, s := b(o, l); setNonZero(s, *f); return nil },
 	}
 }
 
+// count is an option that takes a whole number greater than zero.
+func count(name, example string, b binding[int, int]) option {
+	return plain(name, "<n>", example, optionArgs.number, b)
+}
+
 // size is an option that takes a size in bytes (1MiB, 512KiB).
 func size(name, example string, b binding[int64, int64]) option {
-	return option{name: name, forms: []string{"<size>"}, example: example,
-		read:  func(o *Options, a optionArgs) error { return a.size(b.field(o)) },
-		apply: func(o *Options, l *level) error { f, s := b(o, l); setNonZero(s, *f); return nil },
-	}
+	return plain(name, "<size>", example, optionArgs.size, b)
+}
+
+// text is an option that takes a name, as it is written.
+func text(name, example string, b binding[string, string]) option {
+	return plain(name, "<name>", example, optionArgs.text, b)
 }
 
 // duration is an option that takes a duration (10s, 1m30s).
@@ -359,14 +366,6 @@ func duration(name, example string, b binding[caddy.Duration, time.Duration]) op
 	return option{name: name, forms: []string{"<duration>"}, example: example,
 		read:  func(o *Options, a optionArgs) error { return a.duration(b.field(o)) },
 		apply: func(o *Options, l *level) error { f, s := b(o, l); setNonZero(s, time.Duration(*f)); return nil },
-	}
-}
-
-// text is an option that takes a name, as it is written.
-func text(name, example string, b binding[string, string]) option {
-	return option{name: name, forms: []string{"<name>"}, example: example,
-		read:  func(o *Options, a optionArgs) error { return a.text(b.field(o)) },
-		apply: func(o *Options, l *level) error { f, s := b(o, l); setNonZero(s, *f); return nil },
 	}
 }
 

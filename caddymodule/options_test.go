@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 )
 
 // TestOptionsTableIsDocumented holds UnmarshalCaddyfile's syntax to the
@@ -45,5 +47,53 @@ func TestOptionsTableIsDocumented(t *testing.T) {
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("UnmarshalCaddyfile's syntax lists the options\n%s\nand the table\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestOptionsTableTakesEveryShape: a row can read an option with a
+// block, and one whose first word selects its form, and the directive
+// reads on after them as before. The rows are the test's own, for the
+// options issues will add (openapi <file> { ... }, max_in_flight auto
+// [<min> <max>]); the table is restored after it.
+func TestOptionsTableTakesEveryShape(t *testing.T) {
+	saved := optionTable
+	t.Cleanup(func() { optionTable = saved })
+	var block, forms []string
+	optionTable = append(slices.Clone(saved),
+		option{name: "with_block", forms: []string{"<file> { ... }"},
+			read: func(o *Options, a optionArgs) error {
+				block = append(block, a.args...)
+				for n := a.d.Nesting(); a.d.NextBlock(n); {
+					block = append(block, a.d.Val()+"="+strings.Join(a.d.RemainingArgs(), " "))
+				}
+				return nil
+			},
+			apply: func(*Options, *level) error { return nil }},
+		option{name: "with_forms", forms: []string{"<n>", "auto [<min> <max>]"},
+			read: func(o *Options, a optionArgs) error {
+				if len(a.args) > 0 && a.args[0] == "auto" {
+					forms = append(forms, "auto "+strings.Join(a.args[1:], " "))
+					return nil
+				}
+				forms = append(forms, strings.Join(a.args, " "))
+				return nil
+			},
+			apply: func(*Options, *level) error { return nil }},
+	)
+	var h Handler
+	_, err := h.unmarshal(caddyfile.NewTestDispenser(strings.Join(batchBlock(
+		[]string{"\twith_block api.yaml {", "\t\tpublish /openapi.json", "\t\tstrict", "\t}", "\tmax_items 5", "\twith_forms auto 4 64"},
+		usersResource[:3], []string{"\t\twith_forms 8", "\t}"}), "\n")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"api.yaml", "publish=/openapi.json", "strict="}; !slices.Equal(block, want) {
+		t.Errorf("the block read %q, want %q", block, want)
+	}
+	if want := []string{"auto 4 64", "8"}; !slices.Equal(forms, want) {
+		t.Errorf("the forms read %q, want %q", forms, want)
+	}
+	if h.MaxItems != 5 || len(h.Resources) != 1 || len(h.Resources[0].Item) != 4 {
+		t.Errorf("the directive after them: max_items %d, resources %+v", h.MaxItems, h.Resources)
 	}
 }

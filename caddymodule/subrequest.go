@@ -67,6 +67,37 @@ func newSubrequests(r *http.Request, next caddyhttp.Handler, maxBody int64) *sub
 // Send runs one sub-request through the handler chain and returns what
 // the chain answered.
 func (s *subrequests) Send(ctx context.Context, sr *batch.SubRequest) (resp *batch.SubResponse, err error) {
+	// A resent read changes nothing, so only a write's copies are counted.
+	var resends *resendTrace
+	if sr.Method != http.MethodGet && sr.Method != http.MethodHead {
+		resends = new(resendTrace)
+		ctx = httptrace.WithClientTrace(ctx, resends.trace())
+	}
+	rec := newRecorder(s.maxBody)
+	req, err := s.prepare(ctx, sr, rec)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		// The chain runs on a goroutine Caddy did not start, where a panic
+		// would end the process; http.ErrAbortHandler is how a handler
+		// says the answer was cut off.
+		if p := recover(); p != nil {
+			resp, err = nil, fmt.Errorf("the handler chain panicked: %v", p)
+		}
+	}()
+	err = s.next.ServeHTTP(rec, req)
+	resp, err = answer(req.Context(), rec, err)
+	if resp != nil {
+		resp.Resent = resends != nil && resends.resent()
+	}
+	return resp, err
+}
+
+// prepare makes sr a request of its own, as Caddy prepares a client's
+// request, answered into rec: its own replacer falling back to the batch
+// request's, a copy of the batch request's vars and route groups.
+func (s *subrequests) prepare(ctx context.Context, sr *batch.SubRequest, rec *recorder) (*http.Request, error) {
 	path, err := url.PathUnescape(sr.Path)
 	if err != nil {
 		return nil, fmt.Errorf("%w: bad sub-request path %q: %w", batch.ErrNotSent, sr.Path, err)
@@ -98,17 +129,10 @@ func (s *subrequests) Send(ctx context.Context, sr *batch.SubRequest) (resp *bat
 		// resends a write whose kept-alive connection died after sending
 		// it, to an upstream that may ignore the key and apply it twice.
 		// Without it a write with a body is never resent; a DELETE (no
-		// body) still can be, which the trace below tells the engine.
+		// body) still can be, which the trace in Send tells the engine.
 		req.ContentLength = int64(len(sr.Body))
 		req.Body = io.NopCloser(bytes.NewReader(sr.Body))
 	}
-	// A resent read changes nothing, so only a write's copies are counted.
-	var resends *resendTrace
-	if sr.Method != http.MethodGet && sr.Method != http.MethodHead {
-		resends = new(resendTrace)
-		ctx = httptrace.WithClientTrace(ctx, resends.trace())
-	}
-	rec := newRecorder(s.maxBody)
 	repl := caddy.NewReplacer()
 	prepared := caddyhttp.PrepareRequest(req.WithContext(ctx), repl, rec, s.server)
 	// Placeholders the sub-request cannot answer itself (an authenticated
@@ -121,21 +145,7 @@ func (s *subrequests) Send(ctx context.Context, sr *batch.SubRequest) (resp *bat
 	if groups, ok := subCtx.Value(routeGroupCtxKey).(map[string]struct{}); ok {
 		maps.Copy(groups, s.routeGroups)
 	}
-
-	defer func() {
-		// The chain runs on a goroutine Caddy did not start, where a panic
-		// would end the process; http.ErrAbortHandler is how a handler
-		// says the answer was cut off.
-		if p := recover(); p != nil {
-			resp, err = nil, fmt.Errorf("the handler chain panicked: %v", p)
-		}
-	}()
-	err = s.next.ServeHTTP(rec, prepared)
-	resp, err = answer(subCtx, rec, err)
-	if resp != nil {
-		resp.Resent = resends != nil && resends.resent()
-	}
-	return resp, err
+	return prepared, nil
 }
 
 // resendTrace tells a request that Go's transport wrote again (its first

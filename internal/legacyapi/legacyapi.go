@@ -1166,64 +1166,74 @@ func (a *API) store(t *table, key string, fields map[string]any, stamp bool) *re
 func (a *API) handleCollection(c *collection, t *table, r *http.Request, body []byte) response {
 	switch r.Method {
 	case http.MethodGet, http.MethodHead:
-		keys := c.listed(t, r)
-		if c.PageSize > 0 {
-			return c.page(t, r, keys)
-		}
-		q := r.URL.Query()
-		offset, ok1 := queryInt(q, "offset", 0)
-		limit, ok2 := queryInt(q, "limit", -1)
-		if !ok1 || !ok2 {
-			return plain(http.StatusBadRequest, "offset and limit must be non-negative integers")
-		}
-		keys = keys[min(offset, len(keys)):]
-		if limit >= 0 {
-			keys = keys[:min(limit, len(keys))]
-		}
-		return jsonAnswer(http.StatusOK, c.elements(t, r, keys))
-
+		return c.list(t, r)
 	case http.MethodPost:
-		rec, err := decodeObject(body)
-		if err != nil {
-			return plain(http.StatusBadRequest, "body must be a JSON object")
-		}
-		c.accept(rec, nil)
-		if res, bad := checkName(rec); bad {
-			return res
-		}
-		// A null id is what ORMs send for "not saved yet", so it means
-		// "assign one" rather than an error.
-		if v, has := rec["id"]; has && (v == nil || c.AssignIDs) {
-			delete(rec, "id")
-		}
-		var key string
-		if v, has := rec["id"]; has {
-			k, ok := idKey(v)
-			if !ok {
-				return plain(http.StatusBadRequest, "id must be a number or a non-empty string")
-			}
-			if cur := t.records[k]; cur != nil {
-				if res, failed := c.createPrecondition(r, cur); failed {
-					return res
-				}
-				return plain(http.StatusConflict, "duplicate id")
-			}
-			key = k
-		} else {
-			for {
-				key = strconv.Itoa(t.nextID)
-				t.nextID++
-				if _, taken := t.records[key]; !taken {
-					break
-				}
-			}
-			rec["id"] = json.Number(key)
-		}
-		return a.created(c, r, key, a.store(t, key, rec, c.Normalize))
-
+		return a.create(c, t, r, body)
 	default:
 		return methodNotAllowed(r.Method, "GET, HEAD, POST")
 	}
+}
+
+// list answers a LIST: every item the query selects, a page of them
+// (PageSize), or the slice offset and limit ask for.
+func (c *collection) list(t *table, r *http.Request) response {
+	keys := c.listed(t, r)
+	if c.PageSize > 0 {
+		return c.page(t, r, keys)
+	}
+	q := r.URL.Query()
+	offset, ok1 := queryInt(q, "offset", 0)
+	limit, ok2 := queryInt(q, "limit", -1)
+	if !ok1 || !ok2 {
+		return plain(http.StatusBadRequest, "offset and limit must be non-negative integers")
+	}
+	keys = keys[min(offset, len(keys)):]
+	if limit >= 0 {
+		keys = keys[:min(limit, len(keys))]
+	}
+	return jsonAnswer(http.StatusOK, c.elements(t, r, keys))
+}
+
+// create answers a POST: the item stored under the id the body names,
+// or one the API assigns.
+func (a *API) create(c *collection, t *table, r *http.Request, body []byte) response {
+	rec, err := decodeObject(body)
+	if err != nil {
+		return plain(http.StatusBadRequest, "body must be a JSON object")
+	}
+	c.accept(rec, nil)
+	if res, bad := checkName(rec); bad {
+		return res
+	}
+	// A null id is what ORMs send for "not saved yet", so it means
+	// "assign one" rather than an error.
+	if v, has := rec["id"]; has && (v == nil || c.AssignIDs) {
+		delete(rec, "id")
+	}
+	var key string
+	if v, has := rec["id"]; has {
+		k, ok := idKey(v)
+		if !ok {
+			return plain(http.StatusBadRequest, "id must be a number or a non-empty string")
+		}
+		if cur := t.records[k]; cur != nil {
+			if res, failed := c.createPrecondition(r, cur); failed {
+				return res
+			}
+			return plain(http.StatusConflict, "duplicate id")
+		}
+		key = k
+	} else {
+		for {
+			key = strconv.Itoa(t.nextID)
+			t.nextID++
+			if _, taken := t.records[key]; !taken {
+				break
+			}
+		}
+		rec["id"] = json.Number(key)
+	}
+	return a.created(c, r, key, a.store(t, key, rec, c.Normalize))
 }
 
 // listed is the ids of the records a LIST answers, in order: filtered by

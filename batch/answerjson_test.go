@@ -16,17 +16,17 @@ import (
 )
 
 // marshalled is the answer as the gateway wrote it before it streamed
-// answers: the whole envelope through encoding/json, HTML unescaped.
+// answers: the whole of it through encoding/json, HTML unescaped.
 func marshalled(t testing.TB, r *Result) []byte {
 	t.Helper()
-	type envelope struct {
+	type whole struct {
 		Atomicity string       `json:"atomicity"`
 		Outcome   Outcome      `json:"outcome"`
 		Succeeded int          `json:"succeeded"`
 		Failed    int          `json:"failed"`
 		Items     []ItemResult `json:"items"`
 	}
-	env := envelope{r.Atomicity.String(), r.Outcome, r.Succeeded, r.Failed, r.Items}
+	env := whole{r.Atomicity.String(), r.Outcome, r.Succeeded, r.Failed, r.Items}
 	var v any = env
 	if r.Atomicity != policy.Partial && r.Outcome != Succeeded {
 		kind := map[Outcome]string{RolledBack: "batch-rolled-back", RollbackFailed: "rollback-failed"}[r.Outcome]
@@ -35,7 +35,7 @@ func marshalled(t testing.TB, r *Result) []byte {
 		}
 		v = struct {
 			problem.Details
-			envelope
+			whole
 		}{problem.New(r.Status, kind, r.Detail), env}
 	}
 	var buf bytes.Buffer
@@ -48,10 +48,10 @@ func marshalled(t testing.TB, r *Result) []byte {
 }
 
 // The streamed answer is, byte for byte, what encoding/json made of the
-// whole envelope (for bodies without whitespace between their tokens,
+// whole answer (for bodies without whitespace between their tokens,
 // which encoding/json took out): the same members in the same order,
 // omitted in the same cases, escaped the same way.
-func TestEnvelopeAsMarshalled(t *testing.T) {
+func TestAnswerAsMarshalled(t *testing.T) {
 	full := ItemResult{
 		Index: 0, Op: "p\u00e9-1", Method: "POST", URL: "/users/7/posts?x=<y>&z=\"", ID: "a<b>&c", Status: 502, Outcome: RollbackFailed,
 		Body:     json.RawMessage(`{"html":"<b>&amp;</b>","line":"` + "\u2028" + `","n":[1,2.5e3,null,true]}`),
@@ -119,7 +119,7 @@ func TestEnvelopeAsMarshalled(t *testing.T) {
 // An upstream's body goes into the answer as it came, its inner
 // whitespace included (it is insignificant in JSON), without the
 // whitespace around it.
-func TestEnvelopeKeepsBodyAsSent(t *testing.T) {
+func TestAnswerKeepsBodyAsSent(t *testing.T) {
 	pretty := "\r\n {\n  \"id\": \"1\",\n  \"tags\": [ \"a\", \"b\" ]\n}\n\n"
 	f := newFake().on("GET", "/widgets/1", reply(200, pretty, "Content-Type", "application/json"))
 	rec := writeRaw(t, run(mustPlan(t, newRequest("GET", "/widgets?ids=1", "")), f))

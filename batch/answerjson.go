@@ -10,8 +10,8 @@ import (
 	"unicode/utf8"
 )
 
-// envelopeHead is the envelope's members before its items.
-type envelopeHead struct {
+// answerHead is the answer's members before its items.
+type answerHead struct {
 	Atomicity string  `json:"atomicity"`
 	Outcome   Outcome `json:"outcome"`
 	Succeeded int     `json:"succeeded"`
@@ -20,7 +20,7 @@ type envelopeHead struct {
 
 // itemTail is an ItemResult's members after its body, with the same
 // names, order and omissions; appendItemHead writes the ones before it.
-// TestEnvelopeAsMarshalled holds both to ItemResult.
+// TestAnswerAsMarshalled holds both to ItemResult.
 type itemTail struct {
 	BodyText     string            `json:"body_text,omitempty"`
 	Headers      map[string]string `json:"headers,omitempty"`
@@ -33,14 +33,14 @@ type itemTail struct {
 // client's in. A body larger than what is buffered goes straight through.
 var answerWriters = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 32<<10) }}
 
-// writeEnvelope writes {head…, "items": [items…]} to w: what
+// writeAnswer writes {head…, "items": [items…]} to w: what
 // json.Encoder would make of it, except that each item's body is copied
 // as it is, never validated or compacted again. setResponse let in only
 // bodies that are valid JSON and valid UTF-8, and encoding/json would
 // only have taken out the whitespace between their tokens, at the cost
 // of a second copy of every body. HTML characters stay unescaped, as
 // problem.Details.Write leaves them.
-func writeEnvelope(w io.Writer, head any, items []ItemResult) error {
+func writeAnswer(w io.Writer, head any, items []ItemResult) error {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)

@@ -1,0 +1,83 @@
+package caddymodule
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/caddy-batch/caddy-batch/policy"
+)
+
+// resolved reads a batch directive and resolves it, as Provision does.
+func resolved(t *testing.T, lines ...string) (*Handler, config) {
+	t.Helper()
+	var h Handler
+	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(strings.Join(lines, "\n"))); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := h.resolve(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &h, cfg
+}
+
+// TestEnvelopeTakesTheHandlersSettings: the envelope runs under the
+// handler's own settings and its general atomicity; neither an
+// operation's atomicity nor a resource's options reach it.
+func TestEnvelopeTakesTheHandlersSettings(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		lines []string
+		want  policy.Atomicity
+	}{
+		{"default", nil, policy.AllOrNothing},
+		{"general", []string{"\tatomicity partial"}, policy.Partial},
+		{"an operation's beside it", []string{"\tatomicity partial", "\tatomicity create all_or_nothing"}, policy.Partial},
+		{"an operation's alone", []string{"\tatomicity delete partial"}, policy.AllOrNothing},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			lines := append(append([]string{"\tenvelope /batch", "\tmax_items 7", "\titem_locks storage"}, tt.lines...),
+				"\tresource /users {", "\t\tcollection GET POST PATCH DELETE", "\t\titem GET PUT PATCH DELETE",
+				"\t\tatomicity partial", "\t\tmax_items 3", "\t\titem_locks local", "\t}")
+			_, cfg := resolved(t, batchBlock(lines)...)
+			e := cfg.envelope
+			if e == nil || e.Path != "/batch" {
+				t.Fatalf("envelope %+v", e)
+			}
+			if e.Atomicity != tt.want {
+				t.Errorf("atomicity %s, want %s", e.Atomicity, tt.want)
+			}
+			if e.Settings.MaxItems != 7 || cfg.handler.ItemLocks != policy.StorageLocks {
+				t.Errorf("max_items %d, item_locks %s: want the handler's, 7 and storage", e.Settings.MaxItems, cfg.handler.ItemLocks)
+			}
+		})
+	}
+}
+
+// TestSlotsFollowTheResolvedMaxInFlight: the max_in_flight slots are as
+// many as the resolved max_in_flight says, the default included, and
+// named by it, so that a handler that leaves it out shares its slots
+// with one that writes the default.
+func TestSlotsFollowTheResolvedMaxInFlight(t *testing.T) {
+	var keys []string
+	for _, tt := range []struct {
+		option string
+		want   int
+	}{{"", 32}, {"\tmax_in_flight 32", 32}, {"\tmax_in_flight 5", 5}} {
+		h, cfg := resolved(t, batchBlock([]string{tt.option}, usersResource)...)
+		h.config = cfg
+		slots := h.provisionSlots()
+		if slots.Cap() != tt.want {
+			t.Errorf("%q: %d slots, want %d", tt.option, slots.Cap(), tt.want)
+		}
+		keys = append(keys, slots.key)
+		if _, err := pools.Delete(slots.key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if keys[0] != keys[1] || keys[1] == keys[2] {
+		t.Errorf("the slots are named %q: want the default's and 32's one name, and 5's another", keys)
+	}
+}
