@@ -59,6 +59,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    journal              [on|off]
 //	    scope_query          <param...>
 //	    id_format            any|integer|uuid
+//	    stamped_fields       <member...>
 //	    envelope             <path>
 //
 //	    resource <collection path template> {
@@ -370,6 +371,7 @@ var optionExamples = []struct{ name, example string }{
 	{"journal", "journal off"},
 	{"scope_query", "scope_query tenant api_key"},
 	{"id_format", "id_format integer"},
+	{"stamped_fields", "stamped_fields updated_at"},
 }
 
 func optionExample(name string) string {
@@ -431,6 +433,12 @@ func (o *Options) set(a optionArgs) (known bool, err error) {
 		return true, nil
 	case "id_format":
 		return true, a.text(&o.IDFormat)
+	case "stamped_fields":
+		if len(a.args) == 0 {
+			return true, a.d.Errf("stamped_fields takes one or more member names, e.g. %s", optionExample(a.name))
+		}
+		o.StampedFields = a.args
+		return true, nil
 	case "item_locks":
 		return true, a.text(&o.ItemLocks)
 	case "journal":

@@ -191,6 +191,12 @@ type Settings struct {
 	// IDFormat says what the upstream's ids are, so that two spellings
 	// of one id name one item.
 	IDFormat IDFormat
+	// StampedFields names the members the upstream stamps on every save
+	// (updated_at): every comparison an undo's proof makes leaves them
+	// out, since a read after a write the upstream stamped differs from
+	// any image the gateway holds in them alone (docs/configuration.md,
+	// "stamped_fields").
+	StampedFields []string
 }
 
 // Defaults returns the settings README's "Configuration" gives for an
@@ -306,7 +312,7 @@ func Validate(s Settings, g GatewaySettings) error {
 		errs = append(errs, OptionError("ids_param",
 			fmt.Errorf("ids_param must not be %q: the gateway reads that parameter as a method override; choose another name, e.g. ids", s.IDsParam)))
 	}
-	errs = append(errs, s.checkScopeQuery())
+	errs = append(errs, s.checkScopeQuery(), s.checkStampedFields())
 	return errors.Join(errs...)
 }
 
@@ -328,6 +334,27 @@ func (s Settings) checkScopeQuery() error {
 			fail("scope_query must not name %q: the gateway reads that parameter as a method override and never passes it on; remove it from scope_query", name)
 		case slices.Contains(s.ScopeQuery[:i], name):
 			fail("scope_query names %q twice: keep one", name)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// checkStampedFields refuses a stamped_fields name that is empty, named
+// twice, or the id field: an item's id is what every proof reads it by,
+// and left out of a comparison it would let a read of another item pass.
+func (s Settings) checkStampedFields() error {
+	var errs []error
+	fail := func(format string, args ...any) {
+		errs = append(errs, OptionError("stamped_fields", fmt.Errorf(format, args...)))
+	}
+	for i, name := range s.StampedFields {
+		switch {
+		case name == "":
+			fail("stamped_fields holds an empty name: name each member the legacy API stamps on every save, e.g. stamped_fields updated_at")
+		case name == s.IDField:
+			fail("stamped_fields must not name %q, the id field (id_field): the id is what proves a read is of the item; remove it from stamped_fields", name)
+		case slices.Contains(s.StampedFields[:i], name):
+			fail("stamped_fields names %q twice: keep one", name)
 		}
 	}
 	return errors.Join(errs...)
