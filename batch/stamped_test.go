@@ -160,3 +160,31 @@ func TestDifferingLeavesOutOnlyStampedMembers(t *testing.T) {
 		}
 	}
 }
+
+// A saga that died after its undo was applied, unanswered, is finished
+// by a read that finds the pre-image but for the stamp the undo's own
+// save put on it: that counts as undone, and nothing is sent again.
+func TestStampedResumeAfterAnUndoWasSent(t *testing.T) {
+	f := stampingFake()
+	dead, undoing := make(chan struct{}), make(chan struct{})
+	f.on("PATCH", "/widgets/2", reply(500, `{}`))
+	f.on("PUT", "/widgets/1", answer{hook: func(_ context.Context, req *SubRequest) {
+		f.store(req)
+		close(undoing)
+		<-dead
+	}})
+	defer close(dead)
+	j := &memJournal{}
+	p := mustPlan(t, newRequest("PATCH", "/widgets", `[{"id":"1","name":"ours"},{"id":"2","name":"x"}]`), concurrency(1), stamped("updated_at"))
+	go newSaga(p, Runtime{Send: f, Journal: j}, noBackoff).run(context.Background())
+	<-undoing
+	snap := j.stored(t)
+	res, err := Resume(context.Background(), snap, widgets(t, stamped("updated_at")).Lookup, nil, Runtime{Send: f, Journal: &memJournal{snap: snap}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := write(t, res)
+	equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "failed"})
+	equal(t, "PUTs sent in all", len(f.sentWith("PUT")), 1)
+	jsonEqual(t, "widget 1 but for its stamp", withoutStamp(t, f.state()["1"]), `{"id":"1","name":"widget 1","color":"red"}`)
+}
