@@ -675,7 +675,9 @@ func TestEnvelopeDependsOnIsLinear(t *testing.T) {
 // the query it carried, the envelope's included.
 func TestEnvelopeAnswersTheURLAsSent(t *testing.T) {
 	api := newAPIStore("/users", "/users/100/posts").put("/users/7", map[string]any{"id": 7, "name": "grace"})
-	e := shop(t, func(s *policy.Settings) { s.IDFormat, s.Concurrency, s.ScopeQuery = policy.IDInteger, 1, []string{"by", "tenant"} })
+	e := shop(t, func(s *policy.Settings) {
+		s.IDFormat, s.Concurrency, s.ScopeQuery = policy.IDInteger, 1, []string{"by", "tenant"}
+	})
 	w := runEnvelope(t, e, `{"operations": [
 		{"id": "m", "method": "PATCH", "url": "/users/007?by=ada", "body": {"name": "Grace"}},
 		{"id": "u", "method": "POST", "url": "/users", "body": {"name": "ada"}},
