@@ -96,8 +96,8 @@ func (sg *saga) changedReason(i int, have, want []byte, subset bool, lead string
 	if len(theirs) > 0 {
 		return fmt.Sprintf("%s: another writer changed %s, which the batch's write sent, so it was left as it is", lead, memberList(theirs))
 	}
-	return fmt.Sprintf("%s, but only in %s, which the batch's write did not send: the legacy API may have changed %s itself, as one that stamps a time on every save does; "+
-		"if it does, name %s in stamped_fields so that such an item can be undone. It was left as it is", lead, memberList(names), them(len(names)), them(len(names)))
+	return fmt.Sprintf("%s, and the difference is only in %s, which the batch's write did not send: the legacy API may have changed %s itself, as an API that stamps a time on every save does; "+
+		"if it does, name %s in stamped_fields, and such an item is undone. It was left as it is", lead, memberList(names), them(len(names)), them(len(names)))
 }
 
 // sentMembers are the members item i's write sent.

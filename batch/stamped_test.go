@@ -116,7 +116,7 @@ func TestStampedProofRead(t *testing.T) {
 		equalSlices(t, "outcomes", w.Outcomes(), []string{"rollback_failed", "failed"})
 		equal(t, "PUTs sent", len(f.sentWith("PUT")), 0)
 		c := w.Items[0].Compensation
-		if c == nil || !strings.Contains(c.Error, `only in "updated_at", which the batch's write did not send`) || strings.Contains(c.Error, "another writer") {
+		if c == nil || !strings.Contains(c.Error, `the difference is only in "updated_at", which the batch's write did not send`) || strings.Contains(c.Error, "another writer") {
 			t.Fatalf("compensation %+v: want a reason naming updated_at and stamped_fields", c)
 		}
 	})
