@@ -168,11 +168,7 @@ func TestStampedResumeAfterAnUndoWasSent(t *testing.T) {
 	f := stampingFake()
 	dead, undoing := make(chan struct{}), make(chan struct{})
 	f.on("PATCH", "/widgets/2", reply(500, `{}`))
-	f.on("PUT", "/widgets/1", answer{hook: func(_ context.Context, req *SubRequest) {
-		f.store(req)
-		close(undoing)
-		<-dead
-	}})
+	f.on("PUT", "/widgets/1", appliedThenDies(f, undoing, dead))
 	defer close(dead)
 	j := &memJournal{}
 	p := mustPlan(t, newRequest("PATCH", "/widgets", `[{"id":"1","name":"ours"},{"id":"2","name":"x"}]`), concurrency(1), stamped("updated_at"))

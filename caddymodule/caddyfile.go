@@ -426,19 +426,11 @@ func (o *Options) set(a optionArgs) (known bool, err error) {
 	case "conditional_writes":
 		return true, a.flag(&o.ConditionalWrites)
 	case "scope_query":
-		if len(a.args) == 0 {
-			return true, a.d.Errf("scope_query takes one or more query parameter names, e.g. %s", optionExample(a.name))
-		}
-		o.ScopeQuery = a.args
-		return true, nil
+		return true, a.names(&o.ScopeQuery, "query parameter names")
 	case "id_format":
 		return true, a.text(&o.IDFormat)
 	case "stamped_fields":
-		if len(a.args) == 0 {
-			return true, a.d.Errf("stamped_fields takes one or more member names, e.g. %s", optionExample(a.name))
-		}
-		o.StampedFields = a.args
-		return true, nil
+		return true, a.names(&o.StampedFields, "member names")
 	case "item_locks":
 		return true, a.text(&o.ItemLocks)
 	case "journal":
@@ -511,6 +503,16 @@ func (a optionArgs) one() (string, error) {
 		return "", a.d.Errf("%s takes a value, not an empty string, e.g. %s", a.name, optionExample(a.name))
 	}
 	return a.args[0], nil
+}
+
+// names sets a list of names (what says what they name); the policy
+// judges each one.
+func (a optionArgs) names(dst *[]string, what string) error {
+	if len(a.args) == 0 {
+		return a.d.Errf("%s takes one or more %s, e.g. %s", a.name, what, optionExample(a.name))
+	}
+	*dst = a.args
+	return nil
 }
 
 // limit refuses a zero: it cannot reach buildPolicy (in JSON it means

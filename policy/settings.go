@@ -320,41 +320,40 @@ func Validate(s Settings, g GatewaySettings) error {
 // gateway takes the ids parameter and _method out of every batch's query
 // itself, so naming them would promise a parameter that is never sent.
 func (s Settings) checkScopeQuery() error {
-	var errs []error
-	fail := func(format string, args ...any) {
-		errs = append(errs, OptionError("scope_query", fmt.Errorf(format, args...)))
-	}
-	for i, name := range s.ScopeQuery {
-		switch {
-		case name == "":
-			fail("scope_query holds an empty name: name each query parameter that scopes a request, e.g. scope_query tenant api_key")
-		case name == s.IDsParam:
-			fail("scope_query must not name %q, the ids parameter (ids_param): the gateway takes the ids out of the query and sends each item's id in its path; remove it from scope_query", name)
-		case name == MethodParam:
-			fail("scope_query must not name %q: the gateway reads that parameter as a method override and never passes it on; remove it from scope_query", name)
-		case slices.Contains(s.ScopeQuery[:i], name):
-			fail("scope_query names %q twice: keep one", name)
-		}
-	}
-	return errors.Join(errs...)
+	return checkNames("scope_query", s.ScopeQuery, "query parameter that scopes a request, e.g. scope_query tenant api_key",
+		reserved{s.IDsParam, ", the ids parameter (ids_param): the gateway takes the ids out of the query and sends each item's id in its path"},
+		reserved{MethodParam, ": the gateway reads that parameter as a method override and never passes it on"})
 }
 
-// checkStampedFields refuses a stamped_fields name that is empty, named
-// twice, or the id field: an item's id is what every proof reads it by,
-// and left out of a comparison it would let a read of another item pass.
+// checkStampedFields refuses a stamped_fields name that is the id field:
+// an item's id is what every proof reads it by, and left out of a
+// comparison it would let a read of another item pass.
 func (s Settings) checkStampedFields() error {
+	return checkNames("stamped_fields", s.StampedFields, "member the legacy API stamps on every save, e.g. stamped_fields updated_at",
+		reserved{s.IDField, ", the id field (id_field): the id is what proves a read is of the item"})
+}
+
+// reserved is a name a list option may not hold, and why, as the error
+// goes on after the name.
+type reserved struct{ name, why string }
+
+// checkNames refuses, in the list of names an option holds, an empty
+// one (each says what to name instead), a reserved one, and one named
+// twice.
+func checkNames(option string, names []string, each string, taken ...reserved) error {
 	var errs []error
 	fail := func(format string, args ...any) {
-		errs = append(errs, OptionError("stamped_fields", fmt.Errorf(format, args...)))
+		errs = append(errs, OptionError(option, fmt.Errorf(format, args...)))
 	}
-	for i, name := range s.StampedFields {
+	for i, name := range names {
+		k := slices.IndexFunc(taken, func(r reserved) bool { return r.name == name })
 		switch {
 		case name == "":
-			fail("stamped_fields holds an empty name: name each member the legacy API stamps on every save, e.g. stamped_fields updated_at")
-		case name == s.IDField:
-			fail("stamped_fields must not name %q, the id field (id_field): the id is what proves a read is of the item; remove it from stamped_fields", name)
-		case slices.Contains(s.StampedFields[:i], name):
-			fail("stamped_fields names %q twice: keep one", name)
+			fail("%s holds an empty name: name each %s", option, each)
+		case k >= 0:
+			fail("%s must not name %q%s; remove it from %s", option, name, taken[k].why, option)
+		case slices.Contains(names[:i], name):
+			fail("%s names %q twice: keep one", option, name)
 		}
 	}
 	return errors.Join(errs...)
