@@ -18,11 +18,12 @@ import (
 // Each test reads the legacy API's final state.
 
 // railsAPI serves Rails-like users 40 and 41, every write committed at
-// once and answered late when late.
+// once and, when late, answered well after railsSite's item_timeout
+// (which leaves a loaded machine time to deliver the write).
 func railsAPI(late bool) *legacyapi.API {
 	users := legacyapi.Collection{Path: "/api/users", Rails: true, AssignIDs: true, Seed: records("u", 40, 41)}
 	if late {
-		users.AnswerDelay = 600 * time.Millisecond
+		users.AnswerDelay = 1500 * time.Millisecond
 	}
 	return legacyapi.New(users)
 }
@@ -31,7 +32,7 @@ func railsAPI(late bool) *legacyapi.API {
 func railsSite(options ...string) string {
 	return `
 	batch {
-		item_timeout 150ms
+		item_timeout 400ms
 		compensation_timeout 5s
 		compensation_retries 1
 		id_format integer
