@@ -119,6 +119,9 @@ func (sg *saga) undoItem(ctx context.Context, i int) {
 		sg.settle(ctx, i, RolledBack, "", nil)
 	case is2xx(resp.Status) && u.WantID != "":
 		if id, _ := sg.createdID(i, resp); id != u.WantID {
+			sg.mu.Lock()
+			c.CreatedID = id
+			sg.mu.Unlock()
 			sg.settle(ctx, i, RollbackFailed, fmt.Sprintf("the item was re-created under another id (%q), not its own (restore_deleted post on an API that assigns ids)", id), nil)
 			return
 		}

@@ -76,6 +76,11 @@ type Compensation struct {
 	// to be as the batch left it, so the undo was not sent; and what the
 	// read that resolved an unknown write found, whatever came of it.
 	Found json.RawMessage `json:"found,omitempty"`
+	// CreatedID is the id a POST restore re-created the item under when
+	// the upstream gave it another than its own: something now exists
+	// there, so the restore is never sent again (a retry would make a
+	// duplicate).
+	CreatedID string `json:"created_id,omitempty"`
 
 	cause error // why the last attempt got no answer, for the log only
 }

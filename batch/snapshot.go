@@ -135,6 +135,12 @@ var ErrNotResumable = errors.New("the saga cannot be resumed here")
 // record; Begin is not called again. lookup finds the resource again,
 // and env the envelope (nil where the handler has none).
 func Resume(ctx context.Context, snap *Snapshot, lookup func(path string) (policy.Match, bool), env *Envelope, rt Runtime) (*Result, error) {
+	return resume(ctx, snap, lookup, env, rt, nil)
+}
+
+// resume is Resume, with reopen called on the saga once its items have
+// their recorded state back, before they are locked.
+func resume(ctx context.Context, snap *Snapshot, lookup func(path string) (policy.Match, bool), env *Envelope, rt Runtime, reopen func(*saga)) (*Result, error) {
 	p, err := resumedPlan(snap, lookup, env)
 	if err != nil {
 		return nil, err
@@ -142,6 +148,9 @@ func Resume(ctx context.Context, snap *Snapshot, lookup func(path string) (polic
 	sg := newSaga(p, rt, compensationBackoff)
 	for i, it := range snap.Items {
 		sg.resumeItem(i, it)
+	}
+	if reopen != nil {
+		reopen(sg)
 	}
 	lockCtx, cancel := context.WithTimeout(ctx, sg.s.BatchTimeout)
 	defer cancel()

@@ -65,6 +65,9 @@ type gateway struct {
 	// storage is the storage global option: a test's own folder unless a
 	// test shares one, so that no record outlives the test.
 	storage string
+	// admin is the admin endpoint's address (host:port) where a test
+	// turns it on; off otherwise.
+	admin string
 }
 
 // startGateway serves the site body (Caddyfile directives, with UPSTREAM
@@ -91,6 +94,13 @@ func startGatewayTo(t testing.TB, api *legacyapi.API, upstream, site string) *ga
 func startGatewayStorage(t testing.TB, api *legacyapi.API, upstream, storage, site string) *gateway {
 	t.Helper()
 	g := &gateway{API: api, client: &http.Client{Timeout: 60 * time.Second}, addr: freeAddr(t), upstream: upstream, storage: storage}
+	g.start(t, site)
+	return g
+}
+
+// start runs Caddy with g's config serving site.
+func (g *gateway) start(t testing.TB, site string) {
+	t.Helper()
 	g.URL = "http://" + g.addr
 	loadCaddyfile(t, g.config(site))
 	t.Cleanup(func() {
@@ -99,7 +109,6 @@ func startGatewayStorage(t testing.TB, api *legacyapi.API, upstream, storage, si
 		}
 	})
 	testLogs.reset()
-	return g
 }
 
 // config is the whole Caddyfile that serves site on g's address.
@@ -107,6 +116,9 @@ func (g *gateway) config(site string) string {
 	globals := globalOptions
 	if g.storage != "" {
 		globals = strings.Replace(globals, "{\n", "{\n\t"+g.storage+"\n", 1)
+	}
+	if g.admin != "" {
+		globals = strings.Replace(globals, "admin off", "admin "+g.admin, 1)
 	}
 	return globals + "http://" + g.addr + " {\n" + strings.ReplaceAll(site, "UPSTREAM", g.upstream) + "\n}\n"
 }

@@ -20,7 +20,17 @@ func (h *Handler) journalFor(r *http.Request, sc scope, p *batch.Plan) batch.Jou
 	if h.journals == nil || !sc.gateway.Journal || p.Atomicity != policy.AllOrNothing || !p.Writes() {
 		return nil
 	}
-	return h.journals.New(originOf(r))
+	o := originOf(r)
+	o.Resource, o.ScopeQuery = sc.resource, sc.settings.ScopeQuery
+	return h.journals.New(o)
+}
+
+// sagaOf names the saga a journal keeps, if it keeps one.
+func sagaOf(j batch.Journal) string {
+	if dj, ok := j.(*durable.Journal); ok {
+		return dj.Saga()
+	}
+	return ""
 }
 
 // originOf is the client's request as it reached the server, before any

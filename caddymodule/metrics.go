@@ -44,6 +44,8 @@ type batchMetrics struct {
 	throttled     *prometheus.CounterVec
 	pending       prometheus.GaugeFunc
 	slots         *slotGauges
+	sagas         *prometheus.GaugeVec
+	sagaActions   *prometheus.CounterVec
 }
 
 // Label values of the outcome label besides the engine's outcomes, and
@@ -125,11 +127,21 @@ func newBatchMetrics() *batchMetrics {
 			Help: "Sagas this process keeps a journal for: running, or being finished for a dead owner.",
 		}, func() float64 { return float64(durable.Pending()) }),
 		slots: newSlotGauges(ns, sub),
+		sagas: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub,
+			Name: "sagas",
+			Help: "Sagas in the storage, by state: running, orphaned, stuck, left_behind; every instance sharing a storage reports the same count (aggregate with max).",
+		}, []string{"state"}),
+		sagaActions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub,
+			Name: "saga_actions_total",
+			Help: `Operators' actions on sagas through this instance's admin endpoint, by action (retry, resolve) and result: "resolved", "left_behind", or "refused".`,
+		}, []string{"action", "result"}),
 	}
 }
 
 func (m *batchMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.batches, m.items, m.duration, m.itemsPerBatch, m.compensations, m.lockWait, m.lockConflicts, m.replays, m.recovered, m.listFallbacks, m.throttled, m.pending, m.slots}
+	return []prometheus.Collector{m.batches, m.items, m.duration, m.itemsPerBatch, m.compensations, m.lockWait, m.lockConflicts, m.replays, m.recovered, m.listFallbacks, m.throttled, m.pending, m.slots, m.sagas, m.sagaActions}
 }
 
 // throttledWait counts a throttling answer waited out on resource (its

@@ -101,7 +101,9 @@ var labelValues = map[string]*regexp.Regexp{
 	"operation": regexp.MustCompile(`^(get|create|update|delete|envelope)$`),
 	"atomicity": regexp.MustCompile(`^(all_or_nothing|partial)$`),
 	"outcome":   regexp.MustCompile(`^(succeeded|partial|failed|not_attempted|rolled_back|rollback_failed|unknown|rejected)$`),
-	"result":    regexp.MustCompile(`^(rolled_back|rollback_failed)$`),
+	"result":    regexp.MustCompile(`^(rolled_back|rollback_failed|resolved|left_behind|refused)$`),
+	"state":     regexp.MustCompile(`^(running|orphaned|stuck|left_behind)$`),
+	"action":    regexp.MustCompile(`^(retry|resolve)$`),
 	"request":   regexp.MustCompile(`^(batch|single)$`),
 	"reason":    regexp.MustCompile(`^(no_answer|status|body)$`),
 	// A template: literal segments and {variables}; the tests' ids are

@@ -31,6 +31,9 @@ type observation struct {
 	// request identifies the batch request in its log line as Caddy's
 	// access log does, so that the two can be joined on uuid.
 	request []zap.Field
+	// saga names the batch's kept saga, if it keeps a journal: what it
+	// leaves behind is kept there, pre-images and all, not in the log.
+	saga string
 
 	// What the sub-requests got from the handler chain; see watchedChain.
 	answered, unreached atomic.Int32
@@ -157,7 +160,10 @@ func (o *observation) log(plan *batch.Plan, res *batch.Result, took time.Duratio
 	if res.ListRequests > 0 {
 		fields = append(fields, zap.Int("list_requests", res.ListRequests), zap.Int("fallbacks", res.ListFallbacks))
 	}
-	ce.Write(append(fields, outcomeFields(res)...)...)
+	if o.saga != "" && res.Outcome == batch.RollbackFailed {
+		fields = append(fields, zap.String("saga", o.saga))
+	}
+	ce.Write(append(fields, outcomeFields(res, o.saga)...)...)
 }
 
 // watchedChain tells, for each sub-request, whether the handler chain
@@ -185,17 +191,24 @@ func (c watchedChain) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
 }
 
 // outcomeFields are what a log line says of how a batch ended, beyond its
-// outcome: why it failed, what it left behind (with the pre-images an
-// operator repairs by hand), and the sub-requests' underlying errors.
-func outcomeFields(res *batch.Result) []zap.Field {
+// outcome: why it failed, what it left behind, and the sub-requests'
+// underlying errors. The items left behind are named with why; their
+// pre-images, personal data as likely as not, are in the kept saga
+// (named, with the command that shows it) when the batch keeps a
+// journal, and only without one in the line itself: there is nowhere
+// else to keep them (README, "Operations").
+func outcomeFields(res *batch.Result, saga string) []zap.Field {
 	var fields []zap.Field
 	if res.Detail != "" {
 		fields = append(fields, zap.String("detail", res.Detail))
 	}
 	if len(res.LeftBehind) > 0 {
 		fields = append(fields, zap.Strings("left_behind", res.LeftBehind))
+		if saga != "" {
+			fields = append(fields, zap.String("show", "caddy batch saga "+saga))
+		}
 	}
-	if len(res.Preimages) > 0 {
+	if len(res.Preimages) > 0 && saga == "" {
 		fields = append(fields, zap.Any("preimages", res.Preimages))
 	}
 	if len(res.Errors) > 0 {

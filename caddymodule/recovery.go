@@ -19,47 +19,29 @@ import (
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
-// recoverLoop looks for journals to finish, and sweeps expired
-// Idempotency-Key records, at start and then every recovery_interval,
-// until Stop.
-func (a *App) recoverLoop() {
-	defer close(a.stopped)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		select {
-		case <-a.stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	tick := time.NewTicker(time.Duration(a.RecoveryInterval))
-	defer tick.Stop()
-	for {
-		if err := a.journals.Scan(ctx, a.finish, a.failedOnce); err != nil && ctx.Err() == nil {
-			a.logger.Warn("listing saga journals in storage", zap.Error(err))
-		}
-		a.sweepIdempotency(ctx)
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
+// scan looks for journals to finish (durable's Scan), once, and counts
+// the sagas by state for the gauge.
+func (a *App) scan(ctx context.Context) {
+	a.state.mu.Lock()
+	a.state.failedBefore, a.state.failed = a.state.failed, map[string]string{}
+	a.state.mu.Unlock()
+	if err := a.journals.Scan(ctx, a.finish, a.failedOnce); err != nil && ctx.Err() == nil {
+		a.logger.Warn("listing saga journals in storage", zap.Error(err))
 	}
+	a.countSagas(ctx)
 }
 
 // sweepIdempotency deletes the Idempotency-Key records that expired
-// (docs/durability.md, "Idempotency-Key replay"): one instance's sweep
-// serves every instance of a
-// cluster, and a sweep that races another only deletes what both found
-// expired.
+// (docs/durability.md, "Expiry and the sweep"), unless another instance
+// of the cluster is sweeping.
 func (a *App) sweepIdempotency(ctx context.Context) {
-	n, err := durable.SweepIdempotency(ctx, a.journals.Storage(), time.Now())
+	swept, err := a.sweeper.Sweep(ctx, durable.Now())
 	switch {
 	case err != nil && ctx.Err() == nil:
-		a.logger.Warn("sweeping expired Idempotency-Key records", zap.Error(err))
-	case n > 0:
-		a.logger.Debug("swept expired Idempotency-Key records", zap.Int("deleted", n))
+		a.logger.Warn("sweeping expired Idempotency-Key records; the next sweep tries again", zap.Error(err))
+	case swept.Deleted > 0 || swept.Indexed > 0:
+		a.logger.Debug("swept expired Idempotency-Key records", zap.Int("deleted", swept.Deleted),
+			zap.Int("kept", swept.Kept), zap.Int("buckets", swept.Buckets), zap.Int("indexed", swept.Indexed))
 	}
 }
 
@@ -104,7 +86,7 @@ func (a *App) logRecovered(r *durable.Recovered, res *batch.Result, took time.Du
 		zap.Int("compensations", res.Compensations),
 		zap.Duration("duration", took),
 	}
-	ce.Write(append(fields, outcomeFields(res)...)...)
+	ce.Write(append(fields, outcomeFields(res, r.Saga)...)...)
 }
 
 // failedOnce logs that a saga could not be taken over or finished, once
@@ -112,9 +94,12 @@ func (a *App) logRecovered(r *durable.Recovered, res *batch.Result, took time.Du
 func (a *App) failedOnce(saga, doing string, err error) {
 	why := doing + ": " + err.Error()
 	a.state.mu.Lock()
-	seen := a.state.failed[saga] == why
+	seen := a.state.failed[saga] == why || a.state.failedBefore[saga] == why
 	a.state.failed[saga] = why
 	a.state.mu.Unlock()
+	if doing == "finishing the saga" || doing == "reading the saga's journal" {
+		a.journals.MarkStuck(context.Background(), saga, why)
+	}
 	if !seen {
 		a.logger.Error("a saga whose gateway died could not be finished; it stays in storage and is tried again",
 			zap.String("saga", saga), zap.String("while", doing), zap.Error(err))
@@ -126,6 +111,11 @@ func (a *App) failedOnce(saga, doing string, err error) {
 type recovery struct {
 	snap    *batch.Snapshot
 	journal batch.Journal
+	// retry is an operator's (batch.Retry: undos under the current
+	// config); prev, for a kept saga, are its items as the saga answered
+	// them, whose Idempotency-Key answer stays the first.
+	prev    []batch.ItemResult
+	retry   bool
 	reached bool // a batch handler serving the saga's resource took it
 	res     *batch.Result
 	err     error
@@ -225,8 +215,12 @@ func (h *Handler) resume(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		Throttles: h.slots.throttles,
 		Client:    durable.Credentials(job.snap.Header),
 	}
-	job.res, job.err = batch.Resume(r.Context(), job.snap, h.policy.Lookup, h.envelope, rt)
-	if job.err == nil {
+	if job.retry {
+		job.res, job.err = batch.Retry(r.Context(), job.snap, job.prev, h.policy.Lookup, h.envelope, rt)
+	} else {
+		job.res, job.err = batch.Resume(r.Context(), job.snap, h.policy.Lookup, h.envelope, rt)
+	}
+	if job.err == nil && job.prev == nil {
 		h.idem.settleRecovered(r.Context(), sc, job.snap, job.res)
 	}
 	return nil

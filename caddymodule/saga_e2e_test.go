@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -197,8 +198,9 @@ func checkLeftBehind(t testing.TB, r response, i int, why string) batchAnswer {
 }
 
 // checkRepairLog checks the batch's ERROR log line (README, "The log
-// line"): it names item i as left behind, and gives its pre-image, so that an
-// operator can repair it by hand.
+// line"): it names item i as left behind, and the kept saga, which gives
+// its pre-image, so that an operator can repair it by hand; the line
+// itself holds no pre-image.
 func checkRepairLog(t testing.TB, i int, preimage map[string]any) {
 	t.Helper()
 	entries := testLogs.entries("http.handlers.batch")
@@ -209,13 +211,21 @@ func checkRepairLog(t testing.TB, i int, preimage map[string]any) {
 	if lb := fmt.Sprint(e["left_behind"]); !mentionsItem(lb, i) {
 		t.Errorf("left_behind %s does not name item %d", lb, i)
 	}
-	images, _ := e["preimages"].([]any)
-	for _, im := range images {
-		if m, _ := im.(map[string]any); mentionsItem(fmt.Sprint(m["item"]), i) && sameJSON(t, m["preimage"], preimage) {
-			return
-		}
+	if e["preimages"] != nil {
+		t.Errorf("the log line holds pre-images: %v", e["preimages"])
 	}
-	t.Errorf("the log line gives item %d's pre-image %v in none of its preimages: %v", i, preimage, e["preimages"])
+	saga, _ := e["saga"].(string)
+	a := operated.Load()
+	if saga == "" || a == nil {
+		t.Fatalf("the log line names no kept saga: %v", e)
+	}
+	v, err := a.journals.Saga(context.Background(), saga)
+	if err != nil {
+		t.Fatalf("the kept saga %s: %v", saga, err)
+	}
+	if !sameJSON(t, v.Items[i].Preimage, preimage) {
+		t.Errorf("the kept saga gives item %d's pre-image as %s, want %v", i, v.Items[i].Preimage, preimage)
+	}
 }
 
 // TestSagaUndoLosesNoLaterWrite (case 1, the lost update by an undo):

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -52,20 +53,29 @@ const (
 // storedV1 is a storage holding every golden file under its key.
 func storedV1(t *testing.T) *memStorage {
 	t.Helper()
+	return storedFrom(t, goldenDir)
+}
+
+// storedFrom is a storage holding every file under the dirs, each under
+// its key: its path below its dir.
+func storedFrom(t *testing.T, dirs ...string) *memStorage {
+	t.Helper()
 	s := newMemStorage()
-	err := filepath.WalkDir(goldenDir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		b, err := os.ReadFile(p)
+	for _, dir := range dirs {
+		err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			rel, _ := filepath.Rel(dir, p)
+			return s.Store(context.Background(), filepath.ToSlash(rel), b)
+		})
 		if err != nil {
-			return err
+			t.Fatal(err)
 		}
-		rel, _ := filepath.Rel(goldenDir, p)
-		return s.Store(context.Background(), filepath.ToSlash(rel), b)
-	})
-	if err != nil {
-		t.Fatal(err)
 	}
 	return s
 }
@@ -148,7 +158,7 @@ func TestStoredV1JournalsStillRecover(t *testing.T) {
 		t.Fatalf("resuming the stored saga: %v", f.err)
 	}
 	r := f.r
-	if r.Saga != goldenDeadSaga || r.Dead.Owner != goldenOwner || r.Origin != (Origin{Server: "srv0", Method: "PATCH", URI: "/widgets?tenant=a", Host: "example.com", RemoteAddr: "192.0.2.1:4711"}) {
+	if r.Saga != goldenDeadSaga || r.Dead.Owner != goldenOwner || !reflect.DeepEqual(r.Origin, Origin{Server: "srv0", Method: "PATCH", URI: "/widgets?tenant=a", Host: "example.com", RemoteAddr: "192.0.2.1:4711"}) {
 		t.Errorf("took over %s from %+v, origin %+v", r.Saga, r.Dead, r.Origin)
 	}
 	snap := r.Snapshot
@@ -253,13 +263,14 @@ func TestStoredV1IdempotencyRecordsStillDecide(t *testing.T) {
 	}
 }
 
-// An expired record an older instance stored is swept; the others stay.
+// An expired record an older instance stored (with no expiry index) is
+// swept, once the sweep filed it under its expiry; the others stay.
 func TestStoredV1ExpiredRecordIsSwept(t *testing.T) {
 	s := storedV1(t)
 	before := keysUnder(s, IdempotencyPrefix+"/")
-	n, err := SweepIdempotency(context.Background(), s, time.Now())
-	if err != nil || n != 1 {
-		t.Fatalf("swept %d, %v; want 1", n, err)
+	swept, err := NewSweeper(s, zap.NewNop()).Sweep(context.Background(), time.Now())
+	if err != nil || swept.Deleted != 1 || swept.Indexed != len(before) {
+		t.Fatalf("swept %+v, %v; want every record indexed, 1 deleted", swept, err)
 	}
 	expired, _ := IdempotencyRecord("golden-expired", Credentials(http.Header{"Authorization": {goldenAuthority}}), "/widgets", "/widgets", "update")
 	if _, err := s.Load(context.Background(), expired); !errors.Is(err, fs.ErrNotExist) {

@@ -93,7 +93,7 @@ func heapAfterGC() uint64 {
 // served (which grew by about 6.5 KiB a request when it kept one).
 func TestDemoMemoryIsFlat(t *testing.T) {
 	const warmup, more = 500, 1500
-	gateway := startDemo(t)
+	gateway := startDemo(t).gateway
 	client := &http.Client{}
 	run := func(from, to int) {
 		for i := from; i < to; i++ {
@@ -118,7 +118,7 @@ func TestDemoMemoryIsFlat(t *testing.T) {
 // reports the live heap at the end (heap-MiB), to compare a short run with
 // a long one (docs/performance.md, "The demo's memory").
 func BenchmarkDemoMix(b *testing.B) {
-	gateway := startDemo(b)
+	gateway := startDemo(b).gateway
 	client := &http.Client{}
 	for i := 0; b.Loop(); i++ {
 		if err := demoMix(client, gateway, i); err != nil {

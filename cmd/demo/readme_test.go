@@ -28,10 +28,15 @@ func TestReadmeSession(t *testing.T) {
 	if len(steps) < 10 {
 		t.Fatalf("found %d curl steps in the README; its demo session is missing", len(steps))
 	}
-	gateway := startDemo(t)
+	d := startDemo(t)
+	gateway := d.gateway
 	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	for _, s := range steps {
 		t.Run(s.command, func(t *testing.T) {
+			if strings.HasPrefix(s.command, "caddy ") {
+				d.caddy(t, s)
+				return
+			}
 			req := s.request(t, gateway)
 			resp, err := client.Do(req)
 			if err != nil {
@@ -44,8 +49,9 @@ func TestReadmeSession(t *testing.T) {
 	}
 }
 
-// startDemo serves Caddyfile.example as the demo does, on free ports.
-func startDemo(t testing.TB) string {
+// startDemo serves Caddyfile.example as the demo does, on free ports
+// (the admin endpoint's included).
+func startDemo(t testing.TB) *demo {
 	raw, err := os.ReadFile("../../Caddyfile.example")
 	if err != nil {
 		t.Fatal(err)
@@ -59,8 +65,14 @@ func startDemo(t testing.TB) string {
 	if !bytes.Contains(raw, []byte("\n:8080 {")) {
 		t.Fatal("Caddyfile.example no longer serves :8080, as the README says")
 	}
-	config := filepath.Join(t.TempDir(), "Caddyfile")
-	if err := os.WriteFile(config, bytes.Replace(raw, []byte("\n:8080 {"), []byte("\n:"+port+" {"), 1), 0o644); err != nil {
+	if !bytes.Contains(raw, []byte("\tadmin localhost:2019\n")) {
+		t.Fatal("Caddyfile.example no longer turns the admin endpoint on at localhost:2019, as the README's Operations section says")
+	}
+	d := &demo{gateway: gateway, admin: freeAddr(t), config: filepath.Join(t.TempDir(), "Caddyfile")}
+	raw = bytes.Replace(raw, []byte("\n:8080 {"), []byte("\n:"+port+" {"), 1)
+	raw = bytes.Replace(raw, []byte("admin localhost:2019"), []byte("admin "+d.admin), 1)
+	config := d.config
+	if err := os.WriteFile(config, raw, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	stop, err := start(config, freeAddr(t))
@@ -72,7 +84,7 @@ func startDemo(t testing.TB) string {
 			t.Error(err)
 		}
 	})
-	return gateway
+	return d
 }
 
 func freeAddr(t testing.TB) string {
@@ -130,7 +142,7 @@ func (s step) request(t *testing.T, gateway string) *http.Request {
 	command, _ := s.piped()
 	args := shellWords(t, command)
 	if len(args) == 0 || args[0] != "curl" {
-		t.Fatalf("README console blocks hold only curl commands, not %q", s.command)
+		t.Fatalf("README console blocks hold only curl and caddy commands, not %q", s.command)
 	}
 	method, target, data := "", "", ""
 	var header []string

@@ -1,0 +1,81 @@
+package batch
+
+import (
+	"context"
+
+	"github.com/caddy-batch/caddy-batch/policy"
+)
+
+// Retry undoes again, now, every item a finished saga left behind
+// (docs/durability.md, "Kept sagas"): an operator fixed the cause (the
+// legacy API, or the configuration: each undo is computed again under
+// the current settings) and asks for the rest of the rollback. prev are
+// the items as the saga answered them (their answers and compensations);
+// what already rolled back stays so. Every undo is proved first, as in
+// the saga itself. An item whose POST restore re-created it under
+// another id (Compensation.CreatedID) is never sent again: that would
+// make a duplicate. A saga that never ended (prev nil: a journal
+// recovery could not finish) is finished as Resume finishes it, except
+// that the undos not yet sent are computed under the current settings
+// too. rt.Journal records it all, as Resume's does.
+func Retry(ctx context.Context, snap *Snapshot, prev []ItemResult, lookup func(path string) (policy.Match, bool), env *Envelope, rt Runtime) (*Result, error) {
+	return resume(ctx, snap, lookup, env, rt, func(sg *saga) {
+		for i := range sg.items {
+			if i < len(prev) {
+				sg.items[i].Body, sg.items[i].BodyText, sg.items[i].Headers = prev[i].Body, prev[i].BodyText, prev[i].Headers
+				sg.items[i].Compensation = prev[i].Compensation
+			}
+			sg.reopen(i)
+		}
+	})
+}
+
+// reopen makes item i, if it was left behind, one to undo again: its
+// undo computed under the current settings, or, where none could be
+// computed because what its write did was never learned, its outcome
+// unknown again, to be learned by a new read. An item still to undo
+// gets its undo under the current settings, unless it may have been
+// sent already (PhaseUndoing: the recorded one is what is proved).
+func (sg *saga) reopen(i int) {
+	it, st := &sg.items[i], &sg.state[i]
+	if !st.applied {
+		return
+	}
+	if !sg.undone(i) && st.undo != nil && st.phase != PhaseUndoing {
+		st.undo = sg.undoAgain(i, st)
+		return
+	}
+	if it.Outcome != RollbackFailed {
+		return
+	}
+	if c := it.Compensation; c != nil && c.CreatedID != "" {
+		return
+	}
+	switch {
+	case st.undo != nil:
+		st.undo = sg.undoAgain(i, st)
+		it.Outcome = Succeeded
+	case it.ID != "":
+		st.noUndo = ""
+		it.Outcome = Unknown
+	default:
+		return // nothing names what the write made: nothing to try
+	}
+	it.Compensation, st.resumed = nil, false
+}
+
+// undoAgain is item i's undo under the current settings (restore_deleted,
+// restore_updated), proved as the first one was: what the batch's write
+// left there has not changed since.
+func (sg *saga) undoAgain(i int, st *itemState) *Undo {
+	old := st.undo
+	switch sg.tgt(i).op {
+	case policy.OpDelete:
+		return sg.recreate(i, sg.items[i].ID, st)
+	case policy.OpUpdate:
+		u := sg.restore(i, st)
+		u.IfMatch, u.Proof = old.IfMatch, old.Proof
+		return u
+	}
+	return old
+}
