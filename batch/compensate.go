@@ -2,6 +2,7 @@ package batch
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -86,14 +87,14 @@ func (sg *saga) undoItem(ctx context.Context, i int) {
 		sg.settle(ctx, i, RolledBack, "", nil)
 		return
 	}
-	c := &Compensation{Method: u.Method, Path: u.Path}
+	c := &Compensation{Method: u.Method, Path: u.Path, Found: sg.foundBefore(i)}
 	if u.Proof != nil {
 		resp, err := sg.retrying(ctx, i, sg.read(i, sg.items[i].ID), nil)
 		if resp == nil {
 			sg.settle(ctx, i, RollbackFailed, "the item could not be read to prove it is as the batch left it: "+asNoAnswer(err).reason, nil)
 			return
 		}
-		if reason := u.Proof.check(resp, sg.set(i).IDField); reason != "" {
+		if reason := sg.proves(i, u.Proof, resp); reason != "" {
 			if u.Proof.GoneIsUndone && gone(resp.Status) {
 				sg.settle(ctx, i, RolledBack, "the created item was already deleted by someone else", nil)
 				return
@@ -132,6 +133,17 @@ func (sg *saga) undoItem(ctx context.Context, i int) {
 	}
 }
 
+// foundBefore is what the read that resolved item i's unknown write
+// found, if it found the item: the undo's compensation keeps it.
+func (sg *saga) foundBefore(i int) json.RawMessage {
+	sg.mu.Lock()
+	defer sg.mu.Unlock()
+	if c := sg.items[i].Compensation; c != nil {
+		return c.Found
+	}
+	return nil
+}
+
 // alreadyUndone reads an item whose undo a dead saga may have sent, and
 // reports whether it is already as the undo would leave it.
 func (sg *saga) alreadyUndone(ctx context.Context, i int) bool {
@@ -143,7 +155,7 @@ func (sg *saga) alreadyUndone(ctx context.Context, i int) bool {
 	case policy.OpCreate:
 		return gone(resp.Status)
 	default:
-		return is2xx(resp.Status) && sameJSON(resp.Body, sg.state[i].preimage)
+		return is2xx(resp.Status) && sg.same(i, resp.Body, sg.state[i].preimage)
 	}
 }
 
@@ -224,34 +236,39 @@ func (sg *saga) resend(ctx context.Context, i int) (resolved, undo bool) {
 }
 
 // resolveByRead judges what an unknown write did from a read of its item
-// (resp, 2xx or gone), as resolve says.
+// (resp, 2xx or gone), as resolve says. The read is what the item was
+// found to be, whatever it shows: it goes into the item's
+// compensation.found.
 func (sg *saga) resolveByRead(ctx context.Context, i int, resp *SubResponse) bool {
 	st, t, id := &sg.state[i], sg.tgt(i), sg.items[i].ID
-	changed := "the item is neither as it was before the batch nor as the batch's write would leave it: another writer changed it, so it was left as it is"
+	sg.found(i, resp)
 	switch t.op {
 	case policy.OpUpdate:
+		expect := sg.updated(i, st)
 		switch {
 		case gone(resp.Status):
 			st.noUndo = "the item is gone: someone deleted it, so there is nothing to put back"
-		case sameJSON(resp.Body, st.preimage):
+		case sg.same(i, resp.Body, st.preimage):
 			sg.notApplied(ctx, i, "a read after it showed that it did not take effect")
 			return false
-		case holdsMembers(resp.Body, sg.updated(i, st), ""):
+		case sg.holds(i, resp.Body, expect):
 			st.undo = sg.restore(i, st)
 			st.undo.IfMatch = strongETag(resp.Header)
 		default:
-			st.noUndo = changed
+			st.noUndo = sg.changedReason(i, resp.Body, expect, true, neither)
 		}
 	case policy.OpDelete:
 		switch {
 		case gone(resp.Status):
 			st.undo = sg.recreate(i, id, st)
 			st.undo.Proof = nil
-		case sameJSON(resp.Body, st.preimage):
+		case sg.same(i, resp.Body, st.preimage):
 			sg.notApplied(ctx, i, "a read after it showed that it did not take effect")
 			return false
 		default:
-			st.noUndo = changed
+			// A delete sends no member: whatever changed it, the batch
+			// did not.
+			st.noUndo = neither + ": another writer changed it, so it was left as it is"
 		}
 	case policy.OpCreate:
 		switch {
@@ -262,13 +279,32 @@ func (sg *saga) resolveByRead(ctx context.Context, i int, resp *SubResponse) boo
 			// Only the element named this id: the upstream may have
 			// ignored it and created the item under an id of its own.
 			st.noUndo = fmt.Sprintf("nothing is at id %q, which only the element named: the upstream may have created the item under an id of its own, so whatever the create made, if anything, is left behind", id)
-		case holdsMembers(resp.Body, sg.plan.Items[i].Body, t.s.IDField):
+		case sg.holds(i, resp.Body, sg.plan.Items[i].Body):
 			st.undo = &Undo{Method: http.MethodDelete, Path: sg.itemPath(i, id), IfMatch: strongETag(resp.Header)}
 		default:
 			st.noUndo = fmt.Sprintf("an item the batch may not have written is at id %q, so it was left as it is", id)
 		}
 	}
 	return true
+}
+
+// neither leads the reason an unknown write's item is left: the read
+// that was to tell what the write did shows neither outcome.
+const neither = "the item is neither as it was before the batch nor as the batch's write would leave it"
+
+// found keeps what the read that resolved item i's unknown write found
+// (a 2xx's object), in the item's compensation, whatever comes of it.
+func (sg *saga) found(i int, resp *SubResponse) {
+	if !is2xx(resp.Status) || !isObject(resp.Body) {
+		return
+	}
+	sg.mu.Lock()
+	defer sg.mu.Unlock()
+	it := &sg.items[i]
+	if it.Compensation == nil {
+		it.Compensation = &Compensation{}
+	}
+	it.Compensation.Found = resp.Body
 }
 
 // provesNothing reports whether an answer to a write sent again with the

@@ -97,6 +97,11 @@ type fakeSender struct {
 	jitter time.Duration
 	// noLocation makes a store create answer without a Location header.
 	noLocation bool
+	// stamps makes the store set "updated_at" on every record it stores,
+	// from a clock of its own, whatever the write sent: Rails'
+	// timestamps, Django's auto_now.
+	stamps bool
+	clock  int
 
 	mu          sync.Mutex
 	scripts     map[string][]answer // "METHOD /escaped/path" → answers; the last one repeats
@@ -319,6 +324,7 @@ func (f *fakeSender) store(req *SubRequest) *SubResponse {
 			return js(http.StatusConflict, map[string]string{"error": "exists"})
 		}
 		body["id"] = id
+		f.stamp(body)
 		f.records[id] = body
 		resp := js(http.StatusCreated, body)
 		if !f.noLocation {
@@ -353,9 +359,11 @@ func (f *fakeSender) store(req *SubRequest) *SubResponse {
 				merged[k] = v
 			}
 		}
+		f.stamp(merged)
 		f.records[id] = merged
 		return js(http.StatusOK, merged)
 	case http.MethodPut:
+		f.stamp(body)
 		f.records[id] = body
 		if exists {
 			return js(http.StatusOK, body)
@@ -369,6 +377,15 @@ func (f *fakeSender) store(req *SubRequest) *SubResponse {
 		return &SubResponse{Status: http.StatusNoContent, Header: http.Header{}}
 	}
 	return js(http.StatusMethodNotAllowed, nil)
+}
+
+// stamp sets a record's updated_at, when the store stamps. Callers hold
+// mu.
+func (f *fakeSender) stamp(rec map[string]any) {
+	if f.stamps {
+		f.clock++
+		rec["updated_at"] = fmt.Sprintf("t%d", f.clock)
+	}
 }
 
 // ---------------------------------------------------------------------

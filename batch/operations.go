@@ -43,9 +43,6 @@ type operation struct {
 	segs  []string
 	refs  map[int]reference
 	query string // the envelope's query and the url's own
-	// ownQuery is the url's own query, and filledPath its path once its
-	// references are filled: the url the answer reports.
-	ownQuery, filledPath string
 	// body is the body decoded, when it holds references (or escaped
 	// dollars) to fill in; nil when it is sent as the client wrote it.
 	body any
@@ -314,7 +311,7 @@ func (op *operation) parseURL(names map[string]int) error {
 	case strings.Contains(op.url, "#"):
 		return fmt.Errorf("the url %q has a #: a member of an answer stands in a url segment percent-encoded, as $op%%23%%2Fname for $op#/name", op.url)
 	}
-	op.query, op.ownQuery = u.RawQuery, u.RawQuery
+	op.query = u.RawQuery
 	op.segs = strings.Split(u.EscapedPath()[1:], "/")
 	for k, seg := range op.segs {
 		text, err := url.PathUnescape(seg)

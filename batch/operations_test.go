@@ -670,3 +670,27 @@ func TestEnvelopeDependsOnIsLinear(t *testing.T) {
 		t.Fatalf("got %+v", prob)
 	}
 }
+
+// An operation's url in the answer is the request that reached the
+// legacy API: the id canonical under id_format, references filled, and
+// the query it carried, the envelope's included.
+func TestEnvelopeAnswersTheURLAsSent(t *testing.T) {
+	api := newAPIStore("/users", "/users/100/posts").put("/users/7", map[string]any{"id": 7, "name": "grace"})
+	e := shop(t, func(s *policy.Settings) {
+		s.IDFormat, s.Concurrency, s.ScopeQuery = policy.IDInteger, 1, []string{"by", "tenant"}
+	})
+	w := runEnvelope(t, e, `{"operations": [
+		{"id": "m", "method": "PATCH", "url": "/users/007?by=ada", "body": {"name": "Grace"}},
+		{"id": "u", "method": "POST", "url": "/users", "body": {"name": "ada"}},
+		{"id": "p", "method": "POST", "url": "/users/$u/posts", "body": {"title": "x"}},
+		{"id": "g", "method": "GET", "url": "/users/+7"}
+	]}`, api)
+	equal(t, "outcome", w.Outcome, "succeeded")
+	for i, want := range []string{"/users/7?by=ada", "/users", "/users/100/posts", "/users/7"} {
+		equal(t, fmt.Sprintf("item %d's url", i), w.Items[i].URL, want)
+	}
+	_, calls := api.log()
+	if !slices.Contains(calls, "PATCH /users/7") {
+		t.Errorf("calls %v: the PATCH did not go to /users/7", calls)
+	}
+}

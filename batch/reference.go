@@ -115,7 +115,7 @@ func (sg *saga) fill(ctx context.Context, i int) bool {
 		return false
 	}
 	sg.mu.Lock()
-	sg.items[i].ID, sg.items[i].URL = it.ID, it.op.sentURL()
+	sg.items[i].ID, sg.items[i].URL = it.ID, it.sentURL()
 	sg.mu.Unlock()
 	return true
 }
@@ -136,7 +136,6 @@ func (sg *saga) fillURL(it *Item) error {
 	if err != nil {
 		return err
 	}
-	op.filledPath = path
 	m, ok := sg.plan.lookup(path)
 	if !ok || m.Resource != op.resource || m.Item != (op.kind != policy.OpCreate) {
 		return fmt.Errorf("its filled url %s is no longer a path of %s", path, op.resource.Collection)
@@ -195,14 +194,19 @@ func (sg *saga) fillValue(v any) (any, error) {
 	})
 }
 
-// sentURL is the operation's url as sent: its path with the references
-// filled in, and its own query.
-func (op *operation) sentURL() string {
-	if op.filledPath == "" {
-		return op.url
+// sentURL is the operation's url as its own request is sent, so that the
+// answer shows what reached the legacy API: the item's path (its id
+// canonical under id_format, references filled, item_path applied), or
+// the collection's for a create, with the query the request carries.
+// Until its references are filled, it is the url as the client wrote it.
+func (it *Item) sentURL() string {
+	t := it.tgt
+	if t == nil {
+		return it.op.url
 	}
-	if op.ownQuery != "" {
-		return op.filledPath + "?" + op.ownQuery
+	path := t.collectionPath
+	if t.op != policy.OpCreate {
+		path = t.paths.Path(it.ID)
 	}
-	return op.filledPath
+	return joinNonEmpty("?", path, t.query)
 }

@@ -73,7 +73,8 @@ type Compensation struct {
 	Attempts int    `json:"attempts"`
 	Error    string `json:"error,omitempty"`
 	// Found is what a read of the item showed when it could not be proved
-	// to be as the batch left it, so the undo was not sent.
+	// to be as the batch left it, so the undo was not sent; and what the
+	// read that resolved an unknown write found, whatever came of it.
 	Found json.RawMessage `json:"found,omitempty"`
 	// CreatedID is the id a POST restore re-created the item under when
 	// the upstream gave it another than its own: something now exists

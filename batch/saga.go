@@ -150,7 +150,7 @@ func newSaga(p *Plan, rt Runtime, backoff func(int) time.Duration) *saga {
 	for i, it := range p.Items {
 		sg.items[i] = ItemResult{Index: i, ID: it.ID, Outcome: NotAttempted}
 		if op := it.op; op != nil {
-			sg.items[i].Op, sg.items[i].Method, sg.items[i].URL = op.name, op.method, op.sentURL()
+			sg.items[i].Op, sg.items[i].Method, sg.items[i].URL = op.name, op.method, it.sentURL()
 		}
 		if key := it.writes(); key != "" && it.op != nil {
 			sg.writers[key] = append(sg.writers[key], i)

@@ -103,7 +103,7 @@ func (it *Item) snapshotOperation(snap *ItemSnapshot) {
 	if op == nil {
 		return
 	}
-	snap.Name, snap.Method, snap.URL, snap.Deps = op.name, op.method, op.sentURL(), op.deps
+	snap.Name, snap.Method, snap.URL, snap.Deps = op.name, op.method, it.sentURL(), op.deps
 	if t := it.tgt; t != nil {
 		snap.Target = &TargetSnapshot{Op: t.op.String(), Method: t.method, Path: t.collectionPath, Query: t.query}
 	}

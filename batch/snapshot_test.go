@@ -126,6 +126,17 @@ func TestResumeRefusesWhatItDoesNotKnow(t *testing.T) {
 	}
 }
 
+// appliedThenDies is an undo the store applies, after which its gateway
+// dies before the answer: undoing is closed once it is applied, and the
+// answer waits for dead.
+func appliedThenDies(f *fakeSender, undoing, dead chan struct{}) answer {
+	return answer{hook: func(_ context.Context, req *SubRequest) {
+		f.store(req)
+		close(undoing)
+		<-dead
+	}}
+}
+
 // A saga that died after sending an undo (applied, not answered) is
 // finished without sending the undo again over what it restored.
 func TestResumeAfterAnUndoWasSent(t *testing.T) {
@@ -133,11 +144,7 @@ func TestResumeAfterAnUndoWasSent(t *testing.T) {
 	before := f.state()
 	dead, undoing := make(chan struct{}), make(chan struct{})
 	f.on("PATCH", "/widgets/2", reply(500, `{}`))
-	f.on("PUT", "/widgets/1", answer{hook: func(_ context.Context, req *SubRequest) {
-		f.store(req)
-		close(undoing)
-		<-dead
-	}})
+	f.on("PUT", "/widgets/1", appliedThenDies(f, undoing, dead))
 	j := &memJournal{}
 	p := mustPlan(t, newRequest("PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":2}]`), concurrency(1))
 	go newSaga(p, Runtime{Send: f, Journal: j}, noBackoff).run(context.Background())

@@ -184,9 +184,10 @@ func restorePatch(preimage json.RawMessage, fields []string) []byte {
 	return b
 }
 
-// check tells whether a read of the item (resp) proves what proof asks.
-// It returns "" when it does, else why not.
-func (proof *Proof) check(resp *SubResponse, idField string) string {
+// proves tells whether a read of item i (resp) proves what proof asks,
+// the members the legacy API stamps left out of every comparison. It
+// returns "" when it does, else why not.
+func (sg *saga) proves(i int, proof *Proof, resp *SubResponse) string {
 	missing := gone(resp.Status)
 	switch {
 	case proof.Absent && missing:
@@ -198,9 +199,9 @@ func (proof *Proof) check(resp *SubResponse, idField string) string {
 	case !is2xx(resp.Status):
 		return fmt.Sprintf("the item could not be read to prove it is as the batch left it (GET answered %d)", resp.Status)
 	case proof.ETag != "" && strongETag(resp.Header) == proof.ETag,
-		proof.Subset && holdsMembers(resp.Body, proof.Expect, idField),
-		!proof.Subset && sameJSON(resp.Body, proof.Expect):
+		proof.Subset && sg.holds(i, resp.Body, proof.Expect),
+		!proof.Subset && sg.same(i, resp.Body, proof.Expect):
 		return ""
 	}
-	return "the item is no longer as the batch left it: another writer changed it, so it was left as they made it"
+	return sg.changedReason(i, resp.Body, proof.Expect, proof.Subset, "the item is no longer as the batch left it")
 }

@@ -89,6 +89,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    journal              [on|off]
 //	    scope_query          <param...>
 //	    id_format            any|integer|uuid
+//	    stamped_fields       <member...>
 //	    envelope             <path>
 //
 //	    resource <collection path template> {

@@ -142,7 +142,7 @@ var configMistakes = []configMistake{
 	{name: "unknown option, misspelt", config: batchBlock(caddyLines("\tmax_item 5"), usersResource), line: 3, syntax: true,
 		want: `unknown batch option "max_item": did you mean max_items?`},
 	{name: "unknown option", config: batchBlock(caddyLines("\tparallelism 4"), usersResource), line: 3, syntax: true,
-		want: `unknown batch option "parallelism" (this block takes resource, envelope, atomicity, allow_override, max_items, max_body_size, max_response_size, concurrency, max_in_flight, max_throttle_wait, item_timeout, batch_timeout, ids_param, id_field, delete_semantics, restore_deleted, restore_updated, compensation_retries, compensation_timeout, idempotent_upstream, conditional_writes, item_locks, idempotency_ttl, journal, scope_query, id_format)`},
+		want: `unknown batch option "parallelism" (this block takes resource, envelope, atomicity, allow_override, max_items, max_body_size, max_response_size, concurrency, max_in_flight, max_throttle_wait, item_timeout, batch_timeout, ids_param, id_field, delete_semantics, restore_deleted, restore_updated, compensation_retries, compensation_timeout, idempotent_upstream, conditional_writes, item_locks, idempotency_ttl, journal, scope_query, id_format, stamped_fields)`},
 	{name: "unknown option in a resource", config: batchBlock(caddyLines("\tresource /users {", "\t\tcolection GET", "\t}")), line: 4, syntax: true,
 		want: `unknown batch option "colection": did you mean collection?`},
 	{name: "resource subdirective outside a resource", config: batchBlock(caddyLines("\tcollection GET"), usersResource), line: 3, syntax: true,
@@ -223,6 +223,12 @@ var configMistakes = []configMistake{
 		want: `resource /users: unknown id_format "number" (want any, integer or uuid)`},
 	{name: "id_format without value", config: batchBlock(caddyLines("\tid_format"), usersResource), line: 3, syntax: true,
 		want: `id_format takes one value, e.g. id_format integer`},
+	{name: "stamped_fields without names", config: batchBlock(caddyLines("\tstamped_fields"), usersResource), line: 3, syntax: true,
+		want: `stamped_fields takes one or more member names, e.g. stamped_fields updated_at`},
+	{name: "stamped_fields naming the id field", config: batchBlock(caddyLines("\tstamped_fields updated_at id"), usersResource), line: 3,
+		want: `stamped_fields must not name "id", the id field (id_field): the id is what proves a read is of the item; remove it from stamped_fields`},
+	{name: "stamped_fields naming a resource's id field", config: batchBlock(caddyLines("\tstamped_fields modified uuid"), usersResource[:3], caddyLines("\t\tid_field uuid", "\t}")), line: 4,
+		want: `resource /users: stamped_fields must not name "uuid", the id field (id_field): the id is what proves a read is of the item; remove it from stamped_fields`},
 	{name: "unknown delete_semantics", config: batchBlock(caddyLines("\tdelete_semantics soft"), usersResource), line: 3,
 		want: `unknown delete_semantics "soft" (want imperative or declarative)`},
 	{name: "unknown restore_deleted", config: batchBlock(caddyLines("\trestore_deleted patch"), usersResource), line: 3,
@@ -521,6 +527,7 @@ func TestSettingsInheritance(t *testing.T) {
 		"conditional_writes": true,
 		"scope_query": ["tenant"],
 		"id_format": "integer",
+		"stamped_fields": ["updated_at"],
 		"idempotency_ttl": "1h",
 		"item_locks": "storage",
 		"max_in_flight": 5,
@@ -528,6 +535,7 @@ func TestSettingsInheritance(t *testing.T) {
 			{"path": "/plain", "collection": ["GET", "POST", "DELETE"], "item": ["GET", "PUT", "DELETE"]},
 			{"path": "/tuned", "collection": ["GET"], "item": ["GET"], "atomicity": "all_or_nothing", "max_items": 3, "compensation_retries": 0, "allow_override": true,
 				"conditional_writes": false, "scope_query": ["api_key", "tenant"], "id_format": "uuid",
+				"stamped_fields": ["modified", "etag"],
 				"journal": false, "item_locks": "local", "idempotency_ttl": "2m"}
 		]
 	}`
@@ -545,10 +553,12 @@ func TestSettingsInheritance(t *testing.T) {
 	plain.Atomicity[policy.OpDelete] = policy.AllOrNothing
 	plain.MaxItems, plain.ItemTimeout = 7, 2*time.Second
 	plain.ConditionalWrites, plain.ScopeQuery, plain.IDFormat = true, []string{"tenant"}, policy.IDInteger
+	plain.StampedFields = []string{"updated_at"}
 	tuned := plain
 	tuned.SetAtomicity(policy.AllOrNothing)
 	tuned.MaxItems, tuned.CompensationRetries, tuned.AllowOverride = 3, 0, true
 	tuned.ConditionalWrites, tuned.ScopeQuery, tuned.IDFormat = false, []string{"api_key", "tenant"}, policy.IDUUID
+	tuned.StampedFields = []string{"modified", "etag"}
 
 	plainGateway := policy.GatewayDefaults()
 	plainGateway.IdempotencyTTL, plainGateway.ItemLocks, plainGateway.MaxInFlight = time.Hour, policy.StorageLocks, 5

@@ -308,7 +308,7 @@ func TestEnvelopeInFrontOfARealAPI(t *testing.T) {
 		{"id": "u", "method": "POST", "url": "/api/users", "body": {"id": 77, "name": " cy "}},
 		{"id": "p", "method": "POST", "url": "/api/users/$u/posts", "body": {"title": "x", "author": "$u#/name"}}
 	]}`), 422)
-	if b.Outcome != "rolled_back" || b.Items[1].ID != "1001" || b.Items[2].URL != "/api/users/1001/posts" {
+	if b.Outcome != "rolled_back" || b.Items[1].ID != "1001" || b.Items[2].URL != "/api/users/1001/posts?tenant=b" {
 		t.Fatalf("outcome %s, items %+v", b.Outcome, b.Items)
 	}
 	for _, r := range api.Requests() {

@@ -120,6 +120,18 @@ type Options struct {
 	// its text. Default: any.
 	IDFormat string `json:"id_format,omitempty"`
 
+	// The members the upstream stamps on every save, e.g. ["updated_at"]
+	// (Rails' timestamps, Django's auto_now): every comparison an undo's
+	// proof makes (the read that learns what an unanswered write did,
+	// the read before an undo, the write's answer it is compared with)
+	// leaves them out, so that an update the upstream stamped can still
+	// be proved the batch's and undone. They are still sent back with
+	// the pre-image where an undo sends it. Not for an optimistic-lock
+	// counter (lock_version), which an undo must not send back stale. The
+	// id field cannot be named. A resource's list replaces the handler's.
+	// Default: none.
+	StampedFields []string `json:"stamped_fields,omitempty"`
+
 	// Where the locks an all-or-nothing batch takes on the items it
 	// writes live: "local" locks within this Caddy process; "storage"
 	// through Caddy's storage, across the instances that share it.
@@ -313,6 +325,8 @@ var optionTable = []option{
 		func(o *Options, l *level) (*[]string, *[]string) { return &o.ScopeQuery, &l.ScopeQuery }),
 	word("id_format", "any|integer|uuid", "integer", policy.ParseIDFormat,
 		func(o *Options, l *level) (*string, *policy.IDFormat) { return &o.IDFormat, &l.IDFormat }),
+	list("stamped_fields", "<member...>", "member names", "updated_at",
+		func(o *Options, l *level) (*[]string, *[]string) { return &o.StampedFields, &l.StampedFields }),
 }
 
 // apply lays the options that are set over l, in the table's order.

@@ -247,23 +247,26 @@ func TestOverlappingWritersSerialize(t *testing.T) {
 		tenants     bool
 		normalising bool
 		list        bool
+		rails       bool
 	}{
-		{"re-read proofs, restore by put", false, "restore_updated put", false, false, false},
-		{"etags, restore by patch", true, "restore_updated patch", false, false, false},
+		{"re-read proofs, restore by put", false, "restore_updated put", false, false, false, false},
+		{"etags, restore by patch", true, "restore_updated patch", false, false, false, false},
 		// Every write trimmed, stamped and stripped of an unknown member:
 		// the write's answer is what each undo's proof expects.
-		{"normalising API, re-read proofs, restore by put", false, "restore_updated put", false, true, false},
-		{"normalising API, etags, restore by patch", true, "restore_updated patch\n\t\tconditional_writes", false, true, false},
+		{"normalising API, re-read proofs, restore by put", false, "restore_updated put", false, true, false, false},
+		{"normalising API, etags, restore by patch", true, "restore_updated patch\n\t\tconditional_writes", false, true, false, false},
 		// Pre-images read through the LIST, with the client's query on it.
-		{"list filter preflight, normalising API", false, "restore_updated put", false, true, true},
+		{"list filter preflight, normalising API", false, "restore_updated put", false, true, true, false},
 		// The same ids in two tenants, chosen by ?tenant=: one lock per
 		// id (the query is not in a lock's name), and every request of a
 		// batch, undos included, must reach its own tenant.
-		{"two tenants, re-read proofs", false, "restore_updated put", true, false, false},
+		{"two tenants, re-read proofs", false, "restore_updated put", true, false, false, false},
+		// Every save stamped, as Rails does, and named in stamped_fields.
+		{"stamping API, stamped_fields, re-read proofs", false, "restore_updated put", false, false, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for round := range rounds {
-				testOverlappingWriters(t, round, clients, nIDs, tc.etags, tc.options, overlap{twoTenants: tc.tenants, normalising: tc.normalising, listPreflight: tc.list})
+				testOverlappingWriters(t, round, clients, nIDs, tc.etags, tc.options, overlap{twoTenants: tc.tenants, normalising: tc.normalising, listPreflight: tc.list, rails: tc.rails})
 			}
 		})
 	}
@@ -271,7 +274,7 @@ func TestOverlappingWritersSerialize(t *testing.T) {
 
 func testOverlappingWriters(t *testing.T, round, clients, nIDs int, etags bool, options string, mode overlap) {
 	api := legacyapi.NewRecording(legacyapi.Collection{Path: "/api/widgets", PutCreates: true, ETags: etags, Tenants: mode.twoTenants,
-		Normalize: mode.normalising, Fields: mode.fields(), FilterParam: mode.filterParam(), Seed: records("w", 1, nIDs)})
+		Normalize: mode.normalising, Rails: mode.rails, Fields: mode.fields(), FilterParam: mode.filterParam(), Seed: records("w", 1, nIDs)})
 	g := startGateway(t, api, `
 	batch {
 		envelope /api/batch
@@ -280,6 +283,7 @@ func testOverlappingWriters(t *testing.T, round, clients, nIDs int, etags bool, 
 		batch_timeout 60s
 		allow_override
 		scope_query by tenant
+		`+mode.stampedFields()+`
 		`+options+`
 		resource /api/widgets {`+resourceMethods+mode.listFilter()+`
 		}
@@ -301,6 +305,21 @@ type overlap struct {
 	// reads the sagas' pre-images through it (list_filter with
 	// preflight).
 	listPreflight bool
+	// rails: the API stamps updated_at on every save, as Rails does
+	// (its DELETE answers 204), and the gateway names it in
+	// stamped_fields.
+	rails bool
+}
+
+// stamps reports whether the API stamps updated_at on every save.
+func (m overlap) stamps() bool { return m.normalising || m.rails }
+
+// stampedFields is the gateway's stamped_fields line.
+func (m overlap) stampedFields() string {
+	if !m.rails {
+		return ""
+	}
+	return "stamped_fields updated_at"
 }
 
 // filterParam is the API's LIST filter.
@@ -444,9 +463,10 @@ func overlappingWriters(t *testing.T, round int, api *legacyapi.API, upstream st
 		case errs[c] != nil:
 			t.Fatalf("round %d: client %d: %v", round, c, errs[c])
 		case w.single:
-			// 201: a PUT that created the widget again; 404: another
-			// client deleted it first; 503: the fault.
-			committed[c] = r.Status == http.StatusOK || r.Status == http.StatusCreated
+			// 201: a PUT that created the widget again; 204: a DELETE
+			// of a Rails-like API; 404: another client deleted it
+			// first; 503: the fault.
+			committed[c] = r.Status == http.StatusOK || r.Status == http.StatusCreated || r.Status == http.StatusNoContent
 			if !committed[c] && r.Status != http.StatusNotFound && r.Status != http.StatusServiceUnavailable {
 				t.Fatalf("round %d: single %s %s: %d %s", round, w.method, w.path, r.Status, r.Body)
 			}
@@ -522,7 +542,7 @@ func overlappingWriters(t *testing.T, round int, api *legacyapi.API, upstream st
 		for i := 1; i <= nIDs; i++ {
 			id := strconv.Itoa(i)
 			rec, exists := api.TenantItem("/api/widgets", tenant, id)
-			if mode.normalising && exists {
+			if mode.stamps() && exists {
 				rec = withoutStamp(rec) // the API's own clock, which an undo does not put back
 			}
 			if w, ok := want[tenant+"/"+id]; exists != ok || !reflect.DeepEqual(rec, w) {
@@ -677,6 +697,13 @@ func TestFaultStormKeepsPromises(t *testing.T) {
 	t.Run("list filter preflight, normalising", func(t *testing.T) {
 		testFaultStorm(t, false, overlap{normalising: true, listPreflight: true})
 	})
+	// Every save stamped, as Rails does, and named in stamped_fields: a
+	// write whose answer the storm lost is undone like any other, and
+	// no item is left blaming a writer or the API's stamp (only
+	// batches, locked out of each other's items, write here).
+	t.Run("stamping API, stamped_fields", func(t *testing.T) {
+		testFaultStorm(t, false, overlap{rails: true})
+	})
 }
 
 // testFaultStorm is one storm; a normalising legacy API trims what it
@@ -684,7 +711,7 @@ func TestFaultStormKeepsPromises(t *testing.T) {
 func testFaultStorm(t *testing.T, etags bool, mode overlap) {
 	const batches, nIDs, faults = 30, 8, 40
 	normalising := mode.normalising
-	api := legacyapi.NewRecording(legacyapi.Collection{Path: "/api/widgets", PutCreates: true, ETags: etags, Normalize: normalising, Fields: mode.fields(),
+	api := legacyapi.NewRecording(legacyapi.Collection{Path: "/api/widgets", PutCreates: true, ETags: etags, Normalize: normalising, Rails: mode.rails, Fields: mode.fields(),
 		FilterParam: mode.filterParam(), Seed: records("w", 1, nIDs)})
 	g := startGateway(t, api, `
 	batch {
@@ -695,6 +722,7 @@ func testFaultStorm(t *testing.T, etags bool, mode overlap) {
 		compensation_timeout 1s
 		compensation_retries 3
 		allow_override
+		`+mode.stampedFields()+`
 		resource /api/widgets {`+resourceMethods+mode.listFilter()+`
 		}
 	}
@@ -791,6 +819,15 @@ func testFaultStorm(t *testing.T, etags bool, mode overlap) {
 		kept := a.Outcome == "succeeded" || it.Outcome == "rollback_failed" || partial(b) && (it.Outcome == "succeeded" || it.Outcome == "unknown")
 		if !kept {
 			t.Errorf("%s was last written by batch %d item %d, which ended %s (item %s) and does not say it left it", path, b, i, a.Outcome, it.Outcome)
+		}
+	}
+	if mode.rails {
+		for b, a := range answers {
+			for _, it := range a.Items {
+				if c := it.Compensation; c != nil && (strings.Contains(c.Error, "another writer") || strings.Contains(c.Error, "stamped_fields")) {
+					t.Errorf("batch %d item %d (id %s) was left: %s; found %s", b, it.Index, it.ID, c.Error, c.Found)
+				}
+			}
 		}
 	}
 	t.Logf("batch outcomes %v", l.outcomes)

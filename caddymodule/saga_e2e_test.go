@@ -288,7 +288,7 @@ func TestSagaUndoLosesNoLaterWrite(t *testing.T) {
 
 	for _, etags := range []bool{false, true} {
 		name := "a write straight at the upstream is not overwritten by A's undo"
-		why := "another writer changed it"
+		why := `another writer changed "name"`
 		if etags {
 			name += " (ETags: the undo's If-Match fails)"
 			why = "precondition failed"
@@ -665,7 +665,7 @@ func TestSagaUndoDeletesOnlyWhatItCreated(t *testing.T) {
 
 		holds(t, api, "", "3", user(3, "B"))
 		holds(t, api, "", "1000", user(1000, "batch"))
-		checkLeftBehind(t, r, 0, "another writer changed it")
+		checkLeftBehind(t, r, 0, `another writer changed "name"`)
 		if f := found(t, r, 0); !sameJSON(t, f, user(3, "B")) {
 			t.Errorf("compensation.found %v, want B's user 3", f)
 		}

@@ -210,6 +210,12 @@ func TestNewRefuses(t *testing.T) {
 			`scope_query must not name "keys", the ids parameter`},
 		{"scope_query names _method", base(func(s *ResourceSpec) { s.Settings.ScopeQuery = []string{"_method"} }), 0, "scope_query", `scope_query must not name "_method"`},
 		{"scope_query names one twice", base(func(s *ResourceSpec) { s.Settings.ScopeQuery = []string{"tenant", "key", "tenant"} }), 0, "scope_query", `scope_query names "tenant" twice: keep one`},
+		{"empty stamped_fields name", base(func(s *ResourceSpec) { s.Settings.StampedFields = []string{"updated_at", ""} }), 0, "stamped_fields", `stamped_fields holds an empty name`},
+		{"stamped_fields names the id field", base(func(s *ResourceSpec) { s.Settings.StampedFields = []string{"updated_at", "id"} }), 0, "stamped_fields",
+			`stamped_fields must not name "id", the id field (id_field)`},
+		{"stamped_fields names a custom id field", base(func(s *ResourceSpec) { s.Settings.IDField, s.Settings.StampedFields = "uuid", []string{"uuid"} }), 0, "stamped_fields",
+			`stamped_fields must not name "uuid", the id field`},
+		{"stamped_fields names one twice", base(func(s *ResourceSpec) { s.Settings.StampedFields = []string{"modified", "modified"} }), 0, "stamped_fields", `stamped_fields names "modified" twice: keep one`},
 		{"same path twice", append(base(func(*ResourceSpec) {}), base(func(*ResourceSpec) {})...), 1, "",
 			`resource /a is declared twice (resources[0] and resources[1]): merge them into one`},
 		{"same path twice, with lines", []ResourceSpec{

@@ -195,6 +195,12 @@ type Settings struct {
 	// IDFormat says what the upstream's ids are, so that two spellings
 	// of one id name one item.
 	IDFormat IDFormat
+	// StampedFields names the members the upstream stamps on every save
+	// (updated_at): every comparison an undo's proof makes leaves them
+	// out, since a read after a write the upstream stamped differs from
+	// any image the gateway holds in them alone (docs/configuration.md,
+	// "stamped_fields").
+	StampedFields []string
 	// MaxThrottleWait is the longest delay a throttling answer (429, or
 	// 503 with Retry-After) may ask for and still be waited out and sent
 	// again; 0 waits out none (README, "Throttling").
@@ -319,7 +325,7 @@ func Validate(s Settings, g GatewaySettings) error {
 		errs = append(errs, OptionError("ids_param",
 			fmt.Errorf("ids_param must not be %q: the gateway reads that parameter as a method override; choose another name, e.g. ids", s.IDsParam)))
 	}
-	errs = append(errs, s.checkScopeQuery(), g.checkAutoInFlight())
+	errs = append(errs, s.checkScopeQuery(), s.checkStampedFields(), g.checkAutoInFlight())
 	return errors.Join(errs...)
 }
 
@@ -327,20 +333,40 @@ func Validate(s Settings, g GatewaySettings) error {
 // gateway takes the ids parameter and _method out of every batch's query
 // itself, so naming them would promise a parameter that is never sent.
 func (s Settings) checkScopeQuery() error {
+	return checkNames("scope_query", s.ScopeQuery, "query parameter that scopes a request, e.g. scope_query tenant api_key",
+		reserved{s.IDsParam, ", the ids parameter (ids_param): the gateway takes the ids out of the query and sends each item's id in its path"},
+		reserved{MethodParam, ": the gateway reads that parameter as a method override and never passes it on"})
+}
+
+// checkStampedFields refuses a stamped_fields name that is the id field:
+// an item's id is what every proof reads it by, and left out of a
+// comparison it would let a read of another item pass.
+func (s Settings) checkStampedFields() error {
+	return checkNames("stamped_fields", s.StampedFields, "member the legacy API stamps on every save, e.g. stamped_fields updated_at",
+		reserved{s.IDField, ", the id field (id_field): the id is what proves a read is of the item"})
+}
+
+// reserved is a name a list option may not hold, and why, as the error
+// goes on after the name.
+type reserved struct{ name, why string }
+
+// checkNames refuses, in the list of names an option holds, an empty
+// one (each says what to name instead), a reserved one, and one named
+// twice.
+func checkNames(option string, names []string, each string, taken ...reserved) error {
 	var errs []error
 	fail := func(format string, args ...any) {
-		errs = append(errs, OptionError("scope_query", fmt.Errorf(format, args...)))
+		errs = append(errs, OptionError(option, fmt.Errorf(format, args...)))
 	}
-	for i, name := range s.ScopeQuery {
+	for i, name := range names {
+		k := slices.IndexFunc(taken, func(r reserved) bool { return r.name == name })
 		switch {
 		case name == "":
-			fail("scope_query holds an empty name: name each query parameter that scopes a request, e.g. scope_query tenant api_key")
-		case name == s.IDsParam:
-			fail("scope_query must not name %q, the ids parameter (ids_param): the gateway takes the ids out of the query and sends each item's id in its path; remove it from scope_query", name)
-		case name == MethodParam:
-			fail("scope_query must not name %q: the gateway reads that parameter as a method override and never passes it on; remove it from scope_query", name)
-		case slices.Contains(s.ScopeQuery[:i], name):
-			fail("scope_query names %q twice: keep one", name)
+			fail("%s holds an empty name: name each %s", option, each)
+		case k >= 0:
+			fail("%s must not name %q%s; remove it from %s", option, name, taken[k].why, option)
+		case slices.Contains(names[:i], name):
+			fail("%s names %q twice: keep one", option, name)
 		}
 	}
 	return errors.Join(errs...)

@@ -45,7 +45,8 @@ type Compensation struct {
 	Status   int    `json:"status"`
 	Attempts int    `json:"attempts"`
 	Error    string `json:"error"`
-	// Found is what the proof read showed, when the undo was not sent.
+	// Found is what the proof read showed, when the undo was not sent,
+	// or what the read that resolved an unknown write found.
 	Found json.RawMessage `json:"found"`
 }
 

@@ -15,7 +15,10 @@
 // answered 202/303/bare 201, ids always assigned by the server, slow
 // writes, writes that normalise what they store and drop unknown or
 // read-only members, a query parameter selecting the members answered,
-// integer ids read leniently ("03", "3.json"), ETags hashed from the
+// integer ids read leniently ("03", "3.json"), a Rails scaffold's
+// habits (204 on DELETE, updated_at stamped, "3-foo" reaching row 3, a
+// nested create that takes its parent from the path, a write that
+// commits and answers late), ETags hashed from the
 // answer body with no condition enforced, URLs that must end with a
 // slash, the others redirected, a LIST filtered by id in the styles of
 // json-server, django-filter and JSON:API, paged as Django REST
@@ -275,6 +278,29 @@ type Collection struct {
 	// HEAD of one answers 403 with an HTML page. Writes to them are not
 	// affected. Default: none.
 	Hidden []string
+	// Rails imitates a Rails API-mode scaffold (rails.go): DELETE
+	// answers 204 with no body (head :no_content); every save stamps
+	// "updated_at" as Normalize does, seeds included, whatever the
+	// client sent; an item's path segment is read as Rails reads :id,
+	// the leading integer of what is left once a ".json" format is
+	// dropped, so "3-foo", "3.json", "03" and "+3" all name the record
+	// "3" (a segment with no leading digits names none: 404). With
+	// ParentField and AnswerDelay it plays nested resources and a
+	// controller that answers late. Default false.
+	Rails bool
+	// ParentField, set on a pattern collection ("/api/users/*/posts"),
+	// imitates a nested controller's create (@user.posts.build): a POST
+	// stores the parent item's id from the path (the segment the last
+	// "*" matched, canonical as its collection reads ids) in this member,
+	// whatever the body sent there. Default "": the body is stored as
+	// sent.
+	ParentField string
+	// AnswerDelay imitates a write that commits and answers late (a slow
+	// after_commit callback, a slow render): every write to the
+	// collection or its items is applied at once, and answered this long
+	// after; a client that went away meanwhile gets nothing, and the
+	// write stands. Close cuts the wait short. Default: 0, no delay.
+	AnswerDelay time.Duration
 	// Workers and ServiceTime imitate a server's thread pool
 	// (capacity.go): at most Workers requests to the collection or its
 	// items are served at once, each holding its worker for at least
@@ -478,8 +504,8 @@ func New(cols ...Collection) *API {
 		if err := checkCollectionPath(c.Path); err != nil {
 			panic(fmt.Sprintf("legacyapi: collection %q: %v", c.Path, err))
 		}
-		if c.WriteDelay < 0 {
-			panic(fmt.Sprintf("legacyapi: collection %q: negative WriteDelay", c.Path))
+		if c.WriteDelay < 0 || c.AnswerDelay < 0 {
+			panic(fmt.Sprintf("legacyapi: collection %q: negative WriteDelay or AnswerDelay", c.Path))
 		}
 		if c.CreateAnswer < AnswerCreated || c.CreateAnswer > AnswerBare {
 			panic(fmt.Sprintf("legacyapi: collection %q: unknown CreateAnswer %d", c.Path, c.CreateAnswer))
@@ -519,7 +545,7 @@ func New(cols ...Collection) *API {
 			if _, dup := t.records[key]; dup {
 				panic(fmt.Sprintf("legacyapi: collection %q seed %d: duplicate id %q", c.Path, i, key))
 			}
-			a.store(t, key, rec, false)
+			a.store(t, key, rec, c.Rails)
 		}
 		a.cols[c.Path] = col
 	}
@@ -609,21 +635,29 @@ func (a *API) parentExists(c *collection, r *http.Request) bool {
 	if c.pattern == nil {
 		return true
 	}
-	pat, segs := strings.Split(c.pattern.Path, "/"), strings.Split(c.Path, "/")
-	last := len(pat) - 1
-	for pat[last] != "*" {
-		last--
-	}
-	parent := a.collectionAt(strings.Join(segs[:last], "/"))
+	parentPath, seg := c.parentItem()
+	parent := a.collectionAt(parentPath)
 	if parent == nil {
 		return true
 	}
-	id, ok := parent.itemID(segs[last])
+	id, ok := parent.itemID(seg)
 	if !ok {
 		return false
 	}
 	_, ok = parent.table(parent.tenant(r)).records[id]
 	return ok
+}
+
+// parentItem is where a pattern's concrete collection's parent item is:
+// the path of its collection, and the escaped segment the last "*"
+// matched.
+func (c *collection) parentItem() (collectionPath, seg string) {
+	pat, segs := strings.Split(c.pattern.Path, "/"), strings.Split(c.Path, "/")
+	last := len(pat) - 1
+	for pat[last] != "*" {
+		last--
+	}
+	return strings.Join(segs[:last], "/"), segs[last]
 }
 
 // normalize turns a Go value into what a JSON body would have decoded to
@@ -1031,6 +1065,12 @@ func (a *API) process(r *http.Request, path string, body []byte) response {
 	if key != nil {
 		key.res, key.done = res.clone(), true
 	}
+	if write && c.AnswerDelay > 0 {
+		a.mu.Unlock()
+		// Committed already: see Collection.AnswerDelay.
+		a.wait(r.Context(), c.AnswerDelay)
+		a.mu.Lock()
+	}
 	return res
 }
 
@@ -1094,7 +1134,10 @@ func (a *API) route(path string) (c *collection, id string, slash bool) {
 func (c *collection) itemID(seg string) (string, bool) {
 	id, err := url.PathUnescape(seg)
 	ok := err == nil && id != ""
-	if ok && c.LenientIDs {
+	switch {
+	case ok && c.Rails:
+		id, ok = railsID(id)
+	case ok && c.LenientIDs:
 		id, ok = lenientID(id)
 	}
 	return id, ok
@@ -1202,6 +1245,9 @@ func (a *API) create(c *collection, t *table, r *http.Request, body []byte) resp
 		return plain(http.StatusBadRequest, "body must be a JSON object")
 	}
 	c.accept(rec, nil)
+	if c.ParentField != "" {
+		rec[c.ParentField] = a.parentID(c)
+	}
 	if res, bad := checkName(rec); bad {
 		return res
 	}
@@ -1224,16 +1270,21 @@ func (a *API) create(c *collection, t *table, r *http.Request, body []byte) resp
 		}
 		key = k
 	} else {
-		for {
-			key = strconv.Itoa(t.nextID)
-			t.nextID++
-			if _, taken := t.records[key]; !taken {
-				break
-			}
-		}
+		key = t.nextKey()
 		rec["id"] = json.Number(key)
 	}
-	return a.created(c, r, key, a.store(t, key, rec, c.Normalize))
+	return a.created(c, r, key, a.store(t, key, rec, c.stamps()))
+}
+
+// nextKey takes the table's next auto-increment id that no record holds.
+func (t *table) nextKey() string {
+	for {
+		key := strconv.Itoa(t.nextID)
+		t.nextID++
+		if _, taken := t.records[key]; !taken {
+			return key
+		}
+	}
 }
 
 // listed is the ids of the records a LIST answers, in order: filtered by
@@ -1373,6 +1424,9 @@ func (a *API) handleItem(c *collection, t *table, id string, r *http.Request, bo
 			return notFound(r.URL.EscapedPath())
 		}
 		delete(t.records, id)
+		if c.Rails {
+			return response{status: http.StatusNoContent, header: http.Header{}}
+		}
 		return response{status: http.StatusOK, header: jsonHeader(), body: []byte("{}")}
 
 	default:
@@ -1396,7 +1450,7 @@ func (a *API) put(c *collection, t *table, id string, old *record, r *http.Reque
 	}
 	if old != nil {
 		rec["id"] = old.fields["id"]
-		return c.recordAnswer(r, http.StatusOK, a.store(t, id, rec, c.Normalize))
+		return c.recordAnswer(r, http.StatusOK, a.store(t, id, rec, c.stamps()))
 	}
 	if !c.PutCreates {
 		return notFound(r.URL.EscapedPath())
@@ -1406,7 +1460,7 @@ func (a *API) put(c *collection, t *table, id string, old *record, r *http.Reque
 	if k, ok := idKey(rec["id"]); !ok || k != id {
 		rec["id"] = pathIDValue(id)
 	}
-	res := c.recordAnswer(r, http.StatusCreated, a.store(t, id, rec, c.Normalize))
+	res := c.recordAnswer(r, http.StatusCreated, a.store(t, id, rec, c.stamps()))
 	res.header.Set("Location", location(r, c, id))
 	return res
 }
@@ -1442,7 +1496,7 @@ func (a *API) patch(c *collection, t *table, id string, old *record, r *http.Req
 	if res, bad := checkName(merged); bad {
 		return res
 	}
-	return c.recordAnswer(r, http.StatusOK, a.store(t, id, merged, c.Normalize))
+	return c.recordAnswer(r, http.StatusOK, a.store(t, id, merged, c.stamps()))
 }
 
 // etag is the record's strong entity tag.
