@@ -60,6 +60,12 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    scope_query          <param...>
 //	    id_format            any|integer|uuid
 //	    envelope             <path>
+//	    openapi              [<file>] {
+//	        prefix  <path>
+//	        publish <path>
+//	        include <pattern...>
+//	        exclude <pattern...>
+//	    }
 //
 //	    resource <collection path template> {
 //	        collection <METHOD...>
@@ -81,9 +87,16 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	}
 	// caddy adapt does not provision, so without this a configuration
 	// that cannot work would be adapted, and refused later with no line.
-	p, err := h.buildPolicy(at.lines())
+	err = h.loadOpenAPI()
+	var p *policy.Policy
+	if err == nil {
+		p, err = h.buildPolicy(at.lines())
+	}
 	if err == nil {
 		_, _, err = h.envelopeOf(p)
+	}
+	if err == nil {
+		_, err = h.publishOf(p, false)
 	}
 	if err != nil {
 		return at.locate(err)
@@ -147,6 +160,9 @@ func (at *places) locate(err error) error {
 // is in one (or the resource line itself when the option is not written
 // there, as for methods the map lacks), else in the handler's block.
 func (at *places) token(resource int, option string) caddyfile.Token {
+	if tok, ok := at.options["openapi"]; ok && resource >= len(at.resources) {
+		return tok // a resource the OpenAPI document declares
+	}
 	if resource >= 0 && resource < len(at.resources) {
 		r := at.resources[resource]
 		if tok, ok := r.options[option]; ok {
@@ -188,10 +204,14 @@ func (h *Handler) unmarshal(d *caddyfile.Dispenser) (*places, error) {
 			if err := h.unmarshalEnvelope(d, at.options); err != nil {
 				return nil, err
 			}
+		case name == "openapi":
+			if err := h.unmarshalOpenAPI(d, at.options); err != nil {
+				return nil, err
+			}
 		case slices.Contains(resourceWords, name):
 			return nil, d.Errf("%s belongs in a resource block: resource <collection path> { %s ... }", name, name)
 		default:
-			if err := h.Options.unmarshalOption(d, at.options, []string{"resource", "envelope"}); err != nil {
+			if err := h.Options.unmarshalOption(d, at.options, []string{"resource", "envelope", "openapi"}); err != nil {
 				return nil, err
 			}
 		}
@@ -233,8 +253,8 @@ func unmarshalResource(d *caddyfile.Dispenser) (Resource, resourcePlaces, error)
 			switch name {
 			case "resource":
 				return r, at, d.Errf("resource blocks do not nest: close the block of resource %s before the next resource", r.Path)
-			case "envelope":
-				return r, at, d.Errf("envelope belongs in the batch block, not in resource %s: one envelope serves every resource", r.Path)
+			case "envelope", "openapi":
+				return r, at, d.Errf("%s belongs in the batch block, not in resource %s: it serves every resource", name, r.Path)
 			}
 			if err := r.Options.unmarshalOption(d, at.options, resourceWords); err != nil {
 				return r, at, err

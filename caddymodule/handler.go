@@ -17,6 +17,7 @@ import (
 
 	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/durable"
+	"github.com/caddy-batch/caddy-batch/openapi"
 	"github.com/caddy-batch/caddy-batch/policy"
 	"github.com/caddy-batch/caddy-batch/problem"
 )
@@ -61,7 +62,19 @@ type Handler struct {
 	// no resource. Default: none (no envelope).
 	Envelope string `json:"envelope,omitempty"`
 
+	// The legacy API's OpenAPI document, imported as resources, and the
+	// document the gateway publishes (README, "From OpenAPI").
+	// Default: none.
+	OpenAPI *OpenAPIConfig `json:"openapi,omitempty"`
+
 	policy   *policy.Policy
+	// imported is what the OpenAPI document declares (nil without one),
+	// resolved the resources served, in the policy's order, and gaps
+	// the batch operations the import left off.
+	imported  *openapi.Imported
+	resolved  []resolved
+	gaps      []openapi.Gap
+	published *publishedDoc // nil when none is published
 	envelope *batch.Envelope // nil without one
 	// envelopeGateway are the gateway's settings of the envelope: the
 	// handler's.
@@ -147,12 +160,21 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // once, so that ServeHTTP only reads.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
+	if err := h.loadOpenAPI(); err != nil {
+		return fmt.Errorf("batch: %w", err)
+	}
 	p, err := h.buildPolicy(nil)
 	if err != nil {
 		return fmt.Errorf("batch: %w", err)
 	}
 	h.policy = p
+	for _, g := range h.gaps {
+		h.logger.Warn(g.Warning(), zap.String("resource", g.Resource), zap.String("op", g.Op.String()))
+	}
 	if h.envelope, h.envelopeGateway, err = h.envelopeOf(p); err != nil {
+		return fmt.Errorf("batch: %w", err)
+	}
+	if h.published, err = h.publishOf(p, true); err != nil {
 		return fmt.Errorf("batch: %w", err)
 	}
 	storage := configStorage(ctx)
@@ -181,6 +203,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// finish through this route, not a client's request.
 	if job, ok := r.Context().Value(recoveryCtxKey).(*recovery); ok {
 		return h.resume(w, r, next, job)
+	}
+	if h.published != nil && r.URL.EscapedPath() == h.published.path {
+		return h.servePublished(w, r)
 	}
 	if h.isEnvelope(r.URL.EscapedPath()) {
 		return h.serveEnvelope(w, r, next)

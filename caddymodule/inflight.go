@@ -47,8 +47,8 @@ func (h *Handler) slotsKey() (key string, n int) {
 	// buildPolicy has already refused whatever apply could refuse.
 	s, g := policy.Defaults(), policy.GatewayDefaults()
 	_ = h.Options.apply(&s, &g)
-	paths := make([]string, len(h.Resources))
-	for i, r := range h.Resources {
+	paths := make([]string, len(h.resolved))
+	for i, r := range h.resolved {
 		paths[i] = r.Path
 	}
 	slices.Sort(paths) // reordering the resources is no new handler

@@ -9,6 +9,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/caddy-batch/caddy-batch/openapi"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
@@ -169,8 +170,10 @@ func (h *Handler) buildPolicy(lines []int) (*policy.Policy, error) {
 		return nil, err
 	}
 	var errs []error
-	specs := make([]policy.ResourceSpec, len(h.Resources))
-	for i, r := range h.Resources {
+	h.resolved = h.resolveResources()
+	h.gaps = nil
+	specs := make([]policy.ResourceSpec, len(h.resolved))
+	for i, r := range h.resolved {
 		specs[i] = r.spec(settings, gateway)
 		if err := r.Options.apply(&specs[i].Settings, &specs[i].Gateway); err != nil {
 			errs = append(errs, policy.Flatten(policy.InResource(i, r.Path, err))...)
@@ -179,18 +182,21 @@ func (h *Handler) buildPolicy(lines []int) (*policy.Policy, error) {
 			errs = append(errs, policy.InResource(i, r.Path, policy.OptionError("max_in_flight",
 				errors.New("max_in_flight bounds the sub-requests of every batch of the handler together, so a resource cannot have its own: set it in the batch block"))))
 		}
+		if r.doc != nil {
+			h.gaps = append(h.gaps, openapi.Derive(&specs[i], r.keepCollection)...)
+		}
 		if i < len(lines) {
 			specs[i].Line = lines[i]
 		}
 	}
 	p, err := policy.New(specs)
 	if len(errs) == 0 {
-		return p, err
+		return p, h.placeImported(err)
 	}
 	// Every mistake at once, in the order the resources are declared.
 	all := append(errs, policy.Flatten(err)...)
 	slices.SortStableFunc(all, func(a, b error) int { return resourceOf(a) - resourceOf(b) })
-	return nil, errors.Join(all...)
+	return nil, h.placeImported(errors.Join(all...))
 }
 
 // spec declares the resource to the policy, with the handler's resolved

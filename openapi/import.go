@@ -187,6 +187,9 @@ func pair(d *Document, prefix string, paths []docPath) []Resource {
 			continue
 		}
 		r := Resource{DocPath: p.key, Pointer: pointerOf("paths", p.key), Collection: methodsOf(p.item)}
+		if j := itemOf[i]; len(r.Collection) == 0 && (j < 0 || len(methodsOf(paths[j].item)) == 0) {
+			continue // nothing the map knows (TRACE alone): the gateway leaves it to the API
+		}
 		names := templateNames(p.vars, false)
 		r.Path = prefix + expandTemplate(p, names)
 		if j := itemOf[i]; j >= 0 {
@@ -389,4 +392,17 @@ func (r Resource) Spec(s policy.Settings, g policy.GatewaySettings) policy.Resou
 		CollectionMethods: r.Collection, ItemMethods: r.Item,
 		Settings: s, Gateway: g,
 	}
+}
+
+// Route names the route of a path template: its literals, its variables
+// as {} and no trailing slash, so that /users/{id}/ and /users/{user}
+// are one route, as the method map matches them.
+func Route(template string) string {
+	segs := strings.Split(strings.Trim(template, "/"), "/")
+	for i, s := range segs {
+		if strings.HasPrefix(s, "{") && strings.HasSuffix(s, "}") {
+			segs[i] = "{}"
+		}
+	}
+	return "/" + strings.Join(segs, "/")
 }

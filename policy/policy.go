@@ -643,3 +643,6 @@ func (spec ResourceSpec) UndoMissing(op Op) (missing, how string) {
 	r := Resource{CollectionMethods: coll.withImplied(), ItemMethods: item.withImplied(), Settings: spec.Settings}
 	return r.UndoMissing(op)
 }
+
+// Resources returns the resources in the order they were declared.
+func (p *Policy) Resources() []*Resource { return p.resources }
