@@ -67,15 +67,15 @@ type Handler struct {
 	// Default: none.
 	OpenAPI *OpenAPIConfig `json:"openapi,omitempty"`
 
-	policy   *policy.Policy
+	policy *policy.Policy
 	// imported is what the OpenAPI document declares (nil without one),
 	// resolved the resources served, in the policy's order, and gaps
 	// the batch operations the import left off.
 	imported  *openapi.Imported
 	resolved  []resolved
 	gaps      []openapi.Gap
-	published *publishedDoc // nil when none is published
-	envelope *batch.Envelope // nil without one
+	published *publishedDoc   // nil when none is published
+	envelope  *batch.Envelope // nil without one
 	// envelopeGateway are the gateway's settings of the envelope: the
 	// handler's.
 	envelopeGateway policy.GatewaySettings
