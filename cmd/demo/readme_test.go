@@ -59,7 +59,16 @@ func startDemo(t *testing.T) string {
 	if !bytes.Contains(raw, []byte("\n:8080 {")) {
 		t.Fatal("Caddyfile.example no longer serves :8080, as the README says")
 	}
-	config := filepath.Join(t.TempDir(), "Caddyfile")
+	dir := t.TempDir()
+	config := filepath.Join(dir, "Caddyfile")
+	// The OpenAPI document the Caddyfile names, where it names it: a
+	// relative name is taken from the Caddyfile's directory.
+	if err := os.MkdirAll(filepath.Join(dir, "cmd", "demo"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "cmd", "demo", "legacy-openapi.yaml"), legacyOpenAPI, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.WriteFile(config, bytes.Replace(raw, []byte("\n:8080 {"), []byte("\n:"+port+" {"), 1), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -137,6 +146,8 @@ func (s step) request(t *testing.T, gateway string) *http.Request {
 	for i := 1; i < len(args); i++ {
 		switch a := args[i]; a {
 		case "-s", "-i", "-si":
+		case "-sI", "-I":
+			method = http.MethodHead
 		case "-X", "-H", "-d":
 			if i+1 == len(args) {
 				t.Fatalf("%s without a value", a)
