@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"net/http"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"golang.org/x/crypto/bcrypt"
 
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
 )
@@ -363,3 +365,36 @@ func TestOpenAPISlotsKeyCountsImportedResources(t *testing.T) {
 }
 
 var _ = legacyapi.New
+
+// TestOpenAPIPublishBehindAuth: the README's way to keep the published
+// document private (basic_auth before batch in a route) asks for
+// credentials there, and lets batches through as before.
+func TestOpenAPIPublishBehindAuth(t *testing.T) {
+	hash, err := bcrypt.GenerateFromPassword([]byte("secret"), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := writeDocument(t, t.TempDir(), "legacy.yaml", widgetsDocument)
+	g := startGateway(t, seededAPI(), `
+		route {
+			basic_auth /api/openapi.json {
+				docs `+string(hash)+`
+			}
+			batch /api/* {
+				openapi `+file+` {
+					publish /api/openapi.json
+				}
+			}
+		}
+		reverse_proxy UPSTREAM`)
+	if r := g.do(t, http.MethodGet, "/api/openapi.json", nil); r.Status != http.StatusUnauthorized {
+		t.Errorf("without credentials: %s", r)
+	}
+	auth := "Basic " + base64.StdEncoding.EncodeToString([]byte("docs:secret"))
+	if r := g.do(t, http.MethodGet, "/api/openapi.json", nil, "Authorization", auth); r.Status != http.StatusOK {
+		t.Errorf("with credentials: %s", r)
+	}
+	if r := g.do(t, http.MethodGet, "/api/widgets?ids=1", nil); r.Status != http.StatusOK {
+		t.Errorf("a batch: %s", r)
+	}
+}

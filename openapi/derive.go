@@ -31,19 +31,15 @@ type Gap struct {
 	How      string // how it would be undone
 }
 
-// Warning says what is off and the recipe that turns it on.
+// Warning says what is off and the recipes that turn it on.
 func (g Gap) Warning() string {
-	recipe := fmt.Sprintf("atomicity %s partial", g.Op)
-	switch g.Op {
-	case policy.OpUpdate:
-		recipe += ", or restore_updated patch where the item allows PATCH"
-	case policy.OpDelete:
-		recipe += ", or restore_deleted post where the collection's POST takes the id"
-	case policy.OpCreate:
-		recipe += " (a created item is undone with DELETE on the item)"
-	}
-	return fmt.Sprintf("batch %s of %s is off: an all-or-nothing batch is undone as %s, and the document declares no %s; to turn it on, write resource %s { %s } (or allow the methods with item/collection)",
-		g.Op, g.Resource, g.How, g.Missing, g.Resource, recipe)
+	methods := map[policy.Op]string{
+		policy.OpCreate: "DELETE on the item",
+		policy.OpUpdate: "GET and PUT on the item, or GET and PATCH with restore_updated patch",
+		policy.OpDelete: "GET and PUT on the item, or GET on the item and POST on the collection with restore_deleted post",
+	}[g.Op]
+	return fmt.Sprintf("batch %s of %s is off: a failed all-or-nothing batch is undone as %s, and the document declares no %s. To turn it on: resource %s { atomicity %s partial } (nothing is undone), or declare what the undo needs (%s)",
+		g.Op, g.Resource, g.How, g.Missing, g.Resource, g.Op, methods)
 }
 
 // Derive turns on, for an imported resource whose settings are resolved,

@@ -134,7 +134,7 @@ func parseDocPath(d *Document, key string) (docPath, error) {
 			p.segs = append(p.segs, "")
 			p.vars = append(p.vars, seg[1:len(seg)-1])
 		case strings.ContainsAny(seg, "{}"):
-			return fail("segment %q holds a variable and text, and the method map matches whole segments only: exclude the path (exclude %s), and declare a resource block for it if it needs one", seg, excludePattern(key))
+			return fail("segment %q holds a variable and text, and the method map matches whole segments only: exclude the path (exclude %s), and the gateway passes its requests through untouched", seg, excludePattern(key))
 		case seg == "" || seg == "." || seg == "..":
 			return fail("segment %q cannot be matched as written: exclude the path (exclude %s)", seg, key)
 		default:

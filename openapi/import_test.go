@@ -122,7 +122,7 @@ func TestImportDjangoRESTFramework(t *testing.T) {
 	if len(gaps) != 1 || gaps[0].Op != policy.OpDelete || gaps[0].Resource != "/api/books/" {
 		t.Fatalf("gaps %+v, want batch delete of /api/books/", gaps)
 	}
-	if w := gaps[0].Warning(); !strings.Contains(w, "atomicity delete partial") || !strings.Contains(w, "restore_deleted post") {
+	if w := gaps[0].Warning(); !strings.Contains(w, "resource /api/books/ { atomicity delete partial }") || !strings.Contains(w, "restore_deleted post") {
 		t.Errorf("the warning names no recipe: %s", w)
 	}
 	// Trailing slashes are kept on the paths the gateway sends.
