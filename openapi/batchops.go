@@ -148,14 +148,15 @@ func (b batchOps) batchAnswer(write bool) map[string]any {
 	return map[string]any{"description": "the batch answer, items in request order", "headers": answerHeaders(write), "content": jsonContent(b.answer)}
 }
 
-// answerHeaders are the headers a batch answer may carry.
+// answerHeaders are the headers a batch answer may carry, as
+// references to components.headers (sharedComponents).
 func answerHeaders(write bool) map[string]any {
 	h := map[string]any{
-		"Preference-Applied": header("atomicity=…, when the client's Prefer was honoured"),
-		"Retry-After":        header("the largest Retry-After among the items"),
+		"Preference-Applied": ref("#/components/headers/PreferenceApplied"),
+		"Retry-After":        ref("#/components/headers/RetryAfter"),
 	}
 	if write {
-		h["Idempotent-Replayed"] = header("true when the answer is replayed for an Idempotency-Key")
+		h["Idempotent-Replayed"] = ref("#/components/headers/IdempotentReplayed")
 	}
 	return h
 }
@@ -167,19 +168,35 @@ func header(description string) map[string]any {
 // problemStatuses are the gateway's own answers to a batch, as problems.
 var problemStatuses = []int{400, 405, 409, 412, 413, 422, 424, 500, 503, 504}
 
+// problemResponse is the gateway's problem answer, shared by reference.
+const problemResponse = "#/components/responses/BatchProblem"
+
 func addProblems(resps map[string]any) {
 	for _, status := range problemStatuses {
 		key := strconv.Itoa(status)
-		problem := map[string]any{"schema": ref("#/components/schemas/BatchProblem")}
 		existing, ok := resps[key].(map[string]any)
 		switch {
 		case !ok:
-			resps[key] = map[string]any{"description": "a problem (RFC 9457); for a failed batch, with its items",
-				"content": map[string]any{"application/problem+json": problem}}
+			resps[key] = ref(problemResponse)
 		case existing["$ref"] == nil:
-			mapAt(existing, "content")["application/problem+json"] = problem
+			mapAt(existing, "content")["application/problem+json"] = map[string]any{"schema": ref("#/components/schemas/BatchProblem")}
 		}
 	}
+}
+
+// sharedComponents writes what every batch operation refers to.
+func (p *publication) sharedComponents() {
+	p.schemas["BatchProblem"] = problemSchema()
+	p.schemas["BatchProblemItem"] = itemResultSchema(map[string]any{}, true)
+	components := mapAt(p.doc, "components")
+	mapAt(components, "responses")["BatchProblem"] = map[string]any{
+		"description": "a problem (RFC 9457); for a failed batch, with its items",
+		"content":     map[string]any{"application/problem+json": map[string]any{"schema": ref("#/components/schemas/BatchProblem")}},
+	}
+	headers := mapAt(components, "headers")
+	headers["PreferenceApplied"] = header("atomicity=…, when the client's Prefer was honoured")
+	headers["RetryAfter"] = header("the largest Retry-After among the items")
+	headers["IdempotentReplayed"] = header("true when the answer is replayed for an Idempotency-Key")
 }
 
 // addParams adds parameters to an operation, replacing one of the input

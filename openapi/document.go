@@ -63,27 +63,12 @@ func Parse(file string, data []byte) (*Document, error) {
 	fail := func(pointer string, line int, format string, args ...any) (*Document, error) {
 		return nil, &Error{File: file, Pointer: pointer, Line: line, Msg: fmt.Sprintf(format, args...)}
 	}
-	var head struct {
-		OpenAPI string `json:"openapi" yaml:"openapi"`
-		Swagger string `json:"swagger" yaml:"swagger"`
-	}
-	if err := yaml.Unmarshal(data, &head); err != nil {
-		return fail("", 0, "not YAML or JSON (%v): give the API's OpenAPI document", err)
-	}
-	switch {
-	case head.Swagger != "":
-		return fail("/swagger", 0, "a Swagger %s document, not OpenAPI 3: convert it (swagger2openapi, or the API framework's OpenAPI 3 output)", head.Swagger)
-	case head.OpenAPI == "":
-		return fail("", 0, "not an OpenAPI document (no openapi field): give the API's OpenAPI 3.0 or 3.1 document")
-	case !strings.HasPrefix(head.OpenAPI, "3.0") && !strings.HasPrefix(head.OpenAPI, "3.1"):
-		return fail("/openapi", 0, "OpenAPI %s: the gateway reads 3.0 and 3.1 documents", head.OpenAPI)
-	}
 	loader := openapi3.NewLoader()
 	loader.IncludeOrigin = true
 	loader.IsExternalRefsAllowed = false
 	model, err := loader.LoadFromData(data)
-	if err != nil {
-		return fail("", 0, "%v: fix the document (the gateway reads references inside it only)", err)
+	if err != nil || !strings.HasPrefix(model.OpenAPI, "3.0") && !strings.HasPrefix(model.OpenAPI, "3.1") {
+		return nil, notOpenAPI(file, data, err)
 	}
 	if err := validate(file, model); err != nil {
 		return nil, err
@@ -92,11 +77,36 @@ func Parse(file string, data []byte) (*Document, error) {
 	if err != nil {
 		return fail("", 0, "%v", err)
 	}
-	d := &Document{File: file, Version: head.OpenAPI, model: model}
+	d := &Document{File: file, Version: model.OpenAPI, model: model}
 	if err := json.Unmarshal(raw, &d.tree); err != nil {
 		return fail("", 0, "%v", err)
 	}
 	return d, nil
+}
+
+// notOpenAPI says why a document the parser refused, or read as no
+// OpenAPI 3.0 or 3.1, is not one the gateway can use. The document is
+// read again for its version fields, on this path only.
+func notOpenAPI(file string, data []byte, loadErr error) error {
+	fail := func(pointer, format string, args ...any) error {
+		return &Error{File: file, Pointer: pointer, Msg: fmt.Sprintf(format, args...)}
+	}
+	var head struct {
+		OpenAPI string `yaml:"openapi"`
+		Swagger string `yaml:"swagger"`
+	}
+	if err := yaml.Unmarshal(data, &head); err != nil {
+		return fail("", "not YAML or JSON (%v): give the API's OpenAPI document", err)
+	}
+	switch {
+	case head.Swagger != "":
+		return fail("/swagger", "a Swagger %s document, not OpenAPI 3: convert it (swagger2openapi, or the API framework's OpenAPI 3 output)", head.Swagger)
+	case head.OpenAPI == "":
+		return fail("", "not an OpenAPI document (no openapi field): give the API's OpenAPI 3.0 or 3.1 document")
+	case !strings.HasPrefix(head.OpenAPI, "3.0") && !strings.HasPrefix(head.OpenAPI, "3.1"):
+		return fail("/openapi", "OpenAPI %s: the gateway reads 3.0 and 3.1 documents", head.OpenAPI)
+	}
+	return fail("", "%v: fix the document (the gateway reads references inside it only)", loadErr)
 }
 
 // validate refuses a document the gateway cannot read right. It

@@ -58,8 +58,7 @@ func Publish(im *Imported, served []Served, g Gateway) ([]byte, error) {
 	p.schemas = mapAt(mapAt(p.doc, "components"), "schemas")
 	p.keepServed(im, served)
 	p.collectOperationIDs()
-	p.schemas["BatchProblem"] = problemSchema()
-	p.schemas["BatchProblemItem"] = itemResultSchema(map[string]any{}, true)
+	p.sharedComponents()
 	for _, s := range served {
 		p.addResource(s)
 	}
