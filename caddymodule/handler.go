@@ -177,6 +177,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.published, err = h.publishOf(p, true); err != nil {
 		return fmt.Errorf("batch: %w", err)
 	}
+	h.imported = nil // published: the parsed document is needed no more
 	storage := configStorage(ctx)
 	if err := h.provisionLocks(storage); err != nil {
 		return fmt.Errorf("batch: %w", err)

@@ -11,7 +11,6 @@ package openapi
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"reflect"
@@ -30,10 +29,10 @@ type Document struct {
 	Version string
 
 	model *openapi3.T
-	// tree is the document as generic JSON, which the publication
-	// copies and adds to, so that nothing the gateway does not know of
-	// is lost.
-	tree map[string]any
+	// raw is the document as JSON, which the publication decodes as
+	// generic JSON and adds to, so that nothing the gateway does not
+	// know of is lost.
+	raw []byte
 }
 
 // Error is a mistake in a document, placed by JSON pointer and, where
@@ -77,11 +76,7 @@ func Parse(file string, data []byte) (*Document, error) {
 	if err != nil {
 		return fail("", 0, "%v", err)
 	}
-	d := &Document{File: file, Version: model.OpenAPI, model: model}
-	if err := json.Unmarshal(raw, &d.tree); err != nil {
-		return fail("", 0, "%v", err)
-	}
-	return d, nil
+	return &Document{File: file, Version: model.OpenAPI, model: model, raw: raw}, nil
 }
 
 // notOpenAPI says why a document the parser refused, or read as no

@@ -42,7 +42,7 @@ const DefaultVersion = "3.0.3"
 func Publish(im *Imported, served []Served, g Gateway) ([]byte, error) {
 	p := &publication{doc: map[string]any{}, gateway: g, names: map[string]bool{}, opIDs: map[string]bool{}}
 	if im != nil {
-		if err := copyJSON(im.Doc.tree, &p.doc); err != nil {
+		if err := json.Unmarshal(im.Doc.raw, &p.doc); err != nil {
 			return nil, err
 		}
 	} else {
@@ -385,12 +385,4 @@ func ref(pointer string) map[string]any { return map[string]any{"$ref": pointer}
 
 func jsonContent(schema any) map[string]any {
 	return map[string]any{"application/json": map[string]any{"schema": schema}}
-}
-
-func copyJSON(src any, dst any) error {
-	raw, err := json.Marshal(src)
-	if err != nil {
-		return err
-	}
-	return json.Unmarshal(raw, dst)
 }
