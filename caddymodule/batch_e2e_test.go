@@ -335,7 +335,7 @@ func TestBatchPerOperationAtomicity(t *testing.T) {
 // an escaped value) and a collection path with a trailing slash fan out
 // to the right item paths, and undo there.
 func TestBatchNestedAndTrailingSlash(t *testing.T) {
-	api := legacyapi.New(
+	api := legacyapi.NewRecording(
 		legacyapi.Collection{Path: "/api/users/a%20b/posts", PutCreates: true, Seed: records("p", 1, 5)},
 		legacyapi.Collection{Path: "/api/users/7/posts", PutCreates: true, Seed: records("q", 1, 5)},
 	)

@@ -32,7 +32,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens, and
 // refuses a configuration that cannot work with the error Provision
-// would give, at the line that holds the mistake. Syntax:
+// would give, at the line that holds the mistake. Syntax (the options'
+// lines are optionTable's rows, in its order):
 //
 //	batch [<matcher>] {
 //	    atomicity            all_or_nothing|partial
@@ -253,8 +254,10 @@ func unmarshalResource(d *caddyfile.Dispenser) (Resource, resourcePlaces, error)
 			switch name {
 			case "resource":
 				return r, at, d.Errf("resource blocks do not nest: close the block of resource %s before the next resource", r.Path)
-			case "envelope", "openapi":
-				return r, at, d.Errf("%s belongs in the batch block, not in resource %s: it serves every resource", name, r.Path)
+			case "envelope":
+				return r, at, d.Errf("envelope belongs in the batch block, not in resource %s: one envelope serves every resource", r.Path)
+			case "openapi":
+				return r, at, d.Errf("openapi belongs in the batch block, not in resource %s: one document declares every resource", r.Path)
 			}
 			if err := r.Options.unmarshalOption(d, at.options, resourceWords); err != nil {
 				return r, at, err
@@ -341,8 +344,7 @@ func unmarshalListFilter(d *caddyfile.Dispenser, seen map[string]caddyfile.Token
 			if n == 0 {
 				// In JSON a zero is "the default"; written here it is a
 				// mistake, refused with the policy's own words.
-				_, err := policy.ParseListFilter(policy.ListFilterSpec{Template: f.Query, MaxIDs: -1})
-				return nil, d.Err(strings.Replace(policy.Flatten(err)[len(policy.Flatten(err))-1].Error(), "not -1", "not 0", 1))
+				return nil, d.Err(policy.CheckListMaxIDs(n).Error())
 			}
 			f.MaxIDs = n
 		case "preflight":
@@ -365,46 +367,20 @@ func once(d *caddyfile.Dispenser, seen map[string]caddyfile.Token, key string, t
 	return nil
 }
 
-// optionExamples lists the options, each with a line that sets it.
-var optionExamples = []struct{ name, example string }{
-	{"atomicity", "atomicity partial"},
-	{"allow_override", "allow_override"},
-	{"max_items", "max_items 100"},
-	{"max_body_size", "max_body_size 1MiB"},
-	{"max_response_size", "max_response_size 16MiB"},
-	{"concurrency", "concurrency 8"},
-	{"max_in_flight", "max_in_flight 32"},
-	{"item_timeout", "item_timeout 10s"},
-	{"batch_timeout", "batch_timeout 30s"},
-	{"ids_param", "ids_param ids"},
-	{"id_field", "id_field id"},
-	{"delete_semantics", "delete_semantics declarative"},
-	{"restore_deleted", "restore_deleted post"},
-	{"restore_updated", "restore_updated patch"},
-	{"compensation_retries", "compensation_retries 3"},
-	{"compensation_timeout", "compensation_timeout 30s"},
-	{"idempotent_upstream", "idempotent_upstream"},
-	{"conditional_writes", "conditional_writes"},
-	{"item_locks", "item_locks local"},
-	{"idempotency_ttl", "idempotency_ttl 24h"},
-	{"journal", "journal off"},
-	{"scope_query", "scope_query tenant api_key"},
-	{"id_format", "id_format integer"},
-}
-
-func optionExample(name string) string {
-	for _, o := range optionExamples {
-		if o.name == name {
-			return o.example
+// optionNamed is the row of the option name names.
+func optionNamed(name string) (*option, bool) {
+	for i := range optionTable {
+		if optionTable[i].name == name {
+			return &optionTable[i], true
 		}
 	}
-	return name
+	return nil, false
 }
 
 // unknownOption refuses a word that is no option, naming the one it
 // most likely misspells, or else every word the block takes.
 func unknownOption(d *caddyfile.Dispenser, name string, words []string) error {
-	for _, o := range optionExamples {
+	for _, o := range optionTable {
 		words = append(words, o.name)
 	}
 	if n := policy.Nearest(name, words); n != "" {
@@ -416,111 +392,38 @@ func unknownOption(d *caddyfile.Dispenser, name string, words []string) error {
 // unmarshalOption sets the option the dispenser is on. words are the
 // other words its block takes, for the error about an unknown one.
 func (o *Options) unmarshalOption(d *caddyfile.Dispenser, seen map[string]caddyfile.Token, words []string) error {
-	name, tok := d.Val(), d.Token()
-	a := optionArgs{d: d, name: name, args: d.RemainingArgs()}
+	name, tok, args := d.Val(), d.Token(), d.RemainingArgs()
+	opt, known := optionNamed(name)
 	key := name
-	if name == "atomicity" && len(a.args) == 2 {
-		key += " " + a.args[0] // one mode per operation, besides the general one
+	if known && opt.key != nil {
+		key = opt.key(args)
 	}
 	if err := once(d, seen, key, tok); err != nil {
 		return err
 	}
-	if known, err := o.set(a); known {
-		return err
+	if !known {
+		return unknownOption(d, name, words)
 	}
-	return unknownOption(d, name, words)
-}
-
-// set sets the option a names from its values; known is false for a
-// word that is no option.
-func (o *Options) set(a optionArgs) (known bool, err error) {
-	switch a.name {
-	case "atomicity":
-		return true, o.setAtomicity(a)
-	case "allow_override":
-		return true, a.flag(&o.AllowOverride)
-	case "idempotent_upstream":
-		return true, a.flag(&o.IdempotentUpstream)
-	case "conditional_writes":
-		return true, a.flag(&o.ConditionalWrites)
-	case "scope_query":
-		if len(a.args) == 0 {
-			return true, a.d.Errf("scope_query takes one or more query parameter names, e.g. %s", optionExample(a.name))
-		}
-		o.ScopeQuery = a.args
-		return true, nil
-	case "id_format":
-		return true, a.text(&o.IDFormat)
-	case "item_locks":
-		return true, a.text(&o.ItemLocks)
-	case "journal":
-		return true, a.flag(&o.Journal)
-	case "max_in_flight":
-		return true, a.number(&o.MaxInFlight)
-	case "max_response_size":
-		return true, a.size(&o.MaxResponseSize)
-	case "max_items":
-		return true, a.number(&o.MaxItems)
-	case "concurrency":
-		return true, a.number(&o.Concurrency)
-	case "compensation_retries":
-		var n int
-		err := a.number(&n)
-		o.CompensationRetries = &n
-		return true, err
-	case "max_body_size":
-		return true, a.size(&o.MaxBodySize)
-	case "item_timeout":
-		return true, a.duration(&o.ItemTimeout)
-	case "batch_timeout":
-		return true, a.duration(&o.BatchTimeout)
-	case "compensation_timeout":
-		return true, a.duration(&o.CompensationTimeout)
-	case "idempotency_ttl":
-		return true, a.duration(&o.IdempotencyTTL)
-	case "ids_param":
-		return true, a.text(&o.IDsParam)
-	case "id_field":
-		return true, a.text(&o.IDField)
-	case "delete_semantics":
-		return true, a.text(&o.DeleteSemantics)
-	case "restore_deleted":
-		return true, a.text(&o.RestoreDeleted)
-	case "restore_updated":
-		return true, a.text(&o.RestoreUpdated)
-	}
-	return false, nil
-}
-
-// setAtomicity reads atomicity <mode>, or atomicity <operation> <mode>.
-func (o *Options) setAtomicity(a optionArgs) error {
-	switch len(a.args) {
-	case 1:
-		return a.text(&o.Atomicity)
-	case 2:
-		if o.OperationAtomicity == nil {
-			o.OperationAtomicity = map[string]string{}
-		}
-		o.OperationAtomicity[a.args[0]] = a.args[1]
-		return nil
-	}
-	return a.d.Errf("atomicity takes a mode, or an operation and a mode: atomicity [get|create|update|delete] all_or_nothing|partial")
+	return opt.read(o, optionArgs{d: d, opt: opt, args: args})
 }
 
 // optionArgs are the values an option is written with, read as the kind
 // of value the option takes.
 type optionArgs struct {
 	d    *caddyfile.Dispenser
-	name string
+	opt  *option
 	args []string
 }
 
+// example is a line that sets the option.
+func (a optionArgs) example() string { return a.opt.name + " " + a.opt.example }
+
 func (a optionArgs) one() (string, error) {
 	if len(a.args) != 1 {
-		return "", a.d.Errf("%s takes one value, e.g. %s", a.name, optionExample(a.name))
+		return "", a.d.Errf("%s takes one value, e.g. %s", a.opt.name, a.example())
 	}
 	if a.args[0] == "" {
-		return "", a.d.Errf("%s takes a value, not an empty string, e.g. %s", a.name, optionExample(a.name))
+		return "", a.d.Errf("%s takes a value, not an empty string, e.g. %s", a.opt.name, a.example())
 	}
 	return a.args[0], nil
 }
@@ -532,7 +435,7 @@ func (a optionArgs) limit(n int64) error {
 	if n != 0 {
 		return nil
 	}
-	if err := policy.CheckLimit(a.name, n); err != nil {
+	if err := policy.CheckLimit(a.opt.name, n); err != nil {
 		return a.d.Err(err.Error())
 	}
 	return nil
@@ -545,7 +448,7 @@ func (a optionArgs) number(dst *int) error {
 	}
 	n, err := strconv.Atoi(v)
 	if err != nil {
-		return a.d.Errf("%s takes a whole number, e.g. %s, not %q", a.name, optionExample(a.name), v)
+		return a.d.Errf("%s takes a whole number, e.g. %s, not %q", a.opt.name, a.example(), v)
 	}
 	*dst = n
 	return a.limit(int64(n))
@@ -558,7 +461,7 @@ func (a optionArgs) duration(dst *caddy.Duration) error {
 	}
 	dur, err := caddy.ParseDuration(v)
 	if err != nil {
-		return a.d.Errf("%s takes a duration such as 10s, 1m30s or 2h, not %q", a.name, v)
+		return a.d.Errf("%s takes a duration such as 10s, 1m30s or 2h, not %q", a.opt.name, v)
 	}
 	*dst = caddy.Duration(dur)
 	return a.limit(int64(dur))
@@ -571,10 +474,10 @@ func (a optionArgs) size(dst *int64) error {
 	}
 	n, err := humanize.ParseBytes(v)
 	if err != nil {
-		return a.d.Errf("%s takes a size such as 1MiB, 512KiB or 1048576 (bytes), not %q", a.name, v)
+		return a.d.Errf("%s takes a size such as 1MiB, 512KiB or 1048576 (bytes), not %q", a.opt.name, v)
 	}
 	if n > 1<<62 {
-		return a.d.Errf("%s %s is more than any machine holds: give a size such as 1MiB", a.name, v)
+		return a.d.Errf("%s %s is more than any machine holds: give a size such as 1MiB", a.opt.name, v)
 	}
 	*dst = int64(n)
 	return a.limit(int64(n))
@@ -592,7 +495,7 @@ func (a optionArgs) flag(dst **bool) error {
 	case len(a.args) == 1 && a.args[0] == "off":
 		on = false
 	case len(a.args) > 1 || len(a.args) == 1 && a.args[0] != "on":
-		return a.d.Errf("%s takes no value, or on or off, not %q", a.name, strings.Join(a.args, " "))
+		return a.d.Errf("%s takes no value, or on or off, not %q", a.opt.name, strings.Join(a.args, " "))
 	}
 	*dst = &on
 	return nil

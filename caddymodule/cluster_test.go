@@ -31,7 +31,7 @@ func TestCluster(t *testing.T) {
 	storages = append(storages, struct{ name, option string }{"redis", redisOption(host, port, prefix)})
 	for _, s := range storages {
 		t.Run(s.name, func(t *testing.T) {
-			api := legacyapi.New(legacyapi.Collection{Path: "/api/widgets", WriteDelay: 500 * time.Millisecond, Seed: records("w", 1, 10)})
+			api := legacyapi.NewRecording(legacyapi.Collection{Path: "/api/widgets", WriteDelay: 500 * time.Millisecond, Seed: records("w", 1, 10)})
 			upstream := newUpstream(t, api)
 			site := `
 	batch {
@@ -63,7 +63,7 @@ func TestClusterOverlappingWritersSerialize(t *testing.T) {
 	const clients, nIDs = 16, 6
 	bin := caddyBinary(t)
 	host, port, prefix := redisServer(t)
-	api := legacyapi.New(legacyapi.Collection{Path: "/api/widgets", PutCreates: true, Seed: records("w", 1, nIDs)})
+	api := legacyapi.NewRecording(legacyapi.Collection{Path: "/api/widgets", PutCreates: true, Seed: records("w", 1, nIDs)})
 	upstream := newUpstream(t, api)
 	site := `
 	batch {

@@ -90,7 +90,7 @@ func records(prefix string, from, to int) []map[string]any {
 // APIs) and /api/gadgets (PUT creates), 20 records each, and an empty
 // /api/gizmos.
 func seededAPI() *legacyapi.API {
-	return legacyapi.New(
+	return legacyapi.NewRecording(
 		legacyapi.Collection{Path: "/api/widgets", Seed: records("w", 1, 20)},
 		legacyapi.Collection{Path: "/api/gadgets", PutCreates: true, Seed: records("g", 1, 20)},
 		legacyapi.Collection{Path: "/api/gizmos", PutCreates: true, Seed: records("z", 1, 3)},

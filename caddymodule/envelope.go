@@ -79,13 +79,13 @@ func (l envelopeLocks) Lock(ctx context.Context, key string) (func(), error) {
 // envelopeOf builds the handler's envelope over its policy, or refuses
 // one that cannot work; nil when the handler has none.
 func (h *Handler) envelopeOf(p *policy.Policy) (*batch.Envelope, policy.GatewaySettings, error) {
-	settings, gateway := policy.Defaults(), policy.GatewayDefaults()
+	handler := defaults()
 	path := h.Envelope
 	if path == "" {
-		return nil, gateway, nil
+		return nil, handler.GatewaySettings, nil
 	}
 	refuse := func(format string, args ...any) (*batch.Envelope, policy.GatewaySettings, error) {
-		return nil, gateway, policy.OptionError("envelope", fmt.Errorf(format, args...))
+		return nil, handler.GatewaySettings, policy.OptionError("envelope", fmt.Errorf(format, args...))
 	}
 	switch {
 	case !strings.HasPrefix(path, "/") || strings.ContainsAny(path, "?#{}"):
@@ -97,14 +97,10 @@ func (h *Handler) envelopeOf(p *policy.Policy) (*batch.Envelope, policy.GatewayS
 		return refuse("envelope %s is a path of the resource %s: give the envelope a path of its own, such as %s",
 			path, m.Resource.Collection, strings.TrimSuffix(path, "/")+"/batch")
 	}
-	if err := h.Options.apply(&settings, &gateway); err != nil {
-		return nil, gateway, err
+	if err := h.Options.apply(&handler); err != nil {
+		return nil, handler.GatewaySettings, err
 	}
-	atomicity := policy.AllOrNothing
-	if h.Options.Atomicity != "" {
-		atomicity, _ = policy.ParseAtomicity(h.Options.Atomicity) // apply checked it
-	}
-	return &batch.Envelope{Path: path, Settings: settings, Atomicity: atomicity, Lookup: p.Lookup}, gateway, nil
+	return &batch.Envelope{Path: path, Settings: handler.Settings, Atomicity: handler.atomicity, Lookup: p.Lookup}, handler.GatewaySettings, nil
 }
 
 // isEnvelope reports whether a request path is the envelope's, with or

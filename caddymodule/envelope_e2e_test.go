@@ -17,7 +17,7 @@ import (
 
 // shopAPI serves users (whose PUT cannot create) and every user's posts.
 func shopAPI() *legacyapi.API {
-	return legacyapi.New(
+	return legacyapi.NewRecording(
 		legacyapi.Collection{Path: "/api/users", Seed: records("u", 1, 3)},
 		legacyapi.Collection{Path: "/api/users/1/posts", Seed: records("p", 1, 2)},
 		legacyapi.Collection{Path: "/api/users/*/posts"},
@@ -286,7 +286,7 @@ func TestEnvelopeInFrontOfARealAPI(t *testing.T) {
 		c.Tenants, c.Normalize, c.AssignIDs, c.ContentETags = true, true, true, true
 		return c
 	}
-	api := legacyapi.New(
+	api := legacyapi.NewRecording(
 		real(legacyapi.Collection{Path: "/api/users", Seed: records("u", 1, 3)}),
 		real(legacyapi.Collection{Path: "/api/users/*/posts"}),
 	)

@@ -157,7 +157,7 @@ func TestIdempotencyReplay(t *testing.T) {
 // an item the gateway had since deleted. Now the retry gets the stored
 // rolled-back answer, and nothing reaches the upstream.
 func TestIdempotencyRolledBackCreateReplayed(t *testing.T) {
-	api := legacyapi.New(legacyapi.Collection{Path: "/api/things", HonorKeys: true, AssignIDs: true})
+	api := legacyapi.NewRecording(legacyapi.Collection{Path: "/api/things", HonorKeys: true, AssignIDs: true})
 	g := startIdemGateway(t, api, t.TempDir(), `
 	batch {
 		resource /api/things {`+resourceMethods+`
@@ -197,7 +197,7 @@ func TestIdempotencyRolledBackCreateReplayed(t *testing.T) {
 // 409 with Retry-After, and sends nothing; once the first has answered,
 // the key is replayed.
 func TestIdempotencyInFlight(t *testing.T) {
-	api := legacyapi.New(legacyapi.Collection{Path: "/api/slow", WriteDelay: 1500 * time.Millisecond, Seed: records("s", 1, 3)})
+	api := legacyapi.NewRecording(legacyapi.Collection{Path: "/api/slow", WriteDelay: 1500 * time.Millisecond, Seed: records("s", 1, 3)})
 	g := startIdemGateway(t, api, t.TempDir(), `
 	batch {
 		resource /api/slow {`+resourceMethods+`
@@ -396,7 +396,7 @@ func TestIdempotencyAnswerHeaders(t *testing.T) {
 // sent anything (another write held its item) is not recorded: the
 // client was told to try again, and the same key then runs.
 func TestIdempotencyRefusedBatchGivesItsKeyBack(t *testing.T) {
-	api := legacyapi.New(legacyapi.Collection{Path: "/api/slow", WriteDelay: time.Second, Seed: records("s", 1, 3)})
+	api := legacyapi.NewRecording(legacyapi.Collection{Path: "/api/slow", WriteDelay: time.Second, Seed: records("s", 1, 3)})
 	g := startIdemGateway(t, api, t.TempDir(), `
 	batch {
 		batch_timeout 200ms
@@ -563,7 +563,7 @@ func TestIdempotencySweptByTheApp(t *testing.T) {
 // and every copy with another body 409 or 422.
 func TestIdempotencyConcurrentCopies(t *testing.T) {
 	const keys, copies = 8, 5
-	api := legacyapi.New(legacyapi.Collection{Path: "/api/widgets", WriteDelay: 20 * time.Millisecond, Seed: records("w", 1, 2*keys)})
+	api := legacyapi.NewRecording(legacyapi.Collection{Path: "/api/widgets", WriteDelay: 20 * time.Millisecond, Seed: records("w", 1, 2*keys)})
 	g := startIdemGateway(t, api, t.TempDir(), `
 	batch {
 		resource /api/widgets {`+resourceMethods+`

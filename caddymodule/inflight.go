@@ -9,7 +9,6 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/caddy-batch/caddy-batch/batch"
-	"github.com/caddy-batch/caddy-batch/policy"
 )
 
 // pooledSlots are one handler's max_in_flight slots, kept in pools so
@@ -45,8 +44,8 @@ func (h *Handler) provisionSlots() *pooledSlots {
 // are.
 func (h *Handler) slotsKey() (key string, n int) {
 	// buildPolicy has already refused whatever apply could refuse.
-	s, g := policy.Defaults(), policy.GatewayDefaults()
-	_ = h.Options.apply(&s, &g)
+	g := defaults()
+	_ = h.Options.apply(&g)
 	paths := make([]string, len(h.resolved))
 	for i, r := range h.resolved {
 		paths[i] = r.Path

@@ -139,7 +139,7 @@ func TestStorm(t *testing.T) {
 
 func runStorm(t *testing.T, limit, clients, items, concurrency int) stormFigures {
 	const apiDelay = 10 * time.Millisecond
-	api := legacyapi.New(legacyapi.Collection{Path: "/api/widgets", Seed: records("w", 1, items)})
+	api := legacyapi.NewRecording(legacyapi.Collection{Path: "/api/widgets", Seed: records("w", 1, items)})
 	// The first GET of /api/widgets/1, the warm-up's plain GET, is held,
 	// so that its connection is in use while the warm-up fills the rest.
 	api.Inject(legacyapi.Fault{Method: "GET", Path: "/api/widgets/1", Delay: 500 * time.Millisecond, Times: 1})

@@ -31,7 +31,7 @@ func listSite(filter string, options ...string) string {
 // widgetsAPI serves /api/widgets with widgets 1..n, in the habits c gives.
 func widgetsAPI(c legacyapi.Collection, n int) *legacyapi.API {
 	c.Path, c.Seed = "/api/widgets", records("w", 1, n)
-	return legacyapi.New(c)
+	return legacyapi.NewRecording(c)
 }
 
 // idsList is "1,2,…,n".

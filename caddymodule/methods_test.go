@@ -15,7 +15,7 @@ func newLegacyAPI() *legacyapi.API {
 	for i := range widgets {
 		widgets[i] = map[string]any{"id": i + 1, "name": "w" + strconv.Itoa(i+1)}
 	}
-	return legacyapi.New(
+	return legacyapi.NewRecording(
 		legacyapi.Collection{Path: "/api/widgets", Seed: widgets},
 		legacyapi.Collection{Path: "/api/gadgets", PutCreates: true, Seed: []map[string]any{{"id": 1, "name": "g1"}, {"id": 2, "name": "g2"}}},
 		legacyapi.Collection{Path: "/api/reports", Seed: []map[string]any{{"id": 1, "name": "r1"}}},

@@ -9,7 +9,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
-	"github.com/caddy-batch/caddy-batch/openapi"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
@@ -154,125 +153,255 @@ type Options struct {
 	Journal *bool `json:"journal,omitempty"`
 }
 
-// buildPolicy resolves every resource's settings (defaults, then the
-// handler's options, then the resource's) and builds the method map. It
-// is the one validation of a configuration: Provision runs it, and so
-// does the Caddyfile adapter, which turns its errors' places into lines.
-// lines, when not nil, holds the line each resource is declared on.
-func (h *Handler) buildPolicy(lines []int) (*policy.Policy, error) {
-	settings, gateway := policy.Defaults(), policy.GatewayDefaults()
-	err := h.Options.apply(&settings, &gateway)
-	if err == nil {
-		err = policy.Validate(settings, gateway)
-	}
-	if err != nil {
-		// Every resource inherits these, so one error each is enough.
-		return nil, err
-	}
+// level is one level's settings, the handler's or a resource's, as
+// resolved so far: what the options are laid over, on the defaults and
+// then on the handler's.
+type level struct {
+	policy.Settings
+	policy.GatewaySettings
+	// atomicity is the mode "atomicity <mode>" sets, before any
+	// operation's own: the envelope's, which runs no one operation.
+	atomicity policy.Atomicity
+}
+
+// defaults is the level that holds no option: the README's defaults.
+func defaults() level {
+	return level{Settings: policy.Defaults(), GatewaySettings: policy.GatewayDefaults()}
+}
+
+// option is one row of optionTable: all the module knows of an option
+// besides its field in Options.
+type option struct {
+	name string
+	// forms are what may follow the name in a Caddyfile, one per form,
+	// as UnmarshalCaddyfile's doc comment writes them
+	// (TestOptionsTableIsDocumented holds the two together).
+	forms []string
+	// example is a value that sets the option, for the errors that say
+	// how to write it.
+	example string
+	// key names what one line of the option sets, for the rule that a
+	// block sets it once; nil is the option's name.
+	key func(args []string) string
+	// read sets the option in o from its Caddyfile line. a.d stands on
+	// the line's last value, so an option with a block reads it there.
+	read func(o *Options, a optionArgs) error
+	// apply lays the option, when set, over l. It only refuses a word
+	// the policy does not know; whether a value can work is
+	// policy.Validate's to say.
+	apply func(o *Options, l *level) error
+}
+
+// optionTable is every option, in the order the Caddyfile's syntax and
+// the errors list them. Adding an option is its field in Options and
+// its row here.
+var optionTable = []option{
+	{
+		name:    "atomicity",
+		forms:   []string{"all_or_nothing|partial", "get|create|update|delete all_or_nothing|partial"},
+		example: "partial",
+		key:     atomicityKey,
+		read:    readAtomicity,
+		apply:   applyAtomicity,
+	},
+	toggle("allow_override",
+		func(o *Options, l *level) (**bool, *bool) { return &o.AllowOverride, &l.AllowOverride }),
+	count("max_items", "100",
+		func(o *Options, l *level) (*int, *int) { return &o.MaxItems, &l.MaxItems }),
+	size("max_body_size", "1MiB",
+		func(o *Options, l *level) (*int64, *int64) { return &o.MaxBodySize, &l.MaxBodySize }),
+	size("max_response_size", "16MiB",
+		func(o *Options, l *level) (*int64, *int64) { return &o.MaxResponseSize, &l.MaxResponseSize }),
+	count("concurrency", "8",
+		func(o *Options, l *level) (*int, *int) { return &o.Concurrency, &l.Concurrency }),
+	count("max_in_flight", "32",
+		func(o *Options, l *level) (*int, *int) { return &o.MaxInFlight, &l.MaxInFlight }),
+	duration("item_timeout", "10s",
+		func(o *Options, l *level) (*caddy.Duration, *time.Duration) { return &o.ItemTimeout, &l.ItemTimeout }),
+	duration("batch_timeout", "30s",
+		func(o *Options, l *level) (*caddy.Duration, *time.Duration) { return &o.BatchTimeout, &l.BatchTimeout }),
+	text("ids_param", "ids",
+		func(o *Options, l *level) (*string, *string) { return &o.IDsParam, &l.IDsParam }),
+	text("id_field", "id",
+		func(o *Options, l *level) (*string, *string) { return &o.IDField, &l.IDField }),
+	word("delete_semantics", "imperative|declarative", "declarative", policy.ParseDeleteSemantics,
+		func(o *Options, l *level) (*string, *policy.DeleteSemantics) {
+			return &o.DeleteSemantics, &l.DeleteSemantics
+		}),
+	word("restore_deleted", "put|post", "post", policy.ParseRestoreDeleted,
+		func(o *Options, l *level) (*string, *policy.Restore) { return &o.RestoreDeleted, &l.RestoreDeleted }),
+	word("restore_updated", "put|patch", "patch", policy.ParseRestoreUpdated,
+		func(o *Options, l *level) (*string, *policy.Restore) { return &o.RestoreUpdated, &l.RestoreUpdated }),
+	{
+		// A count that may be zero: "no retry".
+		name:    "compensation_retries",
+		forms:   []string{"<n>"},
+		example: "3",
+		read: func(o *Options, a optionArgs) error {
+			o.CompensationRetries = new(int)
+			return a.number(o.CompensationRetries)
+		},
+		apply: func(o *Options, l *level) error { setNonNil(&l.CompensationRetries, o.CompensationRetries); return nil },
+	},
+	duration("compensation_timeout", "30s",
+		func(o *Options, l *level) (*caddy.Duration, *time.Duration) {
+			return &o.CompensationTimeout, &l.CompensationTimeout
+		}),
+	toggle("idempotent_upstream",
+		func(o *Options, l *level) (**bool, *bool) { return &o.IdempotentUpstream, &l.IdempotentUpstream }),
+	toggle("conditional_writes",
+		func(o *Options, l *level) (**bool, *bool) { return &o.ConditionalWrites, &l.ConditionalWrites }),
+	word("item_locks", "local|storage", "local", policy.ParseItemLocks,
+		func(o *Options, l *level) (*string, *policy.ItemLocks) { return &o.ItemLocks, &l.ItemLocks }),
+	duration("idempotency_ttl", "24h",
+		func(o *Options, l *level) (*caddy.Duration, *time.Duration) {
+			return &o.IdempotencyTTL, &l.IdempotencyTTL
+		}),
+	toggle("journal",
+		func(o *Options, l *level) (**bool, *bool) { return &o.Journal, &l.Journal }),
+	list("scope_query", "<param...>", "query parameter names", "tenant api_key",
+		func(o *Options, l *level) (*[]string, *[]string) { return &o.ScopeQuery, &l.ScopeQuery }),
+	word("id_format", "any|integer|uuid", "integer", policy.ParseIDFormat,
+		func(o *Options, l *level) (*string, *policy.IDFormat) { return &o.IDFormat, &l.IDFormat }),
+}
+
+// apply lays the options that are set over l, in the table's order.
+func (o *Options) apply(l *level) error {
 	var errs []error
-	h.resolved = h.resolveResources()
-	h.gaps = nil
-	specs := make([]policy.ResourceSpec, len(h.resolved))
-	for i, r := range h.resolved {
-		specs[i] = r.spec(settings, gateway)
-		if err := r.Options.apply(&specs[i].Settings, &specs[i].Gateway); err != nil {
-			errs = append(errs, policy.Flatten(policy.InResource(i, r.Path, err))...)
-		}
-		if r.MaxInFlight != 0 {
-			errs = append(errs, policy.InResource(i, r.Path, policy.OptionError("max_in_flight",
-				errors.New("max_in_flight bounds the sub-requests of every batch of the handler together, so a resource cannot have its own: set it in the batch block"))))
-		}
-		if r.doc != nil {
-			h.gaps = append(h.gaps, openapi.Derive(&specs[i], r.keepCollection)...)
-		}
-		if i < len(lines) {
-			specs[i].Line = lines[i]
-		}
+	for _, opt := range optionTable {
+		errs = append(errs, opt.apply(o, l))
 	}
-	p, err := policy.New(specs)
-	if len(errs) == 0 {
-		return p, h.placeImported(err)
-	}
-	// Every mistake at once, in the order the resources are declared.
-	all := append(errs, policy.Flatten(err)...)
-	slices.SortStableFunc(all, func(a, b error) int { return resourceOf(a) - resourceOf(b) })
-	return nil, h.placeImported(errors.Join(all...))
-}
-
-// spec declares the resource to the policy, with the handler's resolved
-// settings, which its own options then override.
-func (r Resource) spec(settings policy.Settings, gateway policy.GatewaySettings) policy.ResourceSpec {
-	var ops []string // nil: every operation the methods allow
-	if r.Batch != nil {
-		ops = append([]string{}, *r.Batch...)
-	}
-	spec := policy.ResourceSpec{
-		Path:              r.Path,
-		CollectionMethods: r.Collection,
-		ItemMethods:       r.Item,
-		ItemPath:          r.ItemPath,
-		Batch:             ops,
-		Settings:          settings,
-		Gateway:           gateway,
-	}
-	if f := r.ListFilter; f != nil {
-		spec.ListFilter = &policy.ListFilterSpec{Template: f.Query, Items: f.Items, MaxIDs: f.MaxIDs, Preflight: f.Preflight}
-	}
-	return spec
-}
-
-func resourceOf(err error) int {
-	var pe *policy.Error
-	if errors.As(err, &pe) {
-		return pe.Resource
-	}
-	return -1
-}
-
-// apply lays the options that are set over s and g. It only reads the
-// values, refusing a word the policy does not know (an unknown atomicity,
-// say); whether a value can work is the policy's to say, in
-// policy.Validate.
-func (o Options) apply(s *policy.Settings, g *policy.GatewaySettings) error {
-	errs := o.applyAtomicity(s)
-	setNonNil(&s.AllowOverride, o.AllowOverride)
-	// Zero (or "") means "not set" in JSON; a negative value is set, for
-	// Validate to refuse.
-	setNonZero(&s.MaxItems, o.MaxItems)
-	setNonZero(&s.MaxBodySize, o.MaxBodySize)
-	setNonZero(&s.Concurrency, o.Concurrency)
-	setNonZero(&s.ItemTimeout, time.Duration(o.ItemTimeout))
-	setNonZero(&s.BatchTimeout, time.Duration(o.BatchTimeout))
-	setNonZero(&s.CompensationTimeout, time.Duration(o.CompensationTimeout))
-	setNonZero(&s.MaxResponseSize, o.MaxResponseSize)
-	setNonZero(&g.MaxInFlight, o.MaxInFlight)
-	setNonZero(&g.IdempotencyTTL, time.Duration(o.IdempotencyTTL))
-	setNonZero(&s.IDsParam, o.IDsParam)
-	setNonZero(&s.IDField, o.IDField)
-	parseWord(&errs, "delete_semantics", o.DeleteSemantics, &s.DeleteSemantics, policy.ParseDeleteSemantics)
-	parseWord(&errs, "restore_deleted", o.RestoreDeleted, &s.RestoreDeleted, policy.ParseRestoreDeleted)
-	parseWord(&errs, "restore_updated", o.RestoreUpdated, &s.RestoreUpdated, policy.ParseRestoreUpdated)
-	setNonNil(&s.CompensationRetries, o.CompensationRetries)
-	setNonNil(&s.IdempotentUpstream, o.IdempotentUpstream)
-	setNonNil(&g.Journal, o.Journal)
-	setNonNil(&s.ConditionalWrites, o.ConditionalWrites)
-	if o.ScopeQuery != nil {
-		s.ScopeQuery = o.ScopeQuery
-	}
-	parseWord(&errs, "id_format", o.IDFormat, &s.IDFormat, policy.ParseIDFormat)
-	parseWord(&errs, "item_locks", o.ItemLocks, &g.ItemLocks, policy.ParseItemLocks)
 	return errors.Join(errs...)
 }
 
-// applyAtomicity lays the atomicity options over s: the general mode,
+// binding ties an option's field in Options to the setting it is laid
+// over in a level: one row says both, so that they cannot drift apart.
+type binding[O, S any] func(o *Options, l *level) (field *O, setting *S)
+
+// field is the option's field in o.
+func (b binding[O, S]) field(o *Options) *O {
+	f, _ := b(o, new(level))
+	return f
+}
+
+// The kinds of option. Zero (or "") means "not set" in JSON, so a kind
+// whose zero is a value of its own (a flag's off) is a pointer in
+// Options; a negative limit is set, for policy.Validate to refuse.
+
+// count is an option that takes a whole number greater than zero.
+func count(name, example string, b binding[int, int]) option {
+	return option{name: name, forms: []string{"<n>"}, example: example,
+		read:  func(o *Options, a optionArgs) error { return a.number(b.field(o)) },
+		apply: func(o *Options, l *level) error { f, s := b(o, l); setNonZero(s, *f); return nil },
+	}
+}
+
+// size is an option that takes a size in bytes (1MiB, 512KiB).
+func size(name, example string, b binding[int64, int64]) option {
+	return option{name: name, forms: []string{"<size>"}, example: example,
+		read:  func(o *Options, a optionArgs) error { return a.size(b.field(o)) },
+		apply: func(o *Options, l *level) error { f, s := b(o, l); setNonZero(s, *f); return nil },
+	}
+}
+
+// duration is an option that takes a duration (10s, 1m30s).
+func duration(name, example string, b binding[caddy.Duration, time.Duration]) option {
+	return option{name: name, forms: []string{"<duration>"}, example: example,
+		read:  func(o *Options, a optionArgs) error { return a.duration(b.field(o)) },
+		apply: func(o *Options, l *level) error { f, s := b(o, l); setNonZero(s, time.Duration(*f)); return nil },
+	}
+}
+
+// text is an option that takes a name, as it is written.
+func text(name, example string, b binding[string, string]) option {
+	return option{name: name, forms: []string{"<name>"}, example: example,
+		read:  func(o *Options, a optionArgs) error { return a.text(b.field(o)) },
+		apply: func(o *Options, l *level) error { f, s := b(o, l); setNonZero(s, *f); return nil },
+	}
+}
+
+// word is an option that takes one of the words form lists, which
+// parse knows.
+func word[T any](name, form, example string, parse func(string) (T, error), b binding[string, T]) option {
+	return option{name: name, forms: []string{form}, example: example,
+		read: func(o *Options, a optionArgs) error { return a.text(b.field(o)) },
+		apply: func(o *Options, l *level) error {
+			f, s := b(o, l)
+			if *f == "" {
+				return nil
+			}
+			v, err := parse(*f)
+			if err != nil {
+				return policy.OptionError(name, err)
+			}
+			*s = v
+			return nil
+		},
+	}
+}
+
+// toggle is an option that is on when named alone, or set on or off.
+func toggle(name string, b binding[*bool, bool]) option {
+	return option{name: name, forms: []string{"[on|off]"},
+		read:  func(o *Options, a optionArgs) error { return a.flag(b.field(o)) },
+		apply: func(o *Options, l *level) error { f, s := b(o, l); setNonNil(s, *f); return nil },
+	}
+}
+
+// list is an option that takes one or more words, each what says; a
+// resource's list replaces the handler's.
+func list(name, form, what, example string, b binding[[]string, []string]) option {
+	return option{name: name, forms: []string{form}, example: example,
+		read: func(o *Options, a optionArgs) error {
+			if len(a.args) == 0 {
+				return a.d.Errf("%s takes one or more %s, e.g. %s", a.opt.name, what, a.example())
+			}
+			*b.field(o) = a.args
+			return nil
+		},
+		apply: func(o *Options, l *level) error {
+			if f, s := b(o, l); *f != nil {
+				*s = *f
+			}
+			return nil
+		},
+	}
+}
+
+// atomicityKey: "atomicity <operation> <mode>" sets one operation's
+// mode, besides the general one.
+func atomicityKey(args []string) string {
+	if len(args) == 2 {
+		return "atomicity " + args[0]
+	}
+	return "atomicity"
+}
+
+// readAtomicity reads atomicity <mode>, or atomicity <operation> <mode>.
+func readAtomicity(o *Options, a optionArgs) error {
+	switch len(a.args) {
+	case 1:
+		return a.text(&o.Atomicity)
+	case 2:
+		if o.OperationAtomicity == nil {
+			o.OperationAtomicity = map[string]string{}
+		}
+		o.OperationAtomicity[a.args[0]] = a.args[1]
+		return nil
+	}
+	return a.d.Errf("atomicity takes a mode, or an operation and a mode: atomicity [get|create|update|delete] all_or_nothing|partial")
+}
+
+// applyAtomicity lays the atomicity options over l: the general mode,
 // then each operation's, which wins over it.
-func (o Options) applyAtomicity(s *policy.Settings) []error {
+func applyAtomicity(o *Options, l *level) error {
 	var errs []error
 	if o.Atomicity != "" {
 		if a, err := policy.ParseAtomicity(o.Atomicity); err != nil {
 			errs = append(errs, policy.OptionError("atomicity", err))
 		} else {
-			s.SetAtomicity(a)
+			l.atomicity = a
+			l.SetAtomicity(a)
 		}
 	}
 	// Sorted, so that the errors of a configuration come in one order.
@@ -288,9 +417,9 @@ func (o Options) applyAtomicity(s *policy.Settings) []error {
 			errs = append(errs, policy.OptionError(option, fmt.Errorf("%s: %w", option, err)))
 			continue
 		}
-		s.Atomicity[op] = a
+		l.Atomicity[op] = a
 	}
-	return errs
+	return errors.Join(errs...)
 }
 
 // setNonZero sets dst to an option's value, when it is set: in JSON a zero
@@ -306,17 +435,5 @@ func setNonZero[T comparable](dst *T, v T) {
 func setNonNil[T any](dst *T, v *T) {
 	if v != nil {
 		*dst = *v
-	}
-}
-
-// parseWord parses an option's word, when it is set, into dst; a word
-// the policy does not know is an error that names the option.
-func parseWord[T any](errs *[]error, option, value string, dst *T, parse func(string) (T, error)) {
-	if value == "" {
-		return
-	}
-	var err error
-	if *dst, err = parse(value); err != nil {
-		*errs = append(*errs, policy.OptionError(option, err))
 	}
 }

@@ -30,7 +30,7 @@ func TestBatchConcurrentThroughCaddy(t *testing.T) {
 		items  = 20 // items per batch
 		failed = 4  // one batch in failed fails on purpose
 	)
-	api := legacyapi.New(
+	api := legacyapi.NewRecording(
 		// updates use widgets 1..600, GETs 601..1200
 		legacyapi.Collection{Path: "/api/widgets", Seed: records("w", 1, 2*perOp*items)},
 		legacyapi.Collection{Path: "/api/gadgets", PutCreates: true, Seed: records("g", 1, perOp*items)},
@@ -270,7 +270,7 @@ func TestOverlappingWritersSerialize(t *testing.T) {
 }
 
 func testOverlappingWriters(t *testing.T, round, clients, nIDs int, etags bool, options string, mode overlap) {
-	api := legacyapi.New(legacyapi.Collection{Path: "/api/widgets", PutCreates: true, ETags: etags, Tenants: mode.twoTenants,
+	api := legacyapi.NewRecording(legacyapi.Collection{Path: "/api/widgets", PutCreates: true, ETags: etags, Tenants: mode.twoTenants,
 		Normalize: mode.normalising, Fields: mode.fields(), FilterParam: mode.filterParam(), Seed: records("w", 1, nIDs)})
 	g := startGateway(t, api, `
 	batch {
@@ -547,7 +547,7 @@ func TestUndoNeverOverwritesDirectWriters(t *testing.T) {
 
 func testUndoNeverOverwritesDirectWriters(t *testing.T, options string) {
 	const batches, directWriters, nIDs = 36, 3, 8
-	api := legacyapi.New(legacyapi.Collection{Path: "/api/widgets", PutCreates: true, ETags: true, Seed: records("w", 1, nIDs)})
+	api := legacyapi.NewRecording(legacyapi.Collection{Path: "/api/widgets", PutCreates: true, ETags: true, Seed: records("w", 1, nIDs)})
 	g := startGateway(t, api, `
 	batch {
 		concurrency 3
@@ -684,7 +684,7 @@ func TestFaultStormKeepsPromises(t *testing.T) {
 func testFaultStorm(t *testing.T, etags bool, mode overlap) {
 	const batches, nIDs, faults = 30, 8, 40
 	normalising := mode.normalising
-	api := legacyapi.New(legacyapi.Collection{Path: "/api/widgets", PutCreates: true, ETags: etags, Normalize: normalising, Fields: mode.fields(),
+	api := legacyapi.NewRecording(legacyapi.Collection{Path: "/api/widgets", PutCreates: true, ETags: etags, Normalize: normalising, Fields: mode.fields(),
 		FilterParam: mode.filterParam(), Seed: records("w", 1, nIDs)})
 	g := startGateway(t, api, `
 	batch {

@@ -29,7 +29,7 @@ func withoutStamp(rec map[string]any) map[string]any {
 // members ignored) is answered with the item as stored: that answer is
 // what the undo's proof expects, and the batch rolls back.
 func TestNormalisedWritesAreUndone(t *testing.T) {
-	api := legacyapi.New(legacyapi.Collection{
+	api := legacyapi.NewRecording(legacyapi.Collection{
 		Path: "/api/authors", Normalize: true, Fields: []string{"name", "email"}, ReadOnly: []string{"created_at"},
 		Seed: []map[string]any{
 			{"id": 26, "name": "ada", "email": "ada@example.com"},
@@ -76,7 +76,7 @@ func TestNormalisedWritesAreUndone(t *testing.T) {
 // id, but the API created the item under its own. The gateway cannot know
 // where: rollback_failed and an ERROR line, never "nothing was changed".
 func TestUnknownCreateUnderAnIgnoredID(t *testing.T) {
-	api := legacyapi.New(legacyapi.Collection{Path: "/api/authors", AssignIDs: true, WriteDelay: 400 * time.Millisecond})
+	api := legacyapi.NewRecording(legacyapi.Collection{Path: "/api/authors", AssignIDs: true, WriteDelay: 400 * time.Millisecond})
 	g := startGateway(t, api, `
 	batch {
 		item_timeout 100ms
@@ -106,7 +106,7 @@ func TestUnknownCreateUnderAnIgnoredID(t *testing.T) {
 // answer rolled_back. The gateway refuses it before anything is sent;
 // reads and partial batches keep the client's query.
 func TestRepresentationQueryOnAFrameworkThatShapesAnswers(t *testing.T) {
-	api := legacyapi.New(legacyapi.Collection{Path: "/users", SelectParam: "$select[]", Seed: []map[string]any{
+	api := legacyapi.NewRecording(legacyapi.Collection{Path: "/users", SelectParam: "$select[]", Seed: []map[string]any{
 		{"id": 29, "name": "ann", "email": "ann@example.com"},
 		{"id": 37, "name": "ben", "email": "ben@example.com"},
 	}})
@@ -176,7 +176,7 @@ func TestUnenforcedETagsAreNoProof(t *testing.T) {
 // unknown), and the answer and a WARN line say how to declare it; declared
 // with it, batches work and roll back.
 func TestTrailingSlashRedirect(t *testing.T) {
-	api := legacyapi.New(legacyapi.Collection{Path: "/api/authors", TrailingSlash: true, Seed: records("a", 1, 3)})
+	api := legacyapi.NewRecording(legacyapi.Collection{Path: "/api/authors", TrailingSlash: true, Seed: records("a", 1, 3)})
 	before := api.Items("/api/authors")
 	t.Run("declared without the slash", func(t *testing.T) {
 		g := startGateway(t, api, `

@@ -134,7 +134,7 @@ var deadSagaCases = []deadSagaCase{
 	{
 		name: "create, idempotent upstream", collection: "/api/widgets", options: "idempotent_upstream",
 		api: func() *legacyapi.API {
-			return legacyapi.New(
+			return legacyapi.NewRecording(
 				legacyapi.Collection{Path: "/api/widgets", HonorKeys: true, Seed: records("w", 1, 20)},
 				legacyapi.Collection{Path: "/api/gadgets", PutCreates: true, Seed: records("g", 1, 20)},
 			)

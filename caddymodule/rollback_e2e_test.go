@@ -685,7 +685,7 @@ func TestUndoAppliedButUnanswered(t *testing.T) {
 		{"delete, re-created by put", "DELETE", "/api/gadgets?ids=1,2", "", "/api/gadgets", "PUT", "/api/gadgets/1"},
 	} {
 		t.Run(op.name, func(t *testing.T) {
-			api := legacyapi.New(
+			api := legacyapi.NewRecording(
 				legacyapi.Collection{Path: "/api/widgets", ETags: true, Seed: records("w", 1, 3)},
 				legacyapi.Collection{Path: "/api/gadgets", ETags: true, PutCreates: true, Seed: records("g", 1, 3)},
 			)

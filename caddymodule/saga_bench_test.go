@@ -32,7 +32,7 @@ func BenchmarkUpdate100(b *testing.B) {
 		seed[i] = map[string]any{"id": i + 1, "name": fmt.Sprintf("widget %d", i+1)}
 		elems = append(elems, fmt.Sprintf(`{"id":%d,"name":"renamed %d"}`, i+1, i+1))
 	}
-	api := legacyapi.New(legacyapi.Collection{Path: "/api/widgets", PutCreates: true, FilterParam: "id__in", FilterComma: true, Seed: seed})
+	api := legacyapi.NewRecording(legacyapi.Collection{Path: "/api/widgets", PutCreates: true, FilterParam: "id__in", FilterComma: true, Seed: seed})
 	upstream := httptest.NewServer(api)
 	defer upstream.Close()
 	defer api.Close()

@@ -26,7 +26,7 @@ import (
 // gives.
 func usersAPI(c legacyapi.Collection, n int) *legacyapi.API {
 	c.Path, c.Seed = "/users", records("u", 1, n)
-	return legacyapi.New(c)
+	return legacyapi.NewRecording(c)
 }
 
 // usersSite is a gateway in front of /users with the given batch options,
@@ -479,7 +479,7 @@ func TestSagaRecreateOverANewerItem(t *testing.T) {
 // ids, is never touched; on an API keyed by ?api_key= the preflight and
 // the undo carry the key too.
 func TestSagaQueryOnEverySubRequest(t *testing.T) {
-	api := legacyapi.New(
+	api := legacyapi.NewRecording(
 		legacyapi.Collection{Path: "/users", Tenants: true, PutCreates: true, Seed: records("u", 1, 2)},
 		legacyapi.Collection{Path: "/keyed", APIKey: "k3y", Seed: records("k", 1, 2)},
 	)

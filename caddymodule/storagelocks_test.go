@@ -112,7 +112,7 @@ func TestStorageLocksGateway(t *testing.T) {
 // testStorageLocksGateway runs a gateway with storage (the global
 // option) and plays the other instance over other, the same storage.
 func testStorageLocksGateway(t *testing.T, storage string, other certmagic.Storage) {
-	api := legacyapi.New(legacyapi.Collection{Path: "/api/slow", WriteDelay: 700 * time.Millisecond, Seed: records("s", 1, 5)})
+	api := legacyapi.NewRecording(legacyapi.Collection{Path: "/api/slow", WriteDelay: 700 * time.Millisecond, Seed: records("s", 1, 5)})
 	g := startGatewayStorage(t, api, newUpstream(t, api), storage, `
 	batch {
 		item_locks storage

@@ -286,7 +286,7 @@ func TestBatchIdsAreEscapedIntoThePath(t *testing.T) {
 	for _, id := range odd {
 		seed = append(seed, map[string]any{"id": id, "name": "odd " + id})
 	}
-	api := legacyapi.New(legacyapi.Collection{Path: "/api/odd", PutCreates: true, Seed: seed})
+	api := legacyapi.NewRecording(legacyapi.Collection{Path: "/api/odd", PutCreates: true, Seed: seed})
 	g := startGateway(t, api, `
 	batch {
 		concurrency 1

@@ -43,6 +43,16 @@ type ListFilter struct {
 	template, items string
 }
 
+// CheckListMaxIDs refuses a list_filter's max_ids below 1. A
+// configuration format that cannot carry a zero (in JSON it means "the
+// default") calls it while it still has the value.
+func CheckListMaxIDs(n int) error {
+	if n >= 1 {
+		return nil
+	}
+	return OptionError("max_ids", fmt.Errorf("list_filter's max_ids must be 1 or more, not %d: it is how many ids one LIST asks for (default %d)", n, DefaultListMaxIDs))
+}
+
 // ParseListFilter checks a list_filter block and builds it. Its errors
 // name the option at fault (list_filter, items, max_ids).
 func ParseListFilter(spec ListFilterSpec) (*ListFilter, error) {
@@ -51,8 +61,8 @@ func ParseListFilter(spec ListFilterSpec) (*ListFilter, error) {
 	if f.MaxIDs == 0 {
 		f.MaxIDs = DefaultListMaxIDs
 	}
-	if f.MaxIDs < 1 {
-		errs = append(errs, OptionError("max_ids", fmt.Errorf("list_filter's max_ids must be 1 or more, not %d: it is how many ids one LIST asks for (default %d)", spec.MaxIDs, DefaultListMaxIDs)))
+	if err := CheckListMaxIDs(f.MaxIDs); err != nil {
+		errs = append(errs, err)
 	}
 	if err := f.parseTemplate(spec.Template); err != nil {
 		errs = append(errs, OptionError("list_filter", err))

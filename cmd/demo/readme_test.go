@@ -45,7 +45,7 @@ func TestReadmeSession(t *testing.T) {
 }
 
 // startDemo serves Caddyfile.example as the demo does, on free ports.
-func startDemo(t *testing.T) string {
+func startDemo(t testing.TB) string {
 	raw, err := os.ReadFile("../../Caddyfile.example")
 	if err != nil {
 		t.Fatal(err)
@@ -84,7 +84,7 @@ func startDemo(t *testing.T) string {
 	return gateway
 }
 
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -363,8 +363,8 @@ type API struct {
 	// the network, so slow faults and slow writes cannot stall others.
 	mu      sync.Mutex
 	faults  []*armedFault
-	log     []Request
-	applied []Request             // the writes carried out, in that order
+	log     []Request             // every request received, when recording
+	applied []Request             // the writes carried out, in that order, when recording
 	version uint64                // the last record version handed out
 	lastJob int                   // the last job number handed out (AnswerAccepted)
 	keys    map[string]*keyRecord // Idempotency-Key records, by scope and key
@@ -377,6 +377,10 @@ type API struct {
 
 	closed    chan struct{}
 	closeOnce sync.Once
+
+	// recording is whether log and applied are kept (NewRecording); set
+	// before the API serves, only read afterwards.
+	recording bool
 }
 
 // collection is a declared collection and its records. The declaration is
@@ -489,6 +493,24 @@ func New(cols ...Collection) *API {
 		a.cols[c.Path] = col
 	}
 	return a
+}
+
+// NewRecording builds an API as New does that also keeps every request it
+// receives and every write it carries out, for a test to read (Requests,
+// AppliedWrites). New keeps neither: the demo serves the same API for as
+// long as it runs, and must not grow with every request it has served.
+func NewRecording(cols ...Collection) *API {
+	a := New(cols...)
+	a.recording = true
+	return a
+}
+
+// mustRecord panics when the API keeps no log, so that a test reading one
+// cannot pass on an empty log that only means nobody kept it.
+func (a *API) mustRecord(method string) {
+	if !a.recording {
+		panic("legacyapi: " + method + " on an API that keeps no log: build it with NewRecording")
+	}
 }
 
 func checkCollectionPath(p string) error {
@@ -672,8 +694,10 @@ func (a *API) Writes() Writes {
 }
 
 // Requests returns a copy of every request received since creation or the
-// last ResetLog, in arrival order.
+// last ResetLog, in arrival order. It panics unless the API was built with
+// NewRecording.
 func (a *API) Requests() []Request {
+	a.mustRecord("Requests")
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return copyRequests(a.log)
@@ -683,8 +707,9 @@ func (a *API) Requests() []Request {
 // (answered 2xx) since creation or the last ResetLog, in the order it
 // carried them out. Requests' arrival order is not that order for writes
 // that reach the API at once: a test that judges what overwrote what
-// reads this one.
+// reads this one. It panics unless the API was built with NewRecording.
 func (a *API) AppliedWrites() []Request {
+	a.mustRecord("AppliedWrites")
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return copyRequests(a.applied)
@@ -700,8 +725,10 @@ func copyRequests(rs []Request) []Request {
 }
 
 // ResetLog forgets the requests received and the writes applied so far, so
-// a test can look only at what one step sent.
+// a test can look only at what one step sent. It panics unless the API was
+// built with NewRecording.
 func (a *API) ResetLog() {
+	a.mustRecord("ResetLog")
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.log, a.applied = nil, nil
@@ -773,8 +800,8 @@ func (l *countingListener) Accept() (net.Conn, error) {
 	return c, err
 }
 
-// ServeHTTP serves the API. Every request is logged before anything else so
-// tests see even the ones that were faulted.
+// ServeHTTP serves the API. A recording API logs every request before
+// anything else, so tests see even the ones that were faulted.
 func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	a.enter()
 	defer a.leave()
@@ -788,7 +815,9 @@ func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	a.mu.Lock()
-	a.log = append(a.log, Request{Method: r.Method, Path: path, RawQuery: r.URL.RawQuery, Header: r.Header.Clone(), Body: bytes.Clone(body)})
+	if a.recording {
+		a.log = append(a.log, Request{Method: r.Method, Path: path, RawQuery: r.URL.RawQuery, Header: r.Header.Clone(), Body: bytes.Clone(body)})
+	}
 	f := a.takeFault(r.Method, path)
 	a.mu.Unlock()
 
@@ -935,7 +964,9 @@ func (a *API) process(r *http.Request, path string, body []byte) response {
 	}
 	if write && res.status >= 200 && res.status < 300 {
 		a.writes.Applied++
-		a.applied = append(a.applied, Request{Method: r.Method, Path: path, RawQuery: r.URL.RawQuery, Header: r.Header.Clone(), Body: bytes.Clone(body)})
+		if a.recording {
+			a.applied = append(a.applied, Request{Method: r.Method, Path: path, RawQuery: r.URL.RawQuery, Header: r.Header.Clone(), Body: bytes.Clone(body)})
+		}
 	}
 	if c.ContentETags && (r.Method == http.MethodGet || r.Method == http.MethodHead) && res.status == http.StatusOK {
 		res.header.Set("ETag", contentTag(res.body))

@@ -31,7 +31,7 @@ func fixture() []Collection {
 // hanging handlers cannot block the cleanup.
 func start(t *testing.T) (*API, *httptest.Server) {
 	t.Helper()
-	api := New(fixture()...)
+	api := NewRecording(fixture()...)
 	srv := httptest.NewServer(api)
 	t.Cleanup(srv.Close)
 	t.Cleanup(api.Close)
@@ -332,7 +332,7 @@ func TestFaults(t *testing.T) {
 	})
 
 	t.Run("hang ends on client timeout", func(t *testing.T) {
-		api := New(fixture()...)
+		api := NewRecording(fixture()...)
 		defer api.Close()
 		srv := httptest.NewServer(api)
 		api.Inject(Fault{Path: "/api/users/1", Hang: true, AfterApply: true})
@@ -517,7 +517,7 @@ func TestConcurrentClients(t *testing.T) {
 // start's.
 func startWith(t *testing.T, cols ...Collection) (*API, *httptest.Server) {
 	t.Helper()
-	api := New(cols...)
+	api := NewRecording(cols...)
 	srv := httptest.NewServer(api)
 	t.Cleanup(srv.Close)
 	t.Cleanup(api.Close)
@@ -1972,5 +1972,48 @@ func TestPatternCollectionParentInTenant(t *testing.T) {
 	})
 	if _, ok := api.TenantItem("/api/users/1000/posts", "a", "1000"); !ok {
 		t.Errorf("TenantItem of a concrete path of a pattern: not found")
+	}
+}
+
+// TestLogIsKeptOnlyWhenAsked: an API built with New, as the demo's is,
+// keeps no request and no applied write however many it serves, and
+// reading its log panics rather than answer an empty one that would say
+// "the API saw none of it"; NewRecording keeps both.
+func TestLogIsKeptOnlyWhenAsked(t *testing.T) {
+	serve := func(api *API) {
+		for i := range 50 {
+			w := httptest.NewRecorder()
+			api.ServeHTTP(w, httptest.NewRequest("PATCH", "/api/users/1", strings.NewReader(fmt.Sprintf(`{"name":"n%d"}`, i))))
+			if w.Code != http.StatusOK {
+				t.Fatalf("PATCH answered %d", w.Code)
+			}
+		}
+	}
+	quiet := New(fixture()...)
+	serve(quiet)
+	if n := len(quiet.log) + len(quiet.applied); n != 0 {
+		t.Errorf("New kept %d requests and writes, want none", n)
+	}
+	if got := quiet.Writes().Applied; got != 50 {
+		t.Errorf("Writes().Applied = %d, want 50: the counters are kept either way", got)
+	}
+	for name, read := range map[string]func(){
+		"Requests":      func() { quiet.Requests() },
+		"AppliedWrites": func() { quiet.AppliedWrites() },
+		"ResetLog":      quiet.ResetLog,
+	} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("%s on an API built with New did not panic", name)
+				}
+			}()
+			read()
+		}()
+	}
+	loud := NewRecording(fixture()...)
+	serve(loud)
+	if got, applied := len(loud.Requests()), len(loud.AppliedWrites()); got != 50 || applied != 50 {
+		t.Errorf("NewRecording kept %d requests and %d writes, want 50 and 50", got, applied)
 	}
 }

@@ -1,0 +1,84 @@
+package caddymodule
+
+import (
+	"errors"
+	"slices"
+
+	"github.com/caddy-batch/caddy-batch/openapi"
+	"github.com/caddy-batch/caddy-batch/policy"
+)
+
+// buildPolicy resolves every resource's settings (defaults, then the
+// handler's options, then the resource's) and builds the method map. It
+// is the one validation of a configuration: Provision runs it, and so
+// does the Caddyfile adapter, which turns its errors' places into lines.
+// lines, when not nil, holds the line each resource is declared on.
+func (h *Handler) buildPolicy(lines []int) (*policy.Policy, error) {
+	handler := defaults()
+	err := h.Options.apply(&handler)
+	if err == nil {
+		err = policy.Validate(handler.Settings, handler.GatewaySettings)
+	}
+	if err != nil {
+		// Every resource inherits these, so one error each is enough.
+		return nil, err
+	}
+	var errs []error
+	h.resolved = h.resolveResources()
+	h.gaps = nil
+	specs := make([]policy.ResourceSpec, len(h.resolved))
+	for i, r := range h.resolved {
+		own := handler
+		if err := r.Options.apply(&own); err != nil {
+			errs = append(errs, policy.Flatten(policy.InResource(i, r.Path, err))...)
+		}
+		specs[i] = r.spec(own)
+		if r.MaxInFlight != 0 {
+			errs = append(errs, policy.InResource(i, r.Path, policy.OptionError("max_in_flight",
+				errors.New("max_in_flight bounds the sub-requests of every batch of the handler together, so a resource cannot have its own: set it in the batch block"))))
+		}
+		if r.doc != nil {
+			h.gaps = append(h.gaps, openapi.Derive(&specs[i], r.keepCollection)...)
+		}
+		if i < len(lines) {
+			specs[i].Line = lines[i]
+		}
+	}
+	p, err := policy.New(specs)
+	if len(errs) == 0 {
+		return p, h.placeImported(err)
+	}
+	// Every mistake at once, in the order the resources are declared.
+	all := append(errs, policy.Flatten(err)...)
+	slices.SortStableFunc(all, func(a, b error) int { return resourceOf(a) - resourceOf(b) })
+	return nil, h.placeImported(errors.Join(all...))
+}
+
+// spec declares the resource to the policy, with its resolved settings.
+func (r Resource) spec(l level) policy.ResourceSpec {
+	var ops []string // nil: every operation the methods allow
+	if r.Batch != nil {
+		ops = append([]string{}, *r.Batch...)
+	}
+	spec := policy.ResourceSpec{
+		Path:              r.Path,
+		CollectionMethods: r.Collection,
+		ItemMethods:       r.Item,
+		ItemPath:          r.ItemPath,
+		Batch:             ops,
+		Settings:          l.Settings,
+		Gateway:           l.GatewaySettings,
+	}
+	if f := r.ListFilter; f != nil {
+		spec.ListFilter = &policy.ListFilterSpec{Template: f.Query, Items: f.Items, MaxIDs: f.MaxIDs, Preflight: f.Preflight}
+	}
+	return spec
+}
+
+func resourceOf(err error) int {
+	var pe *policy.Error
+	if errors.As(err, &pe) {
+		return pe.Resource
+	}
+	return -1
+}
