@@ -27,20 +27,9 @@ func (h *Handler) unmarshalOpenAPI(d *caddyfile.Dispenser, seen map[string]caddy
 	}
 	c := &OpenAPIConfig{}
 	if d.NextArg() {
-		file := d.Val()
-		if !filepath.IsAbs(file) {
-			file = filepath.Join(filepath.Dir(d.File()), file)
+		if err := c.locate(d); err != nil {
+			return err
 		}
-		abs, err := filepath.Abs(file)
-		if err != nil {
-			return d.Errf("openapi %s: %v", d.Val(), err)
-		}
-		data, err := os.ReadFile(abs)
-		if err != nil {
-			return d.Errf("openapi: reading the document: %v (a relative name is taken from the Caddyfile's directory)", err)
-		}
-		sum := sha256.Sum256(data)
-		c.File, c.SHA256 = abs, hex.EncodeToString(sum[:])
 	}
 	if d.NextArg() {
 		return d.Errf("openapi takes one file, not %q too", d.Val())
@@ -83,5 +72,25 @@ func (h *Handler) unmarshalOpenAPI(d *caddyfile.Dispenser, seen map[string]caddy
 		return at.Err("openapi without a file publishes the declared resources: give it publish <path>, or the document's file")
 	}
 	h.OpenAPI = c
+	return nil
+}
+
+// locate takes the file the dispenser is on from the Caddyfile's
+// directory, and hashes it.
+func (c *OpenAPIConfig) locate(d *caddyfile.Dispenser) error {
+	file := d.Val()
+	if !filepath.IsAbs(file) {
+		file = filepath.Join(filepath.Dir(d.File()), file)
+	}
+	abs, err := filepath.Abs(file)
+	if err != nil {
+		return d.Errf("openapi %s: %v", d.Val(), err)
+	}
+	data, err := os.ReadFile(abs)
+	if err != nil {
+		return d.Errf("openapi: reading the document: %v (a relative name is taken from the Caddyfile's directory)", err)
+	}
+	sum := sha256.Sum256(data)
+	c.File, c.SHA256 = abs, hex.EncodeToString(sum[:])
 	return nil
 }
