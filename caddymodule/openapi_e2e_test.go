@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"golang.org/x/crypto/bcrypt"
 
@@ -332,9 +333,21 @@ func TestOpenAPIReload(t *testing.T) {
 		t.Fatalf("%v", r.Header)
 	}
 	writeDocument(t, filepath.Dir(file), "legacy.yaml", strings.Replace(widgetsDocument, "    delete:\n      responses:\n        '200': {description: deleted}\ncomponents", "components", 1))
-	loadCaddyfile(t, g.config(site))
+	config := adaptCaddyfile(t, g.config(site))
+	if err := caddy.Load(config, true); err != nil {
+		t.Fatal(err)
+	}
 	if r := g.do(t, http.MethodOptions, "/api/gizmos/1", nil); r.Header.Get("Allow") != "GET, HEAD, OPTIONS" {
 		t.Errorf("after the reload: Allow %q", r.Header.Get("Allow"))
+	}
+	// A document that no longer parses fails the reload, and the config
+	// that was serving goes on serving.
+	writeDocument(t, filepath.Dir(file), "legacy.yaml", "openapi: 3.0.3\npaths: [\n")
+	if err := caddy.Load(config, true); err == nil || !strings.Contains(err.Error(), "legacy.yaml") {
+		t.Errorf("reloading with a broken document: %v", err)
+	}
+	if r := g.do(t, http.MethodOptions, "/api/gizmos/1", nil); r.Header.Get("Allow") != "GET, HEAD, OPTIONS" {
+		t.Errorf("after the failed reload: Allow %q", r.Header.Get("Allow"))
 	}
 }
 

@@ -67,6 +67,20 @@ func checkRoutes(t *testing.T, p *policy.Policy, prefix string, want map[string]
 		if got := m.Allow(); got != w.allow {
 			t.Errorf("%s: Allow %q, want %q", path, got, w.allow)
 		}
+		// What the gateway answers each method: 405 for a standard one
+		// the document does not declare, 501 for one the map does not know.
+		for _, method := range []string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "TRACE", "PROPFIND"} {
+			want := policy.MethodAccepted
+			switch {
+			case method == "TRACE" || method == "PROPFIND":
+				want = policy.MethodNotImplemented
+			case !strings.Contains(", "+w.allow+",", ", "+method+","):
+				want = policy.MethodNotAllowed
+			}
+			if d := m.JudgeMethod(httptest.NewRequest(method, concrete, nil)); d.Refusal != want {
+				t.Errorf("%s %s: %+v, want %v", method, path, d, want)
+			}
+		}
 		if !m.Item {
 			var on []string
 			for _, op := range []policy.Op{policy.OpGet, policy.OpCreate, policy.OpUpdate, policy.OpDelete} {
