@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -346,7 +347,7 @@ func requestSchema(pathItem map[string]any, method string) any {
 
 func jsonSchemaOf(holder map[string]any) any {
 	content := mapOf(holder["content"])
-	for _, mt := range slices.Sorted(mapsKeys(content)) {
+	for _, mt := range slices.Sorted(maps.Keys(content)) {
 		if mt == "application/json" || strings.HasSuffix(mt, "+json") {
 			if media, ok := content[mt].(map[string]any); ok && media["schema"] != nil {
 				return media["schema"]
@@ -354,16 +355,6 @@ func jsonSchemaOf(holder map[string]any) any {
 		}
 	}
 	return nil
-}
-
-func mapsKeys(m map[string]any) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }
 
 // mapAt returns m[key] as an object, making it when it is missing.
