@@ -78,7 +78,9 @@ func TestExampleIsValid(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt(in, map[string]any{"filename": "Caddyfile.example"})
+	// Its real name: the OpenAPI document it imports is named from its
+	// directory.
+	out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt(in, map[string]any{"filename": "../Caddyfile.example"})
 	if err != nil {
 		t.Fatal(err)
 	}

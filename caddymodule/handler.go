@@ -177,7 +177,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.published, err = h.publishOf(p, true); err != nil {
 		return fmt.Errorf("batch: %w", err)
 	}
-	h.imported = nil // published: the parsed document is needed no more
 	storage := configStorage(ctx)
 	if err := h.provisionLocks(storage); err != nil {
 		return fmt.Errorf("batch: %w", err)
@@ -194,6 +193,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	journals, leases := app.(*App).register()
 	h.journals = journals
 	h.idem = newIdempotency(storage, leases, h.logger)
+	h.imported = nil // provisioned: the parsed document is needed no more
 	return nil
 }
 

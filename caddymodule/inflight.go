@@ -46,8 +46,9 @@ func (h *Handler) slotsKey() (key string, n int) {
 	// buildPolicy has already refused whatever apply could refuse.
 	g := defaults()
 	_ = h.Options.apply(&g)
-	paths := make([]string, len(h.resolved))
-	for i, r := range h.resolved {
+	resources := h.resolveResources() // the imported ones too
+	paths := make([]string, len(resources))
+	for i, r := range resources {
 		paths[i] = r.Path
 	}
 	slices.Sort(paths) // reordering the resources is no new handler
