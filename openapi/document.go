@@ -4,7 +4,7 @@
 // of Caddy: the Caddy module reads the file and hands over its bytes.
 //
 // The parser is github.com/getkin/kin-openapi (README, "From OpenAPI"):
-// maintained, it reads OpenAPI 3.0 and 3.1, brings four small modules,
+// maintained, it reads OpenAPI 3.0 and 3.1, brings three small modules,
 // and records the line of every element, so an error names the line as
 // well as the JSON pointer.
 package openapi
