@@ -26,7 +26,6 @@ func (sg *saga) execute(clientCtx, batchCtx context.Context) {
 		sg.executeGraph(clientCtx, batchCtx)
 		return
 	}
-	writeCtx := context.WithoutCancel(clientCtx)
 	pending := sg.pending()
 	if sg.plan.Op == policy.OpGet && sg.plan.Match.Resource.List != nil {
 		pending = sg.listRead(batchCtx, pending, stop, func(ctx context.Context, i int, elem json.RawMessage) {
@@ -36,7 +35,7 @@ func (sg *saga) execute(clientCtx, batchCtx context.Context) {
 		})
 	}
 	sg.started = sg.fanOut(batchCtx, pending, stop, func(batchCtx context.Context, i int) {
-		if !sg.executeItem(batchCtx, writeCtx, i) && sg.allOrNothing() {
+		if !sg.executeItem(clientCtx, batchCtx, i) && sg.allOrNothing() {
 			halt()
 		}
 	})
@@ -105,10 +104,11 @@ func (sg *saga) pending() []int {
 
 // executeItem sends item i's own request and records the answer. It
 // reports whether the item succeeded. Waiting (for a lock or a slot)
-// counts against the batch (batchCtx); once sent,
-// a write runs under ctx, to its own item_timeout.
-func (sg *saga) executeItem(batchCtx, ctx context.Context, i int) bool {
+// counts against the batch (batchCtx); once sent, a write runs to its
+// own item_timeout, whether or not its client (clientCtx) stays.
+func (sg *saga) executeItem(clientCtx, batchCtx context.Context, i int) bool {
 	t, id := sg.tgt(i), sg.items[i].ID
+	ctx := context.WithoutCancel(clientCtx)
 	if !t.op.Writes() {
 		ctx = batchCtx // a read is cut by the batch's deadline and its client
 	}
@@ -118,19 +118,14 @@ func (sg *saga) executeItem(batchCtx, ctx context.Context, i int) bool {
 		// must not land on their change: 412 is this item's failure.
 		req.Header.Set("If-Match", etag)
 	}
-	if t.op.Writes() {
-		if !sg.isSaga() {
-			// A partial batch's write locks its item only while in flight,
-			// as a single write through the gateway does.
-			lockCtx, cancel := context.WithTimeout(batchCtx, t.s.ItemTimeout)
-			unlock, err := sg.lockOne(lockCtx, i, id)
-			cancel()
-			if err != nil {
-				sg.fail(ctx, i, http.StatusConflict, "another write through the gateway held the item for item_timeout; it was not sent", err)
-				return false
-			}
-			defer unlock()
+	if t.op.Writes() && !sg.isSaga() {
+		// A partial batch's write locks its item only while in flight,
+		// as a single write through the gateway does.
+		unlock, ok := sg.lockOne(clientCtx, batchCtx, i, id)
+		if !ok {
+			return false
 		}
+		defer unlock()
 	}
 	release, err := sg.slot(batchCtx, false)
 	if err != nil {

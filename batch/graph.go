@@ -2,7 +2,6 @@ package batch
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 
@@ -39,7 +38,7 @@ func (sg *saga) executeGraph(clientCtx, batchCtx context.Context) {
 				running++
 				sg.started = append(sg.started, i)
 				go func() {
-					results[i] = sg.executeOperation(batchCtx, writeCtx, i)
+					results[i] = sg.executeOperation(clientCtx, batchCtx, i)
 					finished <- i
 				}()
 			}
@@ -86,8 +85,8 @@ func (sg *saga) notAttempted(ctx context.Context, i, dep int) {
 // references, and, where its url named its item only once filled, locks
 // and preflights that item as the saga's first steps do for the others;
 // then it sends it as a batch's item. It reports whether it succeeded.
-func (sg *saga) executeOperation(batchCtx, ctx context.Context, i int) bool {
-	it := &sg.plan.Items[i]
+func (sg *saga) executeOperation(clientCtx, batchCtx context.Context, i int) bool {
+	it, ctx := &sg.plan.Items[i], context.WithoutCancel(clientCtx)
 	late := it.tgt == nil || it.tgt.op == policy.OpCreate && it.ID == "" || it.rewrite
 	if it.tgt == nil || it.op.body != nil {
 		if !sg.fill(ctx, i) {
@@ -98,7 +97,7 @@ func (sg *saga) executeOperation(batchCtx, ctx context.Context, i int) bool {
 		return false
 	}
 	if late && sg.isSaga() && it.tgt.op.Writes() && it.ID != "" {
-		if !sg.lockLate(batchCtx, ctx, i) {
+		if !sg.lockLate(clientCtx, batchCtx, i) {
 			return false
 		}
 		read := sg.preflightRead(i)
@@ -106,7 +105,7 @@ func (sg *saga) executeOperation(batchCtx, ctx context.Context, i int) bool {
 			return false
 		}
 	}
-	return sg.executeItem(batchCtx, ctx, i)
+	return sg.executeItem(clientCtx, batchCtx, i)
 }
 
 // claimWrite checks an operation whose item became known as the envelope
@@ -140,26 +139,17 @@ func (sg *saga) claimWrite(ctx context.Context, i int) bool {
 
 // lockLate locks an item whose id an envelope learned only as it ran, out
 // of the order of keys: the wait is bounded by item_timeout, and an item
-// another writer holds that long fails the operation with 409, nothing
-// sent.
-func (sg *saga) lockLate(batchCtx, ctx context.Context, i int) bool {
+// it cannot lock fails the operation as RefuseLock says, nothing sent.
+func (sg *saga) lockLate(clientCtx, batchCtx context.Context, i int) bool {
 	key := sg.itemPath(i, sg.items[i].ID)
 	if sg.rt.Locks == nil || sg.locks.has(key) {
 		return true
 	}
-	lockCtx, cancel := context.WithTimeout(batchCtx, sg.set(i).ItemTimeout)
-	defer cancel()
-	unlock, err := sg.rt.Locks.Lock(lockCtx, key)
-	if err != nil {
-		status, reason := http.StatusConflict, fmt.Sprintf("another write through the gateway held %s for item_timeout, so the operation was not sent", key)
-		if !errors.Is(err, ErrLocked) {
-			status, reason = http.StatusServiceUnavailable, fmt.Sprintf("the lock of %s could not be taken (the item locks are unavailable), so the operation was not sent", key)
-		}
-		sg.fail(ctx, i, status, reason, err)
-		return false
+	unlock, ok := sg.lockOne(clientCtx, batchCtx, i, sg.items[i].ID)
+	if ok {
+		sg.locks.add(key, unlock)
 	}
-	sg.locks.add(key, unlock)
-	return true
+	return ok
 }
 
 // dependents lists, for each item, the items that depend on it: an

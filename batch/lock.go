@@ -4,69 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"sync"
+	"time"
+
+	"github.com/caddy-batch/caddy-batch/itemlock"
 )
-
-// Locker holds exclusive locks on items, each named by a key (the item's
-// path, as policy.Match builds it). A saga locks the items it writes, and
-// a single-item write through the gateway locks its item, so that writers
-// through the gateway never interleave with a saga.
-type Locker interface {
-	// Lock takes the lock on key, waiting until ctx is done. The error
-	// wraps ErrLocked when another holder kept it that long.
-	Lock(ctx context.Context, key string) (unlock func(), err error)
-}
-
-// ErrLocked is the error of a lock another writer held for too long.
-var ErrLocked = errors.New("the item is locked by another write")
-
-// LocalLocks are item locks within one process. The zero value is ready
-// to use.
-type LocalLocks struct {
-	mu   sync.Mutex
-	held map[string]*localLock
-}
-
-type localLock struct {
-	token chan struct{} // holds one token while the lock is free
-	refs  int           // holders and waiters; the entry goes at zero
-}
-
-// Lock takes key's lock. Waiters are served in the order they came.
-func (l *LocalLocks) Lock(ctx context.Context, key string) (func(), error) {
-	l.mu.Lock()
-	if l.held == nil {
-		l.held = map[string]*localLock{}
-	}
-	e := l.held[key]
-	if e == nil {
-		e = &localLock{token: make(chan struct{}, 1)}
-		e.token <- struct{}{}
-		l.held[key] = e
-	}
-	e.refs++
-	l.mu.Unlock()
-
-	select {
-	case <-e.token:
-		return sync.OnceFunc(func() {
-			e.token <- struct{}{}
-			l.drop(key, e)
-		}), nil
-	case <-ctx.Done():
-		l.drop(key, e)
-		return nil, fmt.Errorf("%w: %s (%w)", ErrLocked, key, context.Cause(ctx))
-	}
-}
-
-func (l *LocalLocks) drop(key string, e *localLock) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if e.refs--; e.refs == 0 {
-		delete(l.held, key)
-	}
-}
 
 // heldLocks are the locks a saga holds until its last undo or check.
 type heldLocks struct {
@@ -103,10 +47,10 @@ func (h *heldLocks) release() {
 
 // lock is the saga's second step: it takes the lock of every item the
 // batch will write, in the order of their keys, so that two batches that
-// share items never wait for each other in a cycle. It reports whether
-// the batch may go on; if not, it holds no lock and the batch is refused
-// with 409.
-func (sg *saga) lock(ctx context.Context) bool {
+// share items never wait for each other in a cycle, at most until
+// batchCtx is done. It reports whether the batch may go on; if not, it
+// holds no lock and the batch is refused as RefuseLock says.
+func (sg *saga) lock(clientCtx, batchCtx context.Context) bool {
 	sg.locks = &heldLocks{keys: map[string]bool{}}
 	if sg.rt.Locks == nil {
 		return true
@@ -119,10 +63,11 @@ func (sg *saga) lock(ctx context.Context) bool {
 	}
 	slices.Sort(keys)
 	for _, key := range slices.Compact(keys) {
-		unlock, err := sg.rt.Locks.Lock(ctx, key)
+		unlock, err := sg.rt.Locks.Lock(batchCtx, key)
 		if err != nil {
 			sg.locks.release()
-			sg.refusal = lockRefusal(key, err)
+			ref := RefuseLock(key, err, sg.wait(clientCtx, batchCtx, 0))
+			sg.refusal = &refusal{status: ref.Status, detail: ref.Detail, retryAfter: ref.RetryAfter, cause: err}
 			return false
 		}
 		sg.locks.add(key, unlock)
@@ -149,13 +94,22 @@ func (sg *saga) lockCreated(ctx context.Context, i int, id string) {
 }
 
 // lockOne locks one item for the time of one write: a partial batch's
-// write, as a single write would. It returns a no-op when there is no
-// locker or no id.
-func (sg *saga) lockOne(ctx context.Context, i int, id string) (func(), error) {
+// write, as a single write would, waiting at most item_timeout. It
+// reports whether the write may go on; if not, the item is settled as
+// refused. With no locker or no id it takes no lock.
+func (sg *saga) lockOne(clientCtx, batchCtx context.Context, i int, id string) (func(), bool) {
 	if sg.rt.Locks == nil || id == "" {
-		return func() {}, nil
+		return func() {}, true
 	}
-	return sg.rt.Locks.Lock(ctx, sg.itemPath(i, id))
+	key, timeout := sg.itemPath(i, id), sg.set(i).ItemTimeout
+	lockCtx, cancel := context.WithTimeout(batchCtx, timeout)
+	defer cancel()
+	unlock, err := sg.rt.Locks.Lock(lockCtx, key)
+	if err != nil {
+		sg.refuseItem(context.WithoutCancel(clientCtx), i, RefuseLock(key, err, sg.wait(clientCtx, batchCtx, timeout)), err)
+		return nil, false
+	}
+	return unlock, true
 }
 
 // refusal is why a batch did not start: nothing was sent.
@@ -166,21 +120,77 @@ type refusal struct {
 	cause      error
 }
 
-func lockRefusal(key string, err error) *refusal {
-	if !errors.Is(err, ErrLocked) {
+// LockWait is what a wait for an item's lock ran under: the client's
+// request, and the deadlines that bounded it.
+type LockWait struct {
+	// Client is the client's request, done when the client went away.
+	Client context.Context
+	// Batch is the batch's deadline (batch_timeout, BatchTimeout long);
+	// nil for a single write.
+	Batch        context.Context
+	BatchTimeout time.Duration
+	// ItemTimeout is item_timeout, when it bounded the wait too.
+	ItemTimeout time.Duration
+}
+
+// LockRefusal is the answer to a write whose item's lock could not be
+// had: nothing was sent for it.
+type LockRefusal struct {
+	// Status is 409 when another write held the item, 503 when the locks
+	// themselves failed, and 499 (Caddy's code for a client that closed
+	// the request) when the client went away first.
+	Status int
+	// Type is the problem type a single write is answered with
+	// (README, "Problem types"); empty for 499, which is answered to
+	// no one.
+	Type string
+	// Detail says which item, and what kept its lock from the write.
+	Detail string
+	// RetryAfter is the Retry-After to answer with; empty for 499.
+	RetryAfter string
+}
+
+// RefuseLock decides, from the lock's error and what the wait ran under,
+// how a write refused its item's lock is answered: a single write, a
+// saga that could not lock its items, an envelope's operation locked
+// late, and a partial batch's write all are, the same way.
+func RefuseLock(key string, err error, w LockWait) LockRefusal {
+	switch {
+	case w.Client.Err() != nil:
+		return LockRefusal{Status: 499, Detail: fmt.Sprintf(
+			"the client went away while the write waited for the lock of %s; nothing was sent", key)}
+	case !errors.Is(err, itemlock.ErrLocked):
 		// Not another writer: the locks themselves failed (a storage
 		// that is down, under item_locks storage).
-		return &refusal{
-			status:     503,
-			detail:     fmt.Sprintf("the lock of %s could not be taken (the item locks are unavailable); nothing was changed, try again", key),
-			retryAfter: "1",
-			cause:      err,
+		return LockRefusal{Status: http.StatusServiceUnavailable, Type: "item-lock-unavailable", RetryAfter: "1", Detail: fmt.Sprintf(
+			"the lock of %s could not be taken (the item locks are unavailable); nothing was sent, try again", key)}
+	}
+	held := "holds " + key
+	switch {
+	case w.Batch != nil && w.Batch.Err() != nil:
+		held = fmt.Sprintf("held %s until batch_timeout (%s) ran out", key, w.BatchTimeout)
+	case w.ItemTimeout > 0:
+		held = fmt.Sprintf("held %s for item_timeout (%s)", key, w.ItemTimeout)
+	}
+	return LockRefusal{Status: http.StatusConflict, Type: "item-locked", RetryAfter: "1",
+		Detail: "another write through the gateway " + held + "; nothing was sent, try again"}
+}
+
+// refuseItem settles item i as refused its lock, with nothing sent; its
+// Retry-After becomes the batch answer's.
+func (sg *saga) refuseItem(ctx context.Context, i int, ref LockRefusal, cause error) {
+	_ = sg.transition(ctx, i, PhaseSettled, nil, func(it *ItemResult, st *itemState) {
+		it.clearResponse()
+		it.Status, it.Error, it.cause = ref.Status, ref.Detail, cause
+		if ref.RetryAfter != "" {
+			it.Headers = map[string]string{"Retry-After": ref.RetryAfter}
 		}
-	}
-	return &refusal{
-		status:     409,
-		detail:     fmt.Sprintf("another write through the gateway holds %s; nothing was changed, try again", key),
-		retryAfter: "1",
-		cause:      err,
-	}
+		it.Outcome, st.failure = Failed, true
+	})
+}
+
+// wait is what a wait for a lock runs under in this batch: its client,
+// its deadline, and itemTimeout when that bounds the wait too (not zero).
+func (sg *saga) wait(clientCtx, batchCtx context.Context, itemTimeout time.Duration) LockWait {
+	return LockWait{Client: clientCtx, Batch: batchCtx, BatchTimeout: sg.s.BatchTimeout, ItemTimeout: itemTimeout}
 }

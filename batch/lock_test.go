@@ -9,51 +9,14 @@ import (
 	"sync"
 	"testing"
 	"time"
-)
 
-func TestLocalLocks(t *testing.T) {
-	var l LocalLocks
-	unlock, err := l.Lock(context.Background(), "/widgets/1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-	defer cancel()
-	if _, err := l.Lock(ctx, "/widgets/1"); !errors.Is(err, ErrLocked) {
-		t.Fatalf("a held lock was taken again: %v", err)
-	}
-	other, err := l.Lock(context.Background(), "/widgets/2")
-	if err != nil {
-		t.Fatalf("another item's lock: %v", err)
-	}
-	other()
-	got, released := make(chan struct{}), make(chan struct{})
-	go func() {
-		u, _ := l.Lock(context.Background(), "/widgets/1")
-		close(got)
-		u()
-		close(released)
-	}()
-	select {
-	case <-got:
-		t.Fatal("a waiter got a held lock")
-	case <-time.After(20 * time.Millisecond):
-	}
-	unlock()
-	unlock() // releasing twice does no harm
-	<-got
-	<-released
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if len(l.held) != 0 {
-		t.Errorf("%d lock entries left behind", len(l.held))
-	}
-}
+	"github.com/caddy-batch/caddy-batch/itemlock"
+)
 
 // A batch that cannot get its locks within batch_timeout is refused with
 // 409 and Retry-After, and sends nothing.
 func TestLockConflict(t *testing.T) {
-	var locks LocalLocks
+	var locks itemlock.Local
 	unlock, _ := locks.Lock(context.Background(), "/widgets/2")
 	defer unlock()
 	f := newFake().seed("1", "2")
@@ -78,14 +41,14 @@ func TestLockConflict(t *testing.T) {
 // A created item is locked as soon as its id is known, until the saga
 // ends: a write that arrives meanwhile waits for the undo.
 func TestCreatedIDIsLocked(t *testing.T) {
-	var locks LocalLocks
+	var locks itemlock.Local
 	created := make(chan struct{})
 	f := newFake()
 	f.on("POST", "/widgets", answer{}, answer{status: 500, body: `{}`, hook: func(context.Context, *SubRequest) { <-created }})
 	f.on("GET", "/widgets/1000", answer{delay: 30 * time.Millisecond}) // the proof read is slow
 	done := make(chan *Result)
+	p := mustPlan(t, newRequest("POST", "/widgets", elements(2)), concurrency(1))
 	go func() {
-		p := mustPlan(t, newRequest("POST", "/widgets", elements(2)), concurrency(1))
 		done <- newSaga(p, Runtime{Send: f, Locks: &locks}, noBackoff).run(context.Background())
 	}()
 	// Item 0 is created and answered before item 1 is sent.
@@ -95,7 +58,7 @@ func TestCreatedIDIsLocked(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
 	_, err := locks.Lock(ctx, "/widgets/1000")
 	cancel()
-	if !errors.Is(err, ErrLocked) {
+	if !errors.Is(err, itemlock.ErrLocked) {
 		t.Errorf("the created item was not locked: %v", err)
 	}
 	close(created)
@@ -145,7 +108,7 @@ func TestConcurrentBatchesSerialize(t *testing.T) {
 			f.set(fmt.Sprint(i), map[string]any{"id": fmt.Sprint(i), "v": -1.0})
 		}
 		s := &failing{fakeSender: f, fail: map[string]bool{}}
-		var locks LocalLocks
+		var locks itemlock.Local
 		idsOf := make([][]string, batches)
 		results := make([]*Result, batches)
 		var wg sync.WaitGroup
@@ -163,8 +126,8 @@ func TestConcurrentBatchesSerialize(t *testing.T) {
 				s.fail[fmt.Sprintf(`{"v":%d} /widgets/%s`, b, last)] = true
 				s.mu.Unlock()
 			}
+			p := mustPlan(t, newRequest("PATCH", "/widgets", "["+strings.Join(elems, ",")+"]"), concurrency(3), batchTimeout(20*time.Second))
 			wg.Go(func() {
-				p := mustPlan(t, newRequest("PATCH", "/widgets", "["+strings.Join(elems, ",")+"]"), concurrency(3), batchTimeout(20*time.Second))
 				results[b] = newSaga(p, Runtime{Send: s, Locks: &locks}, noBackoff).run(context.Background())
 			})
 		}

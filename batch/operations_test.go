@@ -16,6 +16,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/caddy-batch/caddy-batch/itemlock"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
@@ -180,7 +181,7 @@ func runEnvelope(t testing.TB, e *Envelope, body string, s Sender, header ...str
 	if prob != nil {
 		t.Fatalf("refused: %d %s", prob.Status, prob.Detail)
 	}
-	return write(t, Run(context.Background(), p, Runtime{Send: s, Locks: &LocalLocks{}}))
+	return write(t, Run(context.Background(), p, Runtime{Send: s, Locks: &itemlock.Local{}}))
 }
 
 const userWithPosts = `{"operations": [
@@ -432,7 +433,7 @@ func TestEnvelopeLocksEveryItemItWrites(t *testing.T) {
 
 // recordingLocks are local locks that remember what was locked, in order.
 type recordingLocks struct {
-	LocalLocks
+	itemlock.Local
 	mu   sync.Mutex
 	keys []string
 }
@@ -441,7 +442,7 @@ func (l *recordingLocks) Lock(ctx context.Context, key string) (func(), error) {
 	l.mu.Lock()
 	l.keys = append(l.keys, key)
 	l.mu.Unlock()
-	return l.LocalLocks.Lock(ctx, key)
+	return l.Local.Lock(ctx, key)
 }
 
 func (l *recordingLocks) taken() []string {

@@ -86,7 +86,7 @@ func (sg *saga) report(clientCtx, batchCtx context.Context) *Result {
 	default:
 		r.Outcome, r.Status = Failed, sg.failureStatus(firstFailure, batchCtx)
 		r.Detail = cause
-		if p.Op.Writes() {
+		if p.Writes() {
 			r.Detail += "; nothing was changed"
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/caddy-batch/caddy-batch/itemlock"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
@@ -27,7 +28,7 @@ type Runtime struct {
 	Send Sender
 	// Locks locks the items an all-or-nothing batch writes; nil takes no
 	// locks.
-	Locks Locker
+	Locks itemlock.Locker
 	// Journal records the saga's transitions; nil records nothing.
 	Journal Journal
 	// Slots bound the sub-requests in flight across batches
@@ -141,7 +142,7 @@ func (sg *saga) allOrNothing() bool { return sg.plan.Atomicity == policy.AllOrNo
 
 // isSaga reports whether the batch runs as a saga: it writes, and what it
 // did is undone if it fails.
-func (sg *saga) isSaga() bool { return sg.allOrNothing() && sg.plan.Op.Writes() }
+func (sg *saga) isSaga() bool { return sg.allOrNothing() && sg.plan.Writes() }
 
 // run is the saga, top to bottom. The batch's deadline stops new starts
 // (preflight reads and items); writes already sent run to their own
@@ -153,7 +154,7 @@ func (sg *saga) run(ctx context.Context) *Result {
 		sg.execute(ctx, batchCtx)
 		return sg.report(ctx, batchCtx)
 	}
-	if !sg.lock(batchCtx) {
+	if !sg.lock(ctx, batchCtx) {
 		return sg.report(ctx, batchCtx)
 	}
 	defer sg.locks.release()
@@ -181,6 +182,21 @@ func (sg *saga) end(ctx, batchCtx context.Context, undo bool) *Result {
 
 // envelope reports whether the plan is an envelope's.
 func (p *Plan) envelope() bool { return p.Envelope != "" }
+
+// Writes reports whether the batch changes anything upstream: a batch by
+// its operation, an envelope by its operations. Only a batch that writes
+// is a saga, is journaled, and is recorded under its Idempotency-Key.
+func (p *Plan) Writes() bool {
+	if !p.envelope() {
+		return p.Op.Writes()
+	}
+	for _, it := range p.Items {
+		if it.op != nil && it.op.kind.Writes() {
+			return true
+		}
+	}
+	return false
+}
 
 func (sg *saga) anyFailure() bool {
 	for _, st := range sg.state {

@@ -145,7 +145,7 @@ func Resume(ctx context.Context, snap *Snapshot, lookup func(path string) (polic
 	}
 	lockCtx, cancel := context.WithTimeout(ctx, sg.s.BatchTimeout)
 	defer cancel()
-	if !sg.lock(lockCtx) {
+	if !sg.lock(ctx, lockCtx) {
 		return nil, fmt.Errorf("the saga's items are locked by another write: %s", sg.refusal.detail)
 	}
 	defer sg.locks.release()

@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -136,11 +137,16 @@ func get100BatchURL(addr string) string {
 func get100Cases(b *testing.B, addrs get100Addrs, cpuMetric string, cpuClock func(testing.TB) time.Duration) {
 	ids := get100IDs()
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
-	get := func(b *testing.B, url string) {
+	fetch := func(url string) error {
 		var resp *http.Response
 		var err error
 		asRole("client", func() { resp, err = client.Get(url) })
-		drain(b, resp, err, http.StatusOK)
+		return drained(resp, err, http.StatusOK)
+	}
+	get := func(b *testing.B, url string) {
+		if err := fetch(url); err != nil {
+			b.Fatal(err)
+		}
 	}
 	meter := &itemMeter{items: len(ids), cpuMetric: cpuMetric, cpuClock: cpuClock, served: widgetUpstream.served}
 
@@ -182,10 +188,13 @@ func get100Cases(b *testing.B, addrs get100Addrs, cpuMetric string, cpuClock fun
 		for b.Loop() {
 			var wg sync.WaitGroup
 			next := make(chan string)
-			for range 8 {
+			errs := make([]error, 8)
+			for w := range 8 {
 				wg.Go(func() {
 					for id := range next {
-						get(b, "http://"+addrs.plain+"/api/widgets/"+id)
+						if err := fetch("http://" + addrs.plain + "/api/widgets/" + id); err != nil && errs[w] == nil {
+							errs[w] = err
+						}
 					}
 				})
 			}
@@ -194,6 +203,9 @@ func get100Cases(b *testing.B, addrs get100Addrs, cpuMetric string, cpuClock fun
 			}
 			close(next)
 			wg.Wait()
+			if err := errors.Join(errs...); err != nil {
+				b.Fatal(err)
+			}
 		}
 		meter.report(b)
 	})

@@ -17,11 +17,38 @@ import (
 
 func init() {
 	httpcaddyfile.RegisterHandlerDirective("batch", parseCaddyfile)
-	// Before every authentication directive ("basicauth" is the first of
-	// them in Caddy's order), so that each sub-request, not the batch, is
-	// what authentication, authorization and rate limits see: a batch
-	// gets no more rights and no more capacity than its single requests.
-	httpcaddyfile.RegisterDirectiveOrder("batch", httpcaddyfile.Before, "basicauth")
+	orderBeforeAuthentication(httpcaddyfile.RegisterDirectiveOrder)
+}
+
+// orderBeforeAuthentication orders the directive before every
+// authentication directive, so that each sub-request, not the batch, is
+// what authentication, authorization and rate limits see: a batch gets
+// no more rights and no more capacity than its single requests. The
+// first of them in Caddy's order is the deprecated "basicauth", listed
+// just before its new name "basic_auth": ordered after a working
+// "basicauth", batch would have the batch judged instead of each item.
+// So batch goes before "basicauth" while Caddy lists it, and before
+// "basic_auth" once it is gone (register then panics, which is how Caddy
+// says a directive is not in its order). It returns the directive batch
+// was ordered before.
+func orderBeforeAuthentication(register func(dir string, position httpcaddyfile.Positional, standardDir string)) string {
+	if orderedBefore(register, "basicauth") {
+		return "basicauth"
+	}
+	register("batch", httpcaddyfile.Before, "basic_auth")
+	return "basic_auth"
+}
+
+// orderedBefore orders batch before standardDir, and reports whether
+// Caddy took it.
+func orderedBefore(register func(string, httpcaddyfile.Positional, string), standardDir string) (ok bool) {
+	defer func() {
+		if recover() != nil {
+			ok = false
+		}
+	}()
+	register("batch", httpcaddyfile.Before, standardDir)
+	return true
 }
 
 func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {

@@ -104,8 +104,9 @@ func testClusterLocks(t *testing.T, api *legacyapi.API, a, b *gateway) {
 	api.ResetLog()
 	var wg sync.WaitGroup
 	var batch response
+	var batchErr error
 	wg.Go(func() {
-		batch = a.do(t, "PATCH", "/api/widgets", `[{"id": 3, "name": "batch"}, {"id": 4, "name": ""}]`)
+		batch, batchErr = a.try("PATCH", "/api/widgets", `[{"id": 3, "name": "batch"}, {"id": 4, "name": ""}]`)
 	})
 	eventually(t, 5*time.Second, "the batch's write of widget 3", func() bool {
 		for _, r := range api.Requests() {
@@ -117,6 +118,9 @@ func testClusterLocks(t *testing.T, api *legacyapi.API, a, b *gateway) {
 	})
 	single := b.do(t, "PATCH", "/api/widgets/3", `{"name": "single"}`)
 	wg.Wait()
+	if batchErr != nil {
+		t.Fatal(batchErr)
+	}
 	if single.Status != 200 {
 		t.Errorf("the single write: %v", single)
 	}
@@ -256,17 +260,17 @@ func testClusterEnvelopeLocks(t *testing.T, api *legacyapi.API, a, b *gateway) {
 	api.ResetLog()
 	users := api.Items("/api/users")
 	var wg sync.WaitGroup
-	var first response
+	var first, second response
+	var firstErr, secondErr error
 	wg.Go(func() {
-		first = a.do(t, "POST", "/api/batch", `{"operations": [
+		first, firstErr = a.try("POST", "/api/batch", `{"operations": [
 			{"id": "m3", "method": "PATCH", "url": "/api/users/3", "body": {"name": "first"}},
 			{"id": "m2", "method": "PATCH", "url": "/api/users/2", "body": {"name": ""}, "depends_on": ["m3"]}
 		]}`)
 	})
 	eventually(t, 5*time.Second, "the first envelope's write of user 3", func() bool { return len(api.AppliedWrites()) == 1 })
-	var second response
 	wg.Go(func() {
-		second = b.do(t, "POST", "/api/batch", `{"operations": [
+		second, secondErr = b.try("POST", "/api/batch", `{"operations": [
 			{"id": "m1", "method": "PATCH", "url": "/api/users/1", "body": {"name": "second"}},
 			{"id": "m3", "method": "PATCH", "url": "/api/users/3", "body": {"name": "second"}}
 		]}`)
@@ -281,6 +285,9 @@ func testClusterEnvelopeLocks(t *testing.T, api *legacyapi.API, a, b *gateway) {
 	}
 	release()
 	wg.Wait()
+	if firstErr != nil || secondErr != nil {
+		t.Fatalf("the first envelope: %v; the second: %v", firstErr, secondErr)
+	}
 	if bb := checkProblem(t, first, 422); bb.Outcome != "rolled_back" {
 		t.Errorf("the first envelope: %s %s", bb.Outcome, bb.Detail)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/itemlock"
 	"github.com/caddy-batch/caddy-batch/policy"
 	"github.com/caddy-batch/caddy-batch/problem"
 )
@@ -31,7 +32,7 @@ type scope struct {
 	// atomicity is what a refused batch is counted under.
 	atomicity func(op policy.Op) policy.Atomicity
 	// locks lock the items the batch writes.
-	locks batch.Locker
+	locks itemlock.Locker
 	// allow is the Allow header of a 405.
 	allow string
 }

@@ -321,3 +321,24 @@ func TestEnvelopeInFrontOfARealAPI(t *testing.T) {
 	}
 	sameState(t, api, "/api/users", defaults)
 }
+
+// An envelope of reads only changes nothing, so its Idempotency-Key is
+// not recorded: the same envelope again with the same key reads anew
+// (what a single GET with the key would do), and is not told a replay.
+// An envelope with a write among its operations is recorded
+// (TestEnvelopeIdempotencyReplay).
+func TestEnvelopeOfReadsIsNotRecorded(t *testing.T) {
+	api := shopAPI()
+	g := startGateway(t, api, shopSite)
+	reads := `{"operations": [{"id": "u", "method": "GET", "url": "/api/users/1"}, {"id": "p", "method": "GET", "url": "/api/users/1/posts/1"}]}`
+	first := g.do(t, "POST", "/api/batch", reads, "Idempotency-Key", "reads-1")
+	checkEnvelope(t, first, 200, "succeeded")
+	if r := g.do(t, "PATCH", "/api/users/1", `{"name": "changed"}`); r.Status != 200 {
+		t.Fatalf("the write between the two reads: %v", r)
+	}
+	again := g.do(t, "POST", "/api/batch", reads, "Idempotency-Key", "reads-1")
+	checkEnvelope(t, again, 200, "succeeded")
+	if again.Header.Get("Idempotent-Replayed") != "" || !strings.Contains(string(again.Body), "changed") {
+		t.Errorf("the envelope of reads was replayed, not read anew: %v, Idempotent-Replayed %q", again, again.Header.Get("Idempotent-Replayed"))
+	}
+}

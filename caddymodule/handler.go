@@ -17,6 +17,7 @@ import (
 
 	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/durable"
+	"github.com/caddy-batch/caddy-batch/itemlock"
 	"github.com/caddy-batch/caddy-batch/openapi"
 	"github.com/caddy-batch/caddy-batch/policy"
 	"github.com/caddy-batch/caddy-batch/problem"
@@ -80,12 +81,12 @@ type Handler struct {
 	// handler's.
 	envelopeGateway policy.GatewaySettings
 	logger          *zap.Logger
-	locks           *batch.LocalLocks
+	locks           *itemlock.Local
 	slots           *pooledSlots
 	// untrackSlots stops the metrics counting the slots, at Cleanup.
 	untrackSlots func()
 	// storageLocks are set when a resource has item_locks storage.
-	storageLocks batch.Locker
+	storageLocks itemlock.Locker
 	idem         *idempotency
 	journals     *durable.Journals
 }
@@ -296,7 +297,7 @@ func (h *Handler) serveBatch(w http.ResponseWriter, r *http.Request, sc scope, o
 		}
 		return prob.Write(w)
 	}
-	keyed := h.idem.watch(r, sc, op, plan.BodyDigest())
+	keyed := h.idem.watch(r, sc, plan)
 	if done, err := keyed.claim(w, len(plan.Items)); done {
 		return err
 	}

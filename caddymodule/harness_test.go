@@ -137,14 +137,22 @@ func adaptCaddyfile(t testing.TB, config string) []byte {
 // for the next request.
 func drain(b testing.TB, resp *http.Response, err error, want int) {
 	b.Helper()
-	if err != nil {
+	if err := drained(resp, err, want); err != nil {
 		b.Fatal(err)
+	}
+}
+
+// drained is drain for any goroutine: it returns what went wrong.
+func drained(resp *http.Response, err error, want int) error {
+	if err != nil {
+		return err
 	}
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != want {
-		b.Fatalf("%s %s: %d, want %d", resp.Request.Method, resp.Request.URL, resp.StatusCode, want)
+		return fmt.Errorf("%s %s: %d, want %d", resp.Request.Method, resp.Request.URL, resp.StatusCode, want)
 	}
+	return nil
 }
 
 func freeAddr(t testing.TB) string {
@@ -177,8 +185,20 @@ func (r response) JSON(t testing.TB) map[string]any {
 func (r response) String() string { return fmt.Sprintf("%d %s", r.Status, r.Body) }
 
 // do sends a request; a non-nil body that is not []byte is sent as JSON.
+// It fails the test on an error, so it is for the test's own goroutine:
+// another goroutine uses try, and hands the error to the test's.
 func (g *gateway) do(t testing.TB, method, path string, body any, header ...string) response {
 	t.Helper()
+	r, err := g.try(method, path, body, header...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// try sends a request as do does, and returns what went wrong instead of
+// failing the test: it may be called from any goroutine.
+func (g *gateway) try(method, path string, body any, header ...string) (response, error) {
 	var reader io.Reader
 	switch b := body.(type) {
 	case nil:
@@ -189,13 +209,13 @@ func (g *gateway) do(t testing.TB, method, path string, body any, header ...stri
 	default:
 		raw, err := json.Marshal(b)
 		if err != nil {
-			t.Fatal(err)
+			return response{}, err
 		}
 		reader = bytes.NewReader(raw)
 	}
 	req, err := http.NewRequest(method, g.URL+path, reader)
 	if err != nil {
-		t.Fatal(err)
+		return response{}, err
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
@@ -205,14 +225,14 @@ func (g *gateway) do(t testing.TB, method, path string, body any, header ...stri
 	}
 	resp, err := g.client.Do(req)
 	if err != nil {
-		t.Fatalf("%s %s: %v", method, path, err)
+		return response{}, fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(resp.Body)
 	if err != nil {
-		t.Fatalf("%s %s: reading the answer: %v", method, path, err)
+		return response{}, fmt.Errorf("%s %s: reading the answer: %w", method, path, err)
 	}
-	return response{Status: resp.StatusCode, Header: resp.Header, Body: raw}
+	return response{Status: resp.StatusCode, Header: resp.Header, Body: raw}, nil
 }
 
 // testLogs collects what Caddy logs while a test runs.

@@ -54,13 +54,14 @@ type keyedBatch struct {
 	held     *durable.Held
 }
 
-// watch starts following a batch write that carries an Idempotency-Key;
-// it returns nil for anything else. body is the digest of the body the
-// batch read (Plan.BodyDigest).
-func (i *idempotency) watch(r *http.Request, sc scope, op policy.Op, body []byte) *keyedBatch {
-	if i == nil || !op.Writes() {
+// watch starts following a batch that writes (an envelope with a write
+// among its operations) and carries an Idempotency-Key; it returns nil
+// for anything else.
+func (i *idempotency) watch(r *http.Request, sc scope, plan *batch.Plan) *keyedBatch {
+	if i == nil || !plan.Writes() {
 		return nil
 	}
+	op := plan.Op
 	key := strings.TrimSpace(r.Header.Get("Idempotency-Key"))
 	if key == "" {
 		return nil
@@ -73,7 +74,7 @@ func (i *idempotency) watch(r *http.Request, sc scope, op policy.Op, body []byte
 		op:       op,
 		key:      record,
 		lockName: lock,
-		body:     hex.EncodeToString(body),
+		body:     hex.EncodeToString(plan.BodyDigest()),
 	}
 }
 

@@ -17,7 +17,7 @@ import (
 // journalFor is the journal of a batch, or nil if it keeps none: only an
 // all-or-nothing write batch is a saga.
 func (h *Handler) journalFor(r *http.Request, sc scope, p *batch.Plan) batch.Journal {
-	if h.journals == nil || !sc.gateway.Journal || p.Atomicity != policy.AllOrNothing || !p.Op.Writes() {
+	if h.journals == nil || !sc.gateway.Journal || p.Atomicity != policy.AllOrNothing || !p.Writes() {
 		return nil
 	}
 	return h.journals.New(originOf(r))

@@ -3,7 +3,6 @@ package caddymodule
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 
 	"github.com/caddyserver/caddy/v2"
@@ -13,33 +12,31 @@ import (
 
 	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/durable"
+	"github.com/caddy-batch/caddy-batch/itemlock"
 	"github.com/caddy-batch/caddy-batch/policy"
 	"github.com/caddy-batch/caddy-batch/problem"
 )
 
 // pools keep what must outlive one config: a reload provisions the new
-// handlers before the old ones are cleaned up, so a saga running on the
-// old config and a write arriving on the new one lock the same table.
+// handlers before the old ones are cleaned up, so a batch running on the
+// old config and one arriving on the new share the max_in_flight slots.
 var pools = caddy.NewUsagePool()
 
-// localLocksKey names the one table of local item locks of the process.
-// Every handler shares it: two sites in front of one API must exclude
-// each other, and two in front of different APIs only share keys when
-// their item paths are the same.
-const localLocksKey = "batch.item_locks.local"
+// localLocks is the one table of local item locks of the process. It
+// lives as long as the process, not as long as some handler: a saga
+// outlives its config (a reload to a config without a batch handler
+// cleans up every handler while the saga may still be compensating), and
+// later configs' writers must still wait for it. Its entries remove
+// themselves when unused, so it holds nothing for long. Every handler
+// shares it: two sites in front of one API must exclude each other, and
+// two in front of different APIs only share keys when their item paths
+// are the same.
+var localLocks itemlock.Local
 
-type pooledLocks struct{ batch.LocalLocks }
-
-func (*pooledLocks) Destruct() error { return nil }
-
-// provisionLocks takes the handler's share of the local lock table, and
-// sets up storage locks when a resource asks for them.
+// provisionLocks sets up storage locks when a resource asks for them;
+// local locks are the process's table.
 func (h *Handler) provisionLocks(storage certmagic.Storage) error {
-	v, _, err := pools.LoadOrNew(localLocksKey, func() (caddy.Destructor, error) { return new(pooledLocks), nil })
-	if err != nil {
-		return err
-	}
-	h.locks = &v.(*pooledLocks).LocalLocks
+	h.locks = &localLocks
 	if h.policy.Uses(func(g policy.GatewaySettings) bool { return g.ItemLocks == policy.StorageLocks }) {
 		if storage == nil {
 			return errors.New("item_locks storage needs Caddy's storage, and this context has none")
@@ -52,7 +49,7 @@ func (h *Handler) provisionLocks(storage certmagic.Storage) error {
 // lockerFor returns the locks of the matched resource's items: storage
 // locks take the local lock too, so writers of one process exclude each
 // other whatever their resource's item_locks.
-func (h *Handler) lockerFor(m policy.Match) batch.Locker {
+func (h *Handler) lockerFor(m policy.Match) itemlock.Locker {
 	if m.Resource.Gateway.ItemLocks == policy.StorageLocks && h.storageLocks != nil {
 		return h.storageLocks
 	}
@@ -69,17 +66,12 @@ func unlockFailed(logger *zap.Logger, name string) func(error) {
 
 // Cleanup lets go of the handler's share of what the pools keep.
 func (h *Handler) Cleanup() error {
-	var errs []error
-	if h.locks != nil {
-		_, err := pools.Delete(localLocksKey)
-		errs = append(errs, err)
+	if h.slots == nil {
+		return nil
 	}
-	if h.slots != nil {
-		h.untrackSlots()
-		_, err := pools.Delete(h.slots.key)
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
+	h.untrackSlots()
+	_, err := pools.Delete(h.slots.key)
+	return err
 }
 
 // isWrite reports whether a single-item request changes the item, and so
@@ -97,21 +89,17 @@ func (h *Handler) serveLockedWrite(w http.ResponseWriter, r *http.Request, m pol
 	unlock, err := observeLocks(h.lockerFor(m), r, m.Resource.Collection.String(), lockBySingle).Lock(ctx, key)
 	cancel()
 	if err != nil {
-		if r.Context().Err() != nil {
+		ref := batch.RefuseLock(key, err, batch.LockWait{Client: r.Context(), ItemTimeout: m.Resource.Settings.ItemTimeout})
+		switch ref.Status {
+		case 499:
 			return caddyhttp.Error(499, err)
-		}
-		if !errors.Is(err, batch.ErrLocked) {
+		case http.StatusServiceUnavailable:
 			// The storage failed: the write cannot be excluded from a
 			// saga on another instance, so it is not sent.
 			h.logger.Error("locking an item", zap.String("item", key), zap.Error(err))
-			w.Header().Set("Retry-After", "1")
-			return problem.New(http.StatusServiceUnavailable, "item-lock-unavailable", fmt.Sprintf(
-				"the lock of %s could not be taken (item_locks storage); nothing was changed, try again", key)).Write(w)
 		}
-		w.Header().Set("Retry-After", "1")
-		return problem.New(http.StatusConflict, "item-locked", fmt.Sprintf(
-			"a batch through the gateway held %s for longer than item_timeout (%s); nothing was changed, try again",
-			key, m.Resource.Settings.ItemTimeout)).Write(w)
+		w.Header().Set("Retry-After", ref.RetryAfter)
+		return problem.New(ref.Status, ref.Type, ref.Detail).Write(w)
 	}
 	defer unlock()
 	return serve()

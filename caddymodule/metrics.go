@@ -12,6 +12,7 @@ import (
 
 	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/durable"
+	"github.com/caddy-batch/caddy-batch/itemlock"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
@@ -194,12 +195,12 @@ func (m *batchMetrics) finished(l batchLabels, res *batch.Result, took time.Dura
 // single write) wanted them: the engine takes its locks through this
 // Locker, so what it does with them need not be known here.
 type observedLocks struct {
-	batch.Locker
+	itemlock.Locker
 	labels []string // server, resource, request
 }
 
 // observeLocks wraps l for one request; l may be nil (no locks).
-func observeLocks(l batch.Locker, r *http.Request, resource, request string) batch.Locker {
+func observeLocks(l itemlock.Locker, r *http.Request, resource, request string) itemlock.Locker {
 	if l == nil {
 		return nil
 	}
@@ -211,7 +212,7 @@ func (l observedLocks) Lock(ctx context.Context, key string) (func(), error) {
 	unlock, err := l.Locker.Lock(ctx, key)
 	metrics.lockWait.WithLabelValues(l.labels...).Observe(time.Since(start).Seconds())
 	// A wait cut short by the client going away is no conflict.
-	if err != nil && errors.Is(err, batch.ErrLocked) && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+	if err != nil && errors.Is(err, itemlock.ErrLocked) && errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		metrics.lockConflicts.WithLabelValues(l.labels...).Inc()
 	}
 	return unlock, err

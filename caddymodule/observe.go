@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/itemlock"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
@@ -77,7 +78,7 @@ func clientIP(r *http.Request) string {
 }
 
 // locks is the batch's item locker, measured.
-func (o *observation) locks(l batch.Locker) batch.Locker {
+func (o *observation) locks(l itemlock.Locker) itemlock.Locker {
 	return observeLocks(l, o.r, o.sc.resource, lockByBatch)
 }
 

@@ -2,7 +2,6 @@ package caddymodule
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,7 +21,6 @@ import (
 	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/durable"
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
-	"github.com/caddy-batch/caddy-batch/policy"
 )
 
 // mortalStorage is a storage that dies with the gateway that uses it:
@@ -370,13 +368,12 @@ func TestRecoverSettlesTheIdempotencyKey(t *testing.T) {
 
 	// The record the dead gateway claimed for the batch, as its claim
 	// left it: in flight, its owner's lease lapsed.
-	h, _ := planOf(t, tc.directive(), tc.method, tc.target, tc.body)
+	h, plan := planOf(t, tc.directive(), tc.method, tc.target, tc.body)
 	req := httptest.NewRequest(tc.method, tc.target, strings.NewReader(tc.body))
 	req.Header.Set("Authorization", "Bearer journal-test")
 	req.Header.Set("Idempotency-Key", tc.key)
 	m, _ := h.policy.Lookup(tc.target)
-	digest := sha256.Sum256([]byte(tc.body))
-	k := (&idempotency{}).watch(req, h.collectionScope(m), policy.OpUpdate, digest[:])
+	k := (&idempotency{}).watch(req, h.collectionScope(m), plan)
 	now := time.Now()
 	claimed := durable.Record{Version: 1, State: durable.StateInFlight, Fingerprint: k.fingerprint(), Resource: tc.collection, Op: "update",
 		Owner: "dead", LeaseUntil: now.Add(-time.Second), Created: now, Expires: now.Add(time.Hour)}

@@ -180,3 +180,76 @@ func TestBatchConfigReloadInFlight(t *testing.T) {
 		t.Errorf("4 ids under the new max_items 3: %v %v", r, err)
 	}
 }
+
+// TestLockTableOutlivesReloads: a saga that is still compensating when
+// the config is reloaded to one without a batch handler, and back, keeps
+// its items locked against the later config's writers: the local lock
+// table lives as long as the process, not as long as some handler. A
+// single write to the saga's item waits for it (and, with a short
+// item_timeout, is refused 409 without reaching the API); once the undo
+// is done, the write comes after it.
+func TestLockTableOutlivesReloads(t *testing.T) {
+	withBatch := func(extra string) string {
+		return `
+	batch {
+		concurrency 1` + extra + `
+		resource /api/widgets {` + resourceMethods + `
+		}
+	}
+	reverse_proxy UPSTREAM
+`
+	}
+	api := seededAPI()
+	g := startGateway(t, api, withBatch(""))
+	release := make(chan struct{})
+	api.Inject(legacyapi.Fault{Method: "PATCH", Path: "/api/widgets/2", Status: 500, Body: htmlError})
+	api.Inject(legacyapi.Fault{Method: "PUT", Path: "/api/widgets/1", Until: release, Times: 1}) // the undo of widget 1
+
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	saga := make(chan response, 1)
+	go func() {
+		r, err := send(client, g.URL, "PATCH", "/api/widgets", `[{"id": 1, "name": "saga"}, {"id": 2, "name": "x"}]`)
+		if err != nil {
+			r = response{Status: -1, Body: []byte(err.Error())}
+		}
+		saga <- r
+	}()
+	eventually(t, 5*time.Second, "the undo of widget 1", func() bool { return received(api, "PUT", "/api/widgets/1") })
+
+	for _, site := range []string{"\n\treverse_proxy UPSTREAM\n", withBatch("\n\t\titem_timeout 300ms")} {
+		if err := caddy.Load(adaptCaddyfile(t, g.config(site)), true); err != nil {
+			t.Fatalf("reloading: %v", err)
+		}
+	}
+	fresh := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	r, err := send(fresh, g.URL, "PATCH", "/api/widgets/1", `{"name": "single"}`)
+	if err != nil || r.Status != http.StatusConflict {
+		t.Errorf("a single write while the saga undoes its item: %v %v, want 409", r, err)
+	}
+	if n := len(requestsWith(api, "PATCH", "/api/widgets/1")); n != 1 { // the saga's own
+		t.Errorf("%d PATCHes of widget 1 reached the API while the saga held it, want the saga's alone", n)
+	}
+	close(release)
+	var got batchAnswer
+	if r := <-saga; json.Unmarshal(r.Body, &got) != nil || got.Outcome != "rolled_back" {
+		t.Errorf("the saga: %v, want rolled_back", r)
+	}
+	if r, err := send(fresh, g.URL, "PATCH", "/api/widgets/1", `{"name": "single"}`); err != nil || r.Status != 200 {
+		t.Fatalf("the single write after the saga: %v %v", r, err)
+	}
+	if w1, _ := api.Item("/api/widgets", "1"); w1["name"] != "single" {
+		t.Errorf("widget 1 is %v: the single write did not come after the undo", w1)
+	}
+}
+
+// requestsWith lists the requests the API received with method to path.
+func requestsWith(api *legacyapi.API, method, path string) []legacyapi.Request {
+	var out []legacyapi.Request
+	for _, r := range requestsTo(api, path) {
+		if r.Method == method {
+			out = append(out, r)
+		}
+	}
+	return out
+}

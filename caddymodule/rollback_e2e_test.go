@@ -483,13 +483,15 @@ func TestBatchUpstreamDownMidBatch(t *testing.T) {
 				delayed, release := heldUntilReleased(op.delayed)
 				api.Inject(delayed)
 
-				answer := make(chan response, 1)
+				answer, failed := make(chan response, 1), make(chan error, 1)
 				go func() {
 					var body any
 					if op.body != "" {
 						body = op.body
 					}
-					answer <- g.do(t, op.method, op.path, body)
+					r, err := g.try(op.method, op.path, body)
+					answer <- r
+					failed <- err
 				}()
 				// The second item's request has arrived and waits: take the
 				// upstream down under it.
@@ -510,6 +512,9 @@ func TestBatchUpstreamDownMidBatch(t *testing.T) {
 					up.up(t)
 				}
 				r := <-answer
+				if err := <-failed; err != nil {
+					t.Fatal(err)
+				}
 
 				if !comesBack {
 					b := checkProblem(t, r, 500)

@@ -591,3 +591,37 @@ func TestRateLimitCountsItems(t *testing.T) {
 		t.Errorf("a single GET after the batch used up the limit: %v", r)
 	}
 }
+
+// TestDeprecatedBasicauthPerItem: the deprecated basicauth, which Caddy
+// still runs, on one item's path judges each item of a batch, not the
+// batch (batch is ordered before it): without credentials that item is
+// refused 401 inside the batch and never reaches the API, the others are
+// written.
+func TestDeprecatedBasicauthPerItem(t *testing.T) {
+	api := seededAPI()
+	g := startGateway(t, api, `
+	batch {
+		allow_override
+		resource /api/widgets {`+resourceMethods+`
+		}
+	}
+	basicauth /api/widgets/2 {
+		admin `+adminHash+`
+	}
+	reverse_proxy UPSTREAM
+`)
+	b := checkEnvelope(t, g.do(t, "PATCH", "/api/widgets", `[{"id": 1, "name": "one"}, {"id": 2, "name": "two"}]`,
+		"Prefer", "atomicity=partial"), 207, "partial")
+	if st := b.Statuses(); !slices.Equal(st, []int{200, 401}) {
+		t.Errorf("item statuses %v, want [200 401]", st)
+	}
+	if w1, _ := api.Item("/api/widgets", "1"); w1["name"] != "one" {
+		t.Errorf("widget 1 is %v, want it written", w1)
+	}
+	if w2, _ := api.Item("/api/widgets", "2"); w2["name"] != "w2" {
+		t.Errorf("widget 2 is %v, want it untouched", w2)
+	}
+	if reqs := requestsTo(api, "/api/widgets/2"); len(reqs) > 0 {
+		t.Errorf("the protected item reached the legacy API:%s", describeRequests(reqs))
+	}
+}

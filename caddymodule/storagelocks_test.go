@@ -9,9 +9,9 @@ import (
 
 	"github.com/caddyserver/certmagic"
 
-	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/durable"
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
+	"github.com/caddy-batch/caddy-batch/itemlock"
 )
 
 // Storage item locks (item_locks storage) are tested as two instances of
@@ -37,8 +37,8 @@ func TestStorageLocksFileSystem(t *testing.T) {
 // testStorageLocksExclude checks storage locks between two instances,
 // one over a and one over b (two values of one shared storage).
 func testStorageLocksExclude(t *testing.T, a, b certmagic.Storage) {
-	one := durable.NewItemLocks(new(batch.LocalLocks), a, nil)
-	two := durable.NewItemLocks(new(batch.LocalLocks), b, nil)
+	one := durable.NewItemLocks(new(itemlock.Local), a, nil)
+	two := durable.NewItemLocks(new(itemlock.Local), b, nil)
 	ctx := context.Background()
 	const key = "/api/widgets/1"
 
@@ -51,7 +51,7 @@ func testStorageLocksExclude(t *testing.T, a, b certmagic.Storage) {
 	start := time.Now()
 	_, err = two.Lock(wait, key)
 	cancel()
-	if !errors.Is(err, batch.ErrLocked) {
+	if !errors.Is(err, itemlock.ErrLocked) {
 		t.Fatalf("a held lock taken again: %v", err)
 	}
 	if took := time.Since(start); took < 250*time.Millisecond || took > 3*time.Second {
@@ -123,7 +123,7 @@ func testStorageLocksGateway(t *testing.T, storage string, other certmagic.Stora
 	}
 	reverse_proxy UPSTREAM
 `)
-	elsewhere := durable.NewItemLocks(new(batch.LocalLocks), other, nil)
+	elsewhere := durable.NewItemLocks(new(itemlock.Local), other, nil)
 	ctx := context.Background()
 
 	unlock, err := elsewhere.Lock(ctx, "/api/slow/1")
@@ -148,15 +148,16 @@ func testStorageLocksGateway(t *testing.T, storage string, other certmagic.Stora
 	// other instance cannot have it until the batch is over.
 	var wg sync.WaitGroup
 	var batchDone time.Time
+	var batchErr error
 	wg.Go(func() {
-		g.do(t, "PATCH", "/api/slow", `[{"id": 3, "name": "c"}]`)
+		_, batchErr = g.try("PATCH", "/api/slow", `[{"id": 3, "name": "c"}]`)
 		batchDone = time.Now()
 	})
 	eventually(t, 5*time.Second, "the batch's write to reach the API", func() bool { return api.InFlight() > 0 })
 	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	_, err = elsewhere.Lock(short, "/api/slow/3")
 	cancel()
-	if !errors.Is(err, batch.ErrLocked) {
+	if !errors.Is(err, itemlock.ErrLocked) {
 		t.Errorf("another instance locked an item a running batch holds: %v", err)
 	}
 	long, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -168,6 +169,9 @@ func testStorageLocksGateway(t *testing.T, storage string, other certmagic.Stora
 	got := time.Now()
 	unlock()
 	wg.Wait()
+	if batchErr != nil {
+		t.Fatal(batchErr)
+	}
 	if got.Before(batchDone.Add(-time.Second)) {
 		t.Errorf("the other instance had item 3 at %s, long before the batch ended at %s", got, batchDone)
 	}

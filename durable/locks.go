@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/itemlock"
 )
 
 // UnlockTimeout bounds the release of a storage lock, which may need the
@@ -26,7 +26,7 @@ const LockPoll = 50 * time.Millisecond
 // again every poll (or blocking in Lock, for a storage that cannot try);
 // with poll zero it does not wait for a holder: one try, or a Lock cut
 // short by ctx. When the lock is held elsewhere the error wraps
-// batch.ErrLocked; any other error is the storage's. The unlock it
+// itemlock.ErrLocked; any other error is the storage's. The unlock it
 // returns releases the lock once, however often it is called, and
 // without ctx, which may be over by then; a failed release goes to
 // unlockFailed.
@@ -62,16 +62,16 @@ func tryLock(ctx context.Context, s Locker, tl TryLocker, name string, poll time
 				// Taken as ctx ended; nobody will hold it.
 				_ = s.Unlock(context.WithoutCancel(ctx), name)
 			}
-			return fmt.Errorf("%w (%w)", batch.ErrLocked, context.Cause(ctx))
+			return fmt.Errorf("%w (%w)", itemlock.ErrLocked, context.Cause(ctx))
 		case err != nil:
 			return err
 		case poll <= 0:
-			return fmt.Errorf("%w (held elsewhere)", batch.ErrLocked)
+			return fmt.Errorf("%w (held elsewhere)", itemlock.ErrLocked)
 		}
 		select {
 		case <-time.After(poll):
 		case <-ctx.Done():
-			return fmt.Errorf("%w (%w)", batch.ErrLocked, context.Cause(ctx))
+			return fmt.Errorf("%w (%w)", itemlock.ErrLocked, context.Cause(ctx))
 		}
 	}
 }
@@ -85,7 +85,7 @@ func lockUntil(ctx context.Context, s Locker, name string) error {
 	select {
 	case err := <-done:
 		if err != nil && ctx.Err() != nil {
-			return fmt.Errorf("%w (%w)", batch.ErrLocked, context.Cause(ctx))
+			return fmt.Errorf("%w (%w)", itemlock.ErrLocked, context.Cause(ctx))
 		}
 		return err
 	case <-ctx.Done():
@@ -96,7 +96,7 @@ func lockUntil(ctx context.Context, s Locker, name string) error {
 				_ = s.Unlock(uctx, name)
 			}
 		}()
-		return fmt.Errorf("%w (%w)", batch.ErrLocked, context.Cause(ctx))
+		return fmt.Errorf("%w (%w)", itemlock.ErrLocked, context.Cause(ctx))
 	}
 }
 
@@ -107,14 +107,14 @@ func lockUntil(ctx context.Context, s Locker, name string) error {
 // storage, which is slow (the file system storage looks again every
 // second) and not made for contention.
 type ItemLocks struct {
-	local   *batch.LocalLocks
+	local   *itemlock.Local
 	storage Locker
 	// unlockFailed hears of a storage lock that could not be released.
 	unlockFailed func(name string, err error)
 }
 
 // NewItemLocks locks items in local and in storage.
-func NewItemLocks(local *batch.LocalLocks, storage Locker, unlockFailed func(name string, err error)) *ItemLocks {
+func NewItemLocks(local *itemlock.Local, storage Locker, unlockFailed func(name string, err error)) *ItemLocks {
 	return &ItemLocks{local: local, storage: storage, unlockFailed: unlockFailed}
 }
 
@@ -142,8 +142,8 @@ func (l *ItemLocks) Lock(ctx context.Context, key string) (func(), error) {
 	})
 	if err != nil {
 		unlockLocal()
-		if errors.Is(err, batch.ErrLocked) {
-			return nil, fmt.Errorf("%w: %s (in storage: %w)", batch.ErrLocked, key, context.Cause(ctx))
+		if errors.Is(err, itemlock.ErrLocked) {
+			return nil, fmt.Errorf("%w: %s (in storage: %w)", itemlock.ErrLocked, key, context.Cause(ctx))
 		}
 		return nil, fmt.Errorf("locking %s in storage: %w", key, err)
 	}
@@ -154,4 +154,4 @@ func (l *ItemLocks) Lock(ctx context.Context, key string) (func(), error) {
 }
 
 // Interface guard
-var _ batch.Locker = (*ItemLocks)(nil)
+var _ itemlock.Locker = (*ItemLocks)(nil)

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/itemlock"
 )
 
 // memLocks is an in-memory storage's locks, as several instances sharing
@@ -93,7 +93,7 @@ func TestLock(t *testing.T) {
 			start := time.Now()
 			_, err = Lock(ctx, s, "a", time.Millisecond, nil)
 			cancel()
-			if !errors.Is(err, batch.ErrLocked) || time.Since(start) < 40*time.Millisecond {
+			if !errors.Is(err, itemlock.ErrLocked) || time.Since(start) < 40*time.Millisecond {
 				t.Errorf("a held lock: %v after %s, want ErrLocked after the context's 50ms", err, time.Since(start))
 			}
 			// Another name is another lock.
@@ -127,7 +127,7 @@ func TestLock(t *testing.T) {
 		defer unlock()
 		start := time.Now()
 		_, err := Lock(context.Background(), m, "a", 0, nil)
-		if !errors.Is(err, batch.ErrLocked) || time.Since(start) > time.Second {
+		if !errors.Is(err, itemlock.ErrLocked) || time.Since(start) > time.Second {
 			t.Errorf("%v after %s, want ErrLocked at once", err, time.Since(start))
 		}
 	})
@@ -135,7 +135,7 @@ func TestLock(t *testing.T) {
 		m := newMemLocks()
 		m.failTry = errors.New("redis: connection refused")
 		_, err := Lock(context.Background(), m, "a", time.Millisecond, nil)
-		if err == nil || errors.Is(err, batch.ErrLocked) {
+		if err == nil || errors.Is(err, itemlock.ErrLocked) {
 			t.Errorf("%v, want the storage's error", err)
 		}
 	})
@@ -156,8 +156,8 @@ func TestLock(t *testing.T) {
 // into one lock name stay apart.
 func TestItemLocks(t *testing.T) {
 	m := newMemLocks()
-	one := NewItemLocks(new(batch.LocalLocks), m, nil)
-	two := NewItemLocks(new(batch.LocalLocks), m, nil)
+	one := NewItemLocks(new(itemlock.Local), m, nil)
+	two := NewItemLocks(new(itemlock.Local), m, nil)
 	unlock, err := one.Lock(context.Background(), "/api/widgets/1")
 	if err != nil {
 		t.Fatal(err)
@@ -165,7 +165,7 @@ func TestItemLocks(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	_, err = two.Lock(ctx, "/api/widgets/1")
 	cancel()
-	if !errors.Is(err, batch.ErrLocked) || !strings.Contains(err.Error(), "/api/widgets/1") {
+	if !errors.Is(err, itemlock.ErrLocked) || !strings.Contains(err.Error(), "/api/widgets/1") {
 		t.Errorf("the other instance: %v, want ErrLocked naming the item", err)
 	}
 	for _, other := range []string{"/api/widgets/2", "/api/Widgets/1", "/api/widgets/1 "} {
@@ -187,7 +187,7 @@ func TestItemLocks(t *testing.T) {
 	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Millisecond)
 	_, err = one.Lock(ctx, "/k")
 	cancel()
-	if !errors.Is(err, batch.ErrLocked) {
+	if !errors.Is(err, itemlock.ErrLocked) {
 		t.Errorf("a second writer of one process: %v", err)
 	}
 	u1()

@@ -11,7 +11,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/itemlock"
 )
 
 // Idempotency-Key records (docs/durability.md, "Idempotency-Key replay";
@@ -148,7 +148,7 @@ func (k *Keys) Claim(ctx context.Context, c Claim) (Decision, error) {
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return Decision{}, err
-	case errors.Is(err, batch.ErrLocked):
+	case errors.Is(err, itemlock.ErrLocked):
 		return Decision{Verdict: InFlight}, nil
 	case err != nil:
 		return Decision{Verdict: Unavailable, Err: err}, nil
@@ -346,7 +346,7 @@ func sweepRecord(ctx context.Context, s Storage, key string, now time.Time) (boo
 	lockCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	unlock, err := Lock(lockCtx, s, name, LockPoll, nil)
 	cancel()
-	if errors.Is(err, batch.ErrLocked) {
+	if errors.Is(err, itemlock.ErrLocked) {
 		return false, nil // being claimed: the next sweep looks again
 	}
 	if err != nil {

@@ -54,6 +54,10 @@ func ParseOp(s string) (Op, error) {
 
 // Writes reports whether the operation changes the upstream's state, and
 // so carries an Idempotency-Key and may need undoing.
+//
+// OpEnvelope names no one operation: whether an envelope writes depends
+// on its operations, which the engine looks at; it indexes no per-operation
+// setting.
 func (o Op) Writes() bool { return o != OpGet }
 
 // Atomicity says what a batch promises when one of its items fails.
