@@ -2,6 +2,7 @@ package batch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -314,13 +315,9 @@ func (sg *saga) retrying(ctx context.Context, i int, req *SubRequest, c *Compens
 	s := sg.set(i)
 	budget := limit{"the compensation's budget", sg.budget(i)}
 	for attempt := 1; ; attempt++ {
-		var resp *SubResponse
-		release, err := sg.slot(ctx, true)
-		if err == nil {
-			resp, err = sg.sendWithin(ctx, s.CompensationTimeout, "compensation_timeout", budget, req.clone())
-			release()
-		} else {
-			err = &noAnswer{http.StatusGatewayTimeout, "no slot of max_in_flight came free within " + budget.String(), err}
+		resp, err := sg.send(i, req, sendOpts{wait: ctx, ctx: ctx, urgent: true, timeout: limit{"compensation_timeout", s.CompensationTimeout}, parent: budget})
+		if resp == nil && (errors.Is(err, ErrNoSlot) || errors.Is(err, ErrThrottleWait)) {
+			err = &noAnswer{http.StatusGatewayTimeout, "no slot of max_in_flight came free, or the upstream's throttle did not lift, within " + budget.String(), err}
 		}
 		if c != nil {
 			sg.mu.Lock()

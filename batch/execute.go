@@ -127,23 +127,22 @@ func (sg *saga) executeItem(clientCtx, batchCtx context.Context, i int) bool {
 		}
 		defer unlock()
 	}
-	release, err := sg.slot(batchCtx, false)
-	if err != nil {
-		return false // the batch ran out of time before the item could start
-	}
-	defer release()
+	o := sendOpts{wait: batchCtx, ctx: ctx, timeout: limit{"item_timeout", t.s.ItemTimeout}, parent: sg.batchLimit()}
 	if t.op.Writes() {
-		if err := sg.transition(ctx, i, PhaseSending, req, func(_ *ItemResult, st *itemState) { st.sent = req }); err != nil {
-			sg.fail(ctx, i, http.StatusServiceUnavailable, "the saga's journal could not record the write, so it was not sent", err)
-			return false
+		// req stays as it was sent, for a resend.
+		o.sending = func() error {
+			return sg.transition(ctx, i, PhaseSending, req, func(_ *ItemResult, st *itemState) { st.sent = req })
 		}
 	}
-	sent := req
-	if t.op.Writes() {
-		sent = req.clone() // req stays as it was sent, for a resend
+	resp, err := sg.send(i, req, o)
+	switch {
+	case errors.Is(err, errJournal):
+		sg.fail(ctx, i, http.StatusServiceUnavailable, "the saga's journal could not record the write, so it was not sent", err)
+		return false
+	case resp == nil && (errors.Is(err, ErrNoSlot) || errors.Is(err, ErrThrottleWait)):
+		return false // the batch ran out of time before the item could start
 	}
-	resp, err := sg.sendWithin(ctx, t.s.ItemTimeout, "item_timeout", sg.batchLimit(), sent)
-	return sg.answered(ctx, i, sent, resp, err)
+	return sg.answered(ctx, i, req, resp, err)
 }
 
 // slot waits for a slot of max_in_flight, if the runtime bounds them.
@@ -182,10 +181,7 @@ func (sg *saga) answered(ctx context.Context, i int, req *SubRequest, resp *SubR
 		}
 		it.setAnswer(ans)
 		if err != nil {
-			it.Error, it.cause = "the answer's body was cut short", err
-			if errors.Is(err, ErrBodyTooLarge) {
-				it.Error = "the answer's body is larger than max_body_size and is left out"
-			}
+			it.Error, it.cause = answerError(err), err
 		}
 		switch {
 		case is2xx(resp.Status):
@@ -245,6 +241,19 @@ func (sg *saga) answered(ctx context.Context, i int, req *SubRequest, resp *SubR
 	return succeeded
 }
 
+// answerError says what is wrong with an answer that came with an
+// error: its body, or that it stands for a request never sent.
+func answerError(err error) string {
+	var held *HeldBack
+	switch {
+	case errors.As(err, &held):
+		return held.Error()
+	case errors.Is(err, ErrBodyTooLarge):
+		return "the answer's body is larger than max_body_size and is left out"
+	}
+	return "the answer's body was cut short"
+}
+
 // recordNoAnswer records a request that got no answer: a timeout (504)
 // or an unreachable upstream (502). A write that left the gateway may
 // have been applied, so its outcome is unknown, and the saga treats it as
@@ -287,12 +296,15 @@ func silent(err error) *noAnswer {
 // sendItem sends a read of the batch under item_timeout, within the
 // batch's deadline (ctx), its wait for a slot included.
 func (sg *saga) sendItem(ctx context.Context, i int, req *SubRequest) (*SubResponse, error) {
-	release, err := sg.slot(ctx, false)
-	if err != nil {
-		return nil, &noAnswer{http.StatusGatewayTimeout, "no slot of max_in_flight came free within " + sg.batchLimit().String(), err}
+	resp, err := sg.send(i, req, sendOpts{wait: ctx, ctx: ctx, timeout: limit{"item_timeout", sg.set(i).ItemTimeout}, parent: sg.batchLimit()})
+	if resp == nil && (errors.Is(err, ErrNoSlot) || errors.Is(err, ErrThrottleWait)) {
+		reason := "no slot of max_in_flight came free within " + sg.batchLimit().String()
+		if errors.Is(err, ErrThrottleWait) {
+			reason = "the upstream held this client off the resource (it throttled it) past " + sg.batchLimit().String()
+		}
+		return nil, &noAnswer{http.StatusGatewayTimeout, reason, err}
 	}
-	defer release()
-	return sg.sendWithin(ctx, sg.set(i).ItemTimeout, "item_timeout", sg.batchLimit(), req)
+	return resp, err
 }
 
 func (sg *saga) batchLimit() limit { return limit{"batch_timeout", sg.s.BatchTimeout} }

@@ -34,6 +34,13 @@ type Runtime struct {
 	// Slots bound the sub-requests in flight across batches
 	// (max_in_flight); nil bounds nothing beyond Concurrency.
 	Slots Slots
+	// Throttles hold a client's sub-requests to a resource while the
+	// upstream asked it to wait, across the batches that share them;
+	// nil keeps the batch's own.
+	Throttles *Throttles
+	// Client names whose batch this is, for Throttles: a hash of its
+	// credentials.
+	Client string
 }
 
 // Slots bound the sub-requests in flight across all the batches of a
@@ -114,6 +121,9 @@ type itemState struct {
 func newSaga(p *Plan, rt Runtime, backoff func(int) time.Duration) *saga {
 	if rt.Journal == nil {
 		rt.Journal = NoJournal{}
+	}
+	if rt.Throttles == nil {
+		rt.Throttles = NewThrottles(nil)
 	}
 	sg := &saga{
 		plan:    p,

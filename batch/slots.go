@@ -50,7 +50,28 @@ func NewFIFOSlots(n int) *FIFOSlots {
 }
 
 // Cap returns the number of slots.
-func (s *FIFOSlots) Cap() int { return s.n }
+func (s *FIFOSlots) Cap() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.n
+}
+
+// SetCap changes the number of slots (an adaptive limit's): more hands
+// the new slots to the waiters, in turn; fewer takes none back from
+// their holders, and serves no waiter until enough are freed. It panics
+// when n < 1, as NewFIFOSlots does.
+func (s *FIFOSlots) SetCap(n int) {
+	if n < 1 {
+		panic(fmt.Sprintf("batch: SetCap(%d): the number of slots must be at least 1", n))
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.n = n
+	for s.inFlight < s.n && s.urgent.Len()+s.normal.Len() > 0 {
+		s.inFlight++
+		s.handOver()
+	}
+}
 
 // InFlight returns how many slots are held now.
 func (s *FIFOSlots) InFlight() int {
@@ -126,19 +147,30 @@ func (s *FIFOSlots) releaser() func() {
 }
 
 // free lets go of one held slot, handing it to the first urgent waiter,
-// else the first waiter, else making it free. s.mu is held.
+// else the first waiter, else making it free; a slot beyond a cap that
+// was lowered is not handed on. s.mu is held.
 func (s *FIFOSlots) free() {
+	if s.inFlight <= s.n && s.handOver() {
+		return // the slot changes hands; inFlight stays as it is
+	}
+	s.inFlight--
+}
+
+// handOver gives a held slot to the first urgent waiter, else the first
+// waiter, and reports whether there was one. s.mu is held.
+func (s *FIFOSlots) handOver() bool {
 	q := &s.urgent
 	if q.Len() == 0 {
 		q = &s.normal
 	}
-	if e := q.Front(); e != nil {
-		w := q.Remove(e).(*slotWaiter)
-		w.granted = true
-		close(w.ready)
-		return // the slot changes hands; inFlight stays as it is
+	e := q.Front()
+	if e == nil {
+		return false
 	}
-	s.inFlight--
+	w := q.Remove(e).(*slotWaiter)
+	w.granted = true
+	close(w.ready)
+	return true
 }
 
 var _ Slots = (*FIFOSlots)(nil)

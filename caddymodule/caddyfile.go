@@ -71,6 +71,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    max_response_size    <size>
 //	    concurrency          <n>
 //	    max_in_flight        <n>
+//	    max_in_flight        auto [<min> <max>]
+//	    max_throttle_wait    <duration>
 //	    item_timeout         <duration>
 //	    batch_timeout        <duration>
 //	    ids_param            <name>
@@ -492,6 +494,21 @@ func (a optionArgs) duration(dst *caddy.Duration) error {
 	}
 	*dst = caddy.Duration(dur)
 	return a.limit(int64(dur))
+}
+
+// pause reads a duration that may be zero (which turns a wait off).
+func (a optionArgs) pause(dst **caddy.Duration) error {
+	v, err := a.one()
+	if err != nil {
+		return err
+	}
+	dur, err := caddy.ParseDuration(v)
+	if err != nil || dur < 0 {
+		return a.d.Errf("%s takes a duration such as 5s or 0 (off), not %q", a.opt.name, v)
+	}
+	d := caddy.Duration(dur)
+	*dst = &d
+	return nil
 }
 
 func (a optionArgs) size(dst *int64) error {

@@ -33,7 +33,7 @@ func (h *Handler) buildPolicy(lines []int) (*policy.Policy, error) {
 			errs = append(errs, policy.Flatten(policy.InResource(i, r.Path, err))...)
 		}
 		specs[i] = r.spec(own)
-		if r.MaxInFlight != 0 {
+		if r.MaxInFlight != 0 || r.MaxInFlightAuto != nil {
 			errs = append(errs, policy.InResource(i, r.Path, policy.OptionError("max_in_flight",
 				errors.New("max_in_flight bounds the sub-requests of every batch of the handler together, so a resource cannot have its own: set it in the batch block"))))
 		}

@@ -144,7 +144,7 @@ var configMistakes = []configMistake{
 	{name: "unknown option, misspelt", config: batchBlock(caddyLines("\tmax_item 5"), usersResource), line: 3, syntax: true,
 		want: `unknown batch option "max_item": did you mean max_items?`},
 	{name: "unknown option", config: batchBlock(caddyLines("\tparallelism 4"), usersResource), line: 3, syntax: true,
-		want: `unknown batch option "parallelism" (this block takes resource, envelope, openapi, atomicity, allow_override, max_items, max_body_size, max_response_size, concurrency, max_in_flight, item_timeout, batch_timeout, ids_param, id_field, delete_semantics, restore_deleted, restore_updated, compensation_retries, compensation_timeout, idempotent_upstream, conditional_writes, item_locks, idempotency_ttl, journal, scope_query, id_format)`},
+		want: `unknown batch option "parallelism" (this block takes resource, envelope, openapi, atomicity, allow_override, max_items, max_body_size, max_response_size, concurrency, max_in_flight, max_throttle_wait, item_timeout, batch_timeout, ids_param, id_field, delete_semantics, restore_deleted, restore_updated, compensation_retries, compensation_timeout, idempotent_upstream, conditional_writes, item_locks, idempotency_ttl, journal, scope_query, id_format)`},
 	{name: "unknown option in a resource", config: batchBlock(caddyLines("\tresource /users {", "\t\tcolection GET", "\t}")), line: 4, syntax: true,
 		want: `unknown batch option "colection": did you mean collection?`},
 	{name: "resource subdirective outside a resource", config: batchBlock(caddyLines("\tcollection GET"), usersResource), line: 3, syntax: true,
@@ -323,6 +323,16 @@ var configMistakes = []configMistake{
 	{name: "batch create without POST", config: batchBlock(caddyLines("\tresource /a {", "\t\tcollection GET", "\t\titem GET DELETE", "\t\tbatch create", "\t}")), line: 6,
 		want: `resource /a: batch create needs POST on the collection, and the map does not allow POST on the collection: allow it, or leave create out of batch`},
 
+	{name: "max_in_flight auto, least above most", config: batchBlock(caddyLines("\tmax_in_flight auto 8 4"), usersResource), line: 3,
+		want: `max_in_flight auto 8 4: the least must be at least 1 and at most the most, e.g. max_in_flight auto 4 32`},
+	{name: "max_in_flight auto, one bound", config: batchBlock(caddyLines("\tmax_in_flight auto 8"), usersResource), line: 3, syntax: true,
+		want: `max_in_flight auto takes no bounds, or the least and the most, e.g. max_in_flight auto 4 32`},
+	{name: "max_in_flight auto, not numbers", config: batchBlock(caddyLines("\tmax_in_flight auto few many"), usersResource), line: 3, syntax: true,
+		want: `max_in_flight auto takes two whole numbers above zero, the least and the most, e.g. max_in_flight auto 4 32, not "few many"`},
+	{name: "max_in_flight auto in a resource", config: batchBlock(caddyLines("\tresource /a {", "\t\tcollection GET", "\t\titem GET", "\t\tmax_in_flight auto", "\t}")), line: 6,
+		want: `resource /a: max_in_flight bounds the sub-requests of every batch of the handler together, so a resource cannot have its own: set it in the batch block`},
+	{name: "negative max_throttle_wait", config: batchBlock(caddyLines("\tmax_throttle_wait -1s"), usersResource), line: 3, syntax: true,
+		want: `max_throttle_wait takes a duration such as 5s or 0 (off), not "-1s"`},
 	{name: "max_in_flight in a resource", config: batchBlock(caddyLines("\tresource /a {", "\t\tcollection GET", "\t\titem GET", "\t\tmax_in_flight 8", "\t}")), line: 6,
 		want: `resource /a: max_in_flight bounds the sub-requests of every batch of the handler together, so a resource cannot have its own: set it in the batch block`},
 
@@ -591,6 +601,43 @@ func TestListFilterReachesThePolicy(t *testing.T) {
 		f := m.Resource.List
 		if f == nil || f.Query([]string{"1", "2"}) != tt.query || f.MaxIDs != tt.maxIDs || f.Preflight != tt.preflight {
 			t.Errorf("%s: list filter %+v", tt.block[0], f)
+		}
+	}
+}
+
+// TestAdaptiveOptionsReachThePolicy: max_throttle_wait (0 included) is
+// inherited and overridden as every resource option; max_in_flight auto
+// takes its bounds, or 4 and 32.
+func TestAdaptiveOptionsReachThePolicy(t *testing.T) {
+	for _, tt := range []struct {
+		raw      string
+		wait     map[string]time.Duration
+		min, max int
+	}{
+		{`{"max_throttle_wait": 0, "max_in_flight_auto": {}, "resources": [
+			{"path": "/off", "collection": ["GET"], "item": ["GET"]},
+			{"path": "/on", "collection": ["GET"], "item": ["GET"], "max_throttle_wait": "2s"}]}`,
+			map[string]time.Duration{"/off": 0, "/on": 2 * time.Second}, 4, 32},
+		{`{"max_in_flight_auto": {"min": 2, "max": 64}, "resources": [
+			{"path": "/default", "collection": ["GET"], "item": ["GET"]}]}`,
+			map[string]time.Duration{"/default": 5 * time.Second}, 2, 64},
+	} {
+		var h Handler
+		if err := json.Unmarshal([]byte(tt.raw), &h); err != nil {
+			t.Fatal(err)
+		}
+		p, err := h.buildPolicy(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for path, wait := range tt.wait {
+			m, _ := p.Lookup(path)
+			if got := m.Resource.Settings.MaxThrottleWait; got != wait {
+				t.Errorf("%s: max_throttle_wait %s, want %s", path, got, wait)
+			}
+			if g := m.Resource.Gateway; !g.AutoInFlight || g.MinInFlight != tt.min || g.MaxInFlight != tt.max {
+				t.Errorf("%s: gateway %+v, want auto %d..%d", path, g, tt.min, tt.max)
+			}
 		}
 	}
 }

@@ -302,7 +302,10 @@ func (h *Handler) serveBatch(w http.ResponseWriter, r *http.Request, sc scope, o
 		return err
 	}
 	send := newSubrequests(r, obs.chain(next), sc.settings.MaxBodySize)
-	result := batch.Run(r.Context(), plan, batch.Runtime{Send: send, Locks: obs.locks(sc.locks), Slots: h.slots, Journal: h.journalFor(r, sc, plan)})
+	result := batch.Run(r.Context(), plan, batch.Runtime{
+		Send: send, Locks: obs.locks(sc.locks), Slots: h.slots, Journal: h.journalFor(r, sc, plan),
+		Throttles: h.slots.throttles, Client: durable.Credentials(r.Header),
+	})
 	obs.finished(plan, result)
 	return keyed.write(w, result)
 }

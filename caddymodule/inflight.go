@@ -5,19 +5,42 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"slices"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/caddy-batch/caddy-batch/adaptive"
 	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/policy"
 )
 
 // pooledSlots are one handler's max_in_flight slots, kept in pools so
 // that a reload does not reset them: the new config is provisioned
 // before the old one is cleaned up, and the old config's batches run on
 // after that, so both share one bound instead of having one each.
+//
+// The throttles the legacy API asked for are kept with them, so that a
+// batch on the new config waits out a pause a batch on the old one was
+// asked for: both send to the same API.
+//
+// Under max_in_flight auto, the number of slots follows limit, which
+// every sub-request's answer is told to (Observe).
 type pooledSlots struct {
 	*batch.FIFOSlots
-	key string
+	key       string
+	throttles *batch.Throttles
+	limit     *adaptive.Limit // nil: a fixed max_in_flight
+}
+
+// Observe tells an adaptive limit what one sub-request's answer showed,
+// and moves the slots where it goes.
+func (p *pooledSlots) Observe(latency time.Duration, overloaded bool) {
+	if p.limit == nil {
+		return
+	}
+	if n, changed := p.limit.Observe(latency, p.InFlight(), overloaded); changed {
+		p.SetCap(n)
+	}
 }
 
 func (*pooledSlots) Destruct() error { return nil }
@@ -33,19 +56,27 @@ func (*pooledSlots) Destruct() error { return nil }
 // two bounds add up. Two handlers that list the same resources with the
 // same max_in_flight (two sites in front of one API) share one bound.
 func (h *Handler) provisionSlots() *pooledSlots {
-	key, n := h.slotsKey()
+	key, g := h.slotsKey()
 	v, _, _ := pools.LoadOrNew(key, func() (caddy.Destructor, error) {
-		return &pooledSlots{FIFOSlots: batch.NewFIFOSlots(n), key: key}, nil
+		p := &pooledSlots{key: key, throttles: batch.NewThrottles(metrics.throttledWait)}
+		if g.AutoInFlight {
+			p.limit = adaptive.New(g.MinInFlight, g.MaxInFlight)
+			p.FIFOSlots = batch.NewFIFOSlots(p.limit.Current())
+		} else {
+			p.FIFOSlots = batch.NewFIFOSlots(g.MaxInFlight)
+		}
+		return p, nil
 	})
 	return v.(*pooledSlots)
 }
 
-// slotsKey names the handler's slots in pools, and says how many there
-// are.
-func (h *Handler) slotsKey() (key string, n int) {
+// slotsKey names the handler's slots in pools, and returns the settings
+// that say how many there are.
+func (h *Handler) slotsKey() (key string, g policy.GatewaySettings) {
 	// buildPolicy has already refused whatever apply could refuse.
-	g := defaults()
-	_ = h.Options.apply(&g)
+	l := defaults()
+	_ = h.Options.apply(&l)
+	g = l.GatewaySettings
 	resources := h.resolveResources() // the imported ones too
 	paths := make([]string, len(resources))
 	for i, r := range resources {
@@ -55,7 +86,9 @@ func (h *Handler) slotsKey() (key string, n int) {
 	id, _ := json.Marshal(struct {
 		Paths       []string `json:"paths"`
 		MaxInFlight int      `json:"max_in_flight"`
-	}{paths, g.MaxInFlight})
+		Auto        bool     `json:"auto,omitempty"`
+		MinInFlight int      `json:"min,omitempty"`
+	}{paths, g.MaxInFlight, g.AutoInFlight, g.MinInFlight})
 	sum := sha256.Sum256(id)
-	return "batch.max_in_flight." + hex.EncodeToString(sum[:12]), g.MaxInFlight
+	return "batch.max_in_flight." + hex.EncodeToString(sum[:12]), g
 }

@@ -41,6 +41,7 @@ type batchMetrics struct {
 	replays       *prometheus.CounterVec
 	recovered     *prometheus.CounterVec
 	listFallbacks *prometheus.CounterVec
+	throttled     *prometheus.CounterVec
 	pending       prometheus.GaugeFunc
 	slots         *slotGauges
 }
@@ -113,6 +114,11 @@ func newBatchMetrics() *batchMetrics {
 			Name: "list_fallbacks_total",
 			Help: `LISTs sent through a resource's list_filter that answered nothing usable, so that their ids were read one by one, by reason: "no_answer", "status" (not 2xx), or "body" (not JSON, or no array where items points).`,
 		}, []string{"server", "resource", "reason"}),
+		throttled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub,
+			Name: "throttled_total",
+			Help: "Sub-requests the legacy API throttled (429, or 503 with Retry-After) that waited the pause it asked for and were sent again (README, \"Throttling\").",
+		}, []string{"resource"}),
 		pending: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub,
 			Name: "journals_pending",
@@ -123,7 +129,13 @@ func newBatchMetrics() *batchMetrics {
 }
 
 func (m *batchMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.batches, m.items, m.duration, m.itemsPerBatch, m.compensations, m.lockWait, m.lockConflicts, m.replays, m.recovered, m.listFallbacks, m.pending, m.slots}
+	return []prometheus.Collector{m.batches, m.items, m.duration, m.itemsPerBatch, m.compensations, m.lockWait, m.lockConflicts, m.replays, m.recovered, m.listFallbacks, m.throttled, m.pending, m.slots}
+}
+
+// throttledWait counts a throttling answer waited out on resource (its
+// template).
+func (m *batchMetrics) throttledWait(resource string) {
+	m.throttled.WithLabelValues(resource).Inc()
 }
 
 // registerMetrics registers the module's collectors on a config's
@@ -223,6 +235,7 @@ func (l observedLocks) Lock(ctx context.Context, key string) (func(), error) {
 type slotCounter interface {
 	InFlight() int
 	Waiting() int
+	Cap() int
 }
 
 // slotGauges reports the sub-requests in flight and waiting for a slot,
@@ -231,7 +244,7 @@ type slotCounter interface {
 // reload), so each set of slots is counted once however many handlers
 // track it.
 type slotGauges struct {
-	inFlight, waiting *prometheus.Desc
+	inFlight, waiting, limit *prometheus.Desc
 
 	mu      sync.Mutex
 	tracked map[slotCounter]int // how many handlers track each
@@ -243,6 +256,8 @@ func newSlotGauges(ns, sub string) *slotGauges {
 			"Sub-requests of batches holding a slot of max_in_flight.", nil, nil),
 		waiting: prometheus.NewDesc(prometheus.BuildFQName(ns, sub, "subrequests_waiting"),
 			"Sub-requests of batches waiting for a slot of max_in_flight.", nil, nil),
+		limit: prometheus.NewDesc(prometheus.BuildFQName(ns, sub, "in_flight_limit"),
+			"The number of slots of max_in_flight: fixed, or where max_in_flight auto has taken it.", nil, nil),
 		tracked: map[slotCounter]int{},
 	}
 }
@@ -264,6 +279,7 @@ func (g *slotGauges) track(sc slotCounter) (untrack func()) {
 func (g *slotGauges) Describe(ch chan<- *prometheus.Desc) {
 	ch <- g.inFlight
 	ch <- g.waiting
+	ch <- g.limit
 }
 
 func (g *slotGauges) Collect(ch chan<- prometheus.Metric) {
@@ -272,11 +288,13 @@ func (g *slotGauges) Collect(ch chan<- prometheus.Metric) {
 	if len(g.tracked) == 0 {
 		return // no handler bounds its sub-requests: a 0 would be a lie
 	}
-	var inFlight, waiting int
+	var inFlight, waiting, limit int
 	for sc := range g.tracked {
 		inFlight += sc.InFlight()
 		waiting += sc.Waiting()
+		limit += sc.Cap()
 	}
 	ch <- prometheus.MustNewConstMetric(g.inFlight, prometheus.GaugeValue, float64(inFlight))
 	ch <- prometheus.MustNewConstMetric(g.waiting, prometheus.GaugeValue, float64(waiting))
+	ch <- prometheus.MustNewConstMetric(g.limit, prometheus.GaugeValue, float64(limit))
 }

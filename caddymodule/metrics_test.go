@@ -316,10 +316,11 @@ func TestMetricsLockConflicts(t *testing.T) {
 	checkLabels(t, after, "/api/widgets/")
 }
 
-type fakeSlots struct{ inFlight, waiting int }
+type fakeSlots struct{ inFlight, waiting, cap int }
 
 func (f *fakeSlots) InFlight() int { return f.inFlight }
 func (f *fakeSlots) Waiting() int  { return f.waiting }
+func (f *fakeSlots) Cap() int      { return f.cap }
 
 // TestMetricsSlotGauges: the in-flight and waiting gauges report nothing
 // until a handler's slots are tracked, then their sum, counting slots that
@@ -345,18 +346,18 @@ func TestMetricsSlotGauges(t *testing.T) {
 	if got := gauges(); len(got) != 0 {
 		t.Errorf("with no slots tracked: %v, want nothing", got)
 	}
-	a, b := &fakeSlots{3, 1}, &fakeSlots{2, 0}
+	a, b := &fakeSlots{3, 1, 32}, &fakeSlots{2, 0, 7}
 	untrackA := g.track(a)
 	untrackReloaded := g.track(a) // the next config's handler, same pooled slots
 	untrackB := g.track(b)
-	want := map[string]float64{"caddy_http_batch_subrequests_in_flight": 5, "caddy_http_batch_subrequests_waiting": 1}
+	want := map[string]float64{"caddy_http_batch_subrequests_in_flight": 5, "caddy_http_batch_subrequests_waiting": 1, "caddy_http_batch_in_flight_limit": 39}
 	if got := gauges(); !maps.Equal(got, want) {
 		t.Errorf("gauges %v, want %v", got, want)
 	}
 	untrackA()
 	untrackA() // a Cleanup called twice takes one share only
 	untrackB()
-	want = map[string]float64{"caddy_http_batch_subrequests_in_flight": 3, "caddy_http_batch_subrequests_waiting": 1}
+	want = map[string]float64{"caddy_http_batch_subrequests_in_flight": 3, "caddy_http_batch_subrequests_waiting": 1, "caddy_http_batch_in_flight_limit": 32}
 	if got := gauges(); !maps.Equal(got, want) {
 		t.Errorf("gauges %v, want %v", got, want)
 	}

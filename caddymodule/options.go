@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -139,6 +141,24 @@ type Options struct {
 	// that batches reuse kept-alive connections. Default: 32.
 	MaxInFlight int `json:"max_in_flight,omitempty"`
 
+	// Makes the handler's bound on sub-requests in flight follow the
+	// legacy API instead of max_in_flight: it grows while sub-requests'
+	// latency stays near the lowest recently seen, and shrinks when it
+	// rises or the API throttles (README, "Sizing the limits"). It is
+	// the handler's alone, kept across reloads as max_in_flight is, and
+	// cannot be set with max_in_flight. Default: off (a fixed
+	// max_in_flight).
+	MaxInFlightAuto *AutoInFlight `json:"max_in_flight_auto,omitempty"`
+
+	// The longest pause a throttling answer of the legacy API (429, or
+	// 503 with Retry-After) may ask for and still be waited out: the
+	// sub-request is sent again after it, if the batch's deadline allows,
+	// and the same client's other sub-requests to the resource wait
+	// with it (README, "Throttling"). A longer pause fails the item at
+	// once with the API's status and Retry-After; 0 waits out none.
+	// Default: 5s.
+	MaxThrottleWait *caddy.Duration `json:"max_throttle_wait,omitempty"`
+
 	// How long the answer of a batch write (create, update, delete) that
 	// carried an Idempotency-Key is kept in Caddy's storage, so that the
 	// same request again is answered with it instead of running again.
@@ -151,6 +171,17 @@ type Options struct {
 	// batch's forwarded headers (Authorization included) until the saga
 	// ends. Default: true.
 	Journal *bool `json:"journal,omitempty"`
+}
+
+// AutoInFlight bounds an adaptive max_in_flight.
+type AutoInFlight struct {
+	// The fewest sub-requests in flight the bound may fall to.
+	// Default: 4.
+	Min int `json:"min,omitempty"`
+	// The most sub-requests in flight the bound may grow to: 32 matches
+	// reverse_proxy's pool of kept-alive connections; more is the
+	// operator's choice. Default: 32.
+	Max int `json:"max,omitempty"`
 }
 
 // level is one level's settings, the handler's or a resource's, as
@@ -214,8 +245,27 @@ var optionTable = []option{
 		func(o *Options, l *level) (*int64, *int64) { return &o.MaxResponseSize, &l.MaxResponseSize }),
 	count("concurrency", "8",
 		func(o *Options, l *level) (*int, *int) { return &o.Concurrency, &l.Concurrency }),
-	count("max_in_flight", "32",
-		func(o *Options, l *level) (*int, *int) { return &o.MaxInFlight, &l.MaxInFlight }),
+	{
+		// A count, or auto with its bounds.
+		name:    "max_in_flight",
+		forms:   []string{"<n>", "auto [<min> <max>]"},
+		example: "32",
+		read:    readMaxInFlight,
+		apply:   applyMaxInFlight,
+	},
+	{
+		// A duration that may be zero: "wait out no throttle".
+		name:    "max_throttle_wait",
+		forms:   []string{"<duration>"},
+		example: "5s",
+		read:    func(o *Options, a optionArgs) error { return a.pause(&o.MaxThrottleWait) },
+		apply: func(o *Options, l *level) error {
+			if o.MaxThrottleWait != nil {
+				l.MaxThrottleWait = time.Duration(*o.MaxThrottleWait)
+			}
+			return nil
+		},
+	},
 	duration("item_timeout", "10s",
 		func(o *Options, l *level) (*caddy.Duration, *time.Duration) { return &o.ItemTimeout, &l.ItemTimeout }),
 	duration("batch_timeout", "30s",
@@ -366,6 +416,46 @@ func list(name, form, what, example string, b binding[[]string, []string]) optio
 			return nil
 		},
 	}
+}
+
+// readMaxInFlight reads max_in_flight <n>, or max_in_flight auto
+// [<min> <max>].
+func readMaxInFlight(o *Options, a optionArgs) error {
+	if len(a.args) == 0 || a.args[0] != "auto" {
+		return a.number(&o.MaxInFlight)
+	}
+	bounds := &AutoInFlight{}
+	switch len(a.args) {
+	case 1:
+	case 3:
+		lo, err1 := strconv.Atoi(a.args[1])
+		hi, err2 := strconv.Atoi(a.args[2])
+		if err1 != nil || err2 != nil || lo < 1 || hi < 1 {
+			return a.d.Errf("max_in_flight auto takes two whole numbers above zero, the least and the most, e.g. max_in_flight auto 4 32, not %q", strings.Join(a.args[1:], " "))
+		}
+		bounds.Min, bounds.Max = lo, hi
+	default:
+		return a.d.Errf("max_in_flight auto takes no bounds, or the least and the most, e.g. max_in_flight auto 4 32")
+	}
+	o.MaxInFlightAuto = bounds
+	return nil
+}
+
+// applyMaxInFlight lays max_in_flight over l: a count, or auto, which
+// makes the bound adaptive with max_in_flight its most.
+func applyMaxInFlight(o *Options, l *level) error {
+	setNonZero(&l.MaxInFlight, o.MaxInFlight)
+	a := o.MaxInFlightAuto
+	if a == nil {
+		return nil
+	}
+	if o.MaxInFlight != 0 {
+		return policy.OptionError("max_in_flight", fmt.Errorf("max_in_flight is set both to %d and to auto: choose one", o.MaxInFlight))
+	}
+	l.AutoInFlight, l.MinInFlight, l.MaxInFlight = true, policy.AutoInFlightMin, policy.AutoInFlightMax
+	setNonZero(&l.MinInFlight, a.Min)
+	setNonZero(&l.MaxInFlight, a.Max)
+	return nil
 }
 
 // atomicityKey: "atomicity <operation> <mode>" sets one operation's

@@ -220,6 +220,10 @@ func (h *Handler) resume(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		Locks:   sc.locks,
 		Journal: job.journal,
 		Slots:   h.slots,
+		// Undos wait out the upstream's throttle of the client they
+		// undo for, as that client's batches do.
+		Throttles: h.slots.throttles,
+		Client:    durable.Credentials(job.snap.Header),
 	}
 	job.res, job.err = batch.Resume(r.Context(), job.snap, h.policy.Lookup, h.envelope, rt)
 	if job.err == nil {

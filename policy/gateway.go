@@ -1,6 +1,9 @@
 package policy
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 // GatewaySettings are a resource's settings that only the gateway reads,
 // resolved as Settings are: where its items' locks live, the bound on
@@ -10,6 +13,10 @@ import "time"
 type GatewaySettings struct {
 	ItemLocks   ItemLocks
 	MaxInFlight int
+	// AutoInFlight makes the bound on sub-requests in flight follow the
+	// upstream, between MinInFlight and MaxInFlight.
+	AutoInFlight bool
+	MinInFlight  int
 	// IdempotencyTTL is how long the answer of a batch write that
 	// carried an Idempotency-Key is kept for replay.
 	IdempotencyTTL time.Duration
@@ -27,6 +34,26 @@ func GatewayDefaults() GatewaySettings {
 		IdempotencyTTL: 24 * time.Hour,
 		Journal:        true,
 	}
+}
+
+// The bounds of max_in_flight auto when none are given: 32 is the size
+// of reverse_proxy's pool of kept-alive connections.
+const (
+	AutoInFlightMin = 4
+	AutoInFlightMax = 32
+)
+
+// checkAutoInFlight refuses bounds of max_in_flight auto that cannot
+// work.
+func (g GatewaySettings) checkAutoInFlight() error {
+	if !g.AutoInFlight {
+		return nil
+	}
+	if g.MinInFlight < 1 || g.MinInFlight > g.MaxInFlight {
+		return OptionError("max_in_flight", fmt.Errorf("max_in_flight auto %d %d: the least must be at least 1 and at most the most, e.g. max_in_flight auto %d %d",
+			g.MinInFlight, g.MaxInFlight, AutoInFlightMin, AutoInFlightMax))
+	}
+	return nil
 }
 
 // ItemLocks says where the locks a saga takes on its items live.

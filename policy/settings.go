@@ -195,6 +195,10 @@ type Settings struct {
 	// IDFormat says what the upstream's ids are, so that two spellings
 	// of one id name one item.
 	IDFormat IDFormat
+	// MaxThrottleWait is the longest delay a throttling answer (429, or
+	// 503 with Retry-After) may ask for and still be waited out and sent
+	// again; 0 waits out none (README, "Throttling").
+	MaxThrottleWait time.Duration
 }
 
 // Defaults returns the settings README's "Configuration" gives for an
@@ -214,6 +218,7 @@ func Defaults() Settings {
 		CompensationRetries: 3,
 		CompensationTimeout: 30 * time.Second,
 		MaxResponseSize:     16 << 20,
+		MaxThrottleWait:     5 * time.Second,
 	}
 }
 
@@ -306,11 +311,15 @@ func Validate(s Settings, g GatewaySettings) error {
 		errs = append(errs, OptionError("compensation_retries",
 			fmt.Errorf("compensation_retries must be 0 or more, not %d: 0 sends an undo once, with no retry", s.CompensationRetries)))
 	}
+	if s.MaxThrottleWait < 0 {
+		errs = append(errs, OptionError("max_throttle_wait",
+			fmt.Errorf("max_throttle_wait must be 0 or more, not %s: 0 fails a throttled item at once, as a gateway that does not wait", s.MaxThrottleWait)))
+	}
 	if s.IDsParam == MethodParam {
 		errs = append(errs, OptionError("ids_param",
 			fmt.Errorf("ids_param must not be %q: the gateway reads that parameter as a method override; choose another name, e.g. ids", s.IDsParam)))
 	}
-	errs = append(errs, s.checkScopeQuery())
+	errs = append(errs, s.checkScopeQuery(), g.checkAutoInFlight())
 	return errors.Join(errs...)
 }
 

@@ -275,6 +275,22 @@ type Collection struct {
 	// HEAD of one answers 403 with an HTML page. Writes to them are not
 	// affected. Default: none.
 	Hidden []string
+	// Workers and ServiceTime imitate a server's thread pool
+	// (capacity.go): at most Workers requests to the collection or its
+	// items are served at once, each holding its worker for at least
+	// ServiceTime; the others wait their turn in a queue. Default 0: no
+	// bound, no service time.
+	Workers     int
+	ServiceTime time.Duration
+	// RateLimit and Burst imitate a rate limiter in front of the API
+	// (capacity.go): a token bucket of Burst tokens (default: a tenth of
+	// a second's worth, at least 1) refilled at RateLimit a second; a
+	// request to the collection or its items that finds no token is
+	// answered 429 with Retry-After (whole seconds until a token, at
+	// least 1) before the queue of Workers, and nothing is applied.
+	// Default 0: no limit.
+	RateLimit float64
+	Burst     int
 	// Seed holds the initial records. Each must have an "id" that is a number
 	// (e.g. 1) or a non-empty string. A pattern Path has none.
 	Seed []map[string]any
@@ -313,6 +329,8 @@ type Request struct {
 	RawQuery string
 	Header   http.Header // a clone, safe to keep
 	Body     []byte
+	// At is when the request was received.
+	At time.Time
 }
 
 // Fault replaces or disturbs the normal answer of matching requests, to
@@ -329,6 +347,9 @@ type Fault struct {
 	ContentType string
 	// Body of the injected answer.
 	Body string
+	// Header holds more headers of the injected answer (Retry-After,
+	// say).
+	Header http.Header
 	// Delay waits this long before answering; the wait ends early if the
 	// client goes away (nothing is sent then) or Close is called.
 	Delay time.Duration
@@ -381,6 +402,10 @@ type API struct {
 	// recording is whether log and applied are kept (NewRecording); set
 	// before the API serves, only read afterwards.
 	recording bool
+
+	// capacity holds the declared collections' worker pools and token
+	// buckets, by declared path; built by New, nil when none has one.
+	capacity map[string]*capacity
 }
 
 // collection is a declared collection and its records. The declaration is
@@ -464,6 +489,12 @@ func New(cols ...Collection) *API {
 		}
 		if _, dup := a.cols[c.Path]; dup || slices.ContainsFunc(a.patterns, func(p *collection) bool { return p.Path == c.Path }) {
 			panic(fmt.Sprintf("legacyapi: collection %q declared twice", c.Path))
+		}
+		if cp := newCapacity(c); cp != nil {
+			if a.capacity == nil {
+				a.capacity = map[string]*capacity{}
+			}
+			a.capacity[c.Path] = cp
 		}
 		col := &collection{Collection: c, tables: map[string]*table{}}
 		col.Seed = nil
@@ -719,7 +750,7 @@ func (a *API) AppliedWrites() []Request {
 func copyRequests(rs []Request) []Request {
 	out := make([]Request, len(rs))
 	for i, r := range rs {
-		out[i] = Request{Method: r.Method, Path: r.Path, RawQuery: r.RawQuery, Header: r.Header.Clone(), Body: bytes.Clone(r.Body)}
+		out[i] = Request{Method: r.Method, Path: r.Path, RawQuery: r.RawQuery, Header: r.Header.Clone(), Body: bytes.Clone(r.Body), At: r.At}
 	}
 	return out
 }
@@ -814,12 +845,12 @@ func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return a.process(r, path, body)
 	}
 
-	a.mu.Lock()
-	if a.recording {
-		a.log = append(a.log, Request{Method: r.Method, Path: path, RawQuery: r.URL.RawQuery, Header: r.Header.Clone(), Body: bytes.Clone(body)})
+	f, cp, retryAfter := a.receive(r, path, body)
+	release, ok := cp.admit(w, r, retryAfter, a.closed)
+	if !ok {
+		return
 	}
-	f := a.takeFault(r.Method, path)
-	a.mu.Unlock()
+	defer release()
 
 	var res response
 	applied := f == nil || f.AfterApply
@@ -850,13 +881,39 @@ func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if ct == "" {
 			ct = "text/html; charset=utf-8"
 		}
-		write(w, r, response{status: f.Status, header: http.Header{"Content-Type": {ct}}, body: []byte(f.Body)})
+		write(w, r, response{status: f.Status, header: f.header(ct), body: []byte(f.Body)})
 	default:
 		if !applied {
 			res = normal()
 		}
 		write(w, r, res)
 	}
+}
+
+// receive logs a request, takes a token of its collection's rate limit
+// (the Retry-After to answer when there is none) and, when it got one,
+// the fault that hits it.
+func (a *API) receive(r *http.Request, path string, body []byte) (f *Fault, cp *capacity, retryAfter string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.recording {
+		a.log = append(a.log, Request{Method: r.Method, Path: path, RawQuery: r.URL.RawQuery, Header: r.Header.Clone(), Body: bytes.Clone(body), At: time.Now()})
+	}
+	cp = a.capacityFor(path)
+	if retryAfter = cp.limit(time.Now()); retryAfter == "" {
+		f = a.takeFault(r.Method, path)
+	}
+	return f, cp, retryAfter
+}
+
+// header is the headers of the fault's answer.
+func (f *Fault) header(contentType string) http.Header {
+	h := f.Header.Clone()
+	if h == nil {
+		h = http.Header{}
+	}
+	h.Set("Content-Type", contentType)
+	return h
 }
 
 // takeFault consumes the first matching fault with hits left. Callers hold mu.
