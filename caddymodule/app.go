@@ -21,7 +21,7 @@ func init() {
 	// A process that exits lets the sagas it runs finish first, once its
 	// servers stopped taking requests: one cut short would wait a lease
 	// for another instance to undo it, when it can be finished now.
-	caddy.OnExit(func(context.Context) { durable.Wait() })
+	caddy.OnExit(func(ctx context.Context) { _ = durable.Wait(ctx) })
 }
 
 // App finishes the all-or-nothing batches that a Caddy process did not:
@@ -45,10 +45,19 @@ type App struct {
 	// lapsed. Default: 10s.
 	RecoveryInterval caddy.Duration `json:"recovery_interval,omitempty"`
 
+	// How often this process tries to sweep expired Idempotency-Key
+	// records (one instance of a cluster sweeps at a time, under a
+	// storage lock): a record is gone at most this plus a 64th of
+	// idempotency_ttl (5 minutes at most) after it expired
+	// (docs/durability.md, "Expiry and the sweep"). At most 1h.
+	// Default: 5m.
+	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
+
 	ctx           caddy.Context
 	logger        *zap.Logger
 	leases        *durable.Leases
 	journals      *durable.Journals
+	sweeper       *durable.Sweeper
 	state         *appState
 	stop, stopped chan struct{}
 }
@@ -57,8 +66,9 @@ type appState struct {
 	mu       sync.Mutex
 	handlers int
 	// failed names the sagas this process could not finish, with why,
-	// so that each is logged once and not every interval.
-	failed map[string]string
+	// in this scan and the one before, so that each is logged once and
+	// not every interval, and a saga that no longer fails is forgotten.
+	failed, failedBefore map[string]string
 }
 
 // CaddyModule returns the Caddy module information.
@@ -79,8 +89,14 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if a.RecoveryInterval == 0 {
 		a.RecoveryInterval = caddy.Duration(10 * time.Second)
 	}
-	a.leases = durable.NewLeases(time.Duration(a.Lease))
-	a.journals = durable.NewJournals(durableStorage(ctx.Storage()), a.leases, a.logger)
+	if a.SweepInterval == 0 {
+		a.SweepInterval = caddy.Duration(5 * time.Minute)
+	}
+	// The process's leases: what a saga holds outlives this config.
+	a.leases = durable.ProcessLeases(time.Duration(a.Lease))
+	storage := durableStorage(ctx.Storage())
+	a.journals = durable.NewJournals(storage, a.leases, a.logger)
+	a.sweeper = durable.NewSweeper(storage, a.logger)
 	a.state = &appState{failed: map[string]string{}}
 	return nil
 }
@@ -93,6 +109,9 @@ func (a *App) Validate() error {
 	}
 	if a.RecoveryInterval < caddy.Duration(10*time.Millisecond) {
 		return fmt.Errorf("batch: recovery_interval %s is too short: give e.g. 10s", time.Duration(a.RecoveryInterval))
+	}
+	if a.SweepInterval < caddy.Duration(10*time.Millisecond) || a.SweepInterval > caddy.Duration(time.Hour) {
+		return fmt.Errorf("batch: sweep_interval %s is out of range: give at most 1h, e.g. 5m", time.Duration(a.SweepInterval))
 	}
 	return nil
 }
@@ -107,8 +126,10 @@ func (a *App) register() (*durable.Journals, *durable.Leases) {
 	return a.journals, a.leases
 }
 
-// Start starts looking for journals to finish. With no batch handler in
-// the config there is no chain to finish them through, so it does not.
+// Start starts looking for journals to finish, and sweeping expired
+// Idempotency-Key records, each on its own schedule, so that a long
+// sweep never delays a takeover. With no batch handler in the config
+// there is no chain to finish journals through, so it does neither.
 func (a *App) Start() error {
 	a.stop, a.stopped = make(chan struct{}), make(chan struct{})
 	a.state.mu.Lock()
@@ -118,12 +139,23 @@ func (a *App) Start() error {
 		close(a.stopped)
 		return nil
 	}
-	go a.recoverLoop()
+	ctx, cancel := context.WithCancel(context.Background())
+	var loops sync.WaitGroup
+	loops.Go(func() { a.every(ctx, time.Duration(a.RecoveryInterval), a.scan) })
+	loops.Go(func() { a.every(ctx, time.Duration(a.SweepInterval), a.sweepIdempotency) })
+	go func() {
+		<-a.stop
+		cancel()
+		loops.Wait()
+		close(a.stopped)
+	}()
 	return nil
 }
 
-// Stop stops looking for journals. Sagas this process is finishing go on
-// to their end, as batches in flight do.
+// Stop stops the scan and the sweep, and returns once both stopped.
+// Sagas this process is finishing go on to their end, as batches in
+// flight do: they, their leases and their journals' removal belong to
+// the process (durable.Wait).
 func (a *App) Stop() error {
 	if a.stop == nil {
 		return nil
@@ -131,6 +163,19 @@ func (a *App) Stop() error {
 	close(a.stop)
 	<-a.stopped
 	return nil
+}
+
+// every does work at once and then every interval, until ctx is done.
+func (a *App) every(ctx context.Context, interval time.Duration, work func(context.Context)) {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for ctx.Err() == nil {
+		work(ctx)
+		select {
+		case <-ctx.Done():
+		case <-tick.C:
+		}
+	}
 }
 
 // parseGlobalOption reads the global option that configures the app:
@@ -155,8 +200,10 @@ func parseGlobalOption(d *caddyfile.Dispenser, _ any) (any, error) {
 			dst = &a.Lease
 		case "recovery_interval":
 			dst = &a.RecoveryInterval
+		case "sweep_interval":
+			dst = &a.SweepInterval
 		default:
-			return nil, d.Errf("unknown batch global option %q (it takes lease, recovery_interval)", name)
+			return nil, d.Errf("unknown batch global option %q (it takes lease, recovery_interval, sweep_interval)", name)
 		}
 		if !d.NextArg() {
 			return nil, d.Errf("%s takes a duration, e.g. %s 10s", name, name)

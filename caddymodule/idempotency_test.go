@@ -48,7 +48,7 @@ func startIdemGateway(t *testing.T, api *legacyapi.API, dir, site string) *gatew
 
 // newUpstream serves api on a free loopback port until the test ends,
 // and returns its host:port.
-func newUpstream(t *testing.T, api http.Handler) string {
+func newUpstream(t testing.TB, api http.Handler) string {
 	t.Helper()
 	upstream := httptest.NewServer(api)
 	t.Cleanup(func() {
@@ -310,7 +310,7 @@ func TestIdempotencyExpiry(t *testing.T) {
 	if r := send("ttl"); r.Header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("not replayed within the ttl: %v", r)
 	}
-	if n, err := durable.SweepIdempotency(ctx, durableStorage(storage), time.Now()); n != 0 || err != nil {
+	if n, err := sweepAt(ctx, storage, time.Now()); n != 0 || err != nil {
 		t.Errorf("a sweep within the ttl deleted %d records (%v)", n, err)
 	}
 	time.Sleep(1100 * time.Millisecond)
@@ -324,14 +324,14 @@ func TestIdempotencyExpiry(t *testing.T) {
 	if keys, _ := storage.List(ctx, durable.IdempotencyPrefix, false); len(keys) != 2 {
 		t.Fatalf("records %v, want 2", keys)
 	}
-	n, err := durable.SweepIdempotency(ctx, durableStorage(storage), time.Now().Add(2*time.Second))
+	n, err := sweepAt(ctx, storage, time.Now().Add(2*time.Second))
 	if n != 2 || err != nil {
 		t.Errorf("the sweep deleted %d records (%v), want 2", n, err)
 	}
 	if keys, _ := storage.List(ctx, durable.IdempotencyPrefix, false); len(keys) != 0 {
 		t.Errorf("records left after the sweep: %v", keys)
 	}
-	if n, err := durable.SweepIdempotency(ctx, durableStorage(&certmagic.FileStorage{Path: t.TempDir()}), time.Now()); n != 0 || err != nil {
+	if n, err := sweepAt(ctx, &certmagic.FileStorage{Path: t.TempDir()}, time.Now()); n != 0 || err != nil {
 		t.Errorf("a sweep of an empty storage: %d, %v", n, err)
 	}
 }
@@ -538,11 +538,11 @@ func countedWhere(c prometheus.Collector, name, value string) float64 {
 	return sum
 }
 
-// The batch app sweeps expired records itself, every recovery_interval.
+// The batch app sweeps expired records itself, every sweep_interval.
 func TestIdempotencySweptByTheApp(t *testing.T) {
 	api := seededAPI()
 	dir := t.TempDir()
-	g := startGatewayStorage(t, api, newUpstream(t, api), "storage file_system "+dir+"\n\tbatch {\n\t\trecovery_interval 1s\n\t}", `
+	g := startGatewayStorage(t, api, newUpstream(t, api), "storage file_system "+dir+"\n\tbatch {\n\t\trecovery_interval 1s\n\t\tsweep_interval 1s\n\t}", `
 	batch {
 		idempotency_ttl 1s
 		resource /api/widgets {`+resourceMethods+`

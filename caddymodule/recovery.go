@@ -19,47 +19,27 @@ import (
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
-// recoverLoop looks for journals to finish, and sweeps expired
-// Idempotency-Key records, at start and then every recovery_interval,
-// until Stop.
-func (a *App) recoverLoop() {
-	defer close(a.stopped)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		select {
-		case <-a.stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	tick := time.NewTicker(time.Duration(a.RecoveryInterval))
-	defer tick.Stop()
-	for {
-		if err := a.journals.Scan(ctx, a.finish, a.failedOnce); err != nil && ctx.Err() == nil {
-			a.logger.Warn("listing saga journals in storage", zap.Error(err))
-		}
-		a.sweepIdempotency(ctx)
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
+// scan looks for journals to finish (durable's Scan), once.
+func (a *App) scan(ctx context.Context) {
+	a.state.mu.Lock()
+	a.state.failedBefore, a.state.failed = a.state.failed, map[string]string{}
+	a.state.mu.Unlock()
+	if err := a.journals.Scan(ctx, a.finish, a.failedOnce); err != nil && ctx.Err() == nil {
+		a.logger.Warn("listing saga journals in storage", zap.Error(err))
 	}
 }
 
 // sweepIdempotency deletes the Idempotency-Key records that expired
-// (docs/durability.md, "Idempotency-Key replay"): one instance's sweep
-// serves every instance of a
-// cluster, and a sweep that races another only deletes what both found
-// expired.
+// (docs/durability.md, "Expiry and the sweep"), unless another instance
+// of the cluster is sweeping.
 func (a *App) sweepIdempotency(ctx context.Context) {
-	n, err := durable.SweepIdempotency(ctx, a.journals.Storage(), time.Now())
+	swept, err := a.sweeper.Sweep(ctx, durable.Now())
 	switch {
 	case err != nil && ctx.Err() == nil:
-		a.logger.Warn("sweeping expired Idempotency-Key records", zap.Error(err))
-	case n > 0:
-		a.logger.Debug("swept expired Idempotency-Key records", zap.Int("deleted", n))
+		a.logger.Warn("sweeping expired Idempotency-Key records; the next sweep tries again", zap.Error(err))
+	case swept.Deleted > 0 || swept.Indexed > 0:
+		a.logger.Debug("swept expired Idempotency-Key records", zap.Int("deleted", swept.Deleted),
+			zap.Int("kept", swept.Kept), zap.Int("buckets", swept.Buckets), zap.Int("indexed", swept.Indexed))
 	}
 }
 
@@ -112,7 +92,7 @@ func (a *App) logRecovered(r *durable.Recovered, res *batch.Result, took time.Du
 func (a *App) failedOnce(saga, doing string, err error) {
 	why := doing + ": " + err.Error()
 	a.state.mu.Lock()
-	seen := a.state.failed[saga] == why
+	seen := a.state.failed[saga] == why || a.state.failedBefore[saga] == why
 	a.state.failed[saga] = why
 	a.state.mu.Unlock()
 	if !seen {

@@ -2,6 +2,10 @@ package caddymodule
 
 import (
 	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"syscall"
 	"time"
 
 	"github.com/caddyserver/certmagic"
@@ -15,6 +19,9 @@ import (
 func durableStorage(s certmagic.Storage) durable.Storage {
 	if s == nil {
 		return nil
+	}
+	if files, ok := s.(*certmagic.FileStorage); ok {
+		return fileStorage{tryStorage{certStorage{s}, files}, files}
 	}
 	if tl, ok := s.(certmagic.TryLocker); ok {
 		return tryStorage{certStorage{s}, tl}
@@ -34,8 +41,26 @@ type tryStorage struct {
 	certmagic.TryLocker
 }
 
+// fileStorage is the file system storage, whose folders outlive their
+// keys.
+type fileStorage struct {
+	tryStorage
+	fs *certmagic.FileStorage
+}
+
+// RemoveEmptyFolder removes dir if it is empty; one that is not, or is
+// gone, is left alone.
+func (s fileStorage) RemoveEmptyFolder(_ context.Context, dir string) error {
+	err := os.Remove(s.fs.Filename(dir))
+	if err == nil || errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTEMPTY) || errors.Is(err, syscall.EEXIST) {
+		return nil
+	}
+	return err
+}
+
 // Interface guards
 var (
-	_ durable.Storage   = certStorage{}
-	_ durable.TryLocker = tryStorage{}
+	_ durable.Storage       = certStorage{}
+	_ durable.TryLocker     = tryStorage{}
+	_ durable.FolderRemover = fileStorage{}
 )

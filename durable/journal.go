@@ -163,10 +163,6 @@ func (o *ownedSagas) has(saga string) bool {
 	return o.ids[saga]
 }
 
-// Wait returns once no saga this process runs or is finishing is left:
-// a process that exits lets them end first.
-func Wait() { owned.running.Wait() }
-
 // done ends a saga; its journal may still be kept (see remove).
 func (o *ownedSagas) done() { o.running.Done() }
 
@@ -213,8 +209,11 @@ type Journal struct {
 	seq            int              // the next segment's number
 	items          []itemRecord
 	at             map[int]int // position in items, by item index
-	// stored is set once anything may be in storage.
+	// stored is set once anything may be in storage, and written is
+	// one past the highest segment that may be (a store that failed may
+	// have written it all the same).
 	stored     bool
+	written    int
 	leaseUntil time.Time
 	// release stops the renewal of the saga's lease.
 	release func()
@@ -240,7 +239,7 @@ func (j *Journal) Begin(_ context.Context, p *batch.Plan) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	j.intent.Snapshot = p.Snapshot()
-	j.intent.Started = time.Now()
+	j.intent.Started = now()
 	owned.add(j.saga)
 	return nil
 }
@@ -289,8 +288,8 @@ func (j *Journal) commit(ctx context.Context) error {
 // flush stores what is kept as the next segment. j.mu is held, and let
 // go while the storage works, so that records keep coming meanwhile.
 func (j *Journal) flush(ctx context.Context) error {
-	now := time.Now()
-	if j.intent == nil && now.After(j.leaseUntil.Add(-j.js.leases.Length/6)) {
+	at := now()
+	if j.intent == nil && at.After(j.leaseUntil.Add(-j.js.leases.Length/6)) {
 		// The lease could not be renewed: another instance may be
 		// finishing this saga already, and must not find writes it was
 		// never told about.
@@ -299,7 +298,7 @@ func (j *Journal) flush(ctx context.Context) error {
 	in, items := j.intent, j.items
 	j.items = nil
 	clear(j.at)
-	expires := now.Add(j.js.leases.Length)
+	expires := at.Add(j.js.leases.Length)
 	if in != nil {
 		in.Expires = expires
 	}
@@ -310,7 +309,7 @@ func (j *Journal) flush(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StorageTimeout)
 	defer cancel()
-	j.stored = true
+	j.stored, j.written = true, max(j.written, j.seq+1)
 	key := segmentKey(j.saga, j.seq)
 	j.mu.Unlock()
 	err = j.js.storage.Store(ctx, key, b)
@@ -338,7 +337,9 @@ func (j *Journal) keepAgain(items []itemRecord) {
 	}
 }
 
-// End removes the journal: the saga is over, whatever its outcome.
+// End removes the journal: the saga is over, whatever its outcome. A
+// removal that fails is retried by the process (removals) under the
+// saga's lease, and logged.
 func (j *Journal) End(ctx context.Context, _ *batch.Result) {
 	j.stopRenewal()
 	j.mu.Lock()
@@ -349,13 +350,13 @@ func (j *Journal) End(ctx context.Context, _ *batch.Result) {
 		owned.forget(j.saga)
 		return
 	}
-	if err := j.remove(ctx); err != nil {
+	if err := j.removeJournal(ctx); err != nil {
 		// A journal left in storage would be taken for a saga cut
 		// short, and undone, once its lease lapsed: keep the lease and
 		// try again.
 		j.js.logger.Error("the saga's journal could not be removed from storage; retrying while this process runs",
 			zap.String("saga", j.saga), zap.Error(err))
-		go j.removeLater()
+		removals.retry(j)
 		return
 	}
 	owned.forget(j.saga)
@@ -370,34 +371,37 @@ func (j *Journal) Abandon() {
 	owned.forget(j.saga)
 }
 
-// remove deletes segment 0 first: without its intent, what is left of a
-// journal is no saga, only garbage for the recovery to sweep.
-func (j *Journal) remove(ctx context.Context) error {
+// removeJournal deletes every key the saga wrote, each by its own name
+// (a storage's Delete of a folder may leave the keys in it: Redis's
+// does): segment 0 first, since without its intent what is left is no
+// saga, only garbage for the scan to clear; then the later segments;
+// the lease last, so that a journal half removed is never taken for a
+// saga whose owner died; then the emptied folder, where the storage
+// keeps folders.
+func (j *Journal) removeJournal(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StorageTimeout)
 	defer cancel()
-	if err := j.js.storage.Delete(ctx, segmentKey(j.saga, 0)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
-	}
-	if err := j.js.storage.Delete(ctx, journalDir(j.saga)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		j.js.logger.Warn("the rest of a finished saga's journal could not be removed; recovery will sweep it",
-			zap.String("saga", j.saga), zap.Error(err))
-	}
-	return nil
+	j.mu.Lock()
+	written := j.written
+	j.mu.Unlock()
+	return j.js.removeKeys(ctx, j.saga, written)
 }
 
-// removeLater tries the removal again every third of a lease, holding
-// the lease meanwhile, and letting it go for each try, so that no
-// renewal writes the lease again once the journal is removed.
-func (j *Journal) removeLater() {
-	defer owned.forget(j.saga)
-	for {
-		j.startRenewal()
-		time.Sleep(j.js.leases.Length / 3)
-		j.stopRenewal()
-		if j.remove(context.Background()) == nil {
-			return
+// removeKeys deletes segments 0 to segments-1 of saga, its lease, and
+// its folder.
+func (js *Journals) removeKeys(ctx context.Context, saga string, segments int) error {
+	for seq := range segments {
+		if err := deleteKey(ctx, js.storage, segmentKey(saga, seq)); err != nil {
+			return fmt.Errorf("deleting %s: %w", segmentKey(saga, seq), err)
 		}
 	}
+	if err := deleteKey(ctx, js.storage, leaseKey(saga)); err != nil {
+		return fmt.Errorf("deleting %s: %w", leaseKey(saga), err)
+	}
+	if err := removeEmptyFolder(ctx, js.storage, journalDir(saga)); err != nil {
+		return fmt.Errorf("removing the folder %s: %w", journalDir(saga), err)
+	}
+	return nil
 }
 
 // startRenewal holds the saga's lease with the process's others. j.mu
@@ -419,7 +423,7 @@ func (j *Journal) stopRenewal() {
 }
 
 func (j *Journal) renew() {
-	until := time.Now().Add(j.js.leases.Length)
+	until := now().Add(j.js.leases.Length)
 	b, _ := json.Marshal(Lease{Owner: Owner(), Expires: until})
 	ctx, cancel := context.WithTimeout(context.Background(), StorageTimeout)
 	defer cancel()
@@ -446,27 +450,10 @@ type storedSaga struct {
 var errNoIntent = errors.New("the journal has no intent (segment 0)")
 
 // sagas lists the sagas that have a journal in storage.
+// A storage may list the keys under the prefix, or its "directories":
+// either way, each saga once.
 func (js *Journals) sagas(ctx context.Context) ([]string, error) {
-	keys, err := js.storage.List(ctx, journalPrefix, false)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for _, k := range keys {
-		// A storage may list keys under the prefix, or its "directories".
-		rest, ok := strings.CutPrefix(k, journalPrefix+"/")
-		if !ok {
-			continue
-		}
-		saga, _, _ := strings.Cut(rest, "/")
-		if saga != "" && !slices.Contains(out, saga) {
-			out = append(out, saga)
-		}
-	}
-	return out, nil
+	return listNames(ctx, js.storage, journalPrefix)
 }
 
 // leaseOf returns who holds saga and until when: the lease key if it was
@@ -480,7 +467,7 @@ func (js *Journals) leaseOf(ctx context.Context, saga string) (Lease, error) {
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return l, err
 	}
-	if time.Now().Before(l.Expires) {
+	if now().Before(l.Expires) {
 		return l, nil
 	}
 	b, err := js.storage.Load(ctx, segmentKey(saga, 0))

@@ -44,7 +44,7 @@ type holding struct {
 func (l *Leases) Hold(renew func(), max time.Duration) (release func()) {
 	h := &holding{renew: renew}
 	if max > 0 {
-		h.until = time.Now().Add(max)
+		h.until = now().Add(max)
 	}
 	l.mu.Lock()
 	l.held[h] = struct{}{}
@@ -75,10 +75,10 @@ func (l *Leases) loop() {
 			l.mu.Unlock()
 			return
 		}
-		now := time.Now()
+		at := now()
 		var due []*holding
 		for h := range l.held {
-			if !h.until.IsZero() && now.After(h.until) {
+			if !h.until.IsZero() && at.After(h.until) {
 				delete(l.held, h)
 				continue
 			}

@@ -155,13 +155,13 @@ func (k *Keys) Claim(ctx context.Context, c Claim) (Decision, error) {
 	}
 	defer unlock()
 
-	now := time.Now()
+	at := now()
 	rec, err := loadRecord(ctx, k.storage, c.Record)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return Decision{Verdict: Unavailable, Err: err}, nil
 	}
-	if rec != nil && !rec.expired(now) {
-		return Decision{Verdict: verdictOf(rec, c.Fingerprint, now), Record: rec}, nil
+	if rec != nil && !rec.expired(at) {
+		return Decision{Verdict: verdictOf(rec, c.Fingerprint, at), Record: rec}, nil
 	}
 	claimed := &Record{
 		Version:     1,
@@ -170,11 +170,11 @@ func (k *Keys) Claim(ctx context.Context, c Claim) (Decision, error) {
 		Resource:    c.Resource,
 		Op:          c.Op,
 		Owner:       Owner(),
-		LeaseUntil:  now.Add(k.leases.Length),
-		Created:     now,
-		Expires:     now.Add(c.TTL),
+		LeaseUntil:  at.Add(k.leases.Length),
+		Created:     at,
+		Expires:     at.Add(c.TTL),
 	}
-	if err := storeRecord(ctx, k.storage, c.Record, claimed); err != nil {
+	if err := storeIndexed(ctx, k.storage, c.Record, claimed, c.TTL); err != nil {
 		return Decision{Verdict: Unavailable, Err: err}, nil
 	}
 	held := &Held{keys: k, key: c.Record, record: claimed}
@@ -214,7 +214,7 @@ func (h *Held) Key() string { return h.key }
 func (h *Held) renew() func() {
 	rec := *h.record
 	return func() {
-		rec.LeaseUntil = time.Now().Add(h.keys.leases.Length)
+		rec.LeaseUntil = now().Add(h.keys.leases.Length)
 		ctx, cancel := context.WithTimeout(context.Background(), h.keys.leases.Length/3)
 		defer cancel()
 		if err := storeRecord(ctx, h.keys.storage, h.key, &rec); err != nil {
@@ -244,7 +244,7 @@ func (h *Held) Answered(ctx context.Context, a *Answer, outcome string, ttl time
 	h.release()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StorageTimeout)
 	defer cancel()
-	return storeRecord(ctx, h.keys.storage, h.key, h.keys.answered(h.record, a, outcome, ttl, limit))
+	return storeIndexed(ctx, h.keys.storage, h.key, h.keys.answered(h.record, a, outcome, ttl, limit), ttl)
 }
 
 // answered is a claimed record done: the batch's answer kept for replay
@@ -252,7 +252,7 @@ func (h *Held) Answered(ctx context.Context, a *Answer, outcome string, ttl time
 func (k *Keys) answered(claimed *Record, a *Answer, outcome string, ttl time.Duration, limit int64) *Record {
 	done := *claimed
 	done.State, done.Owner, done.LeaseUntil = StateDone, "", time.Time{}
-	done.Expires = time.Now().Add(ttl)
+	done.Expires = now().Add(ttl)
 	done.Outcome = outcome
 	done.Answer = a
 	if int64(len(a.Body)) > limit {
@@ -276,21 +276,43 @@ func (k *Keys) SettleRecovered(ctx context.Context, key string, a *Answer, outco
 	if err != nil || claimed == nil || claimed.State != StateInFlight {
 		return nil
 	}
-	return storeRecord(ctx, k.storage, key, k.answered(claimed, a, outcome, ttl, limit))
+	return storeIndexed(ctx, k.storage, key, k.answered(claimed, a, outcome, ttl, limit), ttl)
 }
 
+// loadRecord reads a record for a claim: one it cannot read is treated
+// as absent, and claimed over, rather than blocking its key until
+// someone deletes it.
 func loadRecord(ctx context.Context, s Storage, key string) (*Record, error) {
+	rec, err := readRecord(ctx, s, key)
+	if errors.Is(err, errUnreadable) {
+		return nil, nil
+	}
+	return rec, err
+}
+
+// errUnreadable marks a record this build cannot read: garbled, or of
+// another version (a newer build's, in a cluster being upgraded).
+var errUnreadable = errors.New("not a record this gateway reads")
+
+func readRecord(ctx context.Context, s Storage, key string) (*Record, error) {
 	raw, err := s.Load(ctx, key)
 	if err != nil {
 		return nil, err
 	}
 	var rec Record
 	if err := json.Unmarshal(raw, &rec); err != nil || rec.Version != 1 {
-		// Unreadable: treated as absent, so it is claimed over or swept,
-		// rather than blocking its key until someone deletes it.
-		return nil, nil
+		return nil, fmt.Errorf("%s: %w", key, errUnreadable)
 	}
 	return &rec, nil
+}
+
+// storeIndexed writes a record whose expiry is new, filed under it
+// first (expiry.go), in buckets for ttl.
+func storeIndexed(ctx context.Context, s Storage, key string, rec *Record, ttl time.Duration) error {
+	if err := fileExpiry(ctx, s, key, rec.sweepsAfter(), bucketWidth(ttl)); err != nil {
+		return err
+	}
+	return storeRecord(ctx, s, key, rec)
 }
 
 func storeRecord(ctx context.Context, s Storage, key string, rec *Record) error {
@@ -299,65 +321,4 @@ func storeRecord(ctx context.Context, s Storage, key string, rec *Record) error 
 		return err
 	}
 	return s.Store(ctx, key, raw)
-}
-
-// SweepIdempotency deletes the records that have expired, and returns
-// how many it deleted: one instance's sweep serves every instance of a
-// cluster, and a sweep that races another only deletes what both found
-// expired. Each record is checked again under its lock before it goes,
-// so that a key being claimed anew right now keeps its new record.
-func SweepIdempotency(ctx context.Context, s Storage, now time.Time) (int, error) {
-	keys, err := s.List(ctx, IdempotencyPrefix, false)
-	if errors.Is(err, fs.ErrNotExist) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, fmt.Errorf("listing idempotency records: %w", err)
-	}
-	deleted := 0
-	var errs []error
-	for _, key := range keys {
-		if ctx.Err() != nil {
-			errs = append(errs, ctx.Err())
-			break
-		}
-		gone, err := sweepRecord(ctx, s, key, now)
-		if gone {
-			deleted++
-		}
-		if err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return deleted, errors.Join(errs...)
-}
-
-func sweepRecord(ctx context.Context, s Storage, key string, now time.Time) (bool, error) {
-	rec, err := loadRecord(ctx, s, key)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		return false, nil
-	case err != nil:
-		return false, fmt.Errorf("reading %s: %w", key, err)
-	case rec != nil && !rec.expired(now):
-		return false, nil
-	}
-	name := IdempotencyLock(key)
-	lockCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	unlock, err := Lock(lockCtx, s, name, LockPoll, nil)
-	cancel()
-	if errors.Is(err, itemlock.ErrLocked) {
-		return false, nil // being claimed: the next sweep looks again
-	}
-	if err != nil {
-		return false, fmt.Errorf("locking %s: %w", key, err)
-	}
-	defer unlock()
-	if rec, err := loadRecord(ctx, s, key); err != nil || rec != nil && !rec.expired(now) {
-		return false, nil
-	}
-	if err := s.Delete(ctx, key); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return false, fmt.Errorf("deleting %s: %w", key, err)
-	}
-	return true, nil
 }

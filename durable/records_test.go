@@ -2,8 +2,6 @@ package durable
 
 import (
 	"context"
-	"encoding/json"
-	"slices"
 	"testing"
 	"time"
 
@@ -129,40 +127,5 @@ func TestSettleRecovered(t *testing.T) {
 	}
 	if _, err := s.Load(ctx, "batch/v1/idem/none"); err == nil {
 		t.Error("a record was made for a key never claimed")
-	}
-}
-
-// A sweep never deletes the claim of a batch still running under a live
-// lease, even past its ttl; it deletes what expired, and what cannot be
-// read.
-func TestSweepIdempotencySparesRunningBatches(t *testing.T) {
-	s := newMemStorage()
-	ctx := context.Background()
-	now := time.Now()
-	recs := map[string]Record{
-		"running": {Version: 1, State: StateInFlight, LeaseUntil: now.Add(time.Minute), Expires: now.Add(-time.Hour)},
-		"dead":    {Version: 1, State: StateInFlight, LeaseUntil: now.Add(-time.Minute), Expires: now.Add(-time.Second)},
-		"done":    {Version: 1, State: StateDone, Expires: now.Add(-time.Second)},
-		"fresh":   {Version: 1, State: StateDone, Expires: now.Add(time.Hour)},
-	}
-	for name, rec := range recs {
-		b, _ := json.Marshal(rec)
-		if err := s.Store(ctx, IdempotencyPrefix+"/"+name, b); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := s.Store(ctx, IdempotencyPrefix+"/garbled", []byte("{not json")); err != nil {
-		t.Fatal(err)
-	}
-	n, err := SweepIdempotency(ctx, s, now)
-	if n != 3 || err != nil {
-		t.Errorf("deleted %d (%v), want dead, done and garbled", n, err)
-	}
-	keys, _ := s.List(ctx, IdempotencyPrefix, false)
-	if want := []string{IdempotencyPrefix + "/fresh", IdempotencyPrefix + "/running"}; !slices.Equal(keys, want) {
-		t.Errorf("left %v, want %v", keys, want)
-	}
-	if n, err := SweepIdempotency(ctx, newMemStorage(), now); n != 0 || err != nil {
-		t.Errorf("a sweep of an empty storage: %d, %v", n, err)
 	}
 }

@@ -4,6 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io/fs"
+	"path"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -57,10 +61,10 @@ func (js *Journals) Scan(ctx context.Context, finish func(*Recovered) error, fai
 		l, err := js.leaseOf(ctx, saga)
 		switch {
 		case errors.Is(err, errNoIntent):
-			js.sweep(ctx, saga, failed)
+			js.clearLeftover(ctx, saga, failed)
 		case err != nil:
 			failed(saga, "reading the saga's lease", err)
-		case time.Now().After(l.Expires):
+		case now().After(l.Expires):
 			js.takeOver(ctx, saga, finish, failed)
 		}
 	}
@@ -79,10 +83,10 @@ func (js *Journals) takeOver(ctx context.Context, saga string, finish func(*Reco
 	}
 	defer unlock()
 	dead, err := js.leaseOf(ctx, saga)
-	if err != nil || !time.Now().After(dead.Expires) {
+	if err != nil || !now().After(dead.Expires) {
 		return
 	}
-	until := time.Now().Add(js.leases.Length)
+	until := now().Add(js.leases.Length)
 	b, _ := json.Marshal(Lease{Owner: Owner(), Expires: until})
 	sctx, cancel := context.WithTimeout(ctx, StorageTimeout)
 	err = js.storage.Store(sctx, leaseKey(saga), b)
@@ -102,7 +106,7 @@ func (js *Journals) takeOver(ctx context.Context, saga string, finish func(*Reco
 		return
 	}
 	// The journal goes on after the dead owner's last segment.
-	j := newJournalOf(&Journal{js: js, saga: saga, seq: st.next, stored: true, leaseUntil: until})
+	j := newJournalOf(&Journal{js: js, saga: saga, seq: st.next, written: st.next, stored: true, leaseUntil: until})
 	j.startRenewal()
 	r := &Recovered{Saga: saga, Origin: st.intent.Origin, Started: st.intent.Started, Snapshot: st.snap, Dead: dead, Journal: j}
 	go func() {
@@ -125,16 +129,99 @@ func (js *Journals) lock(ctx context.Context, saga string, failed func(saga, doi
 	return unlock, err == nil
 }
 
-// sweep removes what is left of a journal whose removal was cut short
-// (segment 0, its intent, is deleted first), once nothing was written to
-// it for a lease: a journal being created is never without segment 0 for
-// longer than its first write.
-func (js *Journals) sweep(ctx context.Context, saga string, failed func(saga, doing string, err error)) {
-	modified, err := js.storage.Modified(ctx, journalDir(saga))
-	if err != nil || time.Since(modified) < js.leases.Length {
+// clearLeftover removes what is left of a journal whose removal was cut
+// short (segment 0, the intent, goes first, so a journal without it is
+// no saga), once nothing was written to it for a lease: a journal being
+// created is without segment 0 only until its first write lands. Its
+// keys go one by one, segments first and the lease last, then its
+// folder; the lease is deleted even when not found, which also clears a
+// folder entry the Redis module kept when an older build deleted the
+// journal's folder instead of its keys.
+func (js *Journals) clearLeftover(ctx context.Context, saga string, failed func(saga, doing string, err error)) {
+	keys, fresh, err := js.leftoverKeys(ctx, saga)
+	if err != nil {
+		failed(saga, "reading what is left of a finished saga's journal", err)
 		return
 	}
-	if err := js.storage.Delete(ctx, journalDir(saga)); err != nil {
-		failed(saga, "removing what is left of a finished saga's journal", err)
+	if fresh {
+		return
+	}
+	for _, k := range keys {
+		if err := deleteKey(ctx, js.storage, k); err != nil {
+			failed(saga, "removing what is left of a finished saga's journal", fmt.Errorf("deleting %s: %w", k, err))
+			return
+		}
+	}
+	if err := removeEmptyFolder(ctx, js.storage, journalDir(saga)); err != nil {
+		failed(saga, "removing the folder of a finished saga's journal", err)
+	}
+}
+
+// leftoverKeys lists what is left of saga's journal, in the order it
+// goes, and says whether any of it was written within a lease. A key
+// listed but not found is being written. Where the folder lists nothing
+// (an older build deleted the folder on Redis, whose module then kept
+// the keys in it unlisted), the later segments are looked for by name.
+func (js *Journals) leftoverKeys(ctx context.Context, saga string) (keys []string, fresh bool, err error) {
+	dir := journalDir(saga)
+	names, err := listNames(ctx, js.storage, dir)
+	if err != nil {
+		return nil, false, err
+	}
+	var seqs []int
+	var others []string
+	for _, n := range names {
+		if seq, ok := segmentSeq(n); ok {
+			seqs = append(seqs, seq)
+		} else if n != leaseName {
+			others = append(others, path.Join(dir, n))
+		}
+	}
+	slices.Sort(seqs)
+	for _, seq := range seqs {
+		keys = append(keys, segmentKey(saga, seq))
+	}
+	keys = append(append(keys, others...), leaseKey(saga))
+	if len(names) == 0 {
+		unlisted, err := js.unlistedSegments(ctx, saga)
+		if err != nil {
+			return nil, false, err
+		}
+		keys = append(append(unlisted, keys...), dir) // and the folder's own age, where it has one
+	}
+	for _, k := range keys {
+		modified, err := js.storage.Modified(ctx, k)
+		switch {
+		case errors.Is(err, fs.ErrNotExist) && slices.Contains(names, path.Base(k)):
+			return nil, true, nil
+		case errors.Is(err, fs.ErrNotExist):
+		case err != nil && k == dir:
+			// A storage whose folders are no keys (Redis): no age.
+		case err != nil:
+			return nil, false, err
+		case now().Sub(modified) < js.leases.Length:
+			return nil, true, nil
+		}
+	}
+	if len(names) == 0 {
+		keys = keys[:len(keys)-1]
+	}
+	return keys, false, nil
+}
+
+// unlistedSegments finds the segments after 0 of a journal whose folder
+// lists nothing, by name, in order: they were written one after the
+// other, so the first one missing ends them.
+func (js *Journals) unlistedSegments(ctx context.Context, saga string) ([]string, error) {
+	var keys []string
+	for seq := 1; ; seq++ {
+		_, err := js.storage.Modified(ctx, segmentKey(saga, seq))
+		if errors.Is(err, fs.ErrNotExist) {
+			return keys, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		keys = append(keys, segmentKey(saga, seq))
 	}
 }

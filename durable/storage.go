@@ -28,3 +28,20 @@ type Storage interface {
 // the request that needed them is gone (storing an answer, removing a
 // journal, renewing a lease).
 const StorageTimeout = 10 * time.Second
+
+// FolderRemover is a storage whose folders outlive the keys in them (the
+// file system's): RemoveEmptyFolder removes dir if nothing is in it, and
+// leaves it, without an error, if something is. A storage whose folders
+// go with their last key (Redis's) needs no such thing.
+type FolderRemover interface {
+	RemoveEmptyFolder(ctx context.Context, dir string) error
+}
+
+// removeEmptyFolder removes dir once its keys are deleted, where the
+// storage keeps folders.
+func removeEmptyFolder(ctx context.Context, s Storage, dir string) error {
+	if fr, ok := s.(FolderRemover); ok {
+		return fr.RemoveEmptyFolder(ctx, dir)
+	}
+	return nil
+}

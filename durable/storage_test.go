@@ -20,10 +20,18 @@ type memStorage struct {
 	modified map[string]time.Time
 	stores   int
 	fail     error // returned by Store when set
+	// flat makes Delete delete one key only, as the Redis module's does
+	// (a folder's keys stay), and answer nil for a key not there.
+	flat bool
+	// failDelete is returned by Delete when set.
+	failDelete error
+	// unlisted are folders whose listing is lost while their keys stay,
+	// as the Redis module leaves a folder an older build deleted.
+	unlisted map[string]bool
 }
 
 func newMemStorage() *memStorage {
-	return &memStorage{memLocks: newMemLocks(), keys: map[string][]byte{}, modified: map[string]time.Time{}}
+	return &memStorage{memLocks: newMemLocks(), keys: map[string][]byte{}, modified: map[string]time.Time{}, unlisted: map[string]bool{}}
 }
 
 func (s *memStorage) Store(_ context.Context, key string, value []byte) error {
@@ -53,6 +61,13 @@ func (s *memStorage) Load(_ context.Context, key string) ([]byte, error) {
 func (s *memStorage) Delete(_ context.Context, key string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.failDelete != nil {
+		return s.failDelete
+	}
+	if s.flat {
+		delete(s.keys, key)
+		return nil
+	}
 	found := false
 	for k := range s.keys {
 		if k == key || strings.HasPrefix(k, key+"/") {
@@ -70,14 +85,19 @@ func (s *memStorage) Delete(_ context.Context, key string) error {
 func (s *memStorage) List(_ context.Context, prefix string, _ bool) ([]string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.unlisted[prefix] {
+		return nil, nil
+	}
 	var out []string
+	seen := map[string]bool{}
 	for k := range s.keys {
 		rest, ok := strings.CutPrefix(k, prefix+"/")
 		if !ok {
 			continue
 		}
 		first, _, _ := strings.Cut(rest, "/")
-		if name := prefix + "/" + first; !slices.Contains(out, name) {
+		if name := prefix + "/" + first; !seen[name] {
+			seen[name] = true
 			out = append(out, name)
 		}
 	}
@@ -115,6 +135,27 @@ func (s *memStorage) age(key string, d time.Duration) {
 	}
 }
 
+// failDeletes makes every later Delete answer err (nil: succeed).
+func (s *memStorage) failDeletes(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.failDelete = err
+}
+
+// keysUnder are the keys under prefix, sorted.
+func (s *memStorage) keysUnder(prefix string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for k := range s.keys {
+		if strings.HasPrefix(k, prefix+"/") {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // failStores makes every later Store answer err (nil: succeed).
 func (s *memStorage) failStores(err error) {
 	s.mu.Lock()
@@ -129,3 +170,68 @@ func (s *memStorage) count() (keys, stores int) {
 }
 
 var _ Storage = (*memStorage)(nil)
+
+// counting wraps a storage and counts the requests made of it, by kind:
+// what tests of the storage's cost assert (never time or CPU).
+type counting struct {
+	Storage
+	mu     sync.Mutex
+	counts map[string]int
+}
+
+func newCounting(s Storage) *counting { return &counting{Storage: s, counts: map[string]int{}} }
+
+func (c *counting) add(op string) {
+	c.mu.Lock()
+	c.counts[op]++
+	c.mu.Unlock()
+}
+
+// take returns the counts so far, and starts again from zero.
+func (c *counting) take() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := c.counts
+	c.counts = map[string]int{}
+	return out
+}
+
+func (c *counting) Store(ctx context.Context, key string, value []byte) error {
+	c.add("store")
+	return c.Storage.Store(ctx, key, value)
+}
+
+func (c *counting) Load(ctx context.Context, key string) ([]byte, error) {
+	c.add("load")
+	return c.Storage.Load(ctx, key)
+}
+
+func (c *counting) Delete(ctx context.Context, key string) error {
+	c.add("delete")
+	return c.Storage.Delete(ctx, key)
+}
+
+func (c *counting) List(ctx context.Context, prefix string, recursive bool) ([]string, error) {
+	c.add("list")
+	return c.Storage.List(ctx, prefix, recursive)
+}
+
+func (c *counting) Modified(ctx context.Context, key string) (time.Time, error) {
+	c.add("modified")
+	return c.Storage.Modified(ctx, key)
+}
+
+func (c *counting) Lock(ctx context.Context, name string) error {
+	c.add("lock")
+	return c.Storage.Lock(ctx, name)
+}
+
+func (c *counting) TryLock(ctx context.Context, name string) (bool, error) {
+	c.add("lock")
+	return c.Storage.(TryLocker).TryLock(ctx, name)
+}
+
+func (c *counting) Unlock(ctx context.Context, name string) error {
+	c.add("unlock")
+	return c.Storage.Unlock(ctx, name)
+}

@@ -1,0 +1,120 @@
+package durable
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// What belongs to the process rather than to one config (docs/durability.md,
+// "Leases"): a saga outlives the config reload that replaced the config
+// it started under, and the renewal of its lease, and the removal of its
+// journal, must outlive it too, or a recovery would take over, and undo,
+// a saga still running or already done. So the leases are one per
+// length for the process (ProcessLeases), handed from one config's app
+// to the next, and the journals whose removal failed are retried by the
+// process (removals) until they go; both end at process exit, after the
+// sagas (Wait).
+
+var processLeases = struct {
+	mu     sync.Mutex
+	leases map[time.Duration]*Leases
+}{leases: map[time.Duration]*Leases{}}
+
+// ProcessLeases is the process's leases of length: every config with
+// that lease shares them, so a reload hands what is held to the next
+// config. Each renews only while something is held, so the few lengths
+// a process was ever configured with cost nothing idle.
+func ProcessLeases(length time.Duration) *Leases {
+	processLeases.mu.Lock()
+	defer processLeases.mu.Unlock()
+	l := processLeases.leases[length]
+	if l == nil {
+		l = NewLeases(length)
+		processLeases.leases[length] = l
+	}
+	return l
+}
+
+// removals are the journals whose removal failed, each retried every
+// third of its lease, under the lease, until it goes; at exit (Wait)
+// each is tried at once, and then every second, for as long as the exit
+// allows.
+var removals = &pendingRemovals{hurry: make(chan struct{})}
+
+type pendingRemovals struct {
+	running   sync.WaitGroup
+	hurryOnce sync.Once
+	hurry     chan struct{}
+}
+
+// exitRemovalGrace bounds how long an exit waits for the journals whose
+// removal failed, once the sagas ended.
+const exitRemovalGrace = 3 * StorageTimeout
+
+func (p *pendingRemovals) retry(j *Journal) {
+	p.running.Go(func() { j.removeLater(p.hurry) })
+}
+
+// removeLater tries the removal again, holding the lease meanwhile and
+// letting it go for each try, so that no renewal writes the lease again
+// once the journal is removed.
+func (j *Journal) removeLater(hurry <-chan struct{}) {
+	defer owned.forget(j.saga)
+	for try := 2; ; try++ {
+		wait := j.js.leases.Length / 3
+		select {
+		case <-hurry:
+			wait = time.Second
+		default:
+		}
+		j.mu.Lock()
+		j.startRenewal()
+		j.mu.Unlock()
+		select {
+		case <-time.After(wait):
+		case <-hurry:
+		}
+		j.stopRenewal()
+		err := j.removeJournal(context.Background())
+		if err == nil {
+			j.js.logger.Info("removed the saga's journal from storage after it failed", zap.String("saga", j.saga), zap.Int("tries", try))
+			return
+		}
+		j.js.logger.Warn("the saga's journal could not be removed from storage; retrying", zap.String("saga", j.saga), zap.Int("tries", try), zap.Error(err))
+	}
+}
+
+// Wait returns once the sagas this process runs or is finishing ended
+// and their journals are removed, or once ctx is done (its error then):
+// a process that exits lets its sagas end first, as one cut short would
+// wait a lease for another instance to undo it when it can be finished
+// now. The journals whose removal keeps failing are given
+// exitRemovalGrace after the sagas ended; one left then is taken over by
+// a recovery once its lease lapses.
+func Wait(ctx context.Context) error {
+	if err := waitFor(ctx, owned.running.Wait); err != nil {
+		return err
+	}
+	removals.hurryOnce.Do(func() { close(removals.hurry) })
+	ctx, cancel := context.WithTimeout(ctx, exitRemovalGrace)
+	defer cancel()
+	return waitFor(ctx, removals.running.Wait)
+}
+
+// waitFor calls wait, and returns when it does or when ctx is done.
+func waitFor(ctx context.Context, wait func()) error {
+	done := make(chan struct{})
+	go func() {
+		wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
