@@ -91,6 +91,12 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    id_format            any|integer|uuid
 //	    stamped_fields       <member...>
 //	    envelope             <path>
+//	    openapi              [<file>] {
+//	        prefix  <path>
+//	        publish <path>
+//	        include <pattern...>
+//	        exclude <pattern...>
+//	    }
 //
 //	    resource <collection path template> {
 //	        collection <METHOD...>
@@ -112,7 +118,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	}
 	// caddy adapt does not provision, so without this a configuration
 	// that cannot work would be adapted, and refused later with no line.
-	if _, err := h.resolve(at.lines()); err != nil {
+	if _, err := h.resolve(at.lines(), false); err != nil {
 		return at.locate(err)
 	}
 	return nil
@@ -174,6 +180,9 @@ func (at *places) locate(err error) error {
 // is in one (or the resource line itself when the option is not written
 // there, as for methods the map lacks), else in the handler's block.
 func (at *places) token(resource int, option string) caddyfile.Token {
+	if tok, ok := at.options["openapi"]; ok && resource >= len(at.resources) {
+		return tok // a resource the OpenAPI document declares
+	}
 	if resource >= 0 && resource < len(at.resources) {
 		r := at.resources[resource]
 		if tok, ok := r.options[option]; ok {
@@ -215,10 +224,14 @@ func (h *Handler) unmarshal(d *caddyfile.Dispenser) (*places, error) {
 			if err := h.unmarshalEnvelope(d, at.options); err != nil {
 				return nil, err
 			}
+		case name == "openapi":
+			if err := h.unmarshalOpenAPI(d, at.options); err != nil {
+				return nil, err
+			}
 		case slices.Contains(resourceWords, name):
 			return nil, d.Errf("%s belongs in a resource block: resource <collection path> { %s ... }", name, name)
 		default:
-			if err := h.Options.unmarshalOption(d, at.options, []string{"resource", "envelope"}); err != nil {
+			if err := h.Options.unmarshalOption(d, at.options, []string{"resource", "envelope", "openapi"}); err != nil {
 				return nil, err
 			}
 		}
@@ -261,6 +274,8 @@ func unmarshalResource(d *caddyfile.Dispenser) (Resource, resourcePlaces, error)
 			err = d.Errf("resource blocks do not nest: close the block of resource %s before the next resource", r.Path)
 		case name == "envelope":
 			err = d.Errf("envelope belongs in the batch block, not in resource %s: one envelope serves every resource", r.Path)
+		case name == "openapi":
+			err = d.Errf("openapi belongs in the batch block, not in resource %s: one document declares every resource", r.Path)
 		case slices.Contains(resourceWords, name):
 			err = r.unmarshalWord(d, at.options)
 		default:

@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/openapi"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
@@ -17,6 +18,9 @@ type config struct {
 	handler level
 	// envelope is nil when the handler has none.
 	envelope *batch.Envelope
+	// published is the OpenAPI document the handler serves, nil when it
+	// publishes none.
+	published *publishedDoc
 }
 
 // resolve works the handler's configuration out: every resource's
@@ -24,8 +28,10 @@ type config struct {
 // the method map and the envelope. It is the one validation of a
 // configuration: Provision runs it, and so does the Caddyfile adapter,
 // which turns its errors' places into lines. lines, when not nil, holds
-// the line each resource is declared on.
-func (h *Handler) resolve(lines []int) (config, error) {
+// the line each resource is declared on. The OpenAPI document, when the
+// handler imports one, is read here; the one it publishes is built only
+// with publish (the adapter checks where it goes, not what it holds).
+func (h *Handler) resolve(lines []int, publish bool) (config, error) {
 	handler := defaults()
 	err := h.Options.apply(&handler)
 	if err == nil {
@@ -33,6 +39,9 @@ func (h *Handler) resolve(lines []int) (config, error) {
 	}
 	if err != nil {
 		// Every resource inherits these, so one error each is enough.
+		return config{}, err
+	}
+	if err := h.loadOpenAPI(); err != nil {
 		return config{}, err
 	}
 	p, err := h.buildPolicy(handler, lines)
@@ -43,15 +52,21 @@ func (h *Handler) resolve(lines []int) (config, error) {
 	if err != nil {
 		return config{}, err
 	}
-	return config{policy: p, handler: handler, envelope: envelope}, nil
+	published, err := h.publishOf(p, publish)
+	if err != nil {
+		return config{}, err
+	}
+	return config{policy: p, handler: handler, envelope: envelope, published: published}, nil
 }
 
 // buildPolicy lays each resource's options over the handler's settings
 // and builds the method map, refusing every mistake at once.
 func (h *Handler) buildPolicy(handler level, lines []int) (*policy.Policy, error) {
 	var errs []error
-	specs := make([]policy.ResourceSpec, len(h.Resources))
-	for i, r := range h.Resources {
+	h.resolved = h.resolveResources()
+	h.gaps = nil
+	specs := make([]policy.ResourceSpec, len(h.resolved))
+	for i, r := range h.resolved {
 		own := handler
 		if err := r.Options.apply(&own); err != nil {
 			errs = append(errs, policy.Flatten(policy.InResource(i, r.Path, err))...)
@@ -61,18 +76,21 @@ func (h *Handler) buildPolicy(handler level, lines []int) (*policy.Policy, error
 			errs = append(errs, policy.InResource(i, r.Path, policy.OptionError("max_in_flight",
 				errors.New("max_in_flight bounds the sub-requests of every batch of the handler together, so a resource cannot have its own: set it in the batch block"))))
 		}
+		if r.doc != nil {
+			h.gaps = append(h.gaps, openapi.Derive(&specs[i], r.keepCollection)...)
+		}
 		if i < len(lines) {
 			specs[i].Line = lines[i]
 		}
 	}
 	p, err := policy.New(specs)
 	if len(errs) == 0 {
-		return p, err
+		return p, h.placeImported(err)
 	}
 	// Every mistake at once, in the order the resources are declared.
 	all := append(errs, policy.Flatten(err)...)
 	slices.SortStableFunc(all, func(a, b error) int { return resourceOf(a) - resourceOf(b) })
-	return nil, errors.Join(all...)
+	return nil, h.placeImported(errors.Join(all...))
 }
 
 // spec declares the resource to the policy, with its resolved settings.

@@ -78,7 +78,9 @@ func TestExampleIsValid(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt(in, map[string]any{"filename": "Caddyfile.example"})
+	// Its real name: the OpenAPI document it imports is named from its
+	// directory.
+	out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt(in, map[string]any{"filename": "../Caddyfile.example"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +144,7 @@ var configMistakes = []configMistake{
 	{name: "unknown option, misspelt", config: batchBlock(caddyLines("\tmax_item 5"), usersResource), line: 3, syntax: true,
 		want: `unknown batch option "max_item": did you mean max_items?`},
 	{name: "unknown option", config: batchBlock(caddyLines("\tparallelism 4"), usersResource), line: 3, syntax: true,
-		want: `unknown batch option "parallelism" (this block takes resource, envelope, atomicity, allow_override, max_items, max_body_size, max_response_size, concurrency, max_in_flight, max_throttle_wait, item_timeout, batch_timeout, ids_param, id_field, delete_semantics, restore_deleted, restore_updated, compensation_retries, compensation_timeout, idempotent_upstream, conditional_writes, item_locks, idempotency_ttl, journal, scope_query, id_format, stamped_fields)`},
+		want: `unknown batch option "parallelism" (this block takes resource, envelope, openapi, atomicity, allow_override, max_items, max_body_size, max_response_size, concurrency, max_in_flight, max_throttle_wait, item_timeout, batch_timeout, ids_param, id_field, delete_semantics, restore_deleted, restore_updated, compensation_retries, compensation_timeout, idempotent_upstream, conditional_writes, item_locks, idempotency_ttl, journal, scope_query, id_format, stamped_fields)`},
 	{name: "unknown option in a resource", config: batchBlock(caddyLines("\tresource /users {", "\t\tcolection GET", "\t}")), line: 4, syntax: true,
 		want: `unknown batch option "colection": did you mean collection?`},
 	{name: "resource subdirective outside a resource", config: batchBlock(caddyLines("\tcollection GET"), usersResource), line: 3, syntax: true,
@@ -543,7 +545,7 @@ func TestSettingsInheritance(t *testing.T) {
 		t.Fatal(err)
 	}
 	// What Provision builds, without the app a bare Context cannot load.
-	cfg, err := h.resolve(nil)
+	cfg, err := h.resolve(nil, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -601,7 +603,7 @@ func TestListFilterReachesThePolicy(t *testing.T) {
 		if err := json.Unmarshal(raw, &fromJSON); err != nil {
 			t.Fatal(err)
 		}
-		cfg, err := fromJSON.resolve(nil)
+		cfg, err := fromJSON.resolve(nil, true)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -634,7 +636,7 @@ func TestAdaptiveOptionsReachThePolicy(t *testing.T) {
 		if err := json.Unmarshal([]byte(tt.raw), &h); err != nil {
 			t.Fatal(err)
 		}
-		cfg, err := h.resolve(nil)
+		cfg, err := h.resolve(nil, true)
 		if err != nil {
 			t.Fatal(err)
 		}

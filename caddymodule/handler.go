@@ -18,6 +18,7 @@ import (
 	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/durable"
 	"github.com/caddy-batch/caddy-batch/itemlock"
+	"github.com/caddy-batch/caddy-batch/openapi"
 	"github.com/caddy-batch/caddy-batch/policy"
 	"github.com/caddy-batch/caddy-batch/problem"
 )
@@ -62,11 +63,22 @@ type Handler struct {
 	// no resource. Default: none (no envelope).
 	Envelope string `json:"envelope,omitempty"`
 
+	// The legacy API's OpenAPI document, imported as resources, and the
+	// document the gateway publishes (README, "From OpenAPI").
+	// Default: none.
+	OpenAPI *OpenAPIConfig `json:"openapi,omitempty"`
+
 	// config is the configuration above, resolved by Provision.
 	config
-	logger *zap.Logger
-	locks  *itemlock.Local
-	slots  *pooledSlots
+	// imported is what the OpenAPI document declares (nil without one),
+	// resolved the resources served, in the policy's order, and gaps
+	// the batch operations the import left off: resolve sets them.
+	imported *openapi.Imported
+	resolved []resolved
+	gaps     []openapi.Gap
+	logger   *zap.Logger
+	locks    *itemlock.Local
+	slots    *pooledSlots
 	// untrackSlots stops the metrics counting the slots, at Cleanup.
 	untrackSlots func()
 	// storageLocks are set when a resource has item_locks storage.
@@ -145,11 +157,14 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // once, so that ServeHTTP only reads.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
-	cfg, err := h.resolve(nil)
+	cfg, err := h.resolve(nil, true)
 	if err != nil {
 		return fmt.Errorf("batch: %w", err)
 	}
 	h.config = cfg
+	for _, g := range h.gaps {
+		h.logger.Warn(g.Warning(), zap.String("resource", g.Resource), zap.String("op", g.Op.String()))
+	}
 	storage := configStorage(ctx)
 	if err := h.provisionLocks(storage); err != nil {
 		return fmt.Errorf("batch: %w", err)
@@ -166,6 +181,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	journals, leases := app.(*App).register()
 	h.journals = journals
 	h.idem = newIdempotency(storage, leases, h.logger)
+	h.imported = nil // provisioned: the parsed document is needed no more
 	return nil
 }
 
@@ -176,6 +192,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// finish through this route, not a client's request.
 	if job, ok := r.Context().Value(recoveryCtxKey).(*recovery); ok {
 		return h.resume(w, r, next, job)
+	}
+	if h.published != nil && r.URL.EscapedPath() == h.published.path {
+		return h.servePublished(w, r)
 	}
 	if h.isEnvelope(r.URL.EscapedPath()) {
 		return h.serveEnvelope(w, r, next)

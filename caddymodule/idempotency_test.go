@@ -461,7 +461,7 @@ func TestIdempotencyStoredStates(t *testing.T) {
 			req := httptest.NewRequest("PATCH", "/api/widgets", strings.NewReader(body))
 			req.Header.Set("Idempotency-Key", key)
 			h := &Handler{Resources: []Resource{{Path: "/api/widgets", Collection: []string{"PATCH"}, Item: []string{"GET", "PUT", "PATCH"}}}}
-			cfg, err := h.resolve(nil)
+			cfg, err := h.resolve(nil, true)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -72,11 +72,12 @@ func (h *Handler) provisionSlots() *pooledSlots {
 	return v.(*pooledSlots)
 }
 
-// slotsKey names in pools the slots of the handler's resources, as g
-// says how many there are.
+// slotsKey names in pools the slots of the handler's resources (the
+// imported ones too, as resolve found them), as g says how many there
+// are.
 func (h *Handler) slotsKey(g policy.GatewaySettings) string {
-	paths := make([]string, len(h.Resources))
-	for i, r := range h.Resources {
+	paths := make([]string, len(h.resolved))
+	for i, r := range h.resolved {
 		paths[i] = r.Path
 	}
 	slices.Sort(paths) // reordering the resources is no new handler

@@ -61,7 +61,7 @@ func planOf(t *testing.T, directive, method, target, body string, header ...stri
 	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(directive)); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := h.resolve(nil)
+	cfg, err := h.resolve(nil, true)
 	if err != nil {
 		t.Fatal(err)
 	}

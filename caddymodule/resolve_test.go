@@ -9,14 +9,14 @@ import (
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
-// resolved reads a batch directive and resolves it, as Provision does.
-func resolved(t *testing.T, lines ...string) (*Handler, config) {
+// resolvedDirective reads a batch directive and resolves it, as Provision does.
+func resolvedDirective(t *testing.T, lines ...string) (*Handler, config) {
 	t.Helper()
 	var h Handler
 	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(strings.Join(lines, "\n"))); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := h.resolve(nil)
+	cfg, err := h.resolve(nil, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +41,7 @@ func TestEnvelopeTakesTheHandlersSettings(t *testing.T) {
 			lines := append(append([]string{"\tenvelope /batch", "\tmax_items 7", "\titem_locks storage"}, tt.lines...),
 				"\tresource /users {", "\t\tcollection GET POST PATCH DELETE", "\t\titem GET PUT PATCH DELETE",
 				"\t\tatomicity partial", "\t\tmax_items 3", "\t\titem_locks local", "\t}")
-			_, cfg := resolved(t, batchBlock(lines)...)
+			_, cfg := resolvedDirective(t, batchBlock(lines)...)
 			e := cfg.envelope
 			if e == nil || e.Path != "/batch" {
 				t.Fatalf("envelope %+v", e)
@@ -66,7 +66,7 @@ func TestSlotsFollowTheResolvedMaxInFlight(t *testing.T) {
 		option string
 		want   int
 	}{{"", 32}, {"\tmax_in_flight 32", 32}, {"\tmax_in_flight 5", 5}} {
-		h, cfg := resolved(t, batchBlock([]string{tt.option}, usersResource)...)
+		h, cfg := resolvedDirective(t, batchBlock([]string{tt.option}, usersResource)...)
 		h.config = cfg
 		slots := h.provisionSlots()
 		if slots.Cap() != tt.want {

@@ -632,3 +632,17 @@ func (m Match) variables() map[string]string {
 	}
 	return vars
 }
+
+// UndoMissing answers Resource.UndoMissing for a resource not yet built:
+// the methods undoing an all-or-nothing op would need that the spec's
+// methods lack ("" when none), and how it is undone. Methods the spec
+// cannot parse are taken as absent; New refuses them.
+func (spec ResourceSpec) UndoMissing(op Op) (missing, how string) {
+	coll, _ := ParseMethods(spec.CollectionMethods)
+	item, _ := ParseMethods(spec.ItemMethods)
+	r := Resource{CollectionMethods: coll.withImplied(), ItemMethods: item.withImplied(), Settings: spec.Settings}
+	return r.UndoMissing(op)
+}
+
+// Resources returns the resources in the order they were declared.
+func (p *Policy) Resources() []*Resource { return p.resources }

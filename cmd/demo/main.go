@@ -7,6 +7,7 @@
 package main
 
 import (
+	_ "embed"
 	"errors"
 	"flag"
 	"fmt"
@@ -55,7 +56,7 @@ func start(configPath, upstreamAddr string) (stop func() error, err error) {
 		return nil, fmt.Errorf("starting the demo legacy API: %w", err)
 	}
 	api := legacyapi.New(demoData()...)
-	srv := &http.Server{Handler: api}
+	srv := &http.Server{Handler: describedAPI(api)}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Printf("demo legacy API: %v", err)
@@ -76,6 +77,24 @@ func start(configPath, upstreamAddr string) (stop func() error, err error) {
 		return nil, errors.Join(fmt.Errorf("starting Caddy with %s: %w", configPath, err), closeAPI())
 	}
 	return func() error { return errors.Join(caddy.Stop(), closeAPI()) }, nil
+}
+
+// legacyOpenAPI is the demo legacy API's OpenAPI document, written by
+// hand as a real API's is; Caddyfile.example imports the same file.
+//
+//go:embed legacy-openapi.yaml
+var legacyOpenAPI []byte
+
+// describedAPI serves the API's own OpenAPI document at /openapi.yaml,
+// as many legacy APIs do, and the API everywhere else.
+func describedAPI(api http.Handler) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/", api)
+	mux.HandleFunc("GET /openapi.yaml", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/yaml")
+		_, _ = w.Write(legacyOpenAPI)
+	})
+	return mux
 }
 
 // demoData is the demo legacy API's content: users (whose PUT cannot

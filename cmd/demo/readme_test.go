@@ -68,10 +68,19 @@ func startDemo(t testing.TB) *demo {
 	if !bytes.Contains(raw, []byte("\tadmin localhost:2019\n")) {
 		t.Fatal("Caddyfile.example no longer turns the admin endpoint on at localhost:2019, as the README's Operations section says")
 	}
-	d := &demo{gateway: gateway, admin: freeAddr(t), config: filepath.Join(t.TempDir(), "Caddyfile")}
+	dir := t.TempDir()
+	d := &demo{gateway: gateway, admin: freeAddr(t), config: filepath.Join(dir, "Caddyfile")}
 	raw = bytes.Replace(raw, []byte("\n:8080 {"), []byte("\n:"+port+" {"), 1)
 	raw = bytes.Replace(raw, []byte("admin localhost:2019"), []byte("admin "+d.admin), 1)
 	config := d.config
+	// The OpenAPI document the Caddyfile names, where it names it: a
+	// relative name is taken from the Caddyfile's directory.
+	if err := os.MkdirAll(filepath.Join(dir, "cmd", "demo"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "cmd", "demo", "legacy-openapi.yaml"), legacyOpenAPI, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.WriteFile(config, raw, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -149,6 +158,8 @@ func (s step) request(t *testing.T, gateway string) *http.Request {
 	for i := 1; i < len(args); i++ {
 		switch a := args[i]; a {
 		case "-s", "-i", "-si":
+		case "-sI", "-I":
+			method = http.MethodHead
 		case "-X", "-H", "-d":
 			if i+1 == len(args) {
 				t.Fatalf("%s without a value", a)
