@@ -87,22 +87,10 @@ func (sg *saga) undoItem(ctx context.Context, i int) {
 		sg.settle(ctx, i, RolledBack, "", nil)
 		return
 	}
-	c := &Compensation{Method: u.Method, Path: u.Path, Found: sg.foundBefore(i)}
-	if u.Proof != nil {
-		resp, err := sg.retrying(ctx, i, sg.read(i, sg.items[i].ID), nil)
-		if resp == nil {
-			sg.settle(ctx, i, RollbackFailed, "the item could not be read to prove it is as the batch left it: "+asNoAnswer(err).reason, nil)
-			return
-		}
-		if reason := sg.proves(i, u.Proof, resp); reason != "" {
-			if u.Proof.GoneIsUndone && gone(resp.Status) {
-				sg.settle(ctx, i, RolledBack, "the created item was already deleted by someone else", nil)
-				return
-			}
-			sg.settle(ctx, i, RollbackFailed, reason, resp)
-			return
-		}
+	if u.Proof != nil && !sg.proved(ctx, i, u.Proof) {
+		return
 	}
+	c := &Compensation{Method: u.Method, Path: u.Path, Found: sg.foundBefore(i)}
 	req := sg.undoRequest(i, u)
 	_ = sg.transition(ctx, i, PhaseUndoing, req, func(it *ItemResult, _ *itemState) { it.Compensation = c })
 	resp, _ := sg.retrying(ctx, i, req, c)
@@ -131,6 +119,26 @@ func (sg *saga) undoItem(ctx context.Context, i int) {
 	default:
 		sg.settle(ctx, i, RollbackFailed, "", nil)
 	}
+}
+
+// proved reads item i and tells whether it is as proof asks before its
+// undo is sent; where it is not, the item is settled as the read shows.
+func (sg *saga) proved(ctx context.Context, i int, proof *Proof) bool {
+	resp, err := sg.retrying(ctx, i, sg.read(i, sg.items[i].ID), nil)
+	if resp == nil {
+		sg.settle(ctx, i, RollbackFailed, "the item could not be read to prove it is as the batch left it: "+asNoAnswer(err).reason, nil)
+		return false
+	}
+	reason := sg.proves(i, proof, resp)
+	switch {
+	case reason == "":
+		return true
+	case proof.GoneIsUndone && gone(resp.Status):
+		sg.settle(ctx, i, RolledBack, "the created item was already deleted by someone else", nil)
+	default:
+		sg.settle(ctx, i, RollbackFailed, reason, resp)
+	}
+	return false
 }
 
 // foundBefore is what the read that resolved item i's unknown write

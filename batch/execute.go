@@ -187,44 +187,28 @@ func (sg *saga) answered(ctx context.Context, i int, req *SubRequest, resp *SubR
 		case is2xx(resp.Status):
 			it.Outcome, succeeded = Succeeded, true
 			if write {
-				st.applied = true
-				if t.op == policy.OpCreate {
-					sg.nameCreated(it, i, resp)
-				}
-				if sg.isSaga() {
-					st.undo, st.noUndo = sg.undoAnswered(it, st, i, resp)
-				}
+				sg.tookEffect(it, st, i, resp)
 			}
 		case resp.Status == http.StatusNotFound && t.op == policy.OpDelete && t.s.DeleteSemantics == policy.Declarative:
-			// "It must not exist" holds. Nothing was deleted to undo,
-			// unless an earlier copy of a resent request deleted it.
-			it.clearResponse()
-			it.Status, it.Outcome, succeeded = http.StatusNoContent, Succeeded, true
-			if resp.Resent && sg.isSaga() {
-				st.applied, st.undo = true, sg.recreate(i, it.ID, st)
-			}
+			sg.goneAsDeclared(it, st, i, resp)
+			succeeded = true
 		case write && resp.Resent:
 			// The answer is to a second copy (a 404 to a DELETE, a 409 to a
 			// create): the first may well have done what was asked.
-			it.Outcome, st.applied, st.failure = Unknown, true, true
-			it.Error = "the request was sent twice (a connection dropped) and an earlier copy may have taken effect"
+			mayHaveTakenEffect(it, st, "the request was sent twice (a connection dropped) and an earlier copy may have taken effect")
 		case notCarriedOut(resp.Status):
 			it.Outcome, st.failure = Failed, true
 			it.Error = joinReasons(fmt.Sprintf("the upstream answered %d: the request was not carried out at this URL", resp.Status), hint)
 		case write && resp.Status >= 300 && resp.Status < 400:
-			it.Outcome, st.applied, st.failure = Unknown, true, true
-			it.Error = fmt.Sprintf("the upstream answered the write with a redirect (%d): it may have taken effect", resp.Status)
+			mayHaveTakenEffect(it, st, fmt.Sprintf("the upstream answered the write with a redirect (%d): it may have taken effect", resp.Status))
 			if t.op == policy.OpCreate {
-				if id, ok := t.match.IDFromLocation(resp.Header.Get("Location")); ok && badID(id) == "" {
-					it.ID, st.createdFrom = id, "location"
-				}
+				sg.nameRedirected(it, st, i, resp)
 			}
 		case write && (resp.Status == http.StatusBadGateway || resp.Status == http.StatusGatewayTimeout):
 			// What a proxy in front of the upstream answers when the
 			// upstream's own answer did not reach it (RFC 9110, 15.6.3
 			// and 15.6.5): the write may have been applied all the same.
-			it.Outcome, st.applied, st.failure = Unknown, true, true
-			it.Error = fmt.Sprintf("the write was answered %d, which a proxy in front of the upstream sends when the upstream's answer did not reach it: it may have taken effect", resp.Status)
+			mayHaveTakenEffect(it, st, fmt.Sprintf("the write was answered %d, which a proxy in front of the upstream sends when the upstream's answer did not reach it: it may have taken effect", resp.Status))
 		case resp.Status == http.StatusPreconditionFailed && st.preETag != "":
 			it.Outcome, st.failure = Failed, true
 			it.Error = "the item changed after the batch read it (If-Match failed), so the write was not applied"
@@ -239,6 +223,44 @@ func (sg *saga) answered(ctx context.Context, i int, req *SubRequest, resp *SubR
 		sg.lockCreated(ctx, i, id)
 	}
 	return succeeded
+}
+
+// goneAsDeclared records a DELETE answered 404 under declarative delete
+// semantics: "it must not exist" holds, so it succeeded. Nothing was
+// deleted to undo, unless an earlier copy of a resent request deleted it.
+func (sg *saga) goneAsDeclared(it *ItemResult, st *itemState, i int, resp *SubResponse) {
+	it.clearResponse()
+	it.Status, it.Outcome = http.StatusNoContent, Succeeded
+	if resp.Resent && sg.isSaga() {
+		st.applied, st.undo = true, sg.recreate(i, it.ID, st)
+	}
+}
+
+// tookEffect records a write answered 2xx: applied, the item it created
+// named, and, in a saga, how it is undone.
+func (sg *saga) tookEffect(it *ItemResult, st *itemState, i int, resp *SubResponse) {
+	st.applied = true
+	if sg.tgt(i).op == policy.OpCreate {
+		sg.nameCreated(it, i, resp)
+	}
+	if sg.isSaga() {
+		st.undo, st.noUndo = sg.undoAnswered(it, st, i, resp)
+	}
+}
+
+// nameRedirected names the item a create answered with a redirect may
+// have made, from a Location that names an item of its resource.
+func (sg *saga) nameRedirected(it *ItemResult, st *itemState, i int, resp *SubResponse) {
+	if id, ok := sg.tgt(i).match.IDFromLocation(resp.Header.Get("Location")); ok && badID(id) == "" {
+		it.ID, st.createdFrom = id, "location"
+	}
+}
+
+// mayHaveTakenEffect marks a write whose answer does not say what it did:
+// unknown, so that the saga finds out, and a failure of the batch.
+func mayHaveTakenEffect(it *ItemResult, st *itemState, why string) {
+	it.Outcome, st.applied, st.failure = Unknown, true, true
+	it.Error = why
 }
 
 // answerError says what is wrong with an answer that came with an
