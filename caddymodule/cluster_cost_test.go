@@ -252,7 +252,7 @@ func idleCommands(t *testing.T, addr string) int {
 // 3 × recovery_interval + 2 s of the kill, however much is kept, leaving
 // no journal key.
 func testTakeoverWithRecordsKept(t *testing.T, bin, host, port, prefix string) {
-	tc := killCases()[2] // update
+	tc := killCaseNamed("update")
 	api := killAPI(false)
 	upstream := newUpstream(t, api)
 	before := api.Items("/api/widgets")

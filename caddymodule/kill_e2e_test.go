@@ -179,6 +179,16 @@ func killCases() []killCase {
 	}
 }
 
+// killCaseNamed is the case of killCases with that name.
+func killCaseNamed(name string) killCase {
+	for _, tc := range killCases() {
+		if tc.name == name {
+			return tc
+		}
+	}
+	panic("no kill case named " + name)
+}
+
 const (
 	killConcurrency = 2
 	killAfterWrites = 6
@@ -359,7 +369,7 @@ func TestJournalKillAndRestart(t *testing.T) {
 // restarted, finishes the saga once the dead one's lease lapses.
 func TestJournalKillOneOfTwo(t *testing.T) {
 	bin := caddyBinary(t)
-	tc := killCases()[2] // update
+	tc := killCaseNamed("update")
 	api := killAPI(false)
 	upstream := httptest.NewServer(api)
 	defer upstream.Close()
@@ -383,7 +393,7 @@ func TestJournalKillOneOfTwo(t *testing.T) {
 // recovery to find.
 func TestJournalGracefulStop(t *testing.T) {
 	bin := caddyBinary(t)
-	tc := killCases()[2] // update
+	tc := killCaseNamed("update")
 	api := killAPI(false)
 	upstream := httptest.NewServer(api)
 	defer upstream.Close()
