@@ -39,7 +39,7 @@ var errJournal = errors.New("the saga's journal could not record the write")
 // (README, "Throttling"). The journal and the saga see one request and
 // its last answer.
 //
-// A request not sent at all returns a nil answer and ErrNoSlot,
+// A request not sent at all returns a nil answer and slots.ErrNoSlot,
 // ErrThrottleWait or errJournal; one the upstream's throttle holds past
 // the deadline returns the answer that throttled it and a *HeldBack.
 func (sg *saga) send(i int, req *SubRequest, o sendOpts) (*SubResponse, error) {

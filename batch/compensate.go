@@ -10,7 +10,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/caddy-batch/caddy-batch/jsonvalue"
 	"github.com/caddy-batch/caddy-batch/policy"
+	"github.com/caddy-batch/caddy-batch/slots"
 )
 
 // compensate is the saga's fifth step: it undoes every item whose write
@@ -303,7 +305,7 @@ const neither = "the item is neither as it was before the batch nor as the batch
 // found keeps what the read that resolved item i's unknown write found
 // (a 2xx's object), in the item's compensation, whatever comes of it.
 func (sg *saga) found(i int, resp *SubResponse) {
-	if !is2xx(resp.Status) || !isObject(resp.Body) {
+	if !is2xx(resp.Status) || !jsonvalue.IsObject(resp.Body) {
 		return
 	}
 	sg.mu.Lock()
@@ -347,7 +349,7 @@ func (sg *saga) settle(ctx context.Context, i int, outcome Outcome, reason strin
 		it.Compensation.Error = reason
 		if found != nil {
 			it.Compensation.Status = found.Status
-			if isObject(found.Body) {
+			if jsonvalue.IsObject(found.Body) {
 				it.Compensation.Found = found.Body
 			}
 		}
@@ -363,7 +365,7 @@ func (sg *saga) retrying(ctx context.Context, i int, req *SubRequest, c *Compens
 	budget := limit{"the compensation's budget", sg.budget(i)}
 	for attempt := 1; ; attempt++ {
 		resp, err := sg.send(i, req, sendOpts{wait: ctx, ctx: ctx, urgent: true, timeout: limit{"compensation_timeout", s.CompensationTimeout}, parent: budget})
-		if resp == nil && (errors.Is(err, ErrNoSlot) || errors.Is(err, ErrThrottleWait)) {
+		if resp == nil && (errors.Is(err, slots.ErrNoSlot) || errors.Is(err, ErrThrottleWait)) {
 			err = &noAnswer{http.StatusGatewayTimeout, "no slot of max_in_flight came free, or the upstream's throttle did not lift, within " + budget.String(), err}
 		}
 		if c != nil {

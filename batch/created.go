@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+
+	"github.com/caddy-batch/caddy-batch/jsonvalue"
 )
 
 // nameCreated finds the id of a created item (docs/all-or-nothing.md): see
@@ -37,7 +39,7 @@ func (sg *saga) createdID(i int, resp *SubResponse) (id, from string) {
 	if resp.Status != http.StatusAccepted {
 		var body map[string]json.RawMessage
 		if json.Unmarshal(resp.Body, &body) == nil {
-			if v, ok := idFromJSON(body[t.s.IDField]); ok && v != "" {
+			if v, ok := jsonvalue.ID(body[t.s.IDField]); ok && v != "" {
 				return v, "body"
 			}
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/caddy-batch/caddy-batch/policy"
+	"github.com/caddy-batch/caddy-batch/slots"
 )
 
 // execute is the saga's fourth step, and all of a batch that is not a
@@ -139,7 +140,7 @@ func (sg *saga) executeItem(clientCtx, batchCtx context.Context, i int) bool {
 	case errors.Is(err, errJournal):
 		sg.fail(ctx, i, http.StatusServiceUnavailable, "the saga's journal could not record the write, so it was not sent", err)
 		return false
-	case resp == nil && (errors.Is(err, ErrNoSlot) || errors.Is(err, ErrThrottleWait)):
+	case resp == nil && (errors.Is(err, slots.ErrNoSlot) || errors.Is(err, ErrThrottleWait)):
 		return false // the batch ran out of time before the item could start
 	}
 	return sg.answered(ctx, i, req, resp, err)
@@ -319,7 +320,7 @@ func silent(err error) *noAnswer {
 // batch's deadline (ctx), its wait for a slot included.
 func (sg *saga) sendItem(ctx context.Context, i int, req *SubRequest) (*SubResponse, error) {
 	resp, err := sg.send(i, req, sendOpts{wait: ctx, ctx: ctx, timeout: limit{"item_timeout", sg.set(i).ItemTimeout}, parent: sg.batchLimit()})
-	if resp == nil && (errors.Is(err, ErrNoSlot) || errors.Is(err, ErrThrottleWait)) {
+	if resp == nil && (errors.Is(err, slots.ErrNoSlot) || errors.Is(err, ErrThrottleWait)) {
 		reason := "no slot of max_in_flight came free within " + sg.batchLimit().String()
 		if errors.Is(err, ErrThrottleWait) {
 			reason = "the upstream held this client off the resource (it throttled it) past " + sg.batchLimit().String()

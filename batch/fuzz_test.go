@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/caddy-batch/caddy-batch/jsonvalue"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
@@ -167,7 +168,7 @@ func FuzzParseBody(f *testing.F) {
 			_ = json.Unmarshal(body, &elems)
 			for i, it := range p.Items {
 				if i < len(elems) {
-					if raw := elems[i]["id"]; jsonKind(raw) == "number" && !integerText.MatchString(it.ID) {
+					if raw := elems[i]["id"]; jsonvalue.Kind(raw) == "number" && !integerText.MatchString(it.ID) {
 						t.Fatalf("item %d: the number id %s was accepted as %q, which is not an integer", i, raw, it.ID)
 					}
 				}

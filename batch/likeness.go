@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+
+	"github.com/caddy-batch/caddy-batch/jsonvalue"
 )
 
 // What a proof compares: a read of an item against an image the saga
@@ -20,8 +22,8 @@ import (
 // may hold more); otherwise a member either has. ok is false when either
 // is not a JSON object.
 func differing(have, want []byte, subset bool, leaveOut []string) (names []string, ok bool) {
-	h, ok1 := decodeJSON(have)
-	w, ok2 := decodeJSON(want)
+	h, ok1 := jsonvalue.Decode(have)
+	w, ok2 := jsonvalue.Decode(want)
 	hm, ok3 := h.(map[string]any)
 	wm, ok4 := w.(map[string]any)
 	if !ok1 || !ok2 || !ok3 || !ok4 {
@@ -48,7 +50,7 @@ func differing(have, want []byte, subset bool, leaveOut []string) (names []strin
 func (sg *saga) same(i int, have, want []byte) bool {
 	names, ok := differing(have, want, false, sg.set(i).StampedFields)
 	if !ok {
-		return sameJSON(have, want)
+		return jsonvalue.Same(have, want)
 	}
 	return len(names) == 0
 }

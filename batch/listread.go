@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+
+	"github.com/caddy-batch/caddy-batch/jsonvalue"
 )
 
 // maxListTarget bounds a LIST's request target (path and query): servers
@@ -131,11 +133,11 @@ func (sg *saga) list(ctx context.Context, first int, req *SubRequest) ([]json.Ra
 // arrayAt finds the array a JSON pointer (its reference tokens) names in
 // a JSON text, and returns its elements as they are written.
 func arrayAt(body []byte, pointer []string) ([]json.RawMessage, string) {
-	raw, why := valueAt(body, pointer, "items")
-	if why != "" {
-		return nil, why
+	raw, err := jsonvalue.At(body, pointer, "items")
+	if err != nil {
+		return nil, "the answer " + err.Error()
 	}
-	if kind := jsonKind(raw); kind != "array" {
+	if kind := jsonvalue.Kind(raw); kind != "array" {
 		return nil, fmt.Sprintf("the answer holds a JSON %s where items points, not an array", kind)
 	}
 	var elems []json.RawMessage
@@ -149,7 +151,7 @@ func arrayAt(body []byte, pointer []string) ([]json.RawMessage, string) {
 // write's answer), or "" when it names none: it is not an object, or has
 // no id that is a string or an integer of the batch's id_format.
 func (sg *saga) idOf(i int, elem []byte) string {
-	if jsonKind(elem) != "object" {
+	if jsonvalue.Kind(elem) != "object" {
 		return ""
 	}
 	var members map[string]json.RawMessage
@@ -157,7 +159,7 @@ func (sg *saga) idOf(i int, elem []byte) string {
 		return ""
 	}
 	s := sg.set(i)
-	id, ok := idFromJSON(members[s.IDField])
+	id, ok := jsonvalue.ID(members[s.IDField])
 	if !ok {
 		return ""
 	}

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/caddy-batch/caddy-batch/jsonvalue"
 	"github.com/caddy-batch/caddy-batch/policy"
 	"github.com/caddy-batch/caddy-batch/problem"
 )
@@ -371,10 +372,10 @@ func (op *operation) parseBody(it *Item, raw json.RawMessage, names map[string]i
 		return nil
 	case !hasBody:
 		return fmt.Errorf("a %s operation needs a body: a JSON object", op.method)
-	case jsonKind(raw) != "object":
-		return fmt.Errorf("its body must be a JSON object, not a JSON %s", jsonKind(raw))
+	case jsonvalue.Kind(raw) != "object":
+		return fmt.Errorf("its body must be a JSON object, not a JSON %s", jsonvalue.Kind(raw))
 	}
-	v, ok := decodeJSON(raw)
+	v, ok := jsonvalue.Decode(raw)
 	if !ok {
 		return fmt.Errorf("its body is not valid JSON")
 	}
@@ -428,9 +429,9 @@ func (it *Item) elementID() error {
 	if !ok || string(raw) == "null" {
 		return nil
 	}
-	id, ok := idFromJSON(raw)
+	id, ok := jsonvalue.ID(raw)
 	if !ok {
-		return fmt.Errorf("its body's %q must be a string or an integer, not a JSON %s", s.IDField, jsonKind(raw))
+		return fmt.Errorf("its body's %q must be a string or an integer, not a JSON %s", s.IDField, jsonvalue.Kind(raw))
 	}
 	if reason := badID(id); reason != "" {
 		return fmt.Errorf("its body's %q, %q, %s", s.IDField, id, reason)

@@ -15,6 +15,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/caddy-batch/caddy-batch/jsonvalue"
 	"github.com/caddy-batch/caddy-batch/policy"
 	"github.com/caddy-batch/caddy-batch/problem"
 )
@@ -293,7 +294,7 @@ func readElements(r *http.Request, s policy.Settings) ([]json.RawMessage, []byte
 		if !json.Valid(body) {
 			return nil, nil, invalid("the body is not valid JSON; a batch body is a JSON array of objects")
 		}
-		return nil, nil, invalid("the body is a JSON %s; a batch body is a JSON array of objects", jsonKind(trimmed))
+		return nil, nil, invalid("the body is a JSON %s; a batch body is a JSON array of objects", jsonvalue.Kind(trimmed))
 	}
 	var elems []json.RawMessage
 	if err := json.Unmarshal(body, &elems); err != nil {
@@ -358,7 +359,7 @@ func itemsFromElements(elems []json.RawMessage, op policy.Op, s policy.Settings)
 	seen := make(map[string]int, len(elems))
 	for i, elem := range elems {
 		elem = bytes.TrimSpace(elem)
-		if kind := jsonKind(elem); kind != "object" {
+		if kind := jsonvalue.Kind(elem); kind != "object" {
 			return nil, invalid("item %d: must be a JSON object, not a JSON %s", i, kind)
 		}
 		var members map[string]json.RawMessage
@@ -377,9 +378,9 @@ func itemsFromElements(elems []json.RawMessage, op policy.Op, s policy.Settings)
 			items[i] = it
 			continue
 		}
-		id, ok := idFromJSON(rawID)
+		id, ok := jsonvalue.ID(rawID)
 		if !ok {
-			what := "a JSON " + jsonKind(rawID)
+			what := "a JSON " + jsonvalue.Kind(rawID)
 			if what == "a JSON number" {
 				what = "the number " + string(rawID) + ", which has a fraction or an exponent"
 			}

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"sync"
 
+	"github.com/caddy-batch/caddy-batch/jsonvalue"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
@@ -87,7 +88,7 @@ func (sg *saga) readPreimage(ctx context.Context, i int) bool {
 			it.Outcome, st.failure = Failed, true
 			it.Error = joinReasons("the item could not be read before the write (GET "+req.Path+")", sg.movedHint(i, req, resp))
 			ok = false
-		case jsonKind(ans.body) != "object":
+		case jsonvalue.Kind(ans.body) != "object":
 			it.setAnswer(ans)
 			it.Status, it.Outcome, st.failure = http.StatusBadGateway, Failed, true
 			it.Error = fmt.Sprintf("GET %s did not answer a JSON object, so the item could not be put back if the batch failed", req.Path)

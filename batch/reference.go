@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/caddy-batch/caddy-batch/jsonvalue"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
@@ -39,7 +40,7 @@ func parseReference(s string, names map[string]int) (reference, bool, error) {
 	ref := reference{op: j, member: member, text: s}
 	if member {
 		var err error
-		if ref.pointer, err = policy.ParsePointer(pointer); err != nil {
+		if ref.pointer, err = jsonvalue.ParsePointer(pointer); err != nil {
 			return reference{}, false, fmt.Errorf("is not a JSON pointer after #: %w", err)
 		}
 	}
@@ -150,9 +151,9 @@ func (sg *saga) refText(ref reference) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	text, ok := idFromJSON(v)
+	text, ok := jsonvalue.ID(v)
 	if !ok {
-		return "", fmt.Errorf("%s is a JSON %s, which cannot stand in a url: it must be a string or an integer", ref.text, jsonKind(v))
+		return "", fmt.Errorf("%s is a JSON %s, which cannot stand in a url: it must be a string or an integer", ref.text, jsonvalue.Kind(v))
 	}
 	return text, nil
 }
@@ -171,9 +172,9 @@ func (sg *saga) refValue(ref reference) (json.RawMessage, error) {
 	if done.Body == nil {
 		return nil, fmt.Errorf("%s names a member of operation %q's answer, which has no JSON body", ref.text, done.Op)
 	}
-	v, why := valueAt(done.Body, ref.pointer, ref.text)
-	if why != "" {
-		return nil, fmt.Errorf("operation %q's answer: %s", done.Op, strings.TrimPrefix(why, "the answer "))
+	v, err := jsonvalue.At(done.Body, ref.pointer, ref.text)
+	if err != nil {
+		return nil, fmt.Errorf("operation %q's answer: %w", done.Op, err)
 	}
 	return v, nil
 }

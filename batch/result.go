@@ -12,6 +12,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/caddy-batch/caddy-batch/jsonvalue"
 	"github.com/caddy-batch/caddy-batch/policy"
 	"github.com/caddy-batch/caddy-batch/problem"
 )
@@ -224,7 +225,7 @@ func answerOf(resp *SubResponse) itemAnswer {
 	// json.Valid lets invalid UTF-8 through inside strings, and a raw
 	// body is copied into the answer as it is: the answer would not be
 	// JSON any more.
-	case validJSON(resp.Body):
+	case jsonvalue.Valid(resp.Body):
 		// The answer carries the body byte for byte (writeAnswer); the
 		// whitespace around it, insignificant in JSON, need not go too.
 		a.body = bytes.TrimSpace(resp.Body)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/caddy-batch/caddy-batch/policy"
+	"github.com/caddy-batch/caddy-batch/slots"
 )
 
 // sendTimes keeps when each sub-request reached the fake, by "METHOD
@@ -177,22 +178,22 @@ func TestThrottleHoldsTheClientAcrossBatches(t *testing.T) {
 	f.on("GET", "/widgets/1", first, times.stamp(answer{}))
 	f.on("GET", "/widgets/2", times.stamp(answer{}))
 	f.on("GET", "/widgets/3", times.stamp(answer{}))
-	throttles, slots := NewThrottles(nil), NewFIFOSlots(1)
+	throttles, fifo := NewThrottles(nil), slots.NewFIFO(1)
 	var wg sync.WaitGroup
 	var sameRes *Result
 	wg.Go(func() {
-		rt := Runtime{Send: f, Throttles: throttles, Client: "ada", Slots: slots}
+		rt := Runtime{Send: f, Throttles: throttles, Client: "ada", Slots: fifo}
 		equal(t, "throttled batch", write(t, runWith(context.Background(), t, newRequest("GET", "/widgets?ids=1", ""), rt)).Code, 200)
 	})
 	<-throttled
 	moment := time.Now().Add(time.Second)
 	wg.Go(func() {
-		rt := Runtime{Send: f, Throttles: throttles, Client: "ada", Slots: slots}
+		rt := Runtime{Send: f, Throttles: throttles, Client: "ada", Slots: fifo}
 		sameRes = runWith(context.Background(), t, newRequest("GET", "/widgets?ids=2", ""), rt)
 	})
 	// Another client's batch goes at once, through the one slot the
 	// waiting item gave up.
-	rt := Runtime{Send: f, Throttles: throttles, Client: "bob", Slots: slots}
+	rt := Runtime{Send: f, Throttles: throttles, Client: "bob", Slots: fifo}
 	equal(t, "another client's batch", write(t, runWith(context.Background(), t, newRequest("GET", "/widgets?ids=3", ""), rt)).Code, 200)
 	if at := times.of("GET /widgets/3"); len(at) != 1 || !at[0].Before(moment.Add(-500*time.Millisecond)) {
 		t.Errorf("another client's GET was sent at %v: it waited for a throttle that was not its own", at)

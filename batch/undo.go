@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"slices"
 
+	"github.com/caddy-batch/caddy-batch/jsonvalue"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
@@ -73,10 +74,10 @@ func (sg *saga) undoAnswered(it *ItemResult, st *itemState, i int, resp *SubResp
 		if resp.Status == http.StatusAccepted {
 			// A 202's body and validators describe the pending request,
 			// not the item.
-			u.Proof = &Proof{Expect: withoutMember(p.Items[i].Body, t.s.IDField), Subset: true}
+			u.Proof = &Proof{Expect: jsonvalue.WithoutMember(p.Items[i].Body, t.s.IDField), Subset: true}
 			return u, ""
 		}
-		sent = withoutMember(p.Items[i].Body, t.s.IDField)
+		sent = jsonvalue.WithoutMember(p.Items[i].Body, t.s.IDField)
 	case policy.OpUpdate:
 		u = sg.restore(i, st)
 		sent = sg.updated(i, st)
@@ -109,7 +110,7 @@ func (sg *saga) undoAnswered(it *ItemResult, st *itemState, i int, resp *SubResp
 // upstream stored it; a body that is not ({}, a status object, nothing)
 // says nothing of the item.
 func (sg *saga) namesItem(i int, body []byte, id string) bool {
-	return id != "" && isObject(body) && sg.idOf(i, body) == id
+	return id != "" && jsonvalue.IsObject(body) && sg.idOf(i, body) == id
 }
 
 // restore is the undo of an update: the pre-image put back whole (PUT),
@@ -128,7 +129,7 @@ func (sg *saga) updated(i int, st *itemState) []byte {
 	if sg.tgt(i).replaces() {
 		return sg.plan.Items[i].Body
 	}
-	return mergePatch(st.preimage, sg.plan.Items[i].Body)
+	return jsonvalue.MergePatch(st.preimage, sg.plan.Items[i].Body)
 }
 
 // restoredFields are the members a PATCH restore puts back: those the

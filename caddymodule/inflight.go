@@ -12,6 +12,7 @@ import (
 	"github.com/caddy-batch/caddy-batch/adaptive"
 	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/policy"
+	"github.com/caddy-batch/caddy-batch/slots"
 )
 
 // pooledSlots are one handler's max_in_flight slots, kept in pools so
@@ -26,7 +27,7 @@ import (
 // Under max_in_flight auto, the number of slots follows limit, which
 // every sub-request's answer is told to (Observe).
 type pooledSlots struct {
-	*batch.FIFOSlots
+	*slots.FIFO
 	key       string
 	throttles *batch.Throttles
 	limit     *adaptive.Limit // nil: a fixed max_in_flight
@@ -63,9 +64,9 @@ func (h *Handler) provisionSlots() *pooledSlots {
 		p := &pooledSlots{key: key, throttles: batch.NewThrottles(metrics.throttledWait)}
 		if g.AutoInFlight {
 			p.limit = adaptive.New(g.MinInFlight, g.MaxInFlight)
-			p.FIFOSlots = batch.NewFIFOSlots(p.limit.Current())
+			p.FIFO = slots.NewFIFO(p.limit.Current())
 		} else {
-			p.FIFOSlots = batch.NewFIFOSlots(g.MaxInFlight)
+			p.FIFO = slots.NewFIFO(g.MaxInFlight)
 		}
 		return p, nil
 	})

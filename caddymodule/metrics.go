@@ -231,7 +231,7 @@ func (l observedLocks) Lock(ctx context.Context, key string) (func(), error) {
 }
 
 // slotCounter is what the gauges of sub-requests in flight and waiting
-// read from a handler's max_in_flight slots (batch.FIFOSlots).
+// read from a handler's max_in_flight slots (slots.FIFO).
 type slotCounter interface {
 	InFlight() int
 	Waiting() int

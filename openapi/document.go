@@ -16,9 +16,10 @@ import (
 	"reflect"
 	"strings"
 
+	"github.com/getkin/kin-openapi/openapi3"
 	"go.yaml.in/yaml/v4"
 
-	"github.com/getkin/kin-openapi/openapi3"
+	"github.com/caddy-batch/caddy-batch/jsonvalue"
 )
 
 // Document is a parsed input document.
@@ -161,7 +162,7 @@ func invalid(file string, err error) error {
 			e.Line = line
 		}
 	}
-	e.Pointer = pointerOf(tokens...)
+	e.Pointer = jsonvalue.Pointer(tokens...)
 	return e
 }
 
@@ -180,14 +181,4 @@ func originLine(err error) int {
 		return o.Key.Line
 	}
 	return 0
-}
-
-// pointerOf escapes tokens into a JSON pointer (RFC 6901).
-func pointerOf(tokens ...string) string {
-	var b strings.Builder
-	for _, t := range tokens {
-		b.WriteByte('/')
-		b.WriteString(strings.NewReplacer("~", "~0", "/", "~1").Replace(t))
-	}
-	return b.String()
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/getkin/kin-openapi/openapi3"
 
+	"github.com/caddy-batch/caddy-batch/jsonvalue"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
@@ -118,7 +119,7 @@ func (p docPath) shape() string {
 func parseDocPath(d *Document, key string) (docPath, error) {
 	p := docPath{key: key, item: d.model.Paths.Value(key)}
 	fail := func(format string, args ...any) (docPath, error) {
-		return p, &Error{File: d.File, Pointer: pointerOf("paths", key), Line: pathLine(p.item), Msg: fmt.Sprintf(format, args...)}
+		return p, &Error{File: d.File, Pointer: jsonvalue.Pointer("paths", key), Line: pathLine(p.item), Msg: fmt.Sprintf(format, args...)}
 	}
 	body := strings.TrimPrefix(key, "/")
 	if strings.HasSuffix(body, "/") {
@@ -186,7 +187,7 @@ func pair(d *Document, prefix string, paths []docPath) []Resource {
 		if isItem[i] {
 			continue
 		}
-		r := Resource{DocPath: p.key, Pointer: pointerOf("paths", p.key), Collection: methodsOf(p.item)}
+		r := Resource{DocPath: p.key, Pointer: jsonvalue.Pointer("paths", p.key), Collection: methodsOf(p.item)}
 		if j := itemOf[i]; len(r.Collection) == 0 && (j < 0 || len(methodsOf(paths[j].item)) == 0) {
 			continue // nothing the map knows (TRACE alone): the gateway leaves it to the API
 		}

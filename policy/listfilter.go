@@ -4,8 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"strconv"
 	"strings"
+
+	"github.com/caddy-batch/caddy-batch/jsonvalue"
 )
 
 // ListFilterSpec is a resource's list_filter block as configured: how the
@@ -67,7 +68,7 @@ func ParseListFilter(spec ListFilterSpec) (*ListFilter, error) {
 	if err := f.parseTemplate(spec.Template); err != nil {
 		errs = append(errs, OptionError("list_filter", err))
 	}
-	ptr, err := ParsePointer(spec.Items)
+	ptr, err := jsonvalue.ParsePointer(spec.Items)
 	if err != nil {
 		errs = append(errs, OptionError("items", fmt.Errorf("list_filter's items %q is not a JSON pointer (RFC 6901): %v; write it as /results, or leave it out when the answer is the array itself", spec.Items, err)))
 	}
@@ -197,33 +198,3 @@ func unreservedQuery(c byte) bool {
 // indices to follow from the answer to its array, none for the answer
 // itself.
 func (f *ListFilter) ItemsPointer() []string { return f.itemsPointer }
-
-// ParsePointer parses a JSON pointer (RFC 6901) into its unescaped
-// reference tokens.
-func ParsePointer(p string) ([]string, error) {
-	if p == "" {
-		return nil, nil
-	}
-	if p[0] != '/' {
-		return nil, errors.New("it must start with /")
-	}
-	var tokens []string
-	for _, tok := range strings.Split(p[1:], "/") {
-		for i := 0; i < len(tok); i++ {
-			if tok[i] == '~' && (i+1 == len(tok) || tok[i+1] != '0' && tok[i+1] != '1') {
-				return nil, fmt.Errorf("~ must be followed by 0 or 1 (at %q)", tok)
-			}
-		}
-		tokens = append(tokens, strings.NewReplacer("~1", "/", "~0", "~").Replace(tok))
-	}
-	return tokens, nil
-}
-
-// ArrayIndex reads a pointer token as an index into an array.
-func ArrayIndex(tok string) (int, bool) {
-	if tok == "" || len(tok) > 1 && tok[0] == '0' {
-		return 0, false
-	}
-	n, err := strconv.Atoi(tok)
-	return n, err == nil && n >= 0
-}

@@ -121,19 +121,3 @@ func asError(err error, pe **Error) bool {
 	*pe = e
 	return ok
 }
-
-func TestParsePointer(t *testing.T) {
-	for p, want := range map[string][]string{
-		"":            nil,
-		"/results":    {"results"},
-		"/data/items": {"data", "items"},
-		"/a~1b":       {"a/b"},
-		"/m~0n":       {"m~n"},
-		"/":           {""},
-	} {
-		got, err := ParsePointer(p)
-		if err != nil || !slices.Equal(got, want) {
-			t.Errorf("%q: %q, %v; want %q", p, got, err, want)
-		}
-	}
-}

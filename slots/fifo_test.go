@@ -1,4 +1,4 @@
-package batch
+package slots
 
 import (
 	"context"
@@ -22,11 +22,18 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+func equal[T comparable](t testing.TB, what string, got, want T) {
+	t.Helper()
+	if got != want {
+		t.Errorf("%s = %v, want %v", what, got, want)
+	}
+}
+
 // queueUp starts one Acquire per entry of urgent, in that order, each
 // only once the one before it waits, so that the arrival order is
 // known. Each waiter, once served, appends its index to the returned
 // order and releases at once.
-func queueUp(t *testing.T, s *FIFOSlots, urgent []bool) (order func() []int, wait func()) {
+func queueUp(t *testing.T, s *FIFO, urgent []bool) (order func() []int, wait func()) {
 	t.Helper()
 	var mu sync.Mutex
 	var got []int
@@ -55,7 +62,7 @@ func queueUp(t *testing.T, s *FIFOSlots, urgent []bool) (order func() []int, wai
 
 func TestSlotsBoundUnderLoad(t *testing.T) {
 	const n, goroutines, rounds = 4, 64, 50
-	s := NewFIFOSlots(n)
+	s := NewFIFO(n)
 	var now, peak atomic.Int64
 	var wg sync.WaitGroup
 	for g := range goroutines {
@@ -96,7 +103,7 @@ func TestSlotsBoundUnderLoad(t *testing.T) {
 }
 
 func TestSlotsServeInArrivalOrder(t *testing.T) {
-	s := NewFIFOSlots(1)
+	s := NewFIFO(1)
 	release, err := s.Acquire(context.Background(), false)
 	if err != nil {
 		t.Fatal(err)
@@ -113,7 +120,7 @@ func TestSlotsServeInArrivalOrder(t *testing.T) {
 // sub-request that waits, however early it came, and keep their own
 // arrival order.
 func TestSlotsUrgentGoFirst(t *testing.T) {
-	s := NewFIFOSlots(1)
+	s := NewFIFO(1)
 	release, err := s.Acquire(context.Background(), false)
 	if err != nil {
 		t.Fatal(err)
@@ -130,7 +137,7 @@ func TestSlotsUrgentGoFirst(t *testing.T) {
 // of batch sub-requests, an undo gets the very next slot that frees.
 func TestSlotsUrgentUnderSaturation(t *testing.T) {
 	const n = 4
-	s := NewFIFOSlots(n)
+	s := NewFIFO(n)
 	var releases []func()
 	for range n {
 		r, err := s.Acquire(context.Background(), false)
@@ -192,7 +199,7 @@ func TestSlotsUrgentUnderSaturation(t *testing.T) {
 // passes the slot on to the next waiter.
 func TestSlotsCancelledWaiterLeaksNothing(t *testing.T) {
 	t.Run("while waiting", func(t *testing.T) {
-		s := NewFIFOSlots(1)
+		s := NewFIFO(1)
 		hold, _ := s.Acquire(context.Background(), false)
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 		defer cancel()
@@ -209,7 +216,7 @@ func TestSlotsCancelledWaiterLeaksNothing(t *testing.T) {
 		}
 	})
 	t.Run("done before asking", func(t *testing.T) {
-		s := NewFIFOSlots(1)
+		s := NewFIFO(1)
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
 		if _, err := s.Acquire(ctx, true); !errors.Is(err, ErrNoSlot) {
@@ -220,7 +227,7 @@ func TestSlotsCancelledWaiterLeaksNothing(t *testing.T) {
 		}
 	})
 	t.Run("while being handed the slot", func(t *testing.T) {
-		s := NewFIFOSlots(1)
+		s := NewFIFO(1)
 		for i := range 300 {
 			hold, _ := s.Acquire(context.Background(), false)
 			ctx, cancel := context.WithCancel(context.Background())
@@ -265,7 +272,7 @@ func TestSlotsCancelledWaiterLeaksNothing(t *testing.T) {
 // TestSlotsReleaseIsIdempotent: a second call of a release frees
 // nothing, so a deferred release after an explicit one is harmless.
 func TestSlotsReleaseIsIdempotent(t *testing.T) {
-	s := NewFIFOSlots(2)
+	s := NewFIFO(2)
 	a, _ := s.Acquire(context.Background(), false)
 	b, _ := s.Acquire(context.Background(), false)
 	a()
@@ -292,8 +299,50 @@ func TestSlotsReleaseIsIdempotent(t *testing.T) {
 func TestSlotsNeedOne(t *testing.T) {
 	defer func() {
 		if recover() == nil {
-			t.Error("NewFIFOSlots(0) did not panic")
+			t.Error("NewFIFO(0) did not panic")
 		}
 	}()
-	NewFIFOSlots(0)
+	NewFIFO(0)
+}
+
+// A raised cap hands its new slots to the waiters at once, urgent ones
+// first; a lowered one takes no slot from its holders, and serves no
+// waiter until the slots held are below it.
+func TestSlotsSetCap(t *testing.T) {
+	s := NewFIFO(1)
+	held, err := s.Acquire(context.Background(), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	granted := make(chan bool, 3)
+	var releases = make(chan func(), 3)
+	for _, urgent := range []bool{false, true, false} {
+		go func() {
+			release, err := s.Acquire(context.Background(), urgent)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			granted <- urgent
+			releases <- release
+		}()
+	}
+	waitFor(t, "three waiters", func() bool { return s.Waiting() == 3 })
+	s.SetCap(3)
+	// Two slots for three waiters: the undo's is one of them.
+	if a, b := <-granted, <-granted; !a && !b {
+		t.Error("a raised cap served two batches' waiters and left the undo's waiting")
+	}
+	equal(t, "waiting after the cap rose to 3", s.Waiting(), 1)
+	equal(t, "in flight", s.InFlight(), 3)
+
+	s.SetCap(1)
+	held()
+	(<-releases)()
+	equal(t, "in flight after two of three were freed under a cap of 1", s.InFlight(), 1)
+	equal(t, "still waiting", s.Waiting(), 1)
+	(<-releases)()
+	<-granted
+	equal(t, "in flight once the last was freed", s.InFlight(), 1)
+	equal(t, "cap", s.Cap(), 1)
 }

@@ -1,4 +1,7 @@
-package batch
+// Package slots bounds the sub-requests a process has in flight
+// (max_in_flight): a counting semaphore whose waiters keep their turn,
+// with a lane for the urgent ones (compensations) ahead of the others.
+package slots
 
 import (
 	"container/list"
@@ -13,15 +16,15 @@ import (
 // max_in_flight until its context was done.
 var ErrNoSlot = errors.New("no slot of max_in_flight came free")
 
-// FIFOSlots are Slots for one process: a counting semaphore whose
+// FIFO is the slots of one process: a counting semaphore whose
 // waiters are served strictly in turn, urgent ones (compensations)
 // first. A slot that is freed while someone waits goes straight to the
 // first waiter, so a newcomer never takes it ahead of the queue: under
 // a storm of batches every batch keeps its place, and an undo waits for
 // one sub-request to finish, not for the batches queued before it.
 //
-// The zero value has no slots; use NewFIFOSlots.
-type FIFOSlots struct {
+// The zero value has no slots; use NewFIFO.
+type FIFO struct {
 	n int
 
 	mu       sync.Mutex
@@ -31,7 +34,7 @@ type FIFOSlots struct {
 }
 
 // slotWaiter is one Acquire waiting for a slot. granted is set, under
-// FIFOSlots.mu, when a releaser hands it a slot, and ready is closed
+// FIFO.mu, when a releaser hands it a slot, and ready is closed
 // right after.
 type slotWaiter struct {
 	ready   chan struct{}
@@ -40,17 +43,17 @@ type slotWaiter struct {
 	elem    *list.Element
 }
 
-// NewFIFOSlots returns n slots. It panics when n < 1: configuration
+// NewFIFO returns n slots. It panics when n < 1: configuration
 // refuses a max_in_flight below one, so such a value is a bug.
-func NewFIFOSlots(n int) *FIFOSlots {
+func NewFIFO(n int) *FIFO {
 	if n < 1 {
-		panic(fmt.Sprintf("batch: NewFIFOSlots(%d): the number of slots must be at least 1", n))
+		panic(fmt.Sprintf("slots: NewFIFO(%d): the number of slots must be at least 1", n))
 	}
-	return &FIFOSlots{n: n}
+	return &FIFO{n: n}
 }
 
 // Cap returns the number of slots.
-func (s *FIFOSlots) Cap() int {
+func (s *FIFO) Cap() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.n
@@ -59,10 +62,10 @@ func (s *FIFOSlots) Cap() int {
 // SetCap changes the number of slots (an adaptive limit's): more hands
 // the new slots to the waiters, in turn; fewer takes none back from
 // their holders, and serves no waiter until enough are freed. It panics
-// when n < 1, as NewFIFOSlots does.
-func (s *FIFOSlots) SetCap(n int) {
+// when n < 1, as NewFIFO does.
+func (s *FIFO) SetCap(n int) {
 	if n < 1 {
-		panic(fmt.Sprintf("batch: SetCap(%d): the number of slots must be at least 1", n))
+		panic(fmt.Sprintf("slots: SetCap(%d): the number of slots must be at least 1", n))
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -74,26 +77,27 @@ func (s *FIFOSlots) SetCap(n int) {
 }
 
 // InFlight returns how many slots are held now.
-func (s *FIFOSlots) InFlight() int {
+func (s *FIFO) InFlight() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.inFlight
 }
 
 // Waiting returns how many Acquire calls are waiting for a slot now.
-func (s *FIFOSlots) Waiting() int {
+func (s *FIFO) Waiting() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.urgent.Len() + s.normal.Len()
 }
 
-// Acquire waits for a slot until ctx is done (see Slots). The release
-// it returns may be called more than once; only the first call frees
-// the slot. A ctx that is done, on entry or while waiting, gets an
+// Acquire waits for a slot until ctx is done, and returns the function
+// that frees it; urgent waiters go before every waiter that is not, so
+// that undos are never starved by new batches. The release may be
+// called more than once; only the first call frees the slot. A ctx that is done, on entry or while waiting, gets an
 // error wrapping ErrNoSlot and ctx's cause, and no slot: one handed
 // over just as ctx ended goes on to the next waiter, so that nothing
 // starts after the batch's deadline and no slot is lost.
-func (s *FIFOSlots) Acquire(ctx context.Context, urgent bool) (func(), error) {
+func (s *FIFO) Acquire(ctx context.Context, urgent bool) (func(), error) {
 	if ctx.Err() != nil {
 		return nil, noSlot(ctx)
 	}
@@ -134,7 +138,7 @@ func noSlot(ctx context.Context) error {
 }
 
 // releaser returns the idempotent release of one held slot.
-func (s *FIFOSlots) releaser() func() {
+func (s *FIFO) releaser() func() {
 	var done atomic.Bool
 	return func() {
 		if !done.CompareAndSwap(false, true) {
@@ -149,7 +153,7 @@ func (s *FIFOSlots) releaser() func() {
 // free lets go of one held slot, handing it to the first urgent waiter,
 // else the first waiter, else making it free; a slot beyond a cap that
 // was lowered is not handed on. s.mu is held.
-func (s *FIFOSlots) free() {
+func (s *FIFO) free() {
 	if s.inFlight <= s.n && s.handOver() {
 		return // the slot changes hands; inFlight stays as it is
 	}
@@ -158,7 +162,7 @@ func (s *FIFOSlots) free() {
 
 // handOver gives a held slot to the first urgent waiter, else the first
 // waiter, and reports whether there was one. s.mu is held.
-func (s *FIFOSlots) handOver() bool {
+func (s *FIFO) handOver() bool {
 	q := &s.urgent
 	if q.Len() == 0 {
 		q = &s.normal
@@ -172,5 +176,3 @@ func (s *FIFOSlots) handOver() bool {
 	close(w.ready)
 	return true
 }
-
-var _ Slots = (*FIFOSlots)(nil)
