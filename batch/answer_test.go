@@ -75,47 +75,47 @@ func TestStatusHeadersLifted(t *testing.T) {
 		name   string
 		target string
 		mods   []specMod
-		fake   func() *fakeSender
+		fake   func() *fakeAPI
 		status int
 		header string // the header the answer must carry, and its values
 		want   []string
 		absent []string // headers the answer must not carry
 	}{
 		{name: "401 with WWW-Authenticate, every challenge", target: "/widgets?ids=1,2",
-			fake: func() *fakeSender {
+			fake: func() *fakeAPI {
 				return newFake().seed("1", "2").on("GET", "/widgets/2",
 					reply(401, `{"error":"who are you"}`, "WWW-Authenticate", `Bearer realm="api"`, "WWW-Authenticate", `Basic realm="api"`))
 			},
 			status: 401, header: "WWW-Authenticate", want: []string{`Bearer realm="api"`, `Basic realm="api"`}},
 		{name: "405 with Allow", target: "/widgets?ids=1",
-			fake: func() *fakeSender {
+			fake: func() *fakeAPI {
 				return newFake().on("GET", "/widgets/1", reply(405, "no", "Allow", "PUT, DELETE"))
 			},
 			status: 405, header: "Allow", want: []string{"PUT, DELETE"}},
 		{name: "407 with Proxy-Authenticate", target: "/widgets?ids=1",
-			fake: func() *fakeSender {
+			fake: func() *fakeAPI {
 				return newFake().on("GET", "/widgets/1", reply(407, "no", "Proxy-Authenticate", `Basic realm="proxy"`))
 			},
 			status: 407, header: "Proxy-Authenticate", want: []string{`Basic realm="proxy"`}},
 		{name: "the batch's status is another item's: nothing lifted", target: "/widgets?ids=1,2", mods: []specMod{concurrency(1)},
-			fake: func() *fakeSender {
+			fake: func() *fakeAPI {
 				return newFake().
 					on("GET", "/widgets/1", reply(403, "no")).
 					on("GET", "/widgets/2", reply(401, "no", "WWW-Authenticate", `Basic realm="api"`))
 			},
 			status: 403, absent: []string{"WWW-Authenticate"}},
 		{name: "partial: 207, nothing lifted", target: "/widgets?ids=1,2", mods: []specMod{partial},
-			fake: func() *fakeSender {
+			fake: func() *fakeAPI {
 				return newFake().seed("1").on("GET", "/widgets/2", reply(401, "no", "WWW-Authenticate", `Basic realm="api"`))
 			},
 			status: 207, absent: []string{"WWW-Authenticate"}},
 		{name: "a header the status does not require is not lifted", target: "/widgets?ids=1",
-			fake: func() *fakeSender {
+			fake: func() *fakeAPI {
 				return newFake().on("GET", "/widgets/1", reply(401, "no", "Allow", "GET", "Proxy-Authenticate", "Basic"))
 			},
 			status: 401, absent: []string{"Allow", "Proxy-Authenticate", "WWW-Authenticate"}},
 		{name: "a success: nothing lifted", target: "/widgets?ids=1",
-			fake: func() *fakeSender {
+			fake: func() *fakeAPI {
 				return newFake().on("GET", "/widgets/1", reply(200, `{"id":"1"}`, "WWW-Authenticate", "Basic", "Allow", "GET"))
 			},
 			status: 200, absent: []string{"WWW-Authenticate", "Allow"}},

@@ -16,11 +16,11 @@ import (
 
 // padWidgets seeds ids with records of the same size and returns the
 // size of the JSON body a GET of one answers with.
-func padWidgets(f *fakeSender, pad int, ids ...string) int64 {
+func padWidgets(f *fakeAPI, pad int, ids ...string) int64 {
 	var size int
 	for _, id := range ids {
 		rec := map[string]any{"id": id, "pad": strings.Repeat("x", pad)}
-		f.set(id, rec)
+		f.put(widget(id), rec)
 		b, _ := json.Marshal(rec)
 		size = len(b)
 	}
@@ -126,9 +126,9 @@ func TestMaxResponseSizePartialWrite(t *testing.T) {
 	equal(t, "status", w.Code, 200)
 	equalSlices(t, "outcomes", w.Outcomes(), []string{"succeeded", "succeeded", "succeeded"})
 	checkLeftOut(t, w, limit, 2)
-	for id, rec := range f.state() {
+	for path, rec := range f.state() {
 		if !strings.Contains(rec, `"name":"n"`) {
-			t.Errorf("widget %s = %s, want it updated", id, rec)
+			t.Errorf("%s = %s, want it updated", path, rec)
 		}
 	}
 }

@@ -130,7 +130,7 @@ func TestListReadPreflight(t *testing.T) {
 			}
 		}
 		for _, id := range []string{"1", "2", "3"} {
-			jsonEqual(t, "widget "+id, f.state()[id], `{"id":"`+id+`","name":"widget `+id+`","color":"red"}`)
+			jsonEqual(t, "widget "+id, f.state()[widget(id)], `{"id":"`+id+`","name":"widget `+id+`","color":"red"}`)
 		}
 	})
 	t.Run("a target the LIST does not hold is read alone, and missing fails the batch", func(t *testing.T) {

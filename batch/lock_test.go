@@ -79,7 +79,7 @@ func TestCreatedIDIsLocked(t *testing.T) {
 // failing fails one batch's write of one item with 500, whatever the
 // fake would answer.
 type failing struct {
-	*fakeSender
+	*fakeAPI
 	mu   sync.Mutex
 	fail map[string]bool // "v=<batch> <path>"
 }
@@ -93,7 +93,7 @@ func (s *failing) Send(ctx context.Context, req *SubRequest) (*SubResponse, erro
 			return &SubResponse{Status: 500, Body: []byte(`{}`)}, nil
 		}
 	}
-	return s.fakeSender.Send(ctx, req)
+	return s.fakeAPI.Send(ctx, req)
 }
 
 // Fifty concurrent all-or-nothing batches over ten ids, some failing: no
@@ -105,9 +105,9 @@ func TestConcurrentBatchesSerialize(t *testing.T) {
 		f := newFake()
 		f.jitter = 2 * time.Millisecond
 		for i := range nIDs {
-			f.set(fmt.Sprint(i), map[string]any{"id": fmt.Sprint(i), "v": -1.0})
+			f.put(widget(fmt.Sprint(i)), map[string]any{"id": fmt.Sprint(i), "v": -1.0})
 		}
-		s := &failing{fakeSender: f, fail: map[string]bool{}}
+		s := &failing{fakeAPI: f, fail: map[string]bool{}}
 		var locks itemlock.Local
 		idsOf := make([][]string, batches)
 		results := make([]*Result, batches)
@@ -162,7 +162,7 @@ func TestConcurrentBatchesSerialize(t *testing.T) {
 		}
 		got := f.state()
 		for id, w := range want {
-			jsonEqual(t, fmt.Sprintf("round %d: widget %s", round, id), got[id], w)
+			jsonEqual(t, fmt.Sprintf("round %d: widget %s", round, id), got[widget(id)], w)
 		}
 	}
 }

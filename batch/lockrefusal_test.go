@@ -198,7 +198,7 @@ func TestEnvelopeLateLockRefused(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			locks, release, client := c.locks(t)
 			defer release()
-			api := newAPIStore("/users")
+			api := newShopAPI("/users")
 			p, prob := admitEnvelope(t, shop(t, func(s *policy.Settings) { s.ItemTimeout = 50 * time.Millisecond }), body)
 			if prob != nil {
 				t.Fatal(prob.Detail)
@@ -207,7 +207,7 @@ func TestEnvelopeLateLockRefused(t *testing.T) {
 			equal(t, "operation e's status", w.Items[1].Status, c.status)
 			equal(t, "Retry-After", w.Header.Get("Retry-After"), c.retryAfter)
 			equal(t, "outcome", w.Outcome, "rolled_back")
-			if writes, _ := api.log(); len(writes) != 2 { // the create and its undo
+			if writes := api.writes(); len(writes) != 2 { // the create and its undo
 				t.Errorf("writes %v, want the create and its undo", writes)
 			}
 		})

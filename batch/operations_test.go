@@ -11,7 +11,6 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -19,128 +18,6 @@ import (
 	"github.com/caddy-batch/caddy-batch/itemlock"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
-
-// apiStore is a small legacy API over several collections, for envelopes:
-// any path whose last segment is not a collection's is an item of the
-// collection before it. A create gets the next number as its id (or the
-// id its body names), and answers 201 with an absolute Location; PATCH
-// merges, PUT replaces (and cannot create), DELETE answers 200 {}. Every
-// write it carries out is logged, in order; fail scripts one answer.
-type apiStore struct {
-	mu          sync.Mutex
-	collections map[string]bool
-	records     map[string]map[string]any // by item path
-	next        int
-	writes      []string // "METHOD path", in the order carried out
-	calls       []string
-	fail        map[string]answer // "METHOD path" → a scripted answer, once
-	locationOff bool
-}
-
-func newAPIStore(collections ...string) *apiStore {
-	s := &apiStore{collections: map[string]bool{}, records: map[string]map[string]any{}, next: 100, fail: map[string]answer{}}
-	for _, c := range collections {
-		s.collections[c] = true
-	}
-	return s
-}
-
-func (s *apiStore) put(path string, rec map[string]any) *apiStore {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.records[path] = rec
-	return s
-}
-
-func (s *apiStore) failOnce(method, path string, a answer) *apiStore {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.fail[method+" "+path] = a
-	return s
-}
-
-func (s *apiStore) state() map[string]string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return asJSON(s.records)
-}
-
-func (s *apiStore) log() (writes, calls []string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return slices.Clone(s.writes), slices.Clone(s.calls)
-}
-
-func (s *apiStore) Send(ctx context.Context, req *SubRequest) (*SubResponse, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	key := req.Method + " " + req.Path
-	s.calls = append(s.calls, key)
-	if a, ok := s.fail[key]; ok {
-		delete(s.fail, key)
-		if a.err != nil {
-			return nil, a.err
-		}
-		return &SubResponse{Status: a.status, Header: a.header, Body: []byte(a.body)}, nil
-	}
-	js := func(status int, v any) *SubResponse {
-		b, _ := json.Marshal(v)
-		return &SubResponse{Status: status, Header: http.Header{"Content-Type": {"application/json"}}, Body: b}
-	}
-	var body map[string]any
-	if req.Body != nil {
-		if err := json.Unmarshal(req.Body, &body); err != nil {
-			return js(400, map[string]string{"error": err.Error()}), nil
-		}
-	}
-	if s.collections[req.Path] {
-		if req.Method != http.MethodPost {
-			return js(405, nil), nil
-		}
-		id := fmt.Sprint(body["id"])
-		if body["id"] == nil {
-			id = strconv.Itoa(s.next)
-			s.next++
-			body["id"] = s.next - 1
-		}
-		path := req.Path + "/" + url.PathEscape(id)
-		if s.records[path] != nil {
-			return js(409, map[string]string{"error": "exists"}), nil
-		}
-		s.records[path] = body
-		s.writes = append(s.writes, "POST "+path)
-		resp := js(201, body)
-		if !s.locationOff {
-			resp.Header.Set("Location", "http://legacy.test"+path)
-		}
-		return resp, nil
-	}
-	rec := s.records[req.Path]
-	if rec == nil {
-		return js(404, map[string]string{"error": "not found"}), nil
-	}
-	switch req.Method {
-	case http.MethodGet:
-		return js(200, rec), nil
-	case http.MethodPatch:
-		maps.Copy(rec, body)
-		for k, v := range body {
-			if v == nil {
-				delete(rec, k)
-			}
-		}
-	case http.MethodPut:
-		body["id"] = rec["id"]
-		s.records[req.Path] = body
-		rec = body
-	case http.MethodDelete:
-		delete(s.records, req.Path)
-		s.writes = append(s.writes, key)
-		return js(200, map[string]any{}), nil
-	}
-	s.writes = append(s.writes, key)
-	return js(200, rec), nil
-}
 
 // shop is the policy of the envelope tests: users, and each user's posts.
 func shop(t testing.TB, mods ...func(*policy.Settings)) *Envelope {
@@ -191,7 +68,7 @@ const userWithPosts = `{"operations": [
 ]}`
 
 func TestEnvelopeCreatesWithReferences(t *testing.T) {
-	api := newAPIStore("/users", "/users/100/posts")
+	api := newShopAPI("/users", "/users/100/posts")
 	w := runEnvelope(t, shop(t, func(s *policy.Settings) { s.Concurrency = 1 }), userWithPosts, api)
 	equal(t, "status", w.Code, 200)
 	equal(t, "outcome", w.Outcome, "succeeded")
@@ -210,8 +87,8 @@ func TestEnvelopeCreatesWithReferences(t *testing.T) {
 }
 
 func TestEnvelopeRollsBackDependentsFirst(t *testing.T) {
-	api := newAPIStore("/users", "/users/100/posts").put("/users/7", map[string]any{"id": 7, "name": "grace", "email": "g@old"})
-	api.failOnce("POST", "/users/100/posts", answer{status: 422, body: `{"error":"title too short"}`})
+	api := newShopAPI("/users", "/users/100/posts").put("/users/7", map[string]any{"id": 7, "name": "grace", "email": "g@old"})
+	api.on("POST", "/users/100/posts", answer{status: 422, body: `{"error":"title too short"}`}, answer{})
 	before := api.state()
 	body := `{"operations": [
 		{"id": "m", "method": "PATCH", "url": "/users/7", "body": {"email": "g@new"}},
@@ -222,8 +99,8 @@ func TestEnvelopeRollsBackDependentsFirst(t *testing.T) {
 	w := runEnvelope(t, e, body, api)
 	equal(t, "status", w.Code, 422)
 	equal(t, "outcome", w.Outcome, "rolled_back")
-	checkSameRecords(t, api.state(), before)
-	writes, _ := api.log()
+	api.checkUnchanged(t, before)
+	writes := api.writes()
 	equalSlices(t, "writes in the order carried out", writes, []string{"PATCH /users/7", "POST /users/100", "DELETE /users/100", "PUT /users/7"})
 }
 
@@ -231,8 +108,8 @@ func TestEnvelopeUndoesDependentsBeforeWhatTheyDependOn(t *testing.T) {
 	// Two posts of a new user, then a failure: whatever the concurrency,
 	// both posts go before their user.
 	for range 20 {
-		api := newAPIStore("/users", "/users/100/posts")
-		api.failOnce("GET", "/reports/1", answer{status: 503, body: "down"})
+		api := newShopAPI("/users", "/users/100/posts")
+		api.on("GET", "/reports/1", answer{status: 503, body: "down"}, answer{})
 		api.put("/reports/1", map[string]any{"id": 1})
 		body := `{"operations": [
 			{"id": "u", "method": "POST", "url": "/users", "body": {"name": "ada"}},
@@ -242,7 +119,7 @@ func TestEnvelopeUndoesDependentsBeforeWhatTheyDependOn(t *testing.T) {
 		]}`
 		w := runEnvelope(t, shop(t), body, api)
 		equal(t, "outcome", w.Outcome, "rolled_back")
-		writes, _ := api.log()
+		writes := api.writes()
 		user := slices.Index(writes, "DELETE /users/100")
 		for _, post := range []string{"DELETE /users/100/posts/101", "DELETE /users/100/posts/102"} {
 			if k := slices.Index(writes, post); k < 0 || k > user {
@@ -253,11 +130,11 @@ func TestEnvelopeUndoesDependentsBeforeWhatTheyDependOn(t *testing.T) {
 }
 
 func TestEnvelopeAcrossResourcesRolledBack(t *testing.T) {
-	api := newAPIStore("/users", "/users/9/posts").
+	api := newShopAPI("/users", "/users/9/posts").
 		put("/users/7", map[string]any{"id": 7, "name": "grace"}).
 		put("/users/9", map[string]any{"id": 9, "name": "linus"}).
 		put("/users/9/posts/3", map[string]any{"id": 3, "title": "old"})
-	api.failOnce("POST", "/users/9/posts", answer{status: 500, body: "<h1>boom</h1>", header: http.Header{"Content-Type": {"text/html"}}})
+	api.on("POST", "/users/9/posts", answer{status: 500, body: "<h1>boom</h1>", header: http.Header{"Content-Type": {"text/html"}}}, answer{})
 	before := api.state()
 	body := `{"operations": [
 		{"id": "m", "method": "PATCH", "url": "/users/7", "body": {"name": "Grace"}},
@@ -268,14 +145,14 @@ func TestEnvelopeAcrossResourcesRolledBack(t *testing.T) {
 	w := runEnvelope(t, shop(t, func(s *policy.Settings) { s.RestoreDeleted = policy.RestorePost }), body, api)
 	equal(t, "status", w.Code, 502)
 	equal(t, "outcome", w.Outcome, "rolled_back")
-	checkSameRecords(t, api.state(), before)
-	writes, _ := api.log()
+	api.checkUnchanged(t, before)
+	writes := api.writes()
 	equalSlices(t, "writes", writes, []string{"PATCH /users/7", "DELETE /users/9/posts/3", "POST /users/9/posts/3", "PUT /users/7"})
 }
 
 func TestEnvelopePartialFailedDependency(t *testing.T) {
-	api := newAPIStore("/users", "/users/100/posts").put("/users/7", map[string]any{"id": 7, "name": "grace"})
-	api.failOnce("POST", "/users", answer{status: 422, body: `{"error":"name taken"}`})
+	api := newShopAPI("/users", "/users/100/posts").put("/users/7", map[string]any{"id": 7, "name": "grace"})
+	api.on("POST", "/users", answer{status: 422, body: `{"error":"name taken"}`}, answer{})
 	body := `{"atomicity": "partial", "operations": [
 		{"id": "u", "method": "POST", "url": "/users", "body": {"name": "ada"}},
 		{"id": "p", "method": "POST", "url": "/users/$u/posts", "body": {"title": "x"}},
@@ -414,7 +291,7 @@ func TestEnvelopeLocksEveryItemItWrites(t *testing.T) {
 	// A known item is locked before anything is sent; a created one as
 	// soon as it is known, and the item a reference names before it is
 	// written.
-	api := newAPIStore("/users", "/users/100/posts").put("/users/7", map[string]any{"id": 7})
+	api := newShopAPI("/users", "/users/100/posts").put("/users/7", map[string]any{"id": 7})
 	locks := &recordingLocks{}
 	body := `{"operations": [
 		{"id": "m", "method": "PATCH", "url": "/users/7", "body": {"a": 1}},
@@ -454,8 +331,8 @@ func (l *recordingLocks) taken() []string {
 func TestEnvelopeLateItemIsPreflighted(t *testing.T) {
 	// The item a PATCH names through a reference is read before it is
 	// written, so that its undo puts back what was there.
-	api := newAPIStore("/users").put("/users/5", map[string]any{"id": 5, "name": "old", "boss": 7}).put("/users/7", map[string]any{"id": 7, "name": "b"})
-	api.failOnce("DELETE", "/users/7", answer{status: 409, body: `{"error":"has reports"}`})
+	api := newShopAPI("/users").put("/users/5", map[string]any{"id": 5, "name": "old", "boss": 7}).put("/users/7", map[string]any{"id": 7, "name": "b"})
+	api.on("DELETE", "/users/7", answer{status: 409, body: `{"error":"has reports"}`}, answer{})
 	before := api.state()
 	body := `{"operations": [
 		{"id": "g", "method": "GET", "url": "/users/7"},
@@ -465,7 +342,7 @@ func TestEnvelopeLateItemIsPreflighted(t *testing.T) {
 	]}`
 	w := runEnvelope(t, shop(t), body, api)
 	equal(t, "outcome", w.Outcome, "rolled_back")
-	checkSameRecords(t, api.state(), before)
+	api.checkUnchanged(t, before)
 }
 
 func TestEnvelopeWritesOneItemInOrder(t *testing.T) {
@@ -479,8 +356,8 @@ func TestEnvelopeWritesOneItemInOrder(t *testing.T) {
 		}
 	})
 	t.Run("ordered, and undone in turn", func(t *testing.T) {
-		api := newAPIStore("/users").put("/users/7", map[string]any{"id": 7, "name": "grace"})
-		api.failOnce("GET", "/reports/1", answer{status: 503, body: "down"})
+		api := newShopAPI("/users").put("/users/7", map[string]any{"id": 7, "name": "grace"})
+		api.on("GET", "/reports/1", answer{status: 503, body: "down"}, answer{})
 		before := api.state()
 		w := runEnvelope(t, shop(t), `{"operations": [
 			{"id": "a", "method": "PATCH", "url": "/users/7", "body": {"name": "G"}},
@@ -488,12 +365,12 @@ func TestEnvelopeWritesOneItemInOrder(t *testing.T) {
 			{"id": "r", "method": "GET", "url": "/reports/1", "depends_on": ["b"]}
 		]}`, api)
 		equal(t, "outcome", w.Outcome, "rolled_back")
-		checkSameRecords(t, api.state(), before)
-		writes, _ := api.log()
+		api.checkUnchanged(t, before)
+		writes := api.writes()
 		equalSlices(t, "writes", writes, []string{"PATCH /users/7", "PATCH /users/7", "PUT /users/7", "PUT /users/7"})
 	})
 	t.Run("a delete, then a create of the same id", func(t *testing.T) {
-		api := newAPIStore("/users").put("/users/9", map[string]any{"id": 9, "name": "old"})
+		api := newShopAPI("/users").put("/users/9", map[string]any{"id": 9, "name": "old"})
 		w := runEnvelope(t, shop(t), `{"operations": [
 			{"id": "d", "method": "DELETE", "url": "/users/9"},
 			{"id": "c", "method": "POST", "url": "/users", "body": {"id": 9, "name": "new"}, "depends_on": ["d"]}
@@ -502,7 +379,7 @@ func TestEnvelopeWritesOneItemInOrder(t *testing.T) {
 		equal(t, "user 9", api.state()["/users/9"], `{"id":9,"name":"new"}`)
 	})
 	t.Run("two writes named by references must be ordered", func(t *testing.T) {
-		api := newAPIStore("/users")
+		api := newShopAPI("/users")
 		w := runEnvelope(t, shop(t, func(s *policy.Settings) { s.Concurrency = 1 }), `{"operations": [
 			{"id": "u", "method": "POST", "url": "/users", "body": {"name": "ada"}},
 			{"id": "a", "method": "PATCH", "url": "/users/$u", "body": {"x": 1}},
@@ -519,7 +396,7 @@ func TestEnvelopeWritesOneItemInOrder(t *testing.T) {
 func TestEnvelopeResume(t *testing.T) {
 	// A saga killed after the user and one post were created is finished
 	// from its journal: the post is deleted before the user.
-	api := newAPIStore("/users", "/users/100/posts")
+	api := newShopAPI("/users", "/users/100/posts")
 	e := shop(t, func(s *policy.Settings) { s.Concurrency = 1 })
 	p, prob := admitEnvelope(t, e, userWithPosts)
 	if prob != nil {
@@ -531,7 +408,7 @@ func TestEnvelopeResume(t *testing.T) {
 	snap := j.snapshot()
 	api2 := api // the same legacy API, as the dead gateway left it
 	api2.mu.Lock()
-	api2.writes = nil
+	api2.writeLog = nil
 	api2.mu.Unlock()
 	// Put back what the dead run's own compensation did, as if it had
 	// never run: the API as it was when the gateway died.
@@ -543,7 +420,7 @@ func TestEnvelopeResume(t *testing.T) {
 	}
 	equal(t, "outcome", res2.Outcome, RolledBack)
 	equal(t, "store", len(api2.state()), 0)
-	writes, _ := api2.log()
+	writes := api2.writes()
 	equalSlices(t, "undos", writes, []string{"DELETE /users/100/posts/101", "DELETE /users/100"})
 	equal(t, "described", res2.Items[1].describe(), `operation "p1" (POST /users/100/posts)`)
 }
@@ -675,7 +552,7 @@ func TestEnvelopeDependsOnIsLinear(t *testing.T) {
 // legacy API: the id canonical under id_format, references filled, and
 // the query it carried, the envelope's included.
 func TestEnvelopeAnswersTheURLAsSent(t *testing.T) {
-	api := newAPIStore("/users", "/users/100/posts").put("/users/7", map[string]any{"id": 7, "name": "grace"})
+	api := newShopAPI("/users", "/users/100/posts").put("/users/7", map[string]any{"id": 7, "name": "grace"})
 	e := shop(t, func(s *policy.Settings) {
 		s.IDFormat, s.Concurrency, s.ScopeQuery = policy.IDInteger, 1, []string{"by", "tenant"}
 	})
@@ -689,7 +566,7 @@ func TestEnvelopeAnswersTheURLAsSent(t *testing.T) {
 	for i, want := range []string{"/users/7?by=ada", "/users", "/users/100/posts", "/users/7"} {
 		equal(t, fmt.Sprintf("item %d's url", i), w.Items[i].URL, want)
 	}
-	_, calls := api.log()
+	calls := api.sent()
 	if !slices.Contains(calls, "PATCH /users/7") {
 		t.Errorf("calls %v: the PATCH did not go to /users/7", calls)
 	}

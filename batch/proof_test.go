@@ -17,15 +17,15 @@ import (
 
 // otherWriter changes record id as another client would, directly at the
 // upstream, and then answers the batch's failing request with 500.
-func otherWriter(f *fakeSender, id string, rec map[string]any) answer {
+func otherWriter(f *fakeAPI, id string, rec map[string]any) answer {
 	return answer{status: 500, body: `{}`, hook: func(context.Context, *SubRequest) {
 		if rec == nil {
 			f.mu.Lock()
-			delete(f.records, id)
+			delete(f.records, widget(id))
 			f.mu.Unlock()
 			return
 		}
-		f.set(id, rec)
+		f.put(widget(id), rec)
 	}}
 }
 
@@ -41,7 +41,7 @@ func TestProofUpdateLeavesAnotherWritersChange(t *testing.T) {
 	if c == nil || !strings.Contains(c.Error, "another writer") || !strings.Contains(string(c.Found), "theirs") {
 		t.Errorf("compensation %+v: want the reason and what was found", c)
 	}
-	jsonEqual(t, "widget 1", f.state()["1"], `{"id":"1","name":"theirs","color":"red"}`)
+	jsonEqual(t, "widget 1", f.state()["/widgets/1"], `{"id":"1","name":"theirs","color":"red"}`)
 }
 
 func TestProofDeleteDoesNotRecreateOverANewItem(t *testing.T) {
@@ -51,7 +51,7 @@ func TestProofDeleteDoesNotRecreateOverANewItem(t *testing.T) {
 	w := write(t, run1(t, "DELETE", "/widgets?ids=1,2", "", f, concurrency(1)))
 	equalSlices(t, "outcomes", w.Outcomes(), []string{"rollback_failed", "failed"})
 	equal(t, "PUTs sent", len(f.sentWith("PUT")), 0)
-	jsonEqual(t, "widget 1", f.state()["1"], `{"id":"1","name":"newer"}`)
+	jsonEqual(t, "widget 1", f.state()["/widgets/1"], `{"id":"1","name":"newer"}`)
 	if c := w.Items[0].Compensation; c == nil || !strings.Contains(c.Error, "exists again") {
 		t.Errorf("compensation %+v, want the reason", c)
 	}
@@ -63,7 +63,7 @@ func TestProofCreateLeavesAChangedItem(t *testing.T) {
 	w := write(t, run1(t, "POST", "/widgets", elements(2), f, concurrency(1)))
 	equalSlices(t, "outcomes", w.Outcomes(), []string{"rollback_failed", "failed"})
 	equal(t, "DELETEs sent", len(f.sentWith("DELETE")), 0)
-	equal(t, "widget 1000 kept", f.state()["1000"] != "", true)
+	equal(t, "widget 1000 kept", f.state()["/widgets/1000"] != "", true)
 }
 
 func TestProofCreateAlreadyDeletedIsUndone(t *testing.T) {
@@ -181,7 +181,7 @@ func TestCreatedIDRules(t *testing.T) {
 		w := write(t, run1(t, "POST", "/widgets", elements(2), f, concurrency(1)))
 		equalSlices(t, "outcomes", w.Outcomes(), []string{"rollback_failed", "failed"})
 		equal(t, "DELETEs sent", len(f.sentWith("DELETE")), 0)
-		equal(t, "widget 2 kept", f.state()["2"] != "", true)
+		equal(t, "widget 2 kept", f.state()["/widgets/2"] != "", true)
 	})
 	t.Run("a Location of another collection is not an id", func(t *testing.T) {
 		f := newFake().on("POST", "/widgets", reply(201, `{"name":"w0"}`, "Location", "/gadgets/9"), reply(409, `{}`))
@@ -287,7 +287,7 @@ func TestQueryOnEverySubRequest(t *testing.T) {
 // write-ahead rule against the sender's log.
 type recordingJournal struct {
 	mu     sync.Mutex
-	f      *fakeSender
+	f      *fakeAPI
 	events []string
 	failAt Phase
 	ended  *Result

@@ -12,8 +12,8 @@ import (
 
 // normalised answers a write with body after storing rec as the item id:
 // an API that trims, lower-cases, stamps or ignores what it was sent.
-func normalised(f *fakeSender, id string, rec map[string]any, body string) answer {
-	return answer{status: 200, body: body, hook: func(context.Context, *SubRequest) { f.set(id, rec) }}
+func normalised(f *fakeAPI, id string, rec map[string]any, body string) answer {
+	return answer{status: 200, body: body, hook: func(context.Context, *SubRequest) { f.put(widget(id), rec) }}
 }
 
 func TestUndoOfANormalisedWrite(t *testing.T) {
@@ -25,7 +25,7 @@ func TestUndoOfANormalisedWrite(t *testing.T) {
 		w := write(t, run1(t, "PATCH", "/widgets", `[{"id":"1","name":"  padded  ","nickname":"ignored"},{"id":"2","email":"x"}]`, f, concurrency(1)))
 		equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "failed"})
 		equal(t, "status", w.Code, 400)
-		jsonEqual(t, "widget 1", f.state()["1"], `{"id":"1","name":"widget 1","color":"red"}`)
+		jsonEqual(t, "widget 1", f.state()["/widgets/1"], `{"id":"1","name":"widget 1","color":"red"}`)
 	})
 	t.Run("update: an answer that is not the item falls back to what was sent", func(t *testing.T) {
 		for _, body := range []string{`{}`, `{"status":"ok"}`, ``, `{"id":"9","name":"padded"}`} {
@@ -47,18 +47,18 @@ func TestUndoOfANormalisedWrite(t *testing.T) {
 		f.on("PATCH", "/widgets/2", otherWriter(f, "1", map[string]any{"id": "1", "name": "padded", "color": "red", "updated_at": "t2"}))
 		w := write(t, run1(t, "PATCH", "/widgets", `[{"id":"1","name":" padded"},{"id":"2","v":1}]`, f, concurrency(1)))
 		equalSlices(t, "outcomes", w.Outcomes(), []string{"rollback_failed", "failed"})
-		jsonEqual(t, "widget 1", f.state()["1"], `{"id":"1","name":"padded","color":"red","updated_at":"t2"}`)
+		jsonEqual(t, "widget 1", f.state()["/widgets/1"], `{"id":"1","name":"padded","color":"red","updated_at":"t2"}`)
 	})
 	t.Run("create: the answer is the proof before the delete", func(t *testing.T) {
 		f := newFake()
 		f.on("POST", "/widgets", answer{status: 201, body: `{"id":1000,"name":"ada","email":"ada@example.com","created_at":"t1"}`,
 			header: map[string][]string{"Location": {"http://h/widgets/1000"}},
 			hook: func(context.Context, *SubRequest) {
-				f.set("1000", map[string]any{"id": 1000, "name": "ada", "email": "ada@example.com", "created_at": "t1"})
+				f.put(widget("1000"), map[string]any{"id": 1000, "name": "ada", "email": "ada@example.com", "created_at": "t1"})
 			}}, reply(422, `<p>no</p>`))
 		w := write(t, run1(t, "POST", "/widgets", `[{"name":" ada ","email":"ADA@example.com"},{"name":""}]`, f, concurrency(1)))
 		equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "failed"})
-		equal(t, "widget 1000 deleted", f.state()["1000"], "")
+		equal(t, "widget 1000 deleted", f.state()["/widgets/1000"], "")
 	})
 }
 
@@ -70,13 +70,13 @@ func TestUnknownCreateUnderTheElementsID(t *testing.T) {
 	// The API ignores the element's id and answers too late: the item
 	// exists, under an id of the API's own.
 	f.on("POST", "/widgets", answer{err: errLost, hook: func(context.Context, *SubRequest) {
-		f.set("1000", map[string]any{"id": "1000", "name": "x"})
+		f.put(widget("1000"), map[string]any{"id": "1000", "name": "x"})
 	}})
 	w := write(t, run1(t, "POST", "/widgets", `[{"id":"9990","name":"x"}]`, f))
 	equalSlices(t, "outcomes", w.Outcomes(), []string{"rollback_failed"})
 	equal(t, "status", w.Code, 500)
 	equal(t, "outcome", w.Outcome, "rollback_failed")
-	equal(t, "widget 1000 kept", f.state()["1000"] != "", true)
+	equal(t, "widget 1000 kept", f.state()["/widgets/1000"] != "", true)
 	if strings.Contains(w.Detail, "nothing was changed") {
 		t.Errorf("detail %q says nothing was changed", w.Detail)
 	}

@@ -22,7 +22,7 @@ type statusCase struct {
 	method, target string
 	body           string
 	mods           []specMod
-	fake           func() *fakeSender
+	fake           func() *fakeAPI
 	status         int
 	outcome        string
 	items          []string // item outcomes, in request order
@@ -31,7 +31,7 @@ type statusCase struct {
 }
 
 func TestBatchStatus(t *testing.T) {
-	seeded := func() *fakeSender { return newFake().seed("1", "2", "3") }
+	seeded := func() *fakeAPI { return newFake().seed("1", "2", "3") }
 	tests := []statusCase{
 		// every item succeeded → 200 (batch CREATE: 201)
 		{name: "every item succeeded: get", method: "GET", target: "/widgets?ids=1,2", fake: seeded,
@@ -47,30 +47,30 @@ func TestBatchStatus(t *testing.T) {
 
 		// partial mode, some or all items failed → 207
 		{name: "partial, some failed", method: "POST", target: "/widgets", body: elements(3), mods: []specMod{partial, concurrency(1)},
-			fake: func() *fakeSender {
+			fake: func() *fakeAPI {
 				return newFake().on("POST", "/widgets", answer{}, reply(422, `{"error":"bad"}`), answer{})
 			},
 			status: 207, outcome: "partial", items: []string{"succeeded", "failed", "succeeded"}, itemStatus: []int{201, 422, 201}},
 		{name: "partial, all failed", method: "GET", target: "/widgets?ids=8,9", mods: []specMod{partial}, fake: seeded,
 			status: 207, outcome: "failed", items: []string{"failed", "failed"}, itemStatus: []int{404, 404}},
 		{name: "partial, a write unanswered", method: "DELETE", target: "/widgets?ids=1,2", mods: []specMod{partial, concurrency(1)},
-			fake:   func() *fakeSender { return seeded().on("DELETE", "/widgets/2", answer{err: errLost}) },
+			fake:   func() *fakeAPI { return seeded().on("DELETE", "/widgets/2", answer{err: errLost}) },
 			status: 207, outcome: "partial", items: []string{"succeeded", "unknown"}, itemStatus: []int{204, 502}},
 
 		// all_or_nothing failed and everything done was undone → the first
 		// failing item's 4xx; 502 for an upstream 5xx or unreachable
 		// upstream; 504 for a timeout
 		{name: "all_or_nothing, a 4xx, undone", method: "POST", target: "/widgets", body: elements(3), mods: []specMod{concurrency(1)},
-			fake: func() *fakeSender {
+			fake: func() *fakeAPI {
 				return newFake().on("POST", "/widgets", answer{}, reply(409, `{"error":"conflict"}`))
 			},
 			status: 409, outcome: "rolled_back", items: []string{"rolled_back", "failed", "not_attempted"}, itemStatus: []int{201, 409, 0}, problem: true},
 		{name: "all_or_nothing, a 4xx with nothing to undo", method: "POST", target: "/widgets", body: elements(2), mods: []specMod{concurrency(1)},
-			fake:   func() *fakeSender { return newFake().on("POST", "/widgets", reply(400, `{"error":"bad"}`)) },
+			fake:   func() *fakeAPI { return newFake().on("POST", "/widgets", reply(400, `{"error":"bad"}`)) },
 			status: 400, outcome: "failed", items: []string{"failed", "not_attempted"}, itemStatus: []int{400, 0}, problem: true},
 		{name: "all_or_nothing, the first failing item by index, not by time", method: "PATCH", target: "/widgets",
 			body: `[{"id":"1","v":1},{"id":"2","v":1},{"id":"3","v":1}]`, mods: []specMod{concurrency(3)},
-			fake: func() *fakeSender {
+			fake: func() *fakeAPI {
 				thirdFailed := make(chan struct{})
 				return seeded().
 					on("PATCH", "/widgets/2", answer{status: 422, body: `{}`, hook: func(context.Context, *SubRequest) { <-thirdFailed }}).
@@ -78,36 +78,36 @@ func TestBatchStatus(t *testing.T) {
 			},
 			status: 422, outcome: "rolled_back", items: []string{"rolled_back", "failed", "failed"}, itemStatus: []int{200, 422, 409}, problem: true},
 		{name: "all_or_nothing, an upstream 5xx", method: "PATCH", target: "/widgets", body: `[{"id":"1","v":1},{"id":"2","v":1},{"id":"3","v":1}]`, mods: []specMod{concurrency(1)},
-			fake:   func() *fakeSender { return seeded().on("PATCH", "/widgets/2", reply(503, `{}`)) },
+			fake:   func() *fakeAPI { return seeded().on("PATCH", "/widgets/2", reply(503, `{}`)) },
 			status: 502, outcome: "rolled_back", items: []string{"rolled_back", "failed", "not_attempted"}, itemStatus: []int{200, 503, 0}, problem: true},
 		{name: "all_or_nothing, an upstream 500 on a delete", method: "DELETE", target: "/widgets?ids=1,2", mods: []specMod{concurrency(1)},
-			fake:   func() *fakeSender { return seeded().on("DELETE", "/widgets/2", reply(500, `oops`)) },
+			fake:   func() *fakeAPI { return seeded().on("DELETE", "/widgets/2", reply(500, `oops`)) },
 			status: 502, outcome: "rolled_back", items: []string{"rolled_back", "failed"}, itemStatus: []int{204, 500}, problem: true},
 		{name: "all_or_nothing, upstream unreachable (ErrNotSent)", method: "POST", target: "/widgets", body: elements(3), mods: []specMod{concurrency(1)},
-			fake:   func() *fakeSender { return newFake().on("POST", "/widgets", answer{}, answer{err: notSent()}) },
+			fake:   func() *fakeAPI { return newFake().on("POST", "/widgets", answer{}, answer{err: notSent()}) },
 			status: 502, outcome: "rolled_back", items: []string{"rolled_back", "failed", "not_attempted"}, itemStatus: []int{201, 502, 0}, problem: true},
 		{name: "all_or_nothing, item timeout", method: "PATCH", target: "/widgets", body: `[{"id":"1","v":1},{"id":"2","v":1},{"id":"3","v":1}]`,
 			mods: []specMod{concurrency(1), itemTimeout(50 * time.Millisecond)},
-			fake: func() *fakeSender { return seeded().on("PATCH", "/widgets/2", answer{hang: true}) },
+			fake: func() *fakeAPI { return seeded().on("PATCH", "/widgets/2", answer{hang: true}) },
 			// The hung write never took effect: a read shows the item as
 			// before, so only item 0 is undone.
 			status: 504, outcome: "rolled_back", items: []string{"rolled_back", "failed", "not_attempted"}, itemStatus: []int{200, 504, 0}, problem: true},
 
 		// all_or_nothing failed and something could not be undone → 500
 		{name: "all_or_nothing, an undo failed", method: "POST", target: "/widgets", body: elements(3), mods: []specMod{concurrency(1), compensationRetries(1)},
-			fake: func() *fakeSender {
+			fake: func() *fakeAPI {
 				return newFake().on("POST", "/widgets", answer{}, reply(409, `{}`)).on("DELETE", "/widgets/1000", reply(503, ``))
 			},
 			status: 500, outcome: "rollback_failed", items: []string{"rollback_failed", "failed", "not_attempted"}, itemStatus: []int{201, 409, 0}, problem: true},
 		{name: "all_or_nothing, an unknown create with no id", method: "POST", target: "/widgets", body: elements(2), mods: []specMod{concurrency(1)},
-			fake:   func() *fakeSender { return newFake().on("POST", "/widgets", answer{}, answer{err: errLost}) },
+			fake:   func() *fakeAPI { return newFake().on("POST", "/widgets", answer{}, answer{err: errLost}) },
 			status: 500, outcome: "rollback_failed", items: []string{"rolled_back", "rollback_failed"}, itemStatus: []int{201, 502}, problem: true},
 
 		// A batch GET in all_or_nothing mode fails as a whole.
 		{name: "all_or_nothing GET, an item missing", method: "GET", target: "/widgets?ids=1,9,2", mods: []specMod{concurrency(1)}, fake: seeded,
 			status: 404, outcome: "failed", items: []string{"succeeded", "failed", "not_attempted"}, itemStatus: []int{200, 404, 0}, problem: true},
 		{name: "all_or_nothing GET, an upstream 500", method: "GET", target: "/widgets?ids=1,2", mods: []specMod{concurrency(1)},
-			fake:   func() *fakeSender { return seeded().on("GET", "/widgets/1", reply(500, `boom`)) },
+			fake:   func() *fakeAPI { return seeded().on("GET", "/widgets/1", reply(500, `boom`)) },
 			status: 502, outcome: "failed", items: []string{"failed", "not_attempted"}, itemStatus: []int{500, 0}, problem: true},
 		{name: "partial GET, every item stands", method: "GET", target: "/widgets?ids=1,9,2", mods: []specMod{partial, concurrency(1)}, fake: seeded,
 			status: 207, outcome: "partial", items: []string{"succeeded", "failed", "succeeded"}, itemStatus: []int{200, 404, 200}},

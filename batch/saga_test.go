@@ -66,7 +66,7 @@ func TestItemsInRequestOrder(t *testing.T) {
 	}
 }
 
-func run1(t testing.TB, method, target, body string, f *fakeSender, mods ...specMod) *Result {
+func run1(t testing.TB, method, target, body string, f *fakeAPI, mods ...specMod) *Result {
 	t.Helper()
 	return run(mustPlan(t, newRequest(method, target, body), mods...), f)
 }
@@ -168,26 +168,26 @@ func TestCompensationReverseStartOrder(t *testing.T) {
 	tests := []struct {
 		name, method, target, body string
 		mods                       []specMod
-		fake                       func() *fakeSender
+		fake                       func() *fakeAPI
 		undo                       []string
 	}{
 		{name: "create", method: "POST", target: "/widgets", body: elements(5),
-			fake: func() *fakeSender {
+			fake: func() *fakeAPI {
 				return newFake().on("POST", "/widgets", answer{}, answer{}, answer{}, reply(422, `{}`))
 			},
 			undo: []string{"DELETE /widgets/1002", "DELETE /widgets/1001", "DELETE /widgets/1000"}},
 		{name: "update", method: "PATCH", target: "/widgets", body: `[{"id":"1","v":1},{"id":"2","v":1},{"id":"3","v":1},{"id":"4","v":1}]`,
-			fake: func() *fakeSender {
+			fake: func() *fakeAPI {
 				return newFake().seed("1", "2", "3", "4").on("PATCH", "/widgets/4", reply(422, `{}`))
 			},
 			undo: []string{"PUT /widgets/3", "PUT /widgets/2", "PUT /widgets/1"}},
 		{name: "delete", method: "DELETE", target: "/widgets?ids=1,2,3,4",
-			fake: func() *fakeSender {
+			fake: func() *fakeAPI {
 				return newFake().seed("1", "2", "3", "4").on("DELETE", "/widgets/4", reply(423, `{}`))
 			},
 			undo: []string{"PUT /widgets/3", "PUT /widgets/2", "PUT /widgets/1"}},
 		{name: "delete, restore_deleted post", method: "DELETE", target: "/widgets?ids=1,2,3,4", mods: []specMod{restoreByPost},
-			fake: func() *fakeSender {
+			fake: func() *fakeAPI {
 				return newFake().seed("1", "2", "3", "4").on("DELETE", "/widgets/4", reply(423, `{}`))
 			},
 			undo: []string{"POST /widgets", "POST /widgets", "POST /widgets"}},
@@ -313,7 +313,7 @@ func TestCompensateUpdate(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newFake().seed("2")
-			f.set("1", map[string]any{"id": "1", "name": "old", "color": "red", "tags": []any{"a"}})
+			f.put(widget("1"), map[string]any{"id": "1", "name": "old", "color": "red", "tags": []any{"a"}})
 			f.on("PATCH", "/widgets/2", reply(422, `{}`))
 			before := f.state()
 			w := write(t, run1(t, "PATCH", "/widgets", `[{"id":"1","name":"new","size":3},{"id":"2","name":"x"}]`, f, append(tt.mods, concurrency(1))...))
@@ -324,7 +324,7 @@ func TestCompensateUpdate(t *testing.T) {
 			if len(log) != 6 {
 				t.FailNow()
 			}
-			preimage := before["1"]
+			preimage := before["/widgets/1"]
 			undo := log[5]
 			jsonEqual(t, "compensation body", undo.Body, tt.body(preimage))
 			if tt.method == "PUT" && undo.Body != preimage {
@@ -357,7 +357,7 @@ func TestCompensateDelete(t *testing.T) {
 				"GET /widgets/1", "GET /widgets/2", "DELETE /widgets/1", "DELETE /widgets/2", "GET /widgets/1", tt.undo,
 			})
 			undo := f.log()[5]
-			equal(t, "compensation body", undo.Body, before["1"])
+			equal(t, "compensation body", undo.Body, before["/widgets/1"])
 			jsonEqual(t, "compensation body", undo.Body, `{"id":"1","name":"widget 1","color":"red"}`)
 			equal(t, "compensation query", undo.RawQuery, "dry=no")
 			equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "failed"})
@@ -511,19 +511,19 @@ func TestPreflight(t *testing.T) {
 	tests := []struct {
 		name, method, target, body string
 		mods                       []specMod
-		fake                       func() *fakeSender
+		fake                       func() *fakeAPI
 		status                     int
 		items                      []string
 		detail                     []string
 	}{
 		{name: "update, a target missing", method: "PATCH", target: "/widgets", body: `[{"id":"1","v":1},{"id":"2","v":1},{"id":"3","v":1}]`,
-			fake:   func() *fakeSender { return newFake().seed("1", "3") },
+			fake:   func() *fakeAPI { return newFake().seed("1", "3") },
 			status: 404, items: []string{"not_attempted", "failed", "not_attempted"}, detail: []string{"item 1", `"2"`, "404"}},
 		{name: "delete, a target missing", method: "DELETE", target: "/widgets?ids=1,2,3",
-			fake:   func() *fakeSender { return newFake().seed("1", "3") },
+			fake:   func() *fakeAPI { return newFake().seed("1", "3") },
 			status: 404, items: []string{"not_attempted", "failed", "not_attempted"}, detail: []string{"item 1", `"2"`}},
 		{name: "delete, the first by index of two missing", method: "DELETE", target: "/widgets?ids=1,2,3", mods: []specMod{concurrency(3)},
-			fake: func() *fakeSender {
+			fake: func() *fakeAPI {
 				second := make(chan struct{})
 				return newFake().seed("1").
 					on("GET", "/widgets/2", answer{status: 410, body: `{}`, hook: func(context.Context, *SubRequest) { <-second }}).
@@ -531,25 +531,25 @@ func TestPreflight(t *testing.T) {
 			},
 			status: 410, items: []string{"not_attempted", "failed", "failed"}, detail: []string{"item 1"}},
 		{name: "update, a pre-image that is a JSON array", method: "PATCH", target: "/widgets", body: `[{"id":"1","v":1},{"id":"2","v":1}]`,
-			fake:   func() *fakeSender { return newFake().seed("1").on("GET", "/widgets/2", reply(200, `[1,2]`)) },
+			fake:   func() *fakeAPI { return newFake().seed("1").on("GET", "/widgets/2", reply(200, `[1,2]`)) },
 			status: 502, items: []string{"not_attempted", "failed"}, detail: []string{"item 1", "JSON object"}},
 		{name: "update, a pre-image that is a JSON object but not UTF-8", method: "PATCH", target: "/widgets", body: `[{"id":"1","v":1},{"id":"2","v":1}]`,
-			fake: func() *fakeSender {
+			fake: func() *fakeAPI {
 				return newFake().seed("1").on("GET", "/widgets/2", reply(200, "{\"name\":\"\xff\"}"))
 			},
 			status: 502, items: []string{"not_attempted", "failed"}, detail: []string{"item 1", "JSON object"}},
 		{name: "delete, a pre-image that is HTML", method: "DELETE", target: "/widgets?ids=1,2",
-			fake:   func() *fakeSender { return newFake().seed("1").on("GET", "/widgets/2", reply(200, `<html>ok</html>`)) },
+			fake:   func() *fakeAPI { return newFake().seed("1").on("GET", "/widgets/2", reply(200, `<html>ok</html>`)) },
 			status: 502, items: []string{"not_attempted", "failed"}, detail: []string{"item 1"}},
 		{name: "update, a pre-image read fails with 500", method: "PATCH", target: "/widgets", body: `[{"id":"1","v":1},{"id":"2","v":1}]`,
-			fake:   func() *fakeSender { return newFake().seed("1").on("GET", "/widgets/2", reply(500, `boom`)) },
+			fake:   func() *fakeAPI { return newFake().seed("1").on("GET", "/widgets/2", reply(500, `boom`)) },
 			status: 502, items: []string{"not_attempted", "failed"}},
 		{name: "update, a pre-image read times out", method: "PATCH", target: "/widgets", body: `[{"id":"1","v":1},{"id":"2","v":1}]`,
 			mods:   []specMod{itemTimeout(50 * time.Millisecond)},
-			fake:   func() *fakeSender { return newFake().seed("1").on("GET", "/widgets/2", answer{hang: true}) },
+			fake:   func() *fakeAPI { return newFake().seed("1").on("GET", "/widgets/2", answer{hang: true}) },
 			status: 504, items: []string{"not_attempted", "failed"}},
 		{name: "delete, a pre-image read unanswered", method: "DELETE", target: "/widgets?ids=1,2",
-			fake:   func() *fakeSender { return newFake().seed("1").on("GET", "/widgets/2", answer{err: errLost}) },
+			fake:   func() *fakeAPI { return newFake().seed("1").on("GET", "/widgets/2", answer{err: errLost}) },
 			status: 502, items: []string{"not_attempted", "failed"}},
 	}
 	for _, tt := range tests {

@@ -129,7 +129,7 @@ func TestResumeRefusesWhatItDoesNotKnow(t *testing.T) {
 // appliedThenDies is an undo the store applies, after which its gateway
 // dies before the answer: undoing is closed once it is applied, and the
 // answer waits for dead.
-func appliedThenDies(f *fakeSender, undoing, dead chan struct{}) answer {
+func appliedThenDies(f *fakeAPI, undoing, dead chan struct{}) answer {
 	return answer{hook: func(_ context.Context, req *SubRequest) {
 		f.store(req)
 		close(undoing)
@@ -151,7 +151,7 @@ func TestResumeAfterAnUndoWasSent(t *testing.T) {
 	<-undoing
 	snap := j.stored(t)
 	equal(t, "item 0's phase", snap.Items[0].Phase, PhaseUndoing)
-	f.set("2", map[string]any{"id": "2", "name": "widget 2", "color": "red"})
+	f.put(widget("2"), map[string]any{"id": "2", "name": "widget 2", "color": "red"})
 	res, err := Resume(context.Background(), snap, widgets(t).Lookup, nil, Runtime{Send: f, Journal: &memJournal{snap: snap}})
 	if err != nil {
 		t.Fatal(err)

@@ -22,11 +22,11 @@ func stamped(names ...string) specMod {
 
 // stampingFake is a store that stamps every save, holding widgets 1 and 2
 // as saved at t0.
-func stampingFake() *fakeSender {
+func stampingFake() *fakeAPI {
 	f := newFake()
 	f.stamps = true
 	for _, id := range []string{"1", "2"} {
-		f.set(id, map[string]any{"id": id, "name": "widget " + id, "color": "red", "updated_at": "t0"})
+		f.put(widget(id), map[string]any{"id": id, "name": "widget " + id, "color": "red", "updated_at": "t0"})
 	}
 	return f
 }
@@ -47,7 +47,7 @@ func withoutStamp(t *testing.T, rec string) string {
 // the read that resolves it differs from what the write would leave in
 // updated_at alone.
 func TestStampedUnknownUpdate(t *testing.T) {
-	run := func(t *testing.T, mods ...specMod) (*fakeSender, *wire) {
+	run := func(t *testing.T, mods ...specMod) (*fakeAPI, *wire) {
 		f := stampingFake().on("PATCH", "/widgets/1", answer{effectThenErr: errLost})
 		mods = append(mods, concurrency(1))
 		return f, write(t, run1(t, "PATCH", "/widgets", `[{"id":"1","name":"ours"},{"id":"2","name":"x"}]`, f, mods...))
@@ -56,7 +56,7 @@ func TestStampedUnknownUpdate(t *testing.T) {
 		f, w := run(t, stamped("updated_at"))
 		equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "not_attempted"})
 		equal(t, "PUTs sent", len(f.sentWith("PUT")), 1)
-		jsonEqual(t, "widget 1 but for its stamp", withoutStamp(t, f.state()["1"]), `{"id":"1","name":"widget 1","color":"red"}`)
+		jsonEqual(t, "widget 1 but for its stamp", withoutStamp(t, f.state()["/widgets/1"]), `{"id":"1","name":"widget 1","color":"red"}`)
 		c := w.Items[0].Compensation
 		if c == nil || c.Method != "PUT" || !strings.Contains(string(c.Found), `"ours"`) || !strings.Contains(string(c.Found), `"updated_at":"t1"`) {
 			t.Errorf("compensation %+v: want the PUT, and the read that resolved the write in found", c)
@@ -66,12 +66,12 @@ func TestStampedUnknownUpdate(t *testing.T) {
 		f, w := run(t)
 		equalSlices(t, "outcomes", w.Outcomes(), []string{"rollback_failed", "not_attempted"})
 		equal(t, "PUTs sent", len(f.sentWith("PUT")), 0)
-		jsonEqual(t, "widget 1 as the write left it", f.state()["1"], `{"id":"1","name":"ours","color":"red","updated_at":"t1"}`)
+		jsonEqual(t, "widget 1 as the write left it", f.state()["/widgets/1"], `{"id":"1","name":"ours","color":"red","updated_at":"t1"}`)
 		c := w.Items[0].Compensation
 		if c == nil || !strings.Contains(c.Error, `"updated_at"`) || !strings.Contains(c.Error, "stamped_fields") || strings.Contains(c.Error, "another writer") {
 			t.Fatalf("compensation %+v: want a reason naming updated_at and stamped_fields, blaming no writer", c)
 		}
-		jsonEqual(t, "found", string(c.Found), f.state()["1"])
+		jsonEqual(t, "found", string(c.Found), f.state()["/widgets/1"])
 	})
 }
 
@@ -82,34 +82,34 @@ func TestStampedSecondWriterIsStillNamed(t *testing.T) {
 	f := stampingFake()
 	theirs := map[string]any{"id": "1", "name": "theirs", "color": "red", "updated_at": "t9"}
 	f.on("PATCH", "/widgets/1", answer{effectThenErr: errLost}).
-		on("GET", "/widgets/1", answer{}, answer{hook: func(context.Context, *SubRequest) { f.set("1", theirs) }})
+		on("GET", "/widgets/1", answer{}, answer{hook: func(context.Context, *SubRequest) { f.put(widget("1"), theirs) }})
 	w := write(t, run1(t, "PATCH", "/widgets", `[{"id":"1","name":"ours"},{"id":"2","name":"x"}]`, f, concurrency(1), stamped("updated_at")))
 	equalSlices(t, "outcomes", w.Outcomes(), []string{"rollback_failed", "not_attempted"})
 	equal(t, "PUTs sent", len(f.sentWith("PUT")), 0)
-	jsonEqual(t, "widget 1", f.state()["1"], `{"id":"1","name":"theirs","color":"red","updated_at":"t9"}`)
+	jsonEqual(t, "widget 1", f.state()["/widgets/1"], `{"id":"1","name":"theirs","color":"red","updated_at":"t9"}`)
 	c := w.Items[0].Compensation
 	if c == nil || !strings.Contains(c.Error, `another writer changed "name"`) || strings.Contains(c.Error, "stamped_fields") {
 		t.Fatalf("compensation %+v: want the other writer named, with the member", c)
 	}
-	jsonEqual(t, "found", string(c.Found), f.state()["1"])
+	jsonEqual(t, "found", string(c.Found), f.state()["/widgets/1"])
 }
 
 // A write that was answered, then stamped again before the undo's proof
 // read (a callback that touches the row): the read differs from the
 // write's answer in updated_at alone.
 func TestStampedProofRead(t *testing.T) {
-	run := func(t *testing.T, mods ...specMod) (*fakeSender, *wire) {
+	run := func(t *testing.T, mods ...specMod) (*fakeAPI, *wire) {
 		f := stampingFake()
 		touched := map[string]any{"id": "1", "name": "ours", "color": "red", "updated_at": "t7"}
 		f.on("PATCH", "/widgets/2", reply(500, ``)).
-			on("GET", "/widgets/1", answer{}, answer{hook: func(context.Context, *SubRequest) { f.set("1", touched) }})
+			on("GET", "/widgets/1", answer{}, answer{hook: func(context.Context, *SubRequest) { f.put(widget("1"), touched) }})
 		mods = append(mods, concurrency(1))
 		return f, write(t, run1(t, "PATCH", "/widgets", `[{"id":"1","name":"ours"},{"id":"2","name":"x"}]`, f, mods...))
 	}
 	t.Run("with stamped_fields it is undone", func(t *testing.T) {
 		f, w := run(t, stamped("updated_at"))
 		equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "failed"})
-		jsonEqual(t, "widget 1 but for its stamp", withoutStamp(t, f.state()["1"]), `{"id":"1","name":"widget 1","color":"red"}`)
+		jsonEqual(t, "widget 1 but for its stamp", withoutStamp(t, f.state()["/widgets/1"]), `{"id":"1","name":"widget 1","color":"red"}`)
 	})
 	t.Run("without it is left, naming stamped_fields", func(t *testing.T) {
 		f, w := run(t)
@@ -134,7 +134,7 @@ func TestFoundWhenAnUnknownWriteDidNotTakeEffect(t *testing.T) {
 	if c == nil || c.Method != "" {
 		t.Fatalf("compensation %+v: want the read alone", c)
 	}
-	jsonEqual(t, "found", string(c.Found), before["1"])
+	jsonEqual(t, "found", string(c.Found), before["/widgets/1"])
 }
 
 // stamped_fields leaves out only what it names: a member the API did
@@ -182,5 +182,5 @@ func TestStampedResumeAfterAnUndoWasSent(t *testing.T) {
 	w := write(t, res)
 	equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "failed"})
 	equal(t, "PUTs sent in all", len(f.sentWith("PUT")), 1)
-	jsonEqual(t, "widget 1 but for its stamp", withoutStamp(t, f.state()["1"]), `{"id":"1","name":"widget 1","color":"red"}`)
+	jsonEqual(t, "widget 1 but for its stamp", withoutStamp(t, f.state()["/widgets/1"]), `{"id":"1","name":"widget 1","color":"red"}`)
 }

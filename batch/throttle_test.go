@@ -89,7 +89,7 @@ func TestThrottleBeyondTheDeadlineFailsAtOnce(t *testing.T) {
 	equal(t, "batch Retry-After", w.Header.Get("Retry-After"), "2")
 	equal(t, "item 1 Retry-After", w.Items[1].Headers["Retry-After"], "2")
 	equal(t, "PATCHes sent", len(f.sentWith("PATCH")), 2) // item 2's once
-	equal(t, "item 1 restored", f.state()["1"], `{"color":"red","id":"1","name":"widget 1"}`)
+	equal(t, "item 1 restored", f.state()["/widgets/1"], `{"color":"red","id":"1","name":"widget 1"}`)
 	throttled, undo := times.of("PATCH /widgets/2"), times.of("PUT /widgets/1")
 	if len(undo) != 1 || undo[0].Sub(throttled[0]) < 2*time.Second {
 		t.Errorf("the undo was sent at %v, before the moment the 429 at %v asked for", undo, throttled)

@@ -37,7 +37,7 @@ func TestEnvelopeWritesByItsOperations(t *testing.T) {
 		]}`, true, []string{"/users/7"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			api := newAPIStore("/users", "/reports").put("/users/7", map[string]any{"id": 7}).put("/reports/1", map[string]any{"id": 1})
+			api := newShopAPI("/users", "/reports").put("/users/7", map[string]any{"id": 7}).put("/reports/1", map[string]any{"id": 1})
 			p, prob := admitEnvelope(t, shop(t), c.body)
 			if prob != nil {
 				t.Fatal(prob.Detail)
