@@ -144,6 +144,12 @@ func runCtx(ctx context.Context, p *Plan, s Sender) *Result {
 	return newSaga(p, Runtime{Send: s}, noBackoff).run(ctx)
 }
 
+// run1 plans one request on /widgets and runs it on f.
+func run1(t testing.TB, method, target, body string, f *fakeAPI, mods ...specMod) *Result {
+	t.Helper()
+	return run(mustPlan(t, newRequest(method, target, body), mods...), f)
+}
+
 // ---------------------------------------------------------------------
 // What the client reads.
 
