@@ -55,7 +55,7 @@ func TestListReadBatchGET(t *testing.T) {
 		// The LIST leaves 3 out (the caller may not see it); 2 does not
 		// exist.
 		f.on("GET", "/widgets", reply(200, `[{"id":"1","name":"one"}]`))
-		res := run1(t, "GET", "/widgets?ids=1,2,3", "", f, listFilter(policy.ListFilterSpec{}), partial)
+		res := run1(t, "GET", "/widgets?ids=1,2,3", "", f, listFilter(policy.ListFilterSpec{}), partial, concurrency(1))
 		w := write(t, res)
 		equalSlices(t, "sent", f.sent(), []string{"GET /widgets", "GET /widgets/2", "GET /widgets/3"})
 		equalSlices(t, "statuses", w.Statuses(), []int{200, 404, 403})
