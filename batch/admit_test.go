@@ -18,6 +18,7 @@ func (brokenBody) Close() error             { return nil }
 // a body that cannot be read, an operation that is off, bad input, a
 // plan) comes out of it.
 func TestAdmit(t *testing.T) {
+	t.Parallel()
 	pol := widgets(t, func(r *policy.ResourceSpec) { r.Batch = []string{"get", "create"} })
 	m, _ := pol.Lookup("/widgets")
 	broken := newRequest("POST", "/widgets", "")

@@ -36,6 +36,7 @@ func strictJSON(t testing.TB, raw []byte) {
 // docs/wire-format.md, "Batch requests and responses": a JSON item body that is not valid UTF-8 goes in body_text,
 // as valid UTF-8 cut at 4 KiB, so the answer is always valid JSON.
 func TestItemBodyNotUTF8(t *testing.T) {
+	t.Parallel()
 	manyBad := strings.Repeat("\xffa", 3000) // 6000 bytes; each \xff becomes 3
 	f := newFake().
 		on("GET", "/widgets/1", reply(200, "{\"name\":\"\xff\"}", "Content-Type", "application/json")).
@@ -71,6 +72,7 @@ func TestItemBodyNotUTF8(t *testing.T) {
 // docs/wire-format.md, "Batch requests and responses": when the batch's status is an item's status, the headers that
 // status requires come with it — and only then.
 func TestStatusHeadersLifted(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name   string
 		target string
@@ -146,6 +148,7 @@ func TestStatusHeadersLifted(t *testing.T) {
 // The answer of an item refused by a handler before the upstream (a
 // sender that answers without a body) still lifts its challenge.
 func TestStatusHeadersOfAWrite(t *testing.T) {
+	t.Parallel()
 	f := newFake().seed("1", "2").on("DELETE", "/widgets/2",
 		reply(http.StatusUnauthorized, "", "WWW-Authenticate", `Basic realm="restricted"`))
 	before := f.state()

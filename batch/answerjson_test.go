@@ -52,6 +52,7 @@ func marshalled(t testing.TB, r *Result) []byte {
 // which encoding/json took out): the same members in the same order,
 // omitted in the same cases, escaped the same way.
 func TestAnswerAsMarshalled(t *testing.T) {
+	t.Parallel()
 	full := ItemResult{
 		Index: 0, Op: "p\u00e9-1", Method: "POST", URL: "/users/7/posts?x=<y>&z=\"", ID: "a<b>&c", Status: 502, Outcome: RollbackFailed,
 		Body:     json.RawMessage(`{"html":"<b>&amp;</b>","line":"` + "\u2028" + `","n":[1,2.5e3,null,true]}`),
@@ -120,6 +121,7 @@ func TestAnswerAsMarshalled(t *testing.T) {
 // whitespace included (it is insignificant in JSON), without the
 // whitespace around it.
 func TestAnswerKeepsBodyAsSent(t *testing.T) {
+	t.Parallel()
 	pretty := "\r\n {\n  \"id\": \"1\",\n  \"tags\": [ \"a\", \"b\" ]\n}\n\n"
 	f := newFake().on("GET", "/widgets/1", reply(200, pretty, "Content-Type", "application/json"))
 	rec := writeRaw(t, run(mustPlan(t, newRequest("GET", "/widgets?ids=1", "")), f))
@@ -137,6 +139,7 @@ func TestAnswerKeepsBodyAsSent(t *testing.T) {
 // docs/wire-format.md, "Batch requests and responses": a batch GET fetches a repeated id once; its body is held once
 // however many times the batch names it, and written from that one copy.
 func TestRepeatedIDBodyHeldOnce(t *testing.T) {
+	// Not parallel: it counts the bytes the whole process allocates.
 	const copies, size = 20, 512 << 10
 	body := `{"pad":"` + strings.Repeat("x", size-len(`{"pad":""}`)) + `"}`
 	f := newFake().on("GET", "/widgets/1", reply(200, body))

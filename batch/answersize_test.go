@@ -52,6 +52,7 @@ func checkLeftOut(t testing.TB, w *wire, limit int64, left ...int) {
 }
 
 func TestMaxResponseSizeGet(t *testing.T) {
+	t.Parallel()
 	f := newFake()
 	size := padWidgets(f, 400, "1", "2", "3", "4", "5")
 	limit := 2*size + size/2
@@ -74,6 +75,7 @@ func TestMaxResponseSizeGet(t *testing.T) {
 // In a partial batch, the items that do not fit fail and the others go
 // on: a smaller body after them still fits.
 func TestMaxResponseSizePartial(t *testing.T) {
+	t.Parallel()
 	f := newFake()
 	size := padWidgets(f, 400, "1", "2", "3")
 	padWidgets(f, 0, "5")
@@ -96,6 +98,7 @@ func TestMaxResponseSizePartial(t *testing.T) {
 // An all-or-nothing write batch whose answer does not fit is undone,
 // the item whose answer was left out included: its write took effect.
 func TestMaxResponseSizeUndoesWrites(t *testing.T) {
+	t.Parallel()
 	f := newFake()
 	padWidgets(f, 400, "1", "2", "3")
 	before := f.state()
@@ -117,6 +120,7 @@ func TestMaxResponseSizeUndoesWrites(t *testing.T) {
 // A partial batch's write that took effect stays succeeded when its
 // answer is left out: failed would say it did not happen.
 func TestMaxResponseSizePartialWrite(t *testing.T) {
+	t.Parallel()
 	f := newFake()
 	padWidgets(f, 400, "1", "2", "3")
 	elems := `[{"id":"1","name":"n"},{"id":"2","name":"n"},{"id":"3","name":"n"}]`
@@ -136,6 +140,7 @@ func TestMaxResponseSizePartialWrite(t *testing.T) {
 // A repeated id's body is held once but written once for each time the
 // batch names it, and counted so.
 func TestMaxResponseSizeRepeatedID(t *testing.T) {
+	t.Parallel()
 	f := newFake()
 	size := padWidgets(f, 400, "1")
 	limit := 2*size + size/2

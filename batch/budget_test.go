@@ -12,6 +12,7 @@ import (
 // long an Idempotency-Key's claim is renewed) is what a saga gives it,
 // backoffs included.
 func TestCompensationBudgetIsTheSagas(t *testing.T) {
+	t.Parallel()
 	for _, retries := range []int{0, 1, 3, 8} {
 		p := mustPlan(t, newRequest("DELETE", "/widgets?ids=1", ""), compensationRetries(retries))
 		sg := newSaga(p, Runtime{}, compensationBackoff)
@@ -29,6 +30,7 @@ func TestCompensationBudgetIsTheSagas(t *testing.T) {
 
 // TestPlanSaga: a plan is a saga when it writes all-or-nothing.
 func TestPlanSaga(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		name, method string
 		mods         []specMod

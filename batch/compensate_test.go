@@ -18,6 +18,7 @@ import (
 
 // Compensations run in reverse order of start (concurrency 1: index order).
 func TestCompensationReverseStartOrder(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name, method, target, body string
 		mods                       []specMod
@@ -81,6 +82,7 @@ func withoutReads(sent []string) []string {
 // A created item is undone by DELETE of its id: the last segment of its
 // Location, else the body's id field, else the element's own id.
 func TestCompensateCreateFindsTheCreatedID(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name    string
 		body    string // the batch
@@ -141,6 +143,7 @@ func TestCompensateCreateFindsTheCreatedID(t *testing.T) {
 // A created id that could reach another path is not used: the item
 // cannot be undone, and the batch says so.
 func TestCompensateCreateRefusesAHostileCreatedID(t *testing.T) {
+	t.Parallel()
 	f := newFake().on("POST", "/widgets", reply(201, `{"id":"../7"}`, "Location", "http://h/widgets/%2e%2e"), reply(409, `{}`))
 	w := write(t, run1(t, "POST", "/widgets", elements(2), f, concurrency(1)))
 	equalSlices(t, "sent", f.sent(), []string{"POST /widgets", "POST /widgets"})
@@ -153,6 +156,7 @@ func TestCompensateCreateRefusesAHostileCreatedID(t *testing.T) {
 // pre-image, or PATCH of the changed fields' old values (null where the
 // field did not exist).
 func TestCompensateUpdate(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name   string
 		mods   []specMod
@@ -193,6 +197,7 @@ func TestCompensateUpdate(t *testing.T) {
 // A deleted item is re-created from its pre-image: PUT on the item, or
 // POST on the collection with the id included.
 func TestCompensateDelete(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		mods []specMod
@@ -225,6 +230,7 @@ func TestCompensateDelete(t *testing.T) {
 // times; a non-retryable 4xx is not; a DELETE answered 404 or 410 is as
 // good as done.
 func TestCompensationRetries(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name     string
 		retries  int
@@ -296,6 +302,7 @@ func TestCompensationRetries(t *testing.T) {
 // Every compensation carries an Idempotency-Key of its own, distinct from
 // every item's; its retries carry the same key (they are the same request).
 func TestCompensationIdempotencyKeys(t *testing.T) {
+	t.Parallel()
 	f := newFake().on("POST", "/widgets", answer{}, answer{}, reply(409, `{}`)).
 		on("DELETE", "/widgets/1001", reply(503, ``), reply(204, ``))
 	run1(t, "POST", "/widgets", elements(3), f, concurrency(1), settings(func(s *policy.Settings) { s.CompensationRetries = 1 }))
@@ -324,6 +331,7 @@ func TestCompensationIdempotencyKeys(t *testing.T) {
 // while a write is in flight does not cut that write, nothing new starts,
 // and what happened is undone.
 func TestClientGoneStillUndoes(t *testing.T) {
+	// Not parallel: the engine's AfterFunc must run within the 50ms the in-flight write waits.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	f := newFake().on("POST", "/widgets", answer{}, answer{hook: func(context.Context, *SubRequest) {
@@ -358,6 +366,7 @@ func TestClientGoneStillUndoes(t *testing.T) {
 }
 
 func TestDeclarativeDelete(t *testing.T) {
+	t.Parallel()
 	t.Run("partial: a DELETE answered 404 succeeded with 204", func(t *testing.T) {
 		f := newFake().seed("1")
 		w := write(t, run1(t, "DELETE", "/widgets?ids=1,9", "", f, partial, declarative))

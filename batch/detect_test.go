@@ -14,6 +14,7 @@ import (
 // Detect tells a batch from a request that passes through, and gives a
 // body it read back intact.
 func TestDetect(t *testing.T) {
+	t.Parallel()
 	updateOff := func(r *policy.ResourceSpec) { r.Batch = []string{"get", "create", "delete"} }
 	deleteOff := func(r *policy.ResourceSpec) { r.Batch = []string{"get", "create", "update"} }
 	keys := settings(func(s *policy.Settings) { s.IDsParam = "keys" })
@@ -89,6 +90,7 @@ func TestDetect(t *testing.T) {
 
 // A body that arrives a byte at a time is still given back whole.
 func TestDetectGivesBackASlowBody(t *testing.T) {
+	t.Parallel()
 	body := "\n\n  " + `{"name":"` + strings.Repeat("x", 2000) + `"}`
 	r, _ := http.NewRequest("POST", "/widgets", iotest.OneByteReader(strings.NewReader(body)))
 	m, _ := widgets(t).Lookup("/widgets")
@@ -107,6 +109,7 @@ func TestDetectGivesBackASlowBody(t *testing.T) {
 
 // A detected batch body is what Parse then reads.
 func TestDetectThenParse(t *testing.T) {
+	t.Parallel()
 	p := mustPlan(t, newRequest("POST", "/widgets", "   "+elements(3)))
 	equal(t, "items", len(p.Items), 3)
 	equal(t, "item 2 body", string(p.Items[2].Body), `{"name":"w2"}`)

@@ -67,6 +67,7 @@ const userWithPosts = `{"operations": [
 ]}`
 
 func TestEnvelopeRollsBackDependentsFirst(t *testing.T) {
+	t.Parallel()
 	api := newShopAPI("/users", "/users/100/posts").put("/users/7", map[string]any{"id": 7, "name": "grace", "email": "g@old"})
 	api.on("POST", "/users/100/posts", answer{status: 422, body: `{"error":"title too short"}`}, answer{})
 	before := api.state()
@@ -85,6 +86,7 @@ func TestEnvelopeRollsBackDependentsFirst(t *testing.T) {
 }
 
 func TestEnvelopeUndoesDependentsBeforeWhatTheyDependOn(t *testing.T) {
+	t.Parallel()
 	// Two posts of a new user, then a failure: whatever the concurrency,
 	// both posts go before their user.
 	for range 20 {
@@ -110,6 +112,7 @@ func TestEnvelopeUndoesDependentsBeforeWhatTheyDependOn(t *testing.T) {
 }
 
 func TestEnvelopeAcrossResourcesRolledBack(t *testing.T) {
+	t.Parallel()
 	api := newShopAPI("/users", "/users/9/posts").
 		put("/users/7", map[string]any{"id": 7, "name": "grace"}).
 		put("/users/9", map[string]any{"id": 9, "name": "linus"}).
@@ -131,6 +134,7 @@ func TestEnvelopeAcrossResourcesRolledBack(t *testing.T) {
 }
 
 func TestEnvelopePartialFailedDependency(t *testing.T) {
+	t.Parallel()
 	api := newShopAPI("/users", "/users/100/posts").put("/users/7", map[string]any{"id": 7, "name": "grace"})
 	api.on("POST", "/users", answer{status: 422, body: `{"error":"name taken"}`}, answer{})
 	body := `{"atomicity": "partial", "operations": [
@@ -150,6 +154,7 @@ func TestEnvelopePartialFailedDependency(t *testing.T) {
 }
 
 func TestEnvelopeLocksEveryItemItWrites(t *testing.T) {
+	t.Parallel()
 	// A known item is locked before anything is sent; a created one as
 	// soon as it is known, and the item a reference names before it is
 	// written.
@@ -191,6 +196,7 @@ func (l *recordingLocks) taken() []string {
 }
 
 func TestEnvelopeLateItemIsPreflighted(t *testing.T) {
+	t.Parallel()
 	// The item a PATCH names through a reference is read before it is
 	// written, so that its undo puts back what was there.
 	api := newShopAPI("/users").put("/users/5", map[string]any{"id": 5, "name": "old", "boss": 7}).put("/users/7", map[string]any{"id": 7, "name": "b"})
@@ -208,6 +214,7 @@ func TestEnvelopeLateItemIsPreflighted(t *testing.T) {
 }
 
 func TestEnvelopeWritesOneItemInOrder(t *testing.T) {
+	t.Parallel()
 	t.Run("two writes of one item must be ordered", func(t *testing.T) {
 		_, prob := admitEnvelope(t, shop(t), `{"operations": [
 			{"id": "a", "method": "PATCH", "url": "/users/7", "body": {"a": 1}},
@@ -259,6 +266,7 @@ func TestEnvelopeWritesOneItemInOrder(t *testing.T) {
 // legacy API: the id canonical under id_format, references filled, and
 // the query it carried, the envelope's included.
 func TestEnvelopeAnswersTheURLAsSent(t *testing.T) {
+	t.Parallel()
 	api := newShopAPI("/users", "/users/100/posts").put("/users/7", map[string]any{"id": 7, "name": "grace"})
 	e := shop(t, func(s *policy.Settings) {
 		s.IDFormat, s.Concurrency, s.ScopeQuery = policy.IDInteger, 1, []string{"by", "tenant"}

@@ -23,6 +23,7 @@ func idsUpTo(n int) string {
 }
 
 func TestListReadBatchGET(t *testing.T) {
+	t.Parallel()
 	t.Run("100 ids in two LISTs of 50", func(t *testing.T) {
 		f := newFake()
 		for i := 1; i <= 100; i++ {
@@ -114,6 +115,7 @@ func TestListReadBatchGET(t *testing.T) {
 }
 
 func TestListReadPreflight(t *testing.T) {
+	t.Parallel()
 	t.Run("pre-images come from the LIST; the rollback restores them", func(t *testing.T) {
 		f := newFake().seed("1", "2", "3").on("PATCH", "/widgets/3", reply(422, `<p>bad</p>`))
 		w := write(t, run1(t, "PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":2},{"id":"3","v":3}]`, f,

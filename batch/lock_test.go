@@ -16,6 +16,7 @@ import (
 // A batch that cannot get its locks within batch_timeout is refused with
 // 409 and Retry-After, and sends nothing.
 func TestLockConflict(t *testing.T) {
+	t.Parallel()
 	var locks itemlock.Local
 	unlock, _ := locks.Lock(context.Background(), "/widgets/2")
 	defer unlock()
@@ -41,6 +42,7 @@ func TestLockConflict(t *testing.T) {
 // A created item is locked as soon as its id is known, until the saga
 // ends: a write that arrives meanwhile waits for the undo.
 func TestCreatedIDIsLocked(t *testing.T) {
+	t.Parallel()
 	var locks itemlock.Local
 	created := make(chan struct{})
 	f := newFake()
@@ -100,6 +102,7 @@ func (s *failing) Send(ctx context.Context, req *SubRequest) (*SubResponse, erro
 // deadlock, and the final state is that of a serial order of the
 // batches that succeeded (those that failed leave no trace).
 func TestConcurrentBatchesSerialize(t *testing.T) {
+	t.Parallel()
 	const batches, nIDs = 50, 10
 	for round := range 3 {
 		f := newFake()
@@ -177,6 +180,7 @@ func (brokenLocks) Lock(context.Context, string) (func(), error) {
 // Locks that fail (not another writer) refuse the batch with 503, not
 // 409, and send nothing.
 func TestLocksUnavailable(t *testing.T) {
+	t.Parallel()
 	f := newFake().seed("1")
 	p := mustPlan(t, newRequest("DELETE", "/widgets?ids=1", ""))
 	w := write(t, newSaga(p, Runtime{Send: f, Locks: brokenLocks{}}, noBackoff).run(context.Background()))

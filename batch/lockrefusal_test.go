@@ -15,6 +15,7 @@ import (
 // One decision answers every write refused its item's lock: the client
 // gone, the locks down, the batch's deadline, another writer.
 func TestRefuseLock(t *testing.T) {
+	t.Parallel()
 	gone, leave := context.WithCancel(context.Background())
 	leave()
 	expired, cancel := context.WithTimeout(context.Background(), 0)
@@ -93,6 +94,7 @@ func (l *leaveOnWait) Lock(ctx context.Context, key string) (func(), error) {
 // single write would be, by what kept the lock from it: the other items
 // go on.
 func TestPartialWriteRefusedItsLock(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name       string
 		locks      func(t *testing.T) (itemlock.Locker, func(), context.Context)
@@ -163,6 +165,7 @@ func (b brokenOn) Lock(_ context.Context, key string) (func(), error) {
 // A saga whose client leaves while it waits for its locks is not told
 // 409 (no other writer made it fail): 499, nothing sent.
 func TestSagaLockClientGone(t *testing.T) {
+	t.Parallel()
 	locks, release, client := leavingClient(t, "/widgets/2", 0)
 	defer release()
 	f := newFake().seed("1", "2")
@@ -177,6 +180,7 @@ func TestSagaLockClientGone(t *testing.T) {
 // Retry-After, 499 when the client left meanwhile, 503 when the locks
 // failed; the envelope is undone.
 func TestEnvelopeLateLockRefused(t *testing.T) {
+	t.Parallel()
 	body := `{"operations": [
 		{"id": "u", "method": "POST", "url": "/users", "body": {"name": "ada"}},
 		{"id": "e", "method": "PATCH", "url": "/users/$u", "body": {"b": 2}}

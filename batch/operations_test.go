@@ -16,6 +16,7 @@ import (
 )
 
 func TestEnvelopeInputRules(t *testing.T) {
+	t.Parallel()
 	ops := func(list ...string) string { return `{"operations": [` + strings.Join(list, ",") + `]}` }
 	create := `{"id": "u", "method": "POST", "url": "/users", "body": {"name": "a"}}`
 	for _, tt := range []struct {
@@ -138,6 +139,7 @@ func FuzzAdmitEnvelope(f *testing.F) {
 // the last read alone: the paths back to the first write are 2^96, which
 // a walk of every path would never finish.
 func TestEnvelopeDependsOnIsLinear(t *testing.T) {
+	t.Parallel()
 	ops := []string{`{"id": "w0", "method": "PATCH", "url": "/users/7", "body": {"a": 1}}`}
 	for k := 1; k < 99; k++ {
 		var deps []string

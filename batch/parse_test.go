@@ -29,6 +29,7 @@ type inputCase struct {
 // sub-request is sent, with a problem whose detail names what was wrong
 // (for an item: its index and id).
 func TestInputRules(t *testing.T) {
+	t.Parallel()
 	long := `[{"name":"` + strings.Repeat("x", 100) + `"}]`    // 114 bytes
 	exact := `[{"name":"` + strings.Repeat("x", 64-13) + `"}]` // 64 bytes
 	if len(exact) != 64 {
@@ -237,6 +238,7 @@ func idFormat(f policy.IDFormat) specMod {
 // sends, locks and reports. A create's element goes as the client wrote
 // it; an update's loses its id member anyway.
 func TestIDFormatCanonicalIDs(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name                 string
 		format               policy.IDFormat
@@ -284,6 +286,7 @@ func TestIDFormatCanonicalIDs(t *testing.T) {
 // Ids are percent-encoded into the item path: an odd but legal id becomes
 // exactly one escaped segment of the collection.
 func TestIDsAreEscapedIntoOneSegment(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name   string
 		method string
@@ -337,6 +340,7 @@ func pathsOf(calls []call) []string {
 // Duplicate ids in a batch GET are fetched once and reported at every
 // index, in order.
 func TestBatchGetFetchesDuplicatesOnce(t *testing.T) {
+	t.Parallel()
 	f := newFake().seed("1", "2")
 	w := write(t, run(mustPlan(t, newRequest("GET", "/widgets?ids=1,2,1,1", "")), f))
 	got := f.sent()
@@ -355,6 +359,7 @@ func TestBatchGetFetchesDuplicatesOnce(t *testing.T) {
 
 // A failed duplicate in a batch GET is reported at both indices.
 func TestBatchGetDuplicateFailure(t *testing.T) {
+	t.Parallel()
 	f := newFake().seed("1")
 	w := write(t, run(mustPlan(t, newRequest("GET", "/widgets?ids=9,1,9", ""), partial), f))
 	equal(t, "GETs of /widgets/9", len(slices.DeleteFunc(f.sent(), func(s string) bool { return s != "GET /widgets/9" })), 1)
@@ -366,6 +371,7 @@ func TestBatchGetDuplicateFailure(t *testing.T) {
 // "%2C" inside an id is a comma of the id, not a separator; repeated ids
 // parameters add up; a percent-encoded parameter name still names ids.
 func TestIDsFromQuery(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		query string
 		ids   []string
@@ -393,6 +399,7 @@ func TestIDsFromQuery(t *testing.T) {
 
 // The engine's own id check, directly.
 func TestBadID(t *testing.T) {
+	t.Parallel()
 	for _, id := range []string{"", ".", "..", "/", "a/b", `a\b`, "\x00", "a\x1fb", "\x7f", "\u0085", "\xff", "a\xc3"} {
 		if badID(id) == "" {
 			t.Errorf("badID(%q) accepts it", id)
@@ -407,6 +414,7 @@ func TestBadID(t *testing.T) {
 
 // ItemPath never lets an id add a segment.
 func TestItemPathEscapes(t *testing.T) {
+	t.Parallel()
 	m, _ := widgets(t).Lookup("/widgets")
 	for _, id := range []string{"a b", "é", "?x", "#", "%", "%2F", "a;b"} {
 		p := m.ItemPath(id)

@@ -12,6 +12,7 @@ import (
 )
 
 func TestPreflight(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name, method, target, body string
 		mods                       []specMod
@@ -85,6 +86,7 @@ func TestPreflight(t *testing.T) {
 
 // Every target is read before the first write; partial mode reads none.
 func TestPreflightOrder(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		name, method, target, body string
 		write                      string

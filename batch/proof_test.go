@@ -30,6 +30,7 @@ func otherWriter(f *fakeAPI, id string, rec map[string]any) answer {
 }
 
 func TestProofUpdateLeavesAnotherWritersChange(t *testing.T) {
+	t.Parallel()
 	f := newFake().seed("1", "2")
 	theirs := map[string]any{"id": "1", "name": "theirs", "color": "red"}
 	f.on("PATCH", "/widgets/2", otherWriter(f, "1", theirs))
@@ -45,6 +46,7 @@ func TestProofUpdateLeavesAnotherWritersChange(t *testing.T) {
 }
 
 func TestProofDeleteDoesNotRecreateOverANewItem(t *testing.T) {
+	t.Parallel()
 	f := newFake().seed("1", "2")
 	newer := map[string]any{"id": "1", "name": "newer"}
 	f.on("DELETE", "/widgets/2", otherWriter(f, "1", newer))
@@ -58,6 +60,7 @@ func TestProofDeleteDoesNotRecreateOverANewItem(t *testing.T) {
 }
 
 func TestProofCreateLeavesAChangedItem(t *testing.T) {
+	t.Parallel()
 	f := newFake()
 	f.on("POST", "/widgets", answer{}, otherWriter(f, "1000", map[string]any{"id": "1000", "name": "renamed"}))
 	w := write(t, run1(t, "POST", "/widgets", elements(2), f, concurrency(1)))
@@ -67,6 +70,7 @@ func TestProofCreateLeavesAChangedItem(t *testing.T) {
 }
 
 func TestProofCreateAlreadyDeletedIsUndone(t *testing.T) {
+	t.Parallel()
 	f := newFake()
 	f.on("POST", "/widgets", answer{}, otherWriter(f, "1000", nil))
 	w := write(t, run1(t, "POST", "/widgets", elements(2), f, concurrency(1)))
@@ -78,6 +82,7 @@ func TestProofCreateAlreadyDeletedIsUndone(t *testing.T) {
 // forward write carries the preflight's ETag, the undo the write's, and no
 // proof read is needed.
 func TestProofByETag(t *testing.T) {
+	t.Parallel()
 	t.Run("update", func(t *testing.T) {
 		f := newFake().
 			on("GET", "/widgets/1", reply(200, `{"id":"1","v":0}`, "ETag", `"a1"`)).
@@ -134,6 +139,7 @@ func TestProofByETag(t *testing.T) {
 // still sent, and every undo is proved by a read first, where the write's
 // ETag on the read counts.
 func TestProofByReadWithoutConditionalWrites(t *testing.T) {
+	t.Parallel()
 	t.Run("update: the read carries the write's ETag", func(t *testing.T) {
 		f := newFake().
 			on("GET", "/widgets/1", reply(200, `{"id":"1","v":0}`, "ETag", `"a1"`), reply(200, `{"id":"1","v":1,"at":"t2"}`, "ETag", `"a2"`)).
@@ -175,6 +181,7 @@ func TestProofByReadWithoutConditionalWrites(t *testing.T) {
 // docs/all-or-nothing.md: a Location counts only when it names an item of the same
 // resource; a 202's body is not the item.
 func TestCreatedIDRules(t *testing.T) {
+	t.Parallel()
 	t.Run("202 with a Location elsewhere names no id", func(t *testing.T) {
 		f := newFake().seed("2").on("POST", "/widgets",
 			reply(202, `{"id":2,"status":"queued"}`, "Location", "http://h/jobs/2"), reply(409, `{}`))
@@ -230,6 +237,7 @@ func TestCreatedIDRules(t *testing.T) {
 // With idempotent_upstream, an unknown write is sent again with the same
 // key, and the answer tells what it did.
 func TestIdempotentUpstreamResend(t *testing.T) {
+	t.Parallel()
 	idem := settings(func(s *policy.Settings) { s.IdempotentUpstream = true })
 	f := newFake().seed("1", "2").
 		on("PATCH", "/widgets/1", answer{effectThenErr: errLost}, answer{}).
@@ -248,6 +256,7 @@ func TestIdempotentUpstreamResend(t *testing.T) {
 // Undos run in parallel: five hanging undos take one compensation's
 // budget, not five.
 func TestUndosRunInParallel(t *testing.T) {
+	// Not parallel: it bounds the time the undos take.
 	f := newFake().seed("1", "2", "3", "4", "5", "6").
 		on("PATCH", "/widgets/6", reply(500, ``)).
 		on("PUT", "/widgets/1", answer{hang: true}).on("PUT", "/widgets/2", answer{hang: true}).
@@ -274,6 +283,7 @@ func TestUndosRunInParallel(t *testing.T) {
 
 // The preflight and every undo keep the client's query.
 func TestQueryOnEverySubRequest(t *testing.T) {
+	t.Parallel()
 	f := newFake().seed("1", "2").on("DELETE", "/widgets/2", reply(500, ``))
 	run1(t, "DELETE", "/widgets?ids=1,2&tenant=t2", "", f, concurrency(1), scopeQuery("tenant"))
 	for _, c := range f.log() {
@@ -336,6 +346,7 @@ type errorString string
 func (e errorString) Error() string { return string(e) }
 
 func TestJournalSeesEveryTransition(t *testing.T) {
+	t.Parallel()
 	f := newFake().seed("1", "2").on("PATCH", "/widgets/2", reply(500, ``))
 	j := &recordingJournal{f: f}
 	p := mustPlan(t, newRequest("PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":1}]`), concurrency(1))
@@ -353,6 +364,7 @@ func TestJournalSeesEveryTransition(t *testing.T) {
 }
 
 func TestJournalFailureStopsTheWrite(t *testing.T) {
+	t.Parallel()
 	f := newFake().seed("1")
 	before := f.state()
 	j := &recordingJournal{f: f, failAt: PhaseSending}
@@ -377,6 +389,7 @@ func (s *countingSlots) Acquire(_ context.Context, urgent bool) (func(), error) 
 }
 
 func TestEverySubRequestTakesASlot(t *testing.T) {
+	t.Parallel()
 	f := newFake().seed("1", "2").on("PATCH", "/widgets/2", reply(500, ``))
 	slots := &countingSlots{}
 	p := mustPlan(t, newRequest("PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":1}]`), concurrency(1))

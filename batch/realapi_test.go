@@ -17,6 +17,7 @@ func normalised(f *fakeAPI, id string, rec map[string]any, body string) answer {
 }
 
 func TestUndoOfANormalisedWrite(t *testing.T) {
+	t.Parallel()
 	t.Run("update: the write's answer is the item as the write left it", func(t *testing.T) {
 		f := newFake().seed("1", "2")
 		stored := map[string]any{"id": "1", "name": "padded", "color": "red", "updated_at": "t1"}
@@ -66,6 +67,7 @@ func TestUndoOfANormalisedWrite(t *testing.T) {
 // nothing there proves nothing, since the API may have put it under an
 // id of its own; it is never "nothing was changed".
 func TestUnknownCreateUnderTheElementsID(t *testing.T) {
+	t.Parallel()
 	f := newFake()
 	// The API ignores the element's id and answers too late: the item
 	// exists, under an id of the API's own.
@@ -85,6 +87,7 @@ func TestUnknownCreateUnderTheElementsID(t *testing.T) {
 // A create naming an existing id fails the batch before anything is
 // written: every id a create carries is checked in the preflight.
 func TestCreateNamingAnExistingIDWritesNothing(t *testing.T) {
+	t.Parallel()
 	f := newFake().seed("2")
 	w := write(t, run1(t, "POST", "/widgets", `[{"name":"x1"},{"id":"3","name":"free"},{"id":"2","name":"dup"}]`, f))
 	equal(t, "status", w.Code, 409)
@@ -100,6 +103,7 @@ func TestCreateNamingAnExistingIDWritesNothing(t *testing.T) {
 // a write is not unknown. A redirect to the same path with a trailing
 // slash says how to declare the resource.
 func TestRedirectedItems(t *testing.T) {
+	t.Parallel()
 	for _, status := range []int{301, 307, 308} {
 		f := newFake().seed("1", "2")
 		f.on("PATCH", "/widgets/1", reply(status, `<p>moved</p>`, "Location", "http://h/widgets/1/"))

@@ -13,6 +13,7 @@ import (
 )
 
 func TestEnvelopeCreatesWithReferences(t *testing.T) {
+	t.Parallel()
 	api := newShopAPI("/users", "/users/100/posts")
 	w := runEnvelope(t, shop(t, func(s *policy.Settings) { s.Concurrency = 1 }), userWithPosts, api)
 	equal(t, "status", w.Code, 200)
@@ -32,6 +33,7 @@ func TestEnvelopeCreatesWithReferences(t *testing.T) {
 }
 
 func TestEnvelopeReferencesFilled(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		name    string
 		answer  string // the user's create answer

@@ -31,6 +31,7 @@ type statusCase struct {
 }
 
 func TestBatchStatus(t *testing.T) {
+	t.Parallel()
 	seeded := func() *fakeAPI { return newFake().seed("1", "2", "3") }
 	tests := []statusCase{
 		// every item succeeded → 200 (batch CREATE: 201)
@@ -151,6 +152,7 @@ func TestBatchStatus(t *testing.T) {
 // The detail of a failed batch names the first failing item: its index,
 // its id and its status.
 func TestFailedBatchDetail(t *testing.T) {
+	t.Parallel()
 	f := newFake().seed("1", "2", "3").on("PATCH", "/widgets/2", reply(409, `{}`))
 	w := write(t, run(mustPlan(t, newRequest("PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":1},{"id":"3","v":1}]`), concurrency(1)), f))
 	for _, s := range []string{"item 1", `"2"`, "409"} {

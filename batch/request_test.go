@@ -27,6 +27,7 @@ func scopeQuery(names ...string) specMod {
 // scope_query names, and is refused when the query holds anything else
 // (TestScopeQuery).
 func TestSubRequestQuery(t *testing.T) {
+	t.Parallel()
 	keys := settings(func(s *policy.Settings) { s.IDsParam = "keys" })
 	tests := []struct {
 		name, method, target, body string
@@ -69,6 +70,7 @@ func TestSubRequestQuery(t *testing.T) {
 // id_field names the id in update and create elements and in a created
 // item's body.
 func TestCustomIDField(t *testing.T) {
+	t.Parallel()
 	uuid := settings(func(s *policy.Settings) { s.IDField = "uuid" })
 	t.Run("update", func(t *testing.T) {
 		f := newFake().seed("u1")
@@ -95,6 +97,7 @@ func TestCustomIDField(t *testing.T) {
 // Write bodies are JSON; an update's is its element without the id field,
 // a create's its element as sent.
 func TestWriteBodies(t *testing.T) {
+	t.Parallel()
 	t.Run("update", func(t *testing.T) {
 		f := newFake().seed("1", "2")
 		run1(t, "PATCH", "/widgets", `[{"id":"1","name":"n","nested":{"id":5}}, {"color":null,"id":2}]`, f, partial, concurrency(1))
@@ -130,6 +133,7 @@ func TestWriteBodies(t *testing.T) {
 // in Connection, Content-Length, Expect, Accept-Encoding, Idempotency-Key,
 // preconditions, and the Content-* of the batch body.
 func TestForwardedHeaders(t *testing.T) {
+	t.Parallel()
 	kept := map[string]string{
 		"Authorization": "Bearer t0k3n",
 		"Cookie":        "session=abc; theme=dark",
@@ -205,6 +209,7 @@ func TestForwardedHeaders(t *testing.T) {
 // distinct and none is the client's own; the same batch sent again with
 // the same key derives the same keys.
 func TestIdempotencyKeys(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name, client string
 		quoted       bool
@@ -274,6 +279,7 @@ func TestIdempotencyKeys(t *testing.T) {
 // Prefer: atomicity=... (README, "Configuration": allow_override).
 
 func TestPreferAtomicity(t *testing.T) {
+	t.Parallel()
 	partialResource := settings(func(s *policy.Settings) { s.SetAtomicity(policy.Partial) })
 	tests := []struct {
 		name    string
@@ -322,6 +328,7 @@ func TestPreferAtomicity(t *testing.T) {
 // The largest Retry-After among the items goes on the batch response,
 // comparing seconds with HTTP-dates.
 func TestRetryAfter(t *testing.T) {
+	t.Parallel()
 	inAnHour := time.Now().Add(time.Hour).UTC().Format(http.TimeFormat)
 	inTenSeconds := time.Now().Add(10 * time.Second).UTC().Format(http.TimeFormat)
 	tests := []struct {
@@ -362,6 +369,7 @@ func TestRetryAfter(t *testing.T) {
 // on a UTF-8 boundary; Location, ETag, Last-Modified and Retry-After are
 // copied into the item's headers, nothing else.
 func TestItemBodyAndHeaders(t *testing.T) {
+	t.Parallel()
 	// 1 byte, then two-byte runes: byte 4096 falls inside one.
 	html := "<" + strings.Repeat("é", 3000)
 	bigJSON := `{"id":"5","blob":"` + strings.Repeat("x", 6000) + `"}`
@@ -403,6 +411,7 @@ func TestItemBodyAndHeaders(t *testing.T) {
 }
 
 func TestCutText(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		in    string
 		limit int
@@ -428,6 +437,7 @@ func TestCutText(t *testing.T) {
 // only that back. A batch GET, and a partial batch (configured, or
 // chosen with Prefer under allow_override), keep the whole query.
 func TestScopeQuery(t *testing.T) {
+	t.Parallel()
 	tenant := scopeQuery("tenant", "api_key")
 	tests := []struct {
 		name, method, target, body string
@@ -481,6 +491,7 @@ func TestScopeQuery(t *testing.T) {
 // The refusal says how to send the batch as partial when the client may
 // choose it.
 func TestScopeQueryDetailOffersPartial(t *testing.T) {
+	t.Parallel()
 	target := "/widgets?ids=1&fields=name"
 	_, prob := parse(t, newRequest("DELETE", target, ""))
 	if prob == nil || strings.Contains(prob.Detail, "Prefer") {
@@ -495,6 +506,7 @@ func TestScopeQueryDetailOffersPartial(t *testing.T) {
 // docs/wire-format.md, "Method overrides": no sub-request carries a method override, whatever the
 // client sent: not the headers, not _method in the query.
 func TestSubRequestsCarryNoMethodOverride(t *testing.T) {
+	t.Parallel()
 	override := []string{"X-HTTP-Method-Override", "POST", "X-HTTP-Method", "POST", "X-Method-Override", "POST"}
 	tests := []struct {
 		name, method, target, body string

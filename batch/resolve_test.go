@@ -13,6 +13,7 @@ import (
 // front of it) must not count as proof that it did not take effect: the
 // item is read instead, and undone if the first copy was applied.
 func TestIdempotentResendThatProvesNothing(t *testing.T) {
+	t.Parallel()
 	idem := settings(func(s *policy.Settings) { s.IdempotentUpstream = true })
 	for _, tc := range []struct {
 		name   string

@@ -16,6 +16,7 @@ import (
 // find the pre-image, not the batch's write, and report the item left
 // behind) and no undo is sent for it.
 func TestResumeAfterSomeUndosWereDone(t *testing.T) {
+	t.Parallel()
 	f := newFake().seed("1", "2", "3")
 	before := f.state()
 	dead, undoing := make(chan struct{}), make(chan struct{})
@@ -55,6 +56,7 @@ func TestResumeAfterSomeUndosWereDone(t *testing.T) {
 }
 
 func TestEnvelopeResume(t *testing.T) {
+	t.Parallel()
 	// A saga killed after the user and one post were created is finished
 	// from its journal: the post is deleted before the user.
 	api := newShopAPI("/users", "/users/100/posts")

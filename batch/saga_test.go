@@ -19,6 +19,7 @@ import (
 // Items come back in request order, index 0..n-1, whatever order the
 // upstream answers in.
 func TestItemsInRequestOrder(t *testing.T) {
+	t.Parallel()
 	const n = 24
 	for attempt := range 15 {
 		f := newFake()
@@ -65,6 +66,7 @@ func TestItemsInRequestOrder(t *testing.T) {
 
 // At most concurrency sub-requests are in flight, in every phase.
 func TestConcurrencyBound(t *testing.T) {
+	t.Parallel()
 	t.Run("batch GET reaches and never passes the bound", func(t *testing.T) {
 		f := newFake()
 		f.jitter = time.Millisecond
@@ -110,6 +112,7 @@ func TestConcurrencyBound(t *testing.T) {
 // After the first failure nothing new starts; the rest are not_attempted
 // and never sent.
 func TestAllOrNothingStartsNothingAfterFailure(t *testing.T) {
+	t.Parallel()
 	f := newFake().on("POST", "/widgets", answer{}, answer{}, reply(409, `{"error":"dup"}`))
 	w := write(t, run1(t, "POST", "/widgets", elements(5), f, concurrency(1)))
 	equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "rolled_back", "failed", "not_attempted", "not_attempted"})
@@ -125,6 +128,7 @@ func TestAllOrNothingStartsNothingAfterFailure(t *testing.T) {
 // Items already in flight when another fails are let finish, and then
 // undone.
 func TestAllOrNothingLetsInFlightFinish(t *testing.T) {
+	t.Parallel()
 	f := newFake().seed("1", "2", "3")
 	arrived, failed := make(chan struct{}, 2), make(chan struct{})
 	inFlight := answer{hook: func(context.Context, *SubRequest) { arrived <- struct{}{}; <-failed }}
@@ -150,6 +154,7 @@ func TestAllOrNothingLetsInFlightFinish(t *testing.T) {
 }
 
 func TestBatchTimeout(t *testing.T) {
+	// Not parallel: a 60ms answer must outlast a 20ms batch_timeout, which other tests' load can delay.
 	bt := batchTimeout(100 * time.Millisecond)
 	t.Run("all_or_nothing create: the deadline stops new starts, not a write in flight", func(t *testing.T) {
 		// The first item's answer comes after batch_timeout passed: it is
@@ -220,6 +225,7 @@ func TestBatchTimeout(t *testing.T) {
 
 // An answer whose body could not be read whole keeps its status.
 func TestStatusStandsWhenTheBodyIsCut(t *testing.T) {
+	t.Parallel()
 	cut := errors.New("unexpected EOF")
 	t.Run("a read", func(t *testing.T) {
 		f := newFake().on("GET", "/widgets/1", answer{status: 200, body: `{"id":"1","na`, readErr: cut})
@@ -242,6 +248,7 @@ func TestStatusStandsWhenTheBodyIsCut(t *testing.T) {
 // A sender may change the header of the request it is given: no other
 // sub-request, and no retry, sees the change.
 func TestSenderMayChangeTheHeader(t *testing.T) {
+	t.Parallel()
 	mutate := func(_ context.Context, req *SubRequest) {
 		req.Header.Set("Authorization", "changed")
 		req.Header.Set("X-Mutated", "1")
@@ -272,6 +279,7 @@ func TestSenderMayChangeTheHeader(t *testing.T) {
 // the client context's values (the Caddy glue finds its server, replacer
 // and vars there).
 func TestSubRequestsKeepContextValues(t *testing.T) {
+	t.Parallel()
 	ctx := context.WithValue(context.Background(), ctxKey{}, "client")
 	f := newFake().seed("1", "2").on("DELETE", "/widgets/2", reply(500, ``))
 	runCtx(ctx, mustPlan(t, newRequest("DELETE", "/widgets?ids=1,2", ""), concurrency(1)), f)

@@ -53,6 +53,7 @@ func (j *memJournal) stored(t *testing.T) *Snapshot {
 // at the upstream, never answered) is finished from its journal by
 // another: everything it did is undone, the write in flight included.
 func TestResumeUndoesADeadSaga(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		name, method, target, body string
 		hung                       string
@@ -114,6 +115,7 @@ func cutSpace(s string) (string, string, bool) {
 }
 
 func TestResumeRefusesWhatItDoesNotKnow(t *testing.T) {
+	t.Parallel()
 	lookup := widgets(t).Lookup
 	for _, snap := range []*Snapshot{
 		{Version: 99, Op: "update", Path: "/widgets"},
@@ -140,6 +142,7 @@ func appliedThenDies(f *fakeAPI, undoing, dead chan struct{}) answer {
 // A saga that died after sending an undo (applied, not answered) is
 // finished without sending the undo again over what it restored.
 func TestResumeAfterAnUndoWasSent(t *testing.T) {
+	t.Parallel()
 	f := newFake().seed("1", "2")
 	before := f.state()
 	dead, undoing := make(chan struct{}), make(chan struct{})

@@ -47,6 +47,7 @@ func withoutStamp(t *testing.T, rec string) string {
 // the read that resolves it differs from what the write would leave in
 // updated_at alone.
 func TestStampedUnknownUpdate(t *testing.T) {
+	t.Parallel()
 	run := func(t *testing.T, mods ...specMod) (*fakeAPI, *wire) {
 		f := stampingFake().on("PATCH", "/widgets/1", answer{effectThenErr: errLost})
 		mods = append(mods, concurrency(1))
@@ -79,6 +80,7 @@ func TestStampedUnknownUpdate(t *testing.T) {
 // unknown write and the read that resolves it: the item is left, and
 // the reason names the member and the writer, stamped_fields or not.
 func TestStampedSecondWriterIsStillNamed(t *testing.T) {
+	t.Parallel()
 	f := stampingFake()
 	theirs := map[string]any{"id": "1", "name": "theirs", "color": "red", "updated_at": "t9"}
 	f.on("PATCH", "/widgets/1", answer{effectThenErr: errLost}).
@@ -98,6 +100,7 @@ func TestStampedSecondWriterIsStillNamed(t *testing.T) {
 // read (a callback that touches the row): the read differs from the
 // write's answer in updated_at alone.
 func TestStampedProofRead(t *testing.T) {
+	t.Parallel()
 	run := func(t *testing.T, mods ...specMod) (*fakeAPI, *wire) {
 		f := stampingFake()
 		touched := map[string]any{"id": "1", "name": "ours", "color": "red", "updated_at": "t7"}
@@ -125,6 +128,7 @@ func TestStampedProofRead(t *testing.T) {
 // The read that finds an unknown write did not take effect is kept too:
 // the item failed, and its compensation says what was found.
 func TestFoundWhenAnUnknownWriteDidNotTakeEffect(t *testing.T) {
+	t.Parallel()
 	f := stampingFake().on("PATCH", "/widgets/1", answer{err: errLost})
 	before := f.state()
 	w := write(t, run1(t, "PATCH", "/widgets", `[{"id":"1","name":"ours"},{"id":"2","name":"x"}]`, f, concurrency(1), stamped("updated_at")))
@@ -140,6 +144,7 @@ func TestFoundWhenAnUnknownWriteDidNotTakeEffect(t *testing.T) {
 // stamped_fields leaves out only what it names: a member the API did
 // not stamp still counts, and so does the id.
 func TestDifferingLeavesOutOnlyStampedMembers(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		have, want string
 		subset     bool
@@ -165,6 +170,7 @@ func TestDifferingLeavesOutOnlyStampedMembers(t *testing.T) {
 // by a read that finds the pre-image but for the stamp the undo's own
 // save put on it: that counts as undone, and nothing is sent again.
 func TestStampedResumeAfterAnUndoWasSent(t *testing.T) {
+	t.Parallel()
 	f := stampingFake()
 	dead, undoing := make(chan struct{}), make(chan struct{})
 	f.on("PATCH", "/widgets/2", reply(500, `{}`))

@@ -56,6 +56,7 @@ func runWith(ctx context.Context, t testing.TB, r *http.Request, rt Runtime, mod
 // A 429 with Retry-After is sent again once the pause it asked for has
 // passed, never sooner, and the batch succeeds.
 func TestThrottledItemIsSentAgainAfterItsDelay(t *testing.T) {
+	t.Parallel()
 	times := newSendTimes()
 	f := newFake().seed("1", "2")
 	f.on("GET", "/widgets/1", times.stamp(throttle()), times.stamp(answer{}))
@@ -77,6 +78,7 @@ func TestThrottledItemIsSentAgainAfterItsDelay(t *testing.T) {
 // lifted; an all-or-nothing batch is undone, and its undo, within its own
 // budget, waits for the pause too.
 func TestThrottleBeyondTheDeadlineFailsAtOnce(t *testing.T) {
+	t.Parallel()
 	times := newSendTimes()
 	f := newFake().seed("1", "2")
 	f.on("PATCH", "/widgets/2", times.stamp(reply(429, `{}`, "Retry-After", "2")))
@@ -98,6 +100,7 @@ func TestThrottleBeyondTheDeadlineFailsAtOnce(t *testing.T) {
 
 // max_throttle_wait 0 keeps the old behaviour: a 429 fails its item.
 func TestMaxThrottleWaitZeroFailsAtOnce(t *testing.T) {
+	t.Parallel()
 	f := newFake().seed("1")
 	f.on("GET", "/widgets/1", throttle(), answer{})
 	w := write(t, run1(t, "GET", "/widgets?ids=1", "", f, maxThrottleWait(0)))
@@ -108,6 +111,7 @@ func TestMaxThrottleWaitZeroFailsAtOnce(t *testing.T) {
 // A 503 without Retry-After may be an outage, not a throttle: it fails
 // as it always did. A 503 with one is waited out.
 func TestServiceUnavailable(t *testing.T) {
+	t.Parallel()
 	t.Run("without Retry-After fails", func(t *testing.T) {
 		f := newFake().seed("1")
 		f.on("GET", "/widgets/1", reply(503, ``), answer{})
@@ -128,6 +132,7 @@ func TestServiceUnavailable(t *testing.T) {
 // only to an upstream that honours Idempotency-Key, and with the same
 // key. After a 429 it always goes again.
 func TestThrottledCreate(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		name       string
 		first      answer
@@ -170,6 +175,7 @@ func TestThrottledCreate(t *testing.T) {
 // them before the moment — and another client's go at once. The waiting
 // item holds no slot of max_in_flight meanwhile.
 func TestThrottleHoldsTheClientAcrossBatches(t *testing.T) {
+	// Not parallel: it bounds when another client's GET is sent.
 	times := newSendTimes()
 	f := newFake().seed("1", "2", "3")
 	throttled := make(chan struct{})
@@ -209,6 +215,7 @@ func TestThrottleHoldsTheClientAcrossBatches(t *testing.T) {
 // not sent, with the status and Retry-After of the answer that throttled
 // the client.
 func TestHeldPastTheDeadlineIsNotSent(t *testing.T) {
+	t.Parallel()
 	f := newFake().seed("1", "2")
 	throttles := NewThrottles(nil)
 	throttles.hold("ada", "/widgets", throttleHold{until: time.Now().Add(3 * time.Second), delay: 3 * time.Second, status: 429, retryAfter: "3"}, time.Now())
@@ -225,6 +232,7 @@ func TestHeldPastTheDeadlineIsNotSent(t *testing.T) {
 // An undo waits for the throttle too, within its own budget, and the
 // batch is rolled back.
 func TestUndoWaitsForTheThrottle(t *testing.T) {
+	t.Parallel()
 	times := newSendTimes()
 	f := newFake().on("POST", "/widgets", answer{}, reply(409, `{}`))
 	f.on("DELETE", "/widgets/1000", times.stamp(throttle()), times.stamp(answer{}))
@@ -240,6 +248,7 @@ func TestUndoWaitsForTheThrottle(t *testing.T) {
 // A throttled LIST of the list filter is sent again after its delay, and
 // never replaced by one GET per id.
 func TestThrottledListIsSentAgain(t *testing.T) {
+	t.Parallel()
 	f := newFake().seed("1", "2", "3")
 	f.on("GET", "/widgets", throttle(), answer{})
 	w := write(t, run1(t, "GET", "/widgets?ids=1,2,3", "", f, listFilter(policy.ListFilterSpec{})))
@@ -255,6 +264,7 @@ func TestThrottledListIsSentAgain(t *testing.T) {
 // Held requests are released spread over up to a quarter of the pause
 // (at most a second), never before the moment.
 func TestThrottleReleaseIsJittered(t *testing.T) {
+	t.Parallel()
 	for _, d := range []time.Duration{0, 100 * time.Millisecond, time.Second, 10 * time.Second} {
 		span := min(d/4, time.Second)
 		seen := map[time.Duration]bool{}

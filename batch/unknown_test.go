@@ -9,6 +9,7 @@ import (
 )
 
 func TestUnknown(t *testing.T) {
+	t.Parallel()
 	t.Run("partial: no answer is 502, a hang past item_timeout is 504", func(t *testing.T) {
 		f := newFake().on("POST", "/widgets", answer{err: errLost}, answer{hang: true}, answer{})
 		w := write(t, run1(t, "POST", "/widgets", elements(3), f, partial, concurrency(1), itemTimeout(50*time.Millisecond)))
@@ -165,6 +166,7 @@ func TestUnknown(t *testing.T) {
 // TestResentWrite holds the engine to what a resent write means: the
 // answer is to the second copy, and the first may have done the work.
 func TestResentWrite(t *testing.T) {
+	t.Parallel()
 	t.Run("a resent delete answered 404 is unknown, and undone", func(t *testing.T) {
 		f := newFake().seed("1", "2").on("DELETE", "/widgets/2", answer{resent: true})
 		before := f.state()

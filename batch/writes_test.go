@@ -21,6 +21,7 @@ func (j *beginCounter) Begin(context.Context, *Plan) error {
 // only is no saga (no journal, no locks, nothing to undo, no
 // Idempotency-Key record); one with a write among its operations is.
 func TestEnvelopeWritesByItsOperations(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name   string
 		body   string

@@ -8,6 +8,7 @@ import (
 
 // Canonical is the one place an id's spellings become one text.
 func TestIDFormatCanonical(t *testing.T) {
+	t.Parallel()
 	const uuid = "0f8fad5b-d9cb-469f-a165-70867728950e"
 	tests := []struct {
 		format IDFormat
@@ -82,6 +83,7 @@ func TestIDFormatCanonical(t *testing.T) {
 }
 
 func TestParseIDFormat(t *testing.T) {
+	t.Parallel()
 	for _, f := range []IDFormat{IDAny, IDInteger, IDUUID} {
 		if got, err := ParseIDFormat(f.String()); err != nil || got != f {
 			t.Errorf("ParseIDFormat(%q) = %v, %v", f.String(), got, err)
@@ -97,6 +99,7 @@ func TestParseIDFormat(t *testing.T) {
 // key a batch locks the same item under; an id that is not of the
 // format is taken as written.
 func TestItemKeyCanonicalID(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		format     IDFormat
 		path, want string

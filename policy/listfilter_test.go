@@ -8,6 +8,7 @@ import (
 )
 
 func TestListFilterQuery(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		template string
 		ids      []string
@@ -31,6 +32,7 @@ func TestListFilterQuery(t *testing.T) {
 }
 
 func TestListFilterSplit(t *testing.T) {
+	t.Parallel()
 	ids := func(n int, prefix string) []string {
 		out := make([]string, n)
 		for i := range out {
@@ -89,6 +91,7 @@ func TestListFilterSplit(t *testing.T) {
 }
 
 func TestParseListFilterRefuses(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		spec   ListFilterSpec
 		option string

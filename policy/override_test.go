@@ -10,6 +10,7 @@ import (
 // docs/wire-format.md, "Method overrides": a method override, in any of its four forms, is found; forms
 // that disagree are refused.
 func TestFindMethodOverride(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name, target string
 		header       []string
@@ -56,6 +57,7 @@ func TestFindMethodOverride(t *testing.T) {
 // Every request on a configured path is looked at for an override: one
 // that carries none, as nearly all do, costs no allocation.
 func TestFindNoMethodOverrideDoesNotAllocate(t *testing.T) {
+	// Not parallel: testing.AllocsPerRun panics in a parallel test.
 	r := newRequest("GET", "/widgets/1?a=1", "Authorization", "Bearer t", "Accept", "application/json")
 	if n := testing.AllocsPerRun(100, func() {
 		if _, ok, err := FindMethodOverride(r); ok || err != nil {
@@ -67,6 +69,7 @@ func TestFindNoMethodOverrideDoesNotAllocate(t *testing.T) {
 }
 
 func TestRemoveMethodOverride(t *testing.T) {
+	t.Parallel()
 	r := newRequest("POST", "/widgets?a=1&_method=DELETE&b=%20&%5Fmethod=x",
 		"X-HTTP-Method-Override", "DELETE", "X-HTTP-Method", "DELETE", "X-Method-Override", "DELETE", "X-Other", "kept")
 	RemoveMethodOverride(r)
@@ -92,6 +95,7 @@ func TestRemoveMethodOverride(t *testing.T) {
 // gateway does not know, 405 for one the route does not allow, 400 for an
 // override on a request other than POST that names another method.
 func TestJudgeMethod(t *testing.T) {
+	t.Parallel()
 	p := mustPolicy(t)
 	tests := []struct {
 		name, method, target string
@@ -136,6 +140,7 @@ func TestJudgeMethod(t *testing.T) {
 // Judging a request that carries no override, as nearly all do, costs no
 // allocation.
 func TestJudgeMethodDoesNotAllocate(t *testing.T) {
+	// Not parallel: testing.AllocsPerRun panics in a parallel test.
 	m, _ := mustPolicy(t).Lookup("/api/users/1")
 	r := newRequest("PUT", "/api/users/1?a=1", "Authorization", "Bearer t")
 	if n := testing.AllocsPerRun(100, func() {
@@ -149,6 +154,7 @@ func TestJudgeMethodDoesNotAllocate(t *testing.T) {
 
 // The header table's keys are what Go's header maps hold the names under.
 func TestMethodOverrideHeaderKeys(t *testing.T) {
+	t.Parallel()
 	for _, h := range methodOverrideHeaders {
 		equal(t, h.name+" key", h.key, http.CanonicalHeaderKey(h.name))
 	}

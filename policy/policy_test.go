@@ -30,6 +30,7 @@ func mustPolicy(t testing.TB) *Policy {
 }
 
 func TestLookup(t *testing.T) {
+	t.Parallel()
 	p := mustPolicy(t)
 	tests := []struct {
 		path       string
@@ -78,6 +79,7 @@ func TestLookup(t *testing.T) {
 }
 
 func TestAllow(t *testing.T) {
+	t.Parallel()
 	p := mustPolicy(t)
 	tests := []struct{ path, allow string }{
 		{"/api/users", "GET, HEAD, POST, PATCH, DELETE, OPTIONS"},
@@ -97,6 +99,7 @@ func TestAllow(t *testing.T) {
 }
 
 func TestItemPath(t *testing.T) {
+	t.Parallel()
 	p := mustPolicy(t)
 	tests := []struct{ collection, id, want string }{
 		{"/api/users", "7", "/api/users/7"},
@@ -123,6 +126,7 @@ func TestItemPath(t *testing.T) {
 }
 
 func TestBatchEnabled(t *testing.T) {
+	t.Parallel()
 	p := mustPolicy(t)
 	tests := []struct {
 		path string
@@ -147,6 +151,7 @@ func TestBatchEnabled(t *testing.T) {
 // that the Caddyfile adapter can name the line. The messages themselves
 // are pinned by caddymodule's TestConfigMistakes.
 func TestNewRefuses(t *testing.T) {
+	t.Parallel()
 	all := []string{"GET", "POST", "PUT", "PATCH", "DELETE"}
 	base := func(mod func(*ResourceSpec)) []ResourceSpec {
 		s := ResourceSpec{Path: "/a", CollectionMethods: all, ItemMethods: all, Settings: Defaults(), Gateway: GatewayDefaults()}
@@ -256,6 +261,7 @@ func TestNewRefuses(t *testing.T) {
 // TestNearest checks the typo suggestions: near enough to help, never a
 // guess at a word that is merely short.
 func TestNearest(t *testing.T) {
+	t.Parallel()
 	names := []string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
 	tests := []struct{ in, want string }{
 		{"DELET", "DELETE"},
@@ -275,6 +281,7 @@ func TestNearest(t *testing.T) {
 }
 
 func TestPartialNeedsNoUndo(t *testing.T) {
+	t.Parallel()
 	s := Defaults()
 	s.SetAtomicity(Partial)
 	_, err := New([]ResourceSpec{{Path: "/a", CollectionMethods: []string{"POST", "DELETE"}, ItemMethods: []string{"DELETE"}, Settings: s, Gateway: GatewayDefaults()}})
@@ -284,6 +291,7 @@ func TestPartialNeedsNoUndo(t *testing.T) {
 }
 
 func TestParseMethod(t *testing.T) {
+	t.Parallel()
 	for _, m := range []string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"} {
 		if _, ok := ParseMethod(m); !ok {
 			t.Errorf("ParseMethod(%q) not standard", m)
@@ -297,6 +305,7 @@ func TestParseMethod(t *testing.T) {
 }
 
 func TestLookupDoesNotAllocate(t *testing.T) {
+	// Not parallel: testing.AllocsPerRun panics in a parallel test.
 	p := mustPolicy(t)
 	for _, path := range []string{"/api/users/7", "/api/users/7/posts/3", "/api/users/me/posts/", "/elsewhere/x"} {
 		allocs := testing.AllocsPerRun(100, func() { p.Lookup(path) })
@@ -316,6 +325,7 @@ func BenchmarkLookup(b *testing.B) {
 // ItemPaths builds the same paths as ItemPath, whatever the collection's
 // variables hold, a value spelled like its internal mark included.
 func TestItemPaths(t *testing.T) {
+	t.Parallel()
 	p, err := New([]ResourceSpec{{
 		Path: "/u/{user}/posts", CollectionMethods: []string{"GET"}, ItemMethods: []string{"GET"},
 		ItemPath: "/u/{user}/posts/{id}/full", Settings: Defaults(), Gateway: GatewayDefaults(),
