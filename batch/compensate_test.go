@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/caddy-batch/caddy-batch/internal/batchwire"
@@ -331,38 +332,40 @@ func TestCompensationIdempotencyKeys(t *testing.T) {
 // while a write is in flight does not cut that write, nothing new starts,
 // and what happened is undone.
 func TestClientGoneStillUndoes(t *testing.T) {
-	// Not parallel: the engine's AfterFunc must run within the 50ms the in-flight write waits.
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	f := newFake().on("POST", "/widgets", answer{}, answer{hook: func(context.Context, *SubRequest) {
-		cancel()
-		// The engine learns of the cancellation through context.AfterFunc,
-		// which runs in a goroutine of its own and offers no hook; give it
-		// a moment before this in-flight write answers.
-		time.Sleep(50 * time.Millisecond)
-	}})
-	res := runCtx(ctx, mustPlan(t, newRequest("POST", "/widgets", elements(4)), concurrency(1)), f)
-	w := write(t, res)
-	posts := f.sentWith("POST")
-	equal(t, "POSTs sent", len(posts), 2)
-	for _, c := range posts {
-		if c.CtxErr != nil {
-			t.Errorf("an in-flight write was cancelled: %v", c.CtxErr)
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		f := newFake().on("POST", "/widgets", answer{}, answer{hook: func(context.Context, *SubRequest) {
+			cancel()
+			// The engine learns of the cancellation through context.AfterFunc,
+			// which runs in a goroutine of its own and offers no hook; in the
+			// bubble, this sleep ends only once that goroutine has run.
+			time.Sleep(50 * time.Millisecond)
+		}})
+		res := runCtx(ctx, mustPlan(t, newRequest("POST", "/widgets", elements(4)), concurrency(1)), f)
+		w := write(t, res)
+		posts := f.sentWith("POST")
+		equal(t, "POSTs sent", len(posts), 2)
+		for _, c := range posts {
+			if c.CtxErr != nil {
+				t.Errorf("an in-flight write was cancelled: %v", c.CtxErr)
+			}
 		}
-	}
-	equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "rolled_back", "not_attempted", "not_attempted"})
-	equalSlices(t, "statuses", w.Statuses(), []int{201, 201, 0, 0})
-	equalSlices(t, "compensations", pathsOf(f.sentWith("DELETE")), []string{"/widgets/1001", "/widgets/1000"})
-	for _, c := range f.sentWith("DELETE") {
-		if c.CtxErr != nil {
-			t.Errorf("compensation ran under the client's cancelled context: %v", c.CtxErr)
+		equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "rolled_back", "not_attempted", "not_attempted"})
+		equalSlices(t, "statuses", w.Statuses(), []int{201, 201, 0, 0})
+		equalSlices(t, "compensations", pathsOf(f.sentWith("DELETE")), []string{"/widgets/1001", "/widgets/1000"})
+		for _, c := range f.sentWith("DELETE") {
+			if c.CtxErr != nil {
+				t.Errorf("compensation ran under the client's cancelled context: %v", c.CtxErr)
+			}
 		}
-	}
-	equal(t, "outcome", w.Outcome, "rolled_back")
-	equal(t, "store after", len(f.state()), 0)
-	// The contract says nothing of the status of a batch whose client
-	// left; the engine answers 499, Caddy's code for it (no one reads it).
-	equal(t, "status", w.Code, 499)
+		equal(t, "outcome", w.Outcome, "rolled_back")
+		equal(t, "store after", len(f.state()), 0)
+		// The contract says nothing of the status of a batch whose client
+		// left; the engine answers 499, Caddy's code for it (no one reads it).
+		equal(t, "status", w.Code, 499)
+	})
 }
 
 func TestDeclarativeDelete(t *testing.T) {

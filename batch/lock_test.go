@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/caddy-batch/caddy-batch/itemlock"
@@ -103,71 +104,73 @@ func (s *failing) Send(ctx context.Context, req *SubRequest) (*SubResponse, erro
 // batches that succeeded (those that failed leave no trace).
 func TestConcurrentBatchesSerialize(t *testing.T) {
 	t.Parallel()
-	const batches, nIDs = 50, 10
-	for round := range 3 {
-		f := newFake()
-		f.jitter = 2 * time.Millisecond
-		for i := range nIDs {
-			f.put(widget(fmt.Sprint(i)), map[string]any{"id": fmt.Sprint(i), "v": -1.0})
-		}
-		s := &failing{fakeAPI: f, fail: map[string]bool{}}
-		var locks itemlock.Local
-		idsOf := make([][]string, batches)
-		results := make([]*Result, batches)
-		var wg sync.WaitGroup
-		for b := range batches {
-			perm := rand.Perm(nIDs)[:2+rand.IntN(4)]
-			var elems []string
-			for _, i := range perm {
-				id := fmt.Sprint(i)
-				idsOf[b] = append(idsOf[b], id)
-				elems = append(elems, fmt.Sprintf(`{"id":"%s","v":%d}`, id, b))
+	synctest.Test(t, func(t *testing.T) {
+		const batches, nIDs = 50, 10
+		for round := range 3 {
+			f := newFake()
+			f.jitter = 2 * time.Millisecond
+			for i := range nIDs {
+				f.put(widget(fmt.Sprint(i)), map[string]any{"id": fmt.Sprint(i), "v": -1.0})
 			}
-			if rand.IntN(3) == 0 {
-				last := idsOf[b][len(idsOf[b])-1]
-				s.mu.Lock()
-				s.fail[fmt.Sprintf(`{"v":%d} /widgets/%s`, b, last)] = true
-				s.mu.Unlock()
-			}
-			p := mustPlan(t, newRequest("PATCH", "/widgets", "["+strings.Join(elems, ",")+"]"), concurrency(3), batchTimeout(20*time.Second))
-			wg.Go(func() {
-				results[b] = newSaga(p, Runtime{Send: s, Locks: &locks}, noBackoff).run(context.Background())
-			})
-		}
-		wg.Wait()
-
-		// The serial order is the order in which batches wrote: a batch
-		// holds every lock from before its first write to after its last
-		// undo, so no two batches' writes interleave.
-		var order []int
-		seen := map[int]bool{}
-		for _, c := range f.sentWith("PATCH") {
-			var b int
-			if _, err := fmt.Sscanf(c.Body, `{"v":%d}`, &b); err == nil && !seen[b] {
-				seen[b] = true
-				order = append(order, b)
-			}
-		}
-		want := map[string]string{}
-		for i := range nIDs {
-			want[fmt.Sprint(i)] = fmt.Sprintf(`{"id":"%d","v":-1}`, i)
-		}
-		for _, b := range order {
-			switch results[b].Outcome {
-			case Succeeded:
-				for _, id := range idsOf[b] {
-					want[id] = fmt.Sprintf(`{"id":"%s","v":%d}`, id, b)
+			s := &failing{fakeAPI: f, fail: map[string]bool{}}
+			var locks itemlock.Local
+			idsOf := make([][]string, batches)
+			results := make([]*Result, batches)
+			var wg sync.WaitGroup
+			for b := range batches {
+				perm := rand.Perm(nIDs)[:2+rand.IntN(4)]
+				var elems []string
+				for _, i := range perm {
+					id := fmt.Sprint(i)
+					idsOf[b] = append(idsOf[b], id)
+					elems = append(elems, fmt.Sprintf(`{"id":"%s","v":%d}`, id, b))
 				}
-			case RolledBack:
-			default:
-				t.Fatalf("round %d: batch %d ended %s: %s", round, b, results[b].Outcome, results[b].Detail)
+				if rand.IntN(3) == 0 {
+					last := idsOf[b][len(idsOf[b])-1]
+					s.mu.Lock()
+					s.fail[fmt.Sprintf(`{"v":%d} /widgets/%s`, b, last)] = true
+					s.mu.Unlock()
+				}
+				p := mustPlan(t, newRequest("PATCH", "/widgets", "["+strings.Join(elems, ",")+"]"), concurrency(3), batchTimeout(20*time.Second))
+				wg.Go(func() {
+					results[b] = newSaga(p, Runtime{Send: s, Locks: &locks}, noBackoff).run(context.Background())
+				})
+			}
+			wg.Wait()
+
+			// The serial order is the order in which batches wrote: a batch
+			// holds every lock from before its first write to after its last
+			// undo, so no two batches' writes interleave.
+			var order []int
+			seen := map[int]bool{}
+			for _, c := range f.sentWith("PATCH") {
+				var b int
+				if _, err := fmt.Sscanf(c.Body, `{"v":%d}`, &b); err == nil && !seen[b] {
+					seen[b] = true
+					order = append(order, b)
+				}
+			}
+			want := map[string]string{}
+			for i := range nIDs {
+				want[fmt.Sprint(i)] = fmt.Sprintf(`{"id":"%d","v":-1}`, i)
+			}
+			for _, b := range order {
+				switch results[b].Outcome {
+				case Succeeded:
+					for _, id := range idsOf[b] {
+						want[id] = fmt.Sprintf(`{"id":"%s","v":%d}`, id, b)
+					}
+				case RolledBack:
+				default:
+					t.Fatalf("round %d: batch %d ended %s: %s", round, b, results[b].Outcome, results[b].Detail)
+				}
+			}
+			got := f.state()
+			for id, w := range want {
+				jsonEqual(t, fmt.Sprintf("round %d: widget %s", round, id), got[widget(id)], w)
 			}
 		}
-		got := f.state()
-		for id, w := range want {
-			jsonEqual(t, fmt.Sprintf("round %d: widget %s", round, id), got[widget(id)], w)
-		}
-	}
+	})
 }
 
 // brokenLocks fail without another holder: a storage that is down.

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/caddy-batch/caddy-batch/policy"
@@ -256,29 +257,31 @@ func TestIdempotentUpstreamResend(t *testing.T) {
 // Undos run in parallel: five hanging undos take one compensation's
 // budget, not five.
 func TestUndosRunInParallel(t *testing.T) {
-	// Not parallel: it bounds the time the undos take.
-	f := newFake().seed("1", "2", "3", "4", "5", "6").
-		on("PATCH", "/widgets/6", reply(500, ``)).
-		on("PUT", "/widgets/1", answer{hang: true}).on("PUT", "/widgets/2", answer{hang: true}).
-		on("PUT", "/widgets/3", answer{hang: true}).on("PUT", "/widgets/4", answer{hang: true}).
-		on("PUT", "/widgets/5", answer{hang: true})
-	slow := settings(func(s *policy.Settings) {
-		s.CompensationTimeout = 100 * time.Millisecond
-		s.CompensationRetries = 1
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		f := newFake().seed("1", "2", "3", "4", "5", "6").
+			on("PATCH", "/widgets/6", reply(500, ``)).
+			on("PUT", "/widgets/1", answer{hang: true}).on("PUT", "/widgets/2", answer{hang: true}).
+			on("PUT", "/widgets/3", answer{hang: true}).on("PUT", "/widgets/4", answer{hang: true}).
+			on("PUT", "/widgets/5", answer{hang: true})
+		slow := settings(func(s *policy.Settings) {
+			s.CompensationTimeout = 100 * time.Millisecond
+			s.CompensationRetries = 1
+		})
+		start := time.Now()
+		w := write(t, run1(t, "PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":1},{"id":"3","v":1},{"id":"4","v":1},{"id":"5","v":1},{"id":"6","v":1}]`,
+			f, concurrency(6), slow))
+		took := time.Since(start)
+		equal(t, "outcome", w.Outcome, "rollback_failed")
+		// One budget is 2 × 100ms plus a backoff (none in tests); five in a
+		// row would be a second.
+		if took > 600*time.Millisecond {
+			t.Errorf("five hanging undos took %s: they did not run in parallel", took)
+		}
+		if f.maxConcurrent() < 5 {
+			t.Errorf("at most %d requests in flight, want the five undos together", f.maxConcurrent())
+		}
 	})
-	start := time.Now()
-	w := write(t, run1(t, "PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":1},{"id":"3","v":1},{"id":"4","v":1},{"id":"5","v":1},{"id":"6","v":1}]`,
-		f, concurrency(6), slow))
-	took := time.Since(start)
-	equal(t, "outcome", w.Outcome, "rollback_failed")
-	// One budget is 2 × 100ms plus a backoff (none in tests); five in a
-	// row would be a second.
-	if took > 600*time.Millisecond {
-		t.Errorf("five hanging undos took %s: they did not run in parallel", took)
-	}
-	if f.maxConcurrent() < 5 {
-		t.Errorf("at most %d requests in flight, want the five undos together", f.maxConcurrent())
-	}
 }
 
 // The preflight and every undo keep the client's query.

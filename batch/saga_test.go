@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -154,72 +155,82 @@ func TestAllOrNothingLetsInFlightFinish(t *testing.T) {
 }
 
 func TestBatchTimeout(t *testing.T) {
-	// Not parallel: a 60ms answer must outlast a 20ms batch_timeout, which other tests' load can delay.
+	t.Parallel()
 	bt := batchTimeout(100 * time.Millisecond)
 	t.Run("all_or_nothing create: the deadline stops new starts, not a write in flight", func(t *testing.T) {
-		// The first item's answer comes after batch_timeout passed: it is
-		// let finish, and undone; nothing new starts.
-		for attempt := range 5 {
-			f := newFake().on("POST", "/widgets", answer{delay: 60 * time.Millisecond}, answer{})
-			res := run1(t, "POST", "/widgets", elements(3), f, concurrency(1), batchTimeout(20*time.Millisecond))
-			w := write(t, res)
-			equalSlices(t, "sent", f.sent(), []string{"POST /widgets", "GET /widgets/1000", "DELETE /widgets/1000"})
-			if c := f.sentWith("POST")[0]; c.CtxErr != nil {
-				t.Errorf("the write in flight was cut: %v", c.CtxErr)
+		synctest.Test(t, func(t *testing.T) {
+			// The first item's answer comes after batch_timeout passed: it is
+			// let finish, and undone; nothing new starts.
+			for attempt := range 5 {
+				f := newFake().on("POST", "/widgets", answer{delay: 60 * time.Millisecond}, answer{})
+				res := run1(t, "POST", "/widgets", elements(3), f, concurrency(1), batchTimeout(20*time.Millisecond))
+				w := write(t, res)
+				equalSlices(t, "sent", f.sent(), []string{"POST /widgets", "GET /widgets/1000", "DELETE /widgets/1000"})
+				if c := f.sentWith("POST")[0]; c.CtxErr != nil {
+					t.Errorf("the write in flight was cut: %v", c.CtxErr)
+				}
+				equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "not_attempted", "not_attempted"})
+				equal(t, "outcome", w.Outcome, "rolled_back")
+				if w.Code != 504 || !strings.Contains(w.Detail, "batch_timeout") {
+					t.Fatalf("run %d: status %d, detail %q; want 504 and a detail that says batch_timeout", attempt, w.Code, w.Detail)
+				}
 			}
-			equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "not_attempted", "not_attempted"})
-			equal(t, "outcome", w.Outcome, "rolled_back")
-			if w.Code != 504 || !strings.Contains(w.Detail, "batch_timeout") {
-				t.Fatalf("run %d: status %d, detail %q; want 504 and a detail that says batch_timeout", attempt, w.Code, w.Detail)
-			}
-		}
+		})
 	})
 	t.Run("all_or_nothing create: a write in flight runs to item_timeout, not batch_timeout", func(t *testing.T) {
-		f := newFake().on("POST", "/widgets", answer{}, answer{hang: true})
-		start := time.Now()
-		w := write(t, run1(t, "POST", "/widgets", `[{"name":"a"},{"id":"b"},{"name":"c"}]`, f, concurrency(1), bt, itemTimeout(300*time.Millisecond)))
-		if took := time.Since(start); took < 300*time.Millisecond {
-			t.Errorf("the hanging write was cut after %s, before its item_timeout", took)
-		}
-		// Item 1's id was checked free before anything was written, and
-		// read after: nothing is there, but only its element named that
-		// id, so what the create made, if anything, may be elsewhere.
-		equalSlices(t, "sent", f.sent(), []string{"GET /widgets/b", "POST /widgets", "POST /widgets", "GET /widgets/b", "GET /widgets/1000", "DELETE /widgets/1000"})
-		equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "rollback_failed", "not_attempted"})
-		equalSlices(t, "statuses", w.Statuses(), []int{201, 504, 0})
-		if !strings.Contains(w.Items[1].Error, "item_timeout") {
-			t.Errorf("item 1's error %q does not name item_timeout", w.Items[1].Error)
-		}
-		if c := w.Items[1].Compensation; c == nil || !strings.Contains(c.Error, "an id of its own") {
-			t.Errorf("item 1's compensation %+v does not say the item may be elsewhere", c)
-		}
-		equal(t, "status", w.Code, 500)
+		synctest.Test(t, func(t *testing.T) {
+			f := newFake().on("POST", "/widgets", answer{}, answer{hang: true})
+			start := time.Now()
+			w := write(t, run1(t, "POST", "/widgets", `[{"name":"a"},{"id":"b"},{"name":"c"}]`, f, concurrency(1), bt, itemTimeout(300*time.Millisecond)))
+			if took := time.Since(start); took < 300*time.Millisecond {
+				t.Errorf("the hanging write was cut after %s, before its item_timeout", took)
+			}
+			// Item 1's id was checked free before anything was written, and
+			// read after: nothing is there, but only its element named that
+			// id, so what the create made, if anything, may be elsewhere.
+			equalSlices(t, "sent", f.sent(), []string{"GET /widgets/b", "POST /widgets", "POST /widgets", "GET /widgets/b", "GET /widgets/1000", "DELETE /widgets/1000"})
+			equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "rollback_failed", "not_attempted"})
+			equalSlices(t, "statuses", w.Statuses(), []int{201, 504, 0})
+			if !strings.Contains(w.Items[1].Error, "item_timeout") {
+				t.Errorf("item 1's error %q does not name item_timeout", w.Items[1].Error)
+			}
+			if c := w.Items[1].Compensation; c == nil || !strings.Contains(c.Error, "an id of its own") {
+				t.Errorf("item 1's compensation %+v does not say the item may be elsewhere", c)
+			}
+			equal(t, "status", w.Code, 500)
+		})
 	})
 	t.Run("all_or_nothing update: batch_timeout during the preflight", func(t *testing.T) {
-		f := newFake().seed("1", "2").on("GET", "/widgets/1", answer{lateAnswer: true})
-		w := write(t, run1(t, "PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":1}]`, f, concurrency(1), bt))
-		equalSlices(t, "sent", f.sent(), []string{"GET /widgets/1"})
-		equalSlices(t, "outcomes", w.Outcomes(), []string{"not_attempted", "not_attempted"})
-		equal(t, "status", w.Code, 504)
-		equal(t, "outcome", w.Outcome, "failed")
+		synctest.Test(t, func(t *testing.T) {
+			f := newFake().seed("1", "2").on("GET", "/widgets/1", answer{lateAnswer: true})
+			w := write(t, run1(t, "PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":1}]`, f, concurrency(1), bt))
+			equalSlices(t, "sent", f.sent(), []string{"GET /widgets/1"})
+			equalSlices(t, "outcomes", w.Outcomes(), []string{"not_attempted", "not_attempted"})
+			equal(t, "status", w.Code, 504)
+			equal(t, "outcome", w.Outcome, "failed")
+		})
 	})
 	t.Run("all_or_nothing GET", func(t *testing.T) {
-		f := newFake().seed("1", "2", "3").on("GET", "/widgets/1", answer{lateAnswer: true})
-		w := write(t, run1(t, "GET", "/widgets?ids=1,2,3", "", f, concurrency(1), bt))
-		equalSlices(t, "sent", f.sent(), []string{"GET /widgets/1"})
-		equalSlices(t, "outcomes", w.Outcomes(), []string{"succeeded", "not_attempted", "not_attempted"})
-		equal(t, "status", w.Code, 504)
-		equal(t, "outcome", w.Outcome, "failed")
+		synctest.Test(t, func(t *testing.T) {
+			f := newFake().seed("1", "2", "3").on("GET", "/widgets/1", answer{lateAnswer: true})
+			w := write(t, run1(t, "GET", "/widgets?ids=1,2,3", "", f, concurrency(1), bt))
+			equalSlices(t, "sent", f.sent(), []string{"GET /widgets/1"})
+			equalSlices(t, "outcomes", w.Outcomes(), []string{"succeeded", "not_attempted", "not_attempted"})
+			equal(t, "status", w.Code, 504)
+			equal(t, "outcome", w.Outcome, "failed")
+		})
 	})
 	t.Run("partial GET", func(t *testing.T) {
-		// The status table has no row for a partial batch cut short by
-		// batch_timeout; the engine answers 207 with the items not started
-		// as not_attempted.
-		f := newFake().seed("1", "2", "3").on("GET", "/widgets/1", answer{lateAnswer: true})
-		w := write(t, run1(t, "GET", "/widgets?ids=1,2,3", "", f, concurrency(1), bt, partial))
-		equalSlices(t, "outcomes", w.Outcomes(), []string{"succeeded", "not_attempted", "not_attempted"})
-		equal(t, "status", w.Code, 207)
-		equal(t, "outcome", w.Outcome, "partial")
+		synctest.Test(t, func(t *testing.T) {
+			// The status table has no row for a partial batch cut short by
+			// batch_timeout; the engine answers 207 with the items not started
+			// as not_attempted.
+			f := newFake().seed("1", "2", "3").on("GET", "/widgets/1", answer{lateAnswer: true})
+			w := write(t, run1(t, "GET", "/widgets?ids=1,2,3", "", f, concurrency(1), bt, partial))
+			equalSlices(t, "outcomes", w.Outcomes(), []string{"succeeded", "not_attempted", "not_attempted"})
+			equal(t, "status", w.Code, 207)
+			equal(t, "outcome", w.Outcome, "partial")
+		})
 	})
 }
 

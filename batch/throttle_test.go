@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/caddy-batch/caddy-batch/policy"
@@ -57,20 +58,22 @@ func runWith(ctx context.Context, t testing.TB, r *http.Request, rt Runtime, mod
 // passed, never sooner, and the batch succeeds.
 func TestThrottledItemIsSentAgainAfterItsDelay(t *testing.T) {
 	t.Parallel()
-	times := newSendTimes()
-	f := newFake().seed("1", "2")
-	f.on("GET", "/widgets/1", times.stamp(throttle()), times.stamp(answer{}))
-	res := run1(t, "GET", "/widgets?ids=1,2", "", f)
-	w := write(t, res)
-	equal(t, "batch status", w.Code, 200)
-	equal(t, "item 0 status", w.Items[0].Status, 200)
-	at := times.of("GET /widgets/1")
-	if len(at) != 2 {
-		t.Fatalf("GET /widgets/1 sent %d times, want 2 (the throttled one, then again)", len(at))
-	}
-	if gap := at[1].Sub(at[0]); gap < time.Second {
-		t.Errorf("sent again %s after the 429, sooner than its Retry-After: 1", gap)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		times := newSendTimes()
+		f := newFake().seed("1", "2")
+		f.on("GET", "/widgets/1", times.stamp(throttle()), times.stamp(answer{}))
+		res := run1(t, "GET", "/widgets?ids=1,2", "", f)
+		w := write(t, res)
+		equal(t, "batch status", w.Code, 200)
+		equal(t, "item 0 status", w.Items[0].Status, 200)
+		at := times.of("GET /widgets/1")
+		if len(at) != 2 {
+			t.Fatalf("GET /widgets/1 sent %d times, want 2 (the throttled one, then again)", len(at))
+		}
+		if gap := at[1].Sub(at[0]); gap < time.Second {
+			t.Errorf("sent again %s after the 429, sooner than its Retry-After: 1", gap)
+		}
+	})
 }
 
 // A pause longer than the batch's deadline allows fails the item at
@@ -79,23 +82,25 @@ func TestThrottledItemIsSentAgainAfterItsDelay(t *testing.T) {
 // budget, waits for the pause too.
 func TestThrottleBeyondTheDeadlineFailsAtOnce(t *testing.T) {
 	t.Parallel()
-	times := newSendTimes()
-	f := newFake().seed("1", "2")
-	f.on("PATCH", "/widgets/2", times.stamp(reply(429, `{}`, "Retry-After", "2")))
-	f.on("PUT", "/widgets/1", times.stamp(answer{}))
-	res := run1(t, "PATCH", "/widgets", `[{"id":"1","name":"x"},{"id":"2","name":"y"}]`, f,
-		concurrency(1), batchTimeout(time.Second))
-	w := write(t, res)
-	equal(t, "batch status", w.Code, 429)
-	equal(t, "batch outcome", w.Outcome, "rolled_back")
-	equal(t, "batch Retry-After", w.Header.Get("Retry-After"), "2")
-	equal(t, "item 1 Retry-After", w.Items[1].Headers["Retry-After"], "2")
-	equal(t, "PATCHes sent", len(f.sentWith("PATCH")), 2) // item 2's once
-	equal(t, "item 1 restored", f.state()["/widgets/1"], `{"color":"red","id":"1","name":"widget 1"}`)
-	throttled, undo := times.of("PATCH /widgets/2"), times.of("PUT /widgets/1")
-	if len(undo) != 1 || undo[0].Sub(throttled[0]) < 2*time.Second {
-		t.Errorf("the undo was sent at %v, before the moment the 429 at %v asked for", undo, throttled)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		times := newSendTimes()
+		f := newFake().seed("1", "2")
+		f.on("PATCH", "/widgets/2", times.stamp(reply(429, `{}`, "Retry-After", "2")))
+		f.on("PUT", "/widgets/1", times.stamp(answer{}))
+		res := run1(t, "PATCH", "/widgets", `[{"id":"1","name":"x"},{"id":"2","name":"y"}]`, f,
+			concurrency(1), batchTimeout(time.Second))
+		w := write(t, res)
+		equal(t, "batch status", w.Code, 429)
+		equal(t, "batch outcome", w.Outcome, "rolled_back")
+		equal(t, "batch Retry-After", w.Header.Get("Retry-After"), "2")
+		equal(t, "item 1 Retry-After", w.Items[1].Headers["Retry-After"], "2")
+		equal(t, "PATCHes sent", len(f.sentWith("PATCH")), 2) // item 2's once
+		equal(t, "item 1 restored", f.state()["/widgets/1"], `{"color":"red","id":"1","name":"widget 1"}`)
+		throttled, undo := times.of("PATCH /widgets/2"), times.of("PUT /widgets/1")
+		if len(undo) != 1 || undo[0].Sub(throttled[0]) < 2*time.Second {
+			t.Errorf("the undo was sent at %v, before the moment the 429 at %v asked for", undo, throttled)
+		}
+	})
 }
 
 // max_throttle_wait 0 keeps the old behaviour: a 429 fails its item.
@@ -113,18 +118,22 @@ func TestMaxThrottleWaitZeroFailsAtOnce(t *testing.T) {
 func TestServiceUnavailable(t *testing.T) {
 	t.Parallel()
 	t.Run("without Retry-After fails", func(t *testing.T) {
-		f := newFake().seed("1")
-		f.on("GET", "/widgets/1", reply(503, ``), answer{})
-		w := write(t, run1(t, "GET", "/widgets?ids=1", "", f))
-		equal(t, "batch status", w.Code, 502)
-		equal(t, "GETs sent", len(f.sentWith("GET")), 1)
+		synctest.Test(t, func(t *testing.T) {
+			f := newFake().seed("1")
+			f.on("GET", "/widgets/1", reply(503, ``), answer{})
+			w := write(t, run1(t, "GET", "/widgets?ids=1", "", f))
+			equal(t, "batch status", w.Code, 502)
+			equal(t, "GETs sent", len(f.sentWith("GET")), 1)
+		})
 	})
 	t.Run("with Retry-After is sent again", func(t *testing.T) {
-		f := newFake().seed("1")
-		f.on("GET", "/widgets/1", reply(503, ``, "Retry-After", "1"), answer{})
-		w := write(t, run1(t, "GET", "/widgets?ids=1", "", f))
-		equal(t, "batch status", w.Code, 200)
-		equal(t, "GETs sent", len(f.sentWith("GET")), 2)
+		synctest.Test(t, func(t *testing.T) {
+			f := newFake().seed("1")
+			f.on("GET", "/widgets/1", reply(503, ``, "Retry-After", "1"), answer{})
+			w := write(t, run1(t, "GET", "/widgets?ids=1", "", f))
+			equal(t, "batch status", w.Code, 200)
+			equal(t, "GETs sent", len(f.sentWith("GET")), 2)
+		})
 	})
 }
 
@@ -145,27 +154,29 @@ func TestThrottledCreate(t *testing.T) {
 		{"429", throttle(), false, 2, 201},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			f := newFake()
-			f.on("POST", "/widgets", tt.first, answer{})
-			j := &recordingJournal{f: f}
-			p := mustPlan(t, newRequest("POST", "/widgets", `[{"name":"a"}]`), settings(func(s *policy.Settings) { s.IdempotentUpstream = tt.idempotent }))
-			res := newSaga(p, Runtime{Send: f, Journal: j}, noBackoff).run(context.Background())
-			w := write(t, res)
-			equal(t, "batch status", w.Code, tt.status)
-			posts := f.sentWith("POST")
-			equal(t, "POSTs sent", len(posts), tt.posts)
-			if len(posts) == 2 {
-				equal(t, "the resend's Idempotency-Key", posts[1].Header.Get("Idempotency-Key"), posts[0].Header.Get("Idempotency-Key"))
-			}
-			// The journal sees one write and its last answer: no unknown.
-			sending := 0
-			for _, e := range j.events {
-				if strings.HasPrefix(e, "sending") {
-					sending++
+			synctest.Test(t, func(t *testing.T) {
+				f := newFake()
+				f.on("POST", "/widgets", tt.first, answer{})
+				j := &recordingJournal{f: f}
+				p := mustPlan(t, newRequest("POST", "/widgets", `[{"name":"a"}]`), settings(func(s *policy.Settings) { s.IdempotentUpstream = tt.idempotent }))
+				res := newSaga(p, Runtime{Send: f, Journal: j}, noBackoff).run(context.Background())
+				w := write(t, res)
+				equal(t, "batch status", w.Code, tt.status)
+				posts := f.sentWith("POST")
+				equal(t, "POSTs sent", len(posts), tt.posts)
+				if len(posts) == 2 {
+					equal(t, "the resend's Idempotency-Key", posts[1].Header.Get("Idempotency-Key"), posts[0].Header.Get("Idempotency-Key"))
 				}
-			}
-			equal(t, "sending transitions", sending, 1)
-			equal(t, "item outcome", w.Items[0].Outcome, map[bool]string{true: "succeeded", false: "failed"}[tt.status == 201])
+				// The journal sees one write and its last answer: no unknown.
+				sending := 0
+				for _, e := range j.events {
+					if strings.HasPrefix(e, "sending") {
+						sending++
+					}
+				}
+				equal(t, "sending transitions", sending, 1)
+				equal(t, "item outcome", w.Items[0].Outcome, map[bool]string{true: "succeeded", false: "failed"}[tt.status == 201])
+			})
 		})
 	}
 }
@@ -175,40 +186,45 @@ func TestThrottledCreate(t *testing.T) {
 // them before the moment — and another client's go at once. The waiting
 // item holds no slot of max_in_flight meanwhile.
 func TestThrottleHoldsTheClientAcrossBatches(t *testing.T) {
-	// Not parallel: it bounds when another client's GET is sent.
-	times := newSendTimes()
-	f := newFake().seed("1", "2", "3")
-	throttled := make(chan struct{})
-	first := throttle()
-	first.hook = func(context.Context, *SubRequest) { close(throttled) }
-	f.on("GET", "/widgets/1", first, times.stamp(answer{}))
-	f.on("GET", "/widgets/2", times.stamp(answer{}))
-	f.on("GET", "/widgets/3", times.stamp(answer{}))
-	throttles, fifo := NewThrottles(nil), slots.NewFIFO(1)
-	var wg sync.WaitGroup
-	var sameRes *Result
-	wg.Go(func() {
-		rt := Runtime{Send: f, Throttles: throttles, Client: "ada", Slots: fifo}
-		equal(t, "throttled batch", write(t, runWith(context.Background(), t, newRequest("GET", "/widgets?ids=1", ""), rt)).Code, 200)
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		times := newSendTimes()
+		f := newFake().seed("1", "2", "3")
+		throttled := make(chan struct{})
+		first := throttle()
+		first.hook = func(context.Context, *SubRequest) { close(throttled) }
+		f.on("GET", "/widgets/1", first, times.stamp(answer{}))
+		f.on("GET", "/widgets/2", times.stamp(answer{}))
+		f.on("GET", "/widgets/3", times.stamp(answer{}))
+		throttles, fifo := NewThrottles(nil), slots.NewFIFO(1)
+		var wg sync.WaitGroup
+		var sameRes *Result
+		wg.Go(func() {
+			rt := Runtime{Send: f, Throttles: throttles, Client: "ada", Slots: fifo}
+			equal(t, "throttled batch", write(t, runWith(context.Background(), t, newRequest("GET", "/widgets?ids=1", ""), rt)).Code, 200)
+		})
+		<-throttled
+		// Until the first batch waits out its throttle, the hold is not
+		// recorded yet.
+		synctest.Wait()
+		moment := time.Now().Add(time.Second)
+		wg.Go(func() {
+			rt := Runtime{Send: f, Throttles: throttles, Client: "ada", Slots: fifo}
+			sameRes = runWith(context.Background(), t, newRequest("GET", "/widgets?ids=2", ""), rt)
+		})
+		// Another client's batch goes at once, through the one slot the
+		// waiting item gave up.
+		rt := Runtime{Send: f, Throttles: throttles, Client: "bob", Slots: fifo}
+		equal(t, "another client's batch", write(t, runWith(context.Background(), t, newRequest("GET", "/widgets?ids=3", ""), rt)).Code, 200)
+		if at := times.of("GET /widgets/3"); len(at) != 1 || !at[0].Before(moment.Add(-500*time.Millisecond)) {
+			t.Errorf("another client's GET was sent at %v: it waited for a throttle that was not its own", at)
+		}
+		wg.Wait()
+		equal(t, "the same client's other batch", write(t, sameRes).Code, 200)
+		if at := times.of("GET /widgets/2"); len(at) != 1 || at[0].Before(moment.Add(-50*time.Millisecond)) {
+			t.Errorf("the same client's GET was sent at %v, before the moment the upstream asked for (%v)", at, moment)
+		}
 	})
-	<-throttled
-	moment := time.Now().Add(time.Second)
-	wg.Go(func() {
-		rt := Runtime{Send: f, Throttles: throttles, Client: "ada", Slots: fifo}
-		sameRes = runWith(context.Background(), t, newRequest("GET", "/widgets?ids=2", ""), rt)
-	})
-	// Another client's batch goes at once, through the one slot the
-	// waiting item gave up.
-	rt := Runtime{Send: f, Throttles: throttles, Client: "bob", Slots: fifo}
-	equal(t, "another client's batch", write(t, runWith(context.Background(), t, newRequest("GET", "/widgets?ids=3", ""), rt)).Code, 200)
-	if at := times.of("GET /widgets/3"); len(at) != 1 || !at[0].Before(moment.Add(-500*time.Millisecond)) {
-		t.Errorf("another client's GET was sent at %v: it waited for a throttle that was not its own", at)
-	}
-	wg.Wait()
-	equal(t, "the same client's other batch", write(t, sameRes).Code, 200)
-	if at := times.of("GET /widgets/2"); len(at) != 1 || at[0].Before(moment.Add(-50*time.Millisecond)) {
-		t.Errorf("the same client's GET was sent at %v, before the moment the upstream asked for (%v)", at, moment)
-	}
 }
 
 // A hold past another batch's deadline fails that batch's items at once,
@@ -216,80 +232,88 @@ func TestThrottleHoldsTheClientAcrossBatches(t *testing.T) {
 // the client.
 func TestHeldPastTheDeadlineIsNotSent(t *testing.T) {
 	t.Parallel()
-	f := newFake().seed("1", "2")
-	throttles := NewThrottles(nil)
-	throttles.hold("ada", "/widgets", throttleHold{until: time.Now().Add(3 * time.Second), delay: 3 * time.Second, status: 429, retryAfter: "3"}, time.Now())
-	rt := Runtime{Send: f, Throttles: throttles, Client: "ada"}
-	w := write(t, runWith(context.Background(), t, newRequest("GET", "/widgets?ids=1,2", ""), rt, batchTimeout(time.Second)))
-	equal(t, "batch status", w.Code, 429)
-	equal(t, "Retry-After", w.Header.Get("Retry-After"), "3")
-	equal(t, "GETs sent", len(f.sentWith("GET")), 0)
-	if !strings.Contains(w.Items[0].Error, "not sent") {
-		t.Errorf("item error %q does not say the request was not sent", w.Items[0].Error)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		f := newFake().seed("1", "2")
+		throttles := NewThrottles(nil)
+		throttles.hold("ada", "/widgets", throttleHold{until: time.Now().Add(3 * time.Second), delay: 3 * time.Second, status: 429, retryAfter: "3"}, time.Now())
+		rt := Runtime{Send: f, Throttles: throttles, Client: "ada"}
+		w := write(t, runWith(context.Background(), t, newRequest("GET", "/widgets?ids=1,2", ""), rt, batchTimeout(time.Second)))
+		equal(t, "batch status", w.Code, 429)
+		equal(t, "Retry-After", w.Header.Get("Retry-After"), "3")
+		equal(t, "GETs sent", len(f.sentWith("GET")), 0)
+		if !strings.Contains(w.Items[0].Error, "not sent") {
+			t.Errorf("item error %q does not say the request was not sent", w.Items[0].Error)
+		}
+	})
 }
 
 // An undo waits for the throttle too, within its own budget, and the
 // batch is rolled back.
 func TestUndoWaitsForTheThrottle(t *testing.T) {
 	t.Parallel()
-	times := newSendTimes()
-	f := newFake().on("POST", "/widgets", answer{}, reply(409, `{}`))
-	f.on("DELETE", "/widgets/1000", times.stamp(throttle()), times.stamp(answer{}))
-	w := write(t, run1(t, "POST", "/widgets", elements(2), f, concurrency(1)))
-	equal(t, "batch outcome", w.Outcome, "rolled_back")
-	equal(t, "item 0", w.Items[0].Outcome, "rolled_back")
-	at := times.of("DELETE /widgets/1000")
-	if len(at) != 2 || at[1].Sub(at[0]) < time.Second {
-		t.Errorf("undo sent at %v: want twice, a second apart", at)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		times := newSendTimes()
+		f := newFake().on("POST", "/widgets", answer{}, reply(409, `{}`))
+		f.on("DELETE", "/widgets/1000", times.stamp(throttle()), times.stamp(answer{}))
+		w := write(t, run1(t, "POST", "/widgets", elements(2), f, concurrency(1)))
+		equal(t, "batch outcome", w.Outcome, "rolled_back")
+		equal(t, "item 0", w.Items[0].Outcome, "rolled_back")
+		at := times.of("DELETE /widgets/1000")
+		if len(at) != 2 || at[1].Sub(at[0]) < time.Second {
+			t.Errorf("undo sent at %v: want twice, a second apart", at)
+		}
+	})
 }
 
 // A throttled LIST of the list filter is sent again after its delay, and
 // never replaced by one GET per id.
 func TestThrottledListIsSentAgain(t *testing.T) {
 	t.Parallel()
-	f := newFake().seed("1", "2", "3")
-	f.on("GET", "/widgets", throttle(), answer{})
-	w := write(t, run1(t, "GET", "/widgets?ids=1,2,3", "", f, listFilter(policy.ListFilterSpec{})))
-	equal(t, "batch status", w.Code, 200)
-	equal(t, "LISTs sent", len(f.sentWith("GET")), 2)
-	for _, c := range f.log() {
-		if c.Path != "/widgets" {
-			t.Errorf("%s sent: a throttled LIST fell back to single GETs", c)
+	synctest.Test(t, func(t *testing.T) {
+		f := newFake().seed("1", "2", "3")
+		f.on("GET", "/widgets", throttle(), answer{})
+		w := write(t, run1(t, "GET", "/widgets?ids=1,2,3", "", f, listFilter(policy.ListFilterSpec{})))
+		equal(t, "batch status", w.Code, 200)
+		equal(t, "LISTs sent", len(f.sentWith("GET")), 2)
+		for _, c := range f.log() {
+			if c.Path != "/widgets" {
+				t.Errorf("%s sent: a throttled LIST fell back to single GETs", c)
+			}
 		}
-	}
+	})
 }
 
 // Held requests are released spread over up to a quarter of the pause
 // (at most a second), never before the moment.
 func TestThrottleReleaseIsJittered(t *testing.T) {
 	t.Parallel()
-	for _, d := range []time.Duration{0, 100 * time.Millisecond, time.Second, 10 * time.Second} {
-		span := min(d/4, time.Second)
-		seen := map[time.Duration]bool{}
-		for range 200 {
-			j := jitter(d)
-			if j < 0 || (span > 0 && j >= span) || (span == 0 && j != 0) {
-				t.Fatalf("jitter(%s) = %s, want within [0, %s)", d, j, span)
+	synctest.Test(t, func(t *testing.T) {
+		for _, d := range []time.Duration{0, 100 * time.Millisecond, time.Second, 10 * time.Second} {
+			span := min(d/4, time.Second)
+			seen := map[time.Duration]bool{}
+			for range 200 {
+				j := jitter(d)
+				if j < 0 || (span > 0 && j >= span) || (span == 0 && j != 0) {
+					t.Fatalf("jitter(%s) = %s, want within [0, %s)", d, j, span)
+				}
+				seen[j] = true
 			}
-			seen[j] = true
+			if span > 0 && len(seen) < 100 {
+				t.Errorf("jitter(%s) took only %d values in 200 draws: held requests would go together", d, len(seen))
+			}
 		}
-		if span > 0 && len(seen) < 100 {
-			t.Errorf("jitter(%s) took only %d values in 200 draws: held requests would go together", d, len(seen))
+		throttles := NewThrottles(nil)
+		moment := time.Now().Add(200 * time.Millisecond)
+		throttles.hold("ada", "/widgets", throttleHold{until: moment, delay: 200 * time.Millisecond, status: 429, retryAfter: "1"}, time.Now())
+		if err := throttles.wait(context.Background(), "ada", "/widgets"); err != nil || time.Now().Before(moment) {
+			t.Errorf("wait returned %v at %v, before the moment %v", err, time.Now(), moment)
 		}
-	}
-	throttles := NewThrottles(nil)
-	moment := time.Now().Add(200 * time.Millisecond)
-	throttles.hold("ada", "/widgets", throttleHold{until: moment, delay: 200 * time.Millisecond, status: 429, retryAfter: "1"}, time.Now())
-	if err := throttles.wait(context.Background(), "ada", "/widgets"); err != nil || time.Now().Before(moment) {
-		t.Errorf("wait returned %v at %v, before the moment %v", err, time.Now(), moment)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
-	throttles.hold("bob", "/widgets", throttleHold{until: time.Now().Add(time.Second), delay: time.Second, status: 429, retryAfter: "1"}, time.Now())
-	var held *HeldBack
-	if err := throttles.wait(ctx, "bob", "/widgets"); !errors.As(err, &held) || held.Status != 429 || held.RetryAfter != "1" {
-		t.Errorf("a hold past the deadline: %v, want a HeldBack with 429 and Retry-After 1", err)
-	}
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		throttles.hold("bob", "/widgets", throttleHold{until: time.Now().Add(time.Second), delay: time.Second, status: 429, retryAfter: "1"}, time.Now())
+		var held *HeldBack
+		if err := throttles.wait(ctx, "bob", "/widgets"); !errors.As(err, &held) || held.Status != 429 || held.RetryAfter != "1" {
+			t.Errorf("a hold past the deadline: %v, want a HeldBack with 429 and Retry-After 1", err)
+		}
+	})
 }
