@@ -166,10 +166,10 @@ func (f *fakeAPI) seed(ids ...string) *fakeAPI {
 }
 
 // put stores rec at an item path, as it is.
-func (f *fakeAPI) put(path string, rec map[string]any) *fakeAPI {
+func (f *fakeAPI) put(itemPath string, rec map[string]any) *fakeAPI {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.records[path] = rec
+	f.records[itemPath] = rec
 	return f
 }
 
