@@ -47,9 +47,10 @@ var (
 	unescape = strings.NewReplacer("~1", "/", "~0", "~")
 )
 
-// At returns the value a parsed pointer names in doc. Its error says why
-// there is none as what follows the document in a sentence ("the
-// answer " + err.Error()); what names the pointer in it.
+// At returns the value a parsed pointer names in doc. When it names
+// none, the error says why, worded to follow the document's name, with
+// what naming the pointer: "the answer " + err.Error() reads "the answer
+// has no member "id" where items points".
 func At(doc []byte, pointer []string, what string) (json.RawMessage, error) {
 	raw := json.RawMessage(bytes.TrimSpace(doc))
 	for _, tok := range pointer {
