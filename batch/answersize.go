@@ -36,7 +36,7 @@ func (sg *saga) keepBody(it *ItemResult, st *itemState, i int) bool {
 	it.Error = joinReasons(it.Error, fmt.Sprintf(
 		"the batch's answer would pass max_response_size (%d bytes) with this item's body (%s), so the body is left out",
 		sg.s.MaxResponseSize, what))
-	if it.Outcome == Succeeded && sg.tgt(i).op.Writes() && !sg.allOrNothing() {
+	if it.Outcome == Succeeded && sg.tgt(i).kind.Writes() && !sg.allOrNothing() {
 		return true
 	}
 	if it.Outcome == Succeeded {
@@ -53,7 +53,7 @@ func (sg *saga) copies(i int) int {
 	// By index, reading first alone: an envelope's other items are being
 	// filled in meanwhile.
 	for j := i + 1; j < len(sg.plan.Items); j++ {
-		if sg.plan.Items[j].first == i {
+		if sg.plan.Items[j].firstWithID == i {
 			n++
 		}
 	}

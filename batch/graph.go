@@ -60,7 +60,7 @@ func (sg *saga) executeGraph(clientCtx, batchCtx context.Context) {
 // none).
 func (sg *saga) dependencies(i int, ended, succeeded []bool) (ready bool, failed int) {
 	ready = true
-	for _, j := range sg.plan.Items[i].op.deps {
+	for _, j := range sg.plan.Items[i].operation.deps {
 		switch {
 		case !ended[j]:
 			ready = false
@@ -77,7 +77,7 @@ func (sg *saga) notAttempted(ctx context.Context, i, dep int) {
 	_ = sg.transition(ctx, i, PhaseSettled, nil, func(it *ItemResult, st *itemState) {
 		it.clearResponse()
 		it.Status, it.Outcome, st.settled = http.StatusFailedDependency, NotAttempted, true
-		it.Error = fmt.Sprintf("operation %q, which it depends on, did not succeed", sg.plan.Items[dep].op.name)
+		it.Error = fmt.Sprintf("operation %q, which it depends on, did not succeed", sg.plan.Items[dep].operation.id)
 	})
 }
 
@@ -87,8 +87,8 @@ func (sg *saga) notAttempted(ctx context.Context, i, dep int) {
 // then it sends it as a batch's item. It reports whether it succeeded.
 func (sg *saga) executeOperation(clientCtx, batchCtx context.Context, i int) bool {
 	it, ctx := &sg.plan.Items[i], context.WithoutCancel(clientCtx)
-	late := it.tgt == nil || it.tgt.op == policy.OpCreate && it.ID == "" || it.rewrite
-	if it.tgt == nil || it.op.body != nil {
+	late := it.tgt == nil || it.tgt.kind == policy.OpCreate && it.ID == "" || it.rewrite
+	if it.tgt == nil || it.operation.body != nil {
 		if !sg.fill(ctx, i) {
 			return false
 		}
@@ -96,7 +96,7 @@ func (sg *saga) executeOperation(clientCtx, batchCtx context.Context, i int) boo
 	if late && !it.rewrite && !sg.claimWrite(ctx, i) {
 		return false
 	}
-	if late && sg.isSaga() && it.tgt.op.Writes() && it.ID != "" {
+	if late && sg.isSaga() && it.tgt.kind.Writes() && it.ID != "" {
 		if !sg.lockLate(clientCtx, batchCtx, i) {
 			return false
 		}
@@ -131,7 +131,7 @@ func (sg *saga) claimWrite(ctx context.Context, i int) bool {
 	}
 	sg.mu.Unlock()
 	if race >= 0 {
-		d := sameItem(it.op.name, sg.plan.Items[race].op.name, key)
+		d := sameItem(it.operation.id, sg.plan.Items[race].operation.id, key)
 		sg.fail(ctx, i, http.StatusBadRequest, d.Detail, nil)
 	}
 	return race < 0
@@ -157,10 +157,10 @@ func (sg *saga) lockLate(clientCtx, batchCtx context.Context, i int) bool {
 func (sg *saga) dependents() [][]int {
 	out := make([][]int, len(sg.plan.Items))
 	for j, it := range sg.plan.Items {
-		if it.op == nil {
+		if it.operation == nil {
 			continue
 		}
-		for _, i := range it.op.deps {
+		for _, i := range it.operation.deps {
 			out[i] = append(out[i], j)
 		}
 	}

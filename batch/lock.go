@@ -57,7 +57,7 @@ func (sg *saga) lock(clientCtx, batchCtx context.Context) bool {
 	}
 	var keys []string
 	for i, it := range sg.plan.Items {
-		if it.ID != "" && it.tgt != nil && it.tgt.op.Writes() {
+		if it.ID != "" && it.tgt != nil && it.tgt.kind.Writes() {
 			keys = append(keys, sg.itemPath(i, it.ID))
 		}
 	}
@@ -86,7 +86,7 @@ func (sg *saga) lockCreated(ctx context.Context, i int, id string) {
 	if sg.rt.Locks == nil || sg.locks.has(key) {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, sg.set(i).ItemTimeout)
+	ctx, cancel := context.WithTimeout(ctx, sg.settings(i).ItemTimeout)
 	defer cancel()
 	if unlock, err := sg.rt.Locks.Lock(ctx, key); err == nil {
 		sg.locks.add(key, unlock)
@@ -101,7 +101,7 @@ func (sg *saga) lockOne(clientCtx, batchCtx context.Context, i int, id string) (
 	if sg.rt.Locks == nil || id == "" {
 		return func() {}, true
 	}
-	key, timeout := sg.itemPath(i, id), sg.set(i).ItemTimeout
+	key, timeout := sg.itemPath(i, id), sg.settings(i).ItemTimeout
 	lockCtx, cancel := context.WithTimeout(batchCtx, timeout)
 	defer cancel()
 	unlock, err := sg.rt.Locks.Lock(lockCtx, key)

@@ -69,14 +69,14 @@ type Item struct {
 	// fields are an update's member names, whose old values a PATCH
 	// restore puts back.
 	fields []string
-	// first is the index of the first item with the same id: a batch GET
-	// fetches a repeated id once.
-	first int
+	// firstWithID is the index of the first item with the same id (its
+	// own when none is before it): a batch GET fetches a repeated id once.
+	firstWithID int
 	// tgt is where the item's requests go; nil for an envelope's
 	// operation until its references are filled.
 	tgt *target
-	// op is the envelope's operation the item is; nil in a batch.
-	op *operation
+	// operation is the envelope's operation the item is; nil in a batch.
+	operation *envelopeOperation
 	// rewrite marks an envelope's operation that writes an item an
 	// earlier one wrote: its pre-image is read just before its write.
 	rewrite bool
@@ -216,12 +216,12 @@ func itemsFromIDs(ids []string, op policy.Op, format policy.IDFormat) ([]Item, *
 		if prob != nil {
 			return nil, prob
 		}
-		items[i] = Item{ID: id, first: i}
+		items[i] = Item{ID: id, firstWithID: i}
 		if j, dup := seen[id]; dup {
 			if op != policy.OpGet {
 				return nil, invalid("items %d and %d both have id %q: each id may appear once in a batch %s", j, i, id, op)
 			}
-			items[i].first = j
+			items[i].firstWithID = j
 			continue
 		}
 		seen[id] = i
@@ -365,7 +365,7 @@ func itemsFromElements(elems []json.RawMessage, op policy.Op, s policy.Settings)
 		if err := json.Unmarshal(elem, &members); err != nil {
 			return nil, invalid("item %d: %v", i, err)
 		}
-		it := Item{Body: elem, first: i}
+		it := Item{Body: elem, firstWithID: i}
 		rawID, hasID := members[idField]
 		if hasID && string(rawID) == "null" {
 			hasID = false

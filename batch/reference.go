@@ -10,14 +10,15 @@ import (
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
-// reference is "$<op>" (the id of the item operation op created or
-// named) or "$<op>#<JSON pointer>" (that member of its answer's body,
-// with its JSON type), in an envelope's url segment or body string.
+// reference is "$<id>" (the id of the item that the operation with that
+// id created or named) or "$<id>#<JSON pointer>" (that member of its
+// answer's body, with its JSON type), in an envelope's url segment or body
+// string.
 type reference struct {
-	op      int
-	member  bool     // "#" was given: a member of the answer, not the id
-	pointer []string // the member's pointer, parsed
-	text    string   // as the client wrote it
+	operation int      // the index of the operation it names
+	member    bool     // "#" was given: a member of the answer, not the id
+	pointer   []string // the member's pointer, parsed
+	text      string   // as the client wrote it
 }
 
 // parseReference reads a url segment or a body string. A string that
@@ -29,14 +30,14 @@ func parseReference(s string, names map[string]int) (reference, bool, error) {
 		return reference{}, false, nil
 	}
 	name, pointer, member := strings.Cut(s[1:], "#")
-	if !validOpName(name) {
+	if !validOperationID(name) {
 		return reference{}, false, nil
 	}
 	j, ok := names[name]
 	if !ok {
 		return reference{}, false, fmt.Errorf("names %q, which is no earlier operation: a reference may name only an operation before it (write $$ for a string that starts with $)", name)
 	}
-	ref := reference{op: j, member: member, text: s}
+	ref := reference{operation: j, member: member, text: s}
 	if member {
 		var err error
 		if ref.pointer, err = policy.ParsePointer(pointer); err != nil {
@@ -64,7 +65,7 @@ func markReferences(v any, names map[string]int) (any, []int, error) {
 		case err != nil:
 			return nil, fmt.Errorf("its body's string %q %w", s, err)
 		case isRef:
-			deps = append(deps, ref.op)
+			deps = append(deps, ref.operation)
 			return ref, nil
 		}
 		return s, nil
@@ -103,15 +104,15 @@ func rebuild(v any, leaf func(any) (any, error)) (out any, err error) {
 func (sg *saga) fill(ctx context.Context, i int) bool {
 	it := &sg.plan.Items[i]
 	err := sg.fillURL(it)
-	if err == nil && it.op.body != nil {
+	if err == nil && it.operation.body != nil {
 		var v any
-		if v, err = sg.fillValue(it.op.body); err == nil {
+		if v, err = sg.fillValue(it.operation.body); err == nil {
 			it.Body, _ = json.Marshal(v) // decoded JSON always encodes
 			err = it.elementID()
 		}
 	}
 	if err != nil {
-		sg.fail(ctx, i, http.StatusBadRequest, fmt.Sprintf("operation %q could not be filled in: %v", it.op.name, err), nil)
+		sg.fail(ctx, i, http.StatusBadRequest, fmt.Sprintf("operation %q could not be filled in: %v", it.operation.id, err), nil)
 		return false
 	}
 	sg.mu.Lock()
@@ -122,7 +123,7 @@ func (sg *saga) fill(ctx context.Context, i int) bool {
 
 // fillURL fills the references of the item's url, and finds its target.
 func (sg *saga) fillURL(it *Item) error {
-	op := it.op
+	op := it.operation
 	if len(op.refs) == 0 {
 		return nil
 	}
@@ -160,20 +161,20 @@ func (sg *saga) refText(ref reference) (string, error) {
 // refValue is the JSON a reference stands for: the id of the operation's
 // item as a string, or the member of its answer's body.
 func (sg *saga) refValue(ref reference) (json.RawMessage, error) {
-	done := &sg.items[ref.op]
+	done := &sg.items[ref.operation]
 	if !ref.member {
 		if done.ID == "" {
-			return nil, fmt.Errorf("%s names operation %q, whose item's id is not known", ref.text, done.Op)
+			return nil, fmt.Errorf("%s names operation %q, whose item's id is not known", ref.text, done.OperationID)
 		}
 		b, _ := json.Marshal(done.ID)
 		return b, nil
 	}
 	if done.Body == nil {
-		return nil, fmt.Errorf("%s names a member of operation %q's answer, which has no JSON body", ref.text, done.Op)
+		return nil, fmt.Errorf("%s names a member of operation %q's answer, which has no JSON body", ref.text, done.OperationID)
 	}
 	v, why := valueAt(done.Body, ref.pointer, ref.text)
 	if why != "" {
-		return nil, fmt.Errorf("operation %q's answer: %s", done.Op, strings.TrimPrefix(why, "the answer "))
+		return nil, fmt.Errorf("operation %q's answer: %s", done.OperationID, strings.TrimPrefix(why, "the answer "))
 	}
 	return v, nil
 }
@@ -202,10 +203,10 @@ func (sg *saga) fillValue(v any) (any, error) {
 func (it *Item) sentURL() string {
 	t := it.tgt
 	if t == nil {
-		return it.op.url
+		return it.operation.url
 	}
 	path := t.collectionPath
-	if t.op != policy.OpCreate {
+	if t.kind != policy.OpCreate {
 		path = t.paths.Path(it.ID)
 	}
 	return joinNonEmpty("?", path, t.query)

@@ -41,11 +41,11 @@ func (r *SubRequest) clone() *SubRequest {
 // collection, every other operation its method on the item.
 func (sg *saga) itemRequest(i int) *SubRequest {
 	t, body := sg.tgt(i), sg.plan.Items[i].Body
-	if !t.op.Writes() {
+	if !t.kind.Writes() {
 		return sg.request(i, t.method, sg.itemPath(i, sg.items[i].ID), nil, "")
 	}
 	key := sg.plan.key.forItem(i, "")
-	if t.op == policy.OpCreate {
+	if t.kind == policy.OpCreate {
 		return sg.request(i, t.method, t.collectionPath, body, key)
 	}
 	return sg.request(i, t.method, sg.itemPath(i, sg.items[i].ID), body, key)

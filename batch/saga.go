@@ -149,10 +149,10 @@ func newSaga(p *Plan, rt Runtime, backoff func(int) time.Duration) *saga {
 	}
 	for i, it := range p.Items {
 		sg.items[i] = ItemResult{Index: i, ID: it.ID, Outcome: NotAttempted}
-		if op := it.op; op != nil {
-			sg.items[i].Op, sg.items[i].Method, sg.items[i].URL = op.name, op.method, it.sentURL()
+		if op := it.operation; op != nil {
+			sg.items[i].OperationID, sg.items[i].Method, sg.items[i].URL = op.id, op.method, it.sentURL()
 		}
-		if key := it.writes(); key != "" && it.op != nil {
+		if key := it.writes(); key != "" && it.operation != nil {
 			sg.writers[key] = append(sg.writers[key], i)
 		}
 	}
@@ -216,7 +216,7 @@ func (p *Plan) Writes() bool {
 		return p.Op.Writes()
 	}
 	for _, it := range p.Items {
-		if it.op != nil && it.op.kind.Writes() {
+		if it.operation != nil && it.operation.kind.Writes() {
 			return true
 		}
 	}

@@ -99,13 +99,13 @@ func (p *Plan) Snapshot() *Snapshot {
 // snapshotOperation adds to an envelope's item what makes it an
 // operation, and where its requests go once that is known.
 func (it *Item) snapshotOperation(snap *ItemSnapshot) {
-	op := it.op
+	op := it.operation
 	if op == nil {
 		return
 	}
-	snap.Name, snap.Method, snap.URL, snap.Deps = op.name, op.method, it.sentURL(), op.deps
+	snap.Name, snap.Method, snap.URL, snap.Deps = op.id, op.method, it.sentURL(), op.deps
 	if t := it.tgt; t != nil {
-		snap.Target = &TargetSnapshot{Op: t.op.String(), Method: t.method, Path: t.collectionPath, Query: t.query}
+		snap.Target = &TargetSnapshot{Op: t.kind.String(), Method: t.method, Path: t.collectionPath, Query: t.query}
 	}
 }
 
@@ -160,7 +160,7 @@ func resume(ctx context.Context, snap *Snapshot, lookup func(path string) (polic
 	defer sg.locks.release()
 	toUndo := false
 	for _, i := range sg.started {
-		if id := sg.items[i].ID; sg.tgt(i).op == policy.OpCreate && id != "" && sg.state[i].applied {
+		if id := sg.items[i].ID; sg.tgt(i).kind == policy.OpCreate && id != "" && sg.state[i].applied {
 			sg.lockCreated(ctx, i, id)
 		}
 		if sg.state[i].applied && !sg.undone(i) {
@@ -211,7 +211,7 @@ func resumedPlan(snap *Snapshot, lookup func(path string) (policy.Match, bool), 
 		shared = newTarget(op, batchMethods[op], m, snap.Query)
 	}
 	for i, it := range snap.Items {
-		p.Items[i] = Item{ID: it.ID, Body: it.Element, fields: it.Fields, first: i, tgt: shared}
+		p.Items[i] = Item{ID: it.ID, Body: it.Element, fields: it.Fields, firstWithID: i, tgt: shared}
 		if p.envelope() {
 			if err := p.Items[i].resumeOperation(it, lookup); err != nil {
 				return nil, err
@@ -224,7 +224,7 @@ func resumedPlan(snap *Snapshot, lookup func(path string) (policy.Match, bool), 
 // resumeOperation gives an envelope's item back what it was as an
 // operation, and where its requests went if it had started.
 func (it *Item) resumeOperation(snap ItemSnapshot, lookup func(path string) (policy.Match, bool)) error {
-	it.op = &operation{name: snap.Name, method: snap.Method, url: snap.URL, deps: snap.Deps}
+	it.operation = &envelopeOperation{id: snap.Name, method: snap.Method, url: snap.URL, deps: snap.Deps}
 	t := snap.Target
 	if t == nil {
 		return nil
@@ -234,7 +234,7 @@ func (it *Item) resumeOperation(snap ItemSnapshot, lookup func(path string) (pol
 	if err != nil || !ok || m.Item {
 		return fmt.Errorf("%w: operation %q's %s %s names no resource configured here", ErrNotResumable, snap.Name, t.Method, t.Path)
 	}
-	it.op.kind = op
+	it.operation.kind = op
 	it.tgt = newTarget(op, t.Method, m, t.Query)
 	return nil
 }
@@ -243,7 +243,7 @@ func (it *Item) resumeOperation(snap ItemSnapshot, lookup func(path string) (pol
 func (sg *saga) resumeItem(i int, it ItemSnapshot) {
 	sg.items[i] = ItemResult{Index: i, ID: it.ID, Outcome: it.Outcome, Status: it.Status, Error: it.Error}
 	if it.Name != "" {
-		sg.items[i].Op, sg.items[i].Method, sg.items[i].URL = it.Name, it.Method, it.URL
+		sg.items[i].OperationID, sg.items[i].Method, sg.items[i].URL = it.Name, it.Method, it.URL
 	}
 	sg.state[i] = itemState{
 		preimage: it.Preimage, preETag: it.PreETag, applied: it.Applied, failure: it.Failure, settled: it.Settled,
