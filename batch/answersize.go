@@ -50,8 +50,6 @@ func (sg *saga) keepBody(it *ItemResult, st *itemState, i int) bool {
 // itself and the later items of a batch GET that name its id again.
 func (sg *saga) copies(i int) int {
 	n := 1
-	// By index, reading first alone: an envelope's other items are being
-	// filled in meanwhile.
 	for j := i + 1; j < len(sg.plan.Items); j++ {
 		if sg.plan.Items[j].firstWithID == i {
 			n++

@@ -287,7 +287,7 @@ func (sg *saga) resolveByRead(ctx context.Context, i int, resp *SubResponse) boo
 			// Only the element named this id: the upstream may have
 			// ignored it and created the item under an id of its own.
 			st.noUndo = fmt.Sprintf("nothing is at id %q, which only the element named: the upstream may have created the item under an id of its own, so whatever the create made, if anything, is left behind", id)
-		case sg.holds(i, resp.Body, sg.plan.Items[i].Body):
+		case sg.holds(i, resp.Body, st.body):
 			st.undo = &Undo{Method: http.MethodDelete, Path: sg.itemPath(i, id), IfMatch: strongETag(resp.Header)}
 		default:
 			st.noUndo = fmt.Sprintf("an item the batch may not have written is at id %q, so it was left as it is", id)

@@ -14,7 +14,7 @@ import (
 func (sg *saga) nameCreated(it *ItemResult, i int, resp *SubResponse) {
 	id, from := sg.createdID(i, resp)
 	if id == "" {
-		id, from = sg.plan.Items[i].ID, "element"
+		id, from = sg.state[i].elementID, "element"
 	}
 	if reason := badID(id); reason != "" {
 		if id != "" {

@@ -86,17 +86,17 @@ func (sg *saga) notAttempted(ctx context.Context, i, dep int) {
 // and preflights that item as the saga's first steps do for the others;
 // then it sends it as a batch's item. It reports whether it succeeded.
 func (sg *saga) executeOperation(clientCtx, batchCtx context.Context, i int) bool {
-	it, ctx := &sg.plan.Items[i], context.WithoutCancel(clientCtx)
-	late := it.tgt == nil || it.tgt.kind == policy.OpCreate && it.ID == "" || it.rewrite
-	if it.tgt == nil || it.operation.body != nil {
+	planned, ctx := &sg.plan.Items[i], context.WithoutCancel(clientCtx)
+	late := planned.tgt == nil || planned.tgt.kind == policy.OpCreate && planned.ID == "" || planned.rewrite
+	if planned.tgt == nil || planned.operation.body != nil {
 		if !sg.fill(ctx, i) {
 			return false
 		}
 	}
-	if late && !it.rewrite && !sg.claimWrite(ctx, i) {
+	if late && !planned.rewrite && !sg.claimWrite(ctx, i) {
 		return false
 	}
-	if late && sg.isSaga() && it.tgt.kind.Writes() && it.ID != "" {
+	if late && sg.isSaga() && sg.tgt(i).kind.Writes() && sg.items[i].ID != "" {
 		if !sg.lockLate(clientCtx, batchCtx, i) {
 			return false
 		}
@@ -114,8 +114,7 @@ func (sg *saga) executeOperation(clientCtx, batchCtx context.Context, i int) boo
 // front. It settles the operation as failed (400, nothing sent) when it
 // would race one of them.
 func (sg *saga) claimWrite(ctx context.Context, i int) bool {
-	it := &sg.plan.Items[i]
-	key := it.writes()
+	key := writePath(sg.tgt(i), sg.items[i].ID)
 	if key == "" {
 		return true
 	}
@@ -131,7 +130,7 @@ func (sg *saga) claimWrite(ctx context.Context, i int) bool {
 	}
 	sg.mu.Unlock()
 	if race >= 0 {
-		d := sameItem(it.operation.id, sg.plan.Items[race].operation.id, key)
+		d := sameItem(sg.plan.Items[i].operation.id, sg.plan.Items[race].operation.id, key)
 		sg.fail(ctx, i, http.StatusBadRequest, d.Detail, nil)
 	}
 	return race < 0

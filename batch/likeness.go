@@ -103,7 +103,7 @@ func (sg *saga) changedReason(i int, have, want []byte, subset bool, lead string
 // sentMembers are the members item i's write sent.
 func (sg *saga) sentMembers(i int) []string {
 	var m map[string]json.RawMessage
-	_ = json.Unmarshal(sg.plan.Items[i].Body, &m) // an object, or nothing (a delete)
+	_ = json.Unmarshal(sg.state[i].body, &m) // an object, or nothing (a delete)
 	names := make([]string, 0, len(m))
 	for k := range m {
 		names = append(names, k)

@@ -56,9 +56,9 @@ func (sg *saga) lock(clientCtx, batchCtx context.Context) bool {
 		return true
 	}
 	var keys []string
-	for i, it := range sg.plan.Items {
-		if it.ID != "" && it.tgt != nil && it.tgt.kind.Writes() {
-			keys = append(keys, sg.itemPath(i, it.ID))
+	for i := range sg.items {
+		if key := writePath(sg.tgt(i), sg.items[i].ID); key != "" {
+			keys = append(keys, key)
 		}
 	}
 	slices.Sort(keys)

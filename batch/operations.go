@@ -133,7 +133,7 @@ func (p *Plan) orderWrites() *problem.Details {
 	writer := map[string]int{}
 	for i := range p.Items {
 		it := &p.Items[i]
-		key := it.writes()
+		key := writePath(it.tgt, it.ID)
 		if key == "" {
 			continue
 		}
@@ -148,13 +148,14 @@ func (p *Plan) orderWrites() *problem.Details {
 	return nil
 }
 
-// writes is the path of the item the operation writes, as its lock names
-// it, when its url names it; "" otherwise.
-func (it *Item) writes() string {
-	if it.tgt == nil || !it.tgt.kind.Writes() || it.ID == "" {
+// writePath is the path of item id that a request to t writes, as its
+// lock names it; "" when t does not write, or is not known yet, or the
+// item's id is not.
+func writePath(t *target, id string) string {
+	if t == nil || !t.kind.Writes() || id == "" {
 		return ""
 	}
-	return it.tgt.paths.Path(it.ID)
+	return t.paths.Path(id)
 }
 
 // dependsOn reports whether operation i waits, directly or not, for
@@ -259,9 +260,14 @@ func parseOperation(i int, raw json.RawMessage, names map[string]int, e *Envelop
 	if len(eo.refs) == 0 {
 		// The url names its item already: it is checked, locked and
 		// preflighted as a batch's would be.
-		if prob := it.target(m); prob != nil {
-			return bad("%s", prob)
+		t, id, err := eo.target(m)
+		if err == nil {
+			id, err = elementID(t, it.Body, id)
 		}
+		if err != nil {
+			return bad("%s", err)
+		}
+		it.tgt, it.ID = t, id
 	}
 	return it, nil
 }
@@ -396,52 +402,52 @@ func (eo *envelopeOperation) parseBody(it *Item, raw json.RawMessage, names map[
 	return nil
 }
 
-// target settles where the item's requests go once its url names its
-// item: the item's collection and, for an item, its id (canonical under
-// the resource's id_format). It returns why it cannot.
-func (it *Item) target(m policy.Match) error {
+// target settles where the operation's requests go once its url (matched
+// by m) names its item: the item's collection and, for an item, its id
+// (canonical under the resource's id_format; "" for a create). It returns
+// why it cannot.
+func (eo *envelopeOperation) target(m policy.Match) (*target, string, error) {
 	coll, id := m.CollectionAndID()
-	if m.Item {
-		if reason := badID(id); reason != "" {
-			return fmt.Errorf("its item's id %q %s", id, reason)
-		}
-		canonical, err := m.Resource.Settings.IDFormat.Canonical(id)
-		if err != nil {
-			return err
-		}
-		it.ID = canonical
-	}
-	it.tgt = newTarget(it.operation.kind, it.operation.method, coll, it.operation.query)
-	return it.elementID()
-}
-
-// elementID is the id a create's body names, once the body is known: like
-// a batch create's element's, it is proved free before anything is
-// written.
-func (it *Item) elementID() error {
-	if it.tgt == nil || it.tgt.kind != policy.OpCreate || it.Body == nil {
-		return nil
-	}
-	s := it.tgt.settings
-	var members map[string]json.RawMessage
-	_ = json.Unmarshal(it.Body, &members) // parseBody checked it is an object
-	raw, ok := members[s.IDField]
-	if !ok || string(raw) == "null" {
-		return nil
-	}
-	id, ok := idFromJSON(raw)
-	if !ok {
-		return fmt.Errorf("its body's %q must be a string or an integer, not a JSON %s", s.IDField, jsonKind(raw))
+	t := newTarget(eo.kind, eo.method, coll, eo.query)
+	if !m.Item {
+		return t, "", nil
 	}
 	if reason := badID(id); reason != "" {
-		return fmt.Errorf("its body's %q, %q, %s", s.IDField, id, reason)
+		return nil, "", fmt.Errorf("its item's id %q %s", id, reason)
 	}
-	canonical, err := s.IDFormat.Canonical(id)
+	canonical, err := m.Resource.Settings.IDFormat.Canonical(id)
 	if err != nil {
-		return fmt.Errorf("its body's %q: %w", s.IDField, err)
+		return nil, "", err
 	}
-	it.ID = canonical
-	return nil
+	return t, canonical, nil
+}
+
+// elementID is the id of the item a request to t with body writes: for a
+// create whose body names an id (like a batch create's element's, proved
+// free before anything is written), that id, canonical; else id.
+func elementID(t *target, body []byte, id string) (string, error) {
+	if t.kind != policy.OpCreate || body == nil {
+		return id, nil
+	}
+	s := t.settings
+	var members map[string]json.RawMessage
+	_ = json.Unmarshal(body, &members) // parseBody checked it is an object
+	raw, ok := members[s.IDField]
+	if !ok || string(raw) == "null" {
+		return id, nil
+	}
+	named, ok := idFromJSON(raw)
+	if !ok {
+		return "", fmt.Errorf("its body's %q must be a string or an integer, not a JSON %s", s.IDField, jsonKind(raw))
+	}
+	if reason := badID(named); reason != "" {
+		return "", fmt.Errorf("its body's %q, %q, %s", s.IDField, named, reason)
+	}
+	canonical, err := s.IDFormat.Canonical(named)
+	if err != nil {
+		return "", fmt.Errorf("its body's %q: %w", s.IDField, err)
+	}
+	return canonical, nil
 }
 
 // validOperationID reports whether name is an operation id: one or more of

@@ -21,7 +21,10 @@ import (
 
 // Plan is a batch that passed every input rule, ready to run: nothing in
 // it can make a sub-request go anywhere but an item of its collection (or,
-// for an envelope, of the handler's resources).
+// for an envelope, of the handler's resources). It stays as it was
+// admitted: a run keeps what it learns (filled references, targets,
+// created ids, bodies as sent) in its own state and its Result, so a
+// plan may be read, snapshotted or run again while it runs.
 type Plan struct {
 	// Op is the batch's operation, or policy.OpEnvelope.
 	Op policy.Op
@@ -61,10 +64,13 @@ func (p *Plan) BodyDigest() []byte {
 // Item is one element of a batch.
 type Item struct {
 	// ID is the item's id; for a create, the element's own id field if it
-	// has one, else empty until the upstream names the created item.
+	// has one, else empty (the run's Result names the created item). An
+	// envelope's operation whose url or body holds references has the id
+	// they give only in the run's Result.
 	ID string
 	// Body is a create's element as the client sent it, or an update's
-	// element without its id field.
+	// element without its id field; an envelope's operation's body, unless
+	// it holds references (the run fills them in a copy).
 	Body []byte
 	// fields are an update's member names, whose old values a PATCH
 	// restore puts back.
@@ -73,7 +79,7 @@ type Item struct {
 	// own when none is before it): a batch GET fetches a repeated id once.
 	firstWithID int
 	// tgt is where the item's requests go; nil for an envelope's
-	// operation until its references are filled.
+	// operation whose url holds references (the run finds its target).
 	tgt *target
 	// operation is the envelope's operation the item is; nil in a batch.
 	operation *envelopeOperation

@@ -20,7 +20,7 @@ import (
 func (sg *saga) preflight(ctx context.Context) bool {
 	var targets []int
 	for _, i := range sg.pending() {
-		if it := &sg.plan.Items[i]; it.tgt != nil && !it.rewrite && sg.items[i].ID != "" && sg.preflightRead(i) != nil {
+		if sg.tgt(i) != nil && !sg.plan.Items[i].rewrite && sg.items[i].ID != "" && sg.preflightRead(i) != nil {
 			targets = append(targets, i)
 		}
 	}

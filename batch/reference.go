@@ -97,37 +97,49 @@ func rebuild(v any, leaf func(any) (any, error)) (out any, err error) {
 	return leaf(v)
 }
 
-// fill puts into operation i what the operations it references did: ids
-// and members into its url and body. It settles the item as failed (400,
-// nothing sent) when a reference cannot be filled, and reports whether it
-// could. Everything it references has succeeded: it runs only then.
+// fill makes of operation i what the operations it references did: ids
+// and members in its url and body, which give its target, its item's id
+// and the body it sends. They go into the run's state (itemState, the
+// item's ItemResult), never into the plan. It settles the item as failed
+// (400, nothing sent) when a reference cannot be filled, and reports
+// whether it could. Everything it references has succeeded: it runs only
+// then, on the operation's own goroutine.
 func (sg *saga) fill(ctx context.Context, i int) bool {
-	it := &sg.plan.Items[i]
-	err := sg.fillURL(it)
-	if err == nil && it.operation.body != nil {
+	planned := &sg.plan.Items[i]
+	eo := planned.operation
+	t, id, body := planned.tgt, planned.ID, planned.Body
+	var err error
+	if len(eo.refs) > 0 {
+		t, id, err = sg.fillURL(eo)
+	}
+	if err == nil && eo.body != nil {
 		var v any
-		if v, err = sg.fillValue(it.operation.body); err == nil {
-			it.Body, _ = json.Marshal(v) // decoded JSON always encodes
-			err = it.elementID()
+		if v, err = sg.fillValue(eo.body); err == nil {
+			body, _ = json.Marshal(v) // decoded JSON always encodes
 		}
 	}
+	if err == nil {
+		id, err = elementID(t, body, id)
+	}
 	if err != nil {
-		sg.fail(ctx, i, http.StatusBadRequest, fmt.Sprintf("operation %q could not be filled in: %v", it.operation.id, err), nil)
+		sg.fail(ctx, i, http.StatusBadRequest, fmt.Sprintf("operation %q could not be filled in: %v", eo.id, err), nil)
 		return false
 	}
 	sg.mu.Lock()
-	sg.items[i].ID, sg.items[i].URL = it.ID, it.sentURL()
+	st := &sg.state[i]
+	st.tgt, st.body = t, body
+	if t.kind == policy.OpCreate {
+		st.elementID = id
+	}
+	sg.items[i].ID, sg.items[i].URL = id, eo.sentURL(t, id)
 	sg.mu.Unlock()
 	return true
 }
 
-// fillURL fills the references of the item's url, and finds its target.
-func (sg *saga) fillURL(it *Item) error {
-	op := it.operation
-	if len(op.refs) == 0 {
-		return nil
-	}
-	path, err := op.pathWith(func(ref reference) (string, error) {
+// fillURL fills the references of the operation's url: it returns its
+// target and its item's id, as target does.
+func (sg *saga) fillURL(eo *envelopeOperation) (*target, string, error) {
+	path, err := eo.pathWith(func(ref reference) (string, error) {
 		text, err := sg.refText(ref)
 		if err == nil && badID(text) != "" {
 			err = fmt.Errorf("%s is %q, which %s", ref.text, text, badID(text))
@@ -135,13 +147,13 @@ func (sg *saga) fillURL(it *Item) error {
 		return text, err
 	})
 	if err != nil {
-		return err
+		return nil, "", err
 	}
 	m, ok := sg.plan.lookup(path)
-	if !ok || m.Resource != op.resource || m.Item != (op.kind != policy.OpCreate) {
-		return fmt.Errorf("its filled url %s is no longer a path of %s", path, op.resource.Collection)
+	if !ok || m.Resource != eo.resource || m.Item != (eo.kind != policy.OpCreate) {
+		return nil, "", fmt.Errorf("its filled url %s is no longer a path of %s", path, eo.resource.Collection)
 	}
-	return it.target(m)
+	return eo.target(m)
 }
 
 // refText is what a reference in a url segment stands for: an id, or a
@@ -199,15 +211,15 @@ func (sg *saga) fillValue(v any) (any, error) {
 // answer shows what reached the legacy API: the item's path (its id
 // canonical under id_format, references filled, item_path applied), or
 // the collection's for a create, with the query the request carries.
-// Until its references are filled, it is the url as the client wrote it.
-func (it *Item) sentURL() string {
-	t := it.tgt
+// Until its references are filled (t is nil), it is the url as the
+// client wrote it.
+func (eo *envelopeOperation) sentURL(t *target, id string) string {
 	if t == nil {
-		return it.operation.url
+		return eo.url
 	}
 	path := t.collectionPath
 	if t.kind != policy.OpCreate {
-		path = t.paths.Path(it.ID)
+		path = t.paths.Path(id)
 	}
 	return joinNonEmpty("?", path, t.query)
 }

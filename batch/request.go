@@ -40,7 +40,7 @@ func (r *SubRequest) clone() *SubRequest {
 // itemRequest is item i's own request: a create is a POST to the
 // collection, every other operation its method on the item.
 func (sg *saga) itemRequest(i int) *SubRequest {
-	t, body := sg.tgt(i), sg.plan.Items[i].Body
+	t, body := sg.tgt(i), sg.state[i].body
 	if !t.kind.Writes() {
 		return sg.request(i, t.method, sg.itemPath(i, sg.items[i].ID), nil, "")
 	}

@@ -109,14 +109,26 @@ type saga struct {
 }
 
 // itemState is what the saga knows of an item beyond what the client is
-// told.
+// told. The Plan stays as it was admitted: what a run learns lives here
+// and in the item's ItemResult, each item's written by the goroutine that
+// runs it (under mu) and read by another only once that one ended, as an
+// envelope's graph orders them.
 type itemState struct {
-	preimage json.RawMessage // the item before the batch (update, delete)
-	preETag  string          // its strong ETag, if the preflight read one
-	applied  bool            // the item's write took effect, or may have
-	settled  bool            // nothing left to send: a declarative delete of a missing item
-	failure  bool            // the item's own request failed or went unanswered
-	sent     *SubRequest     // the item's write as sent, which a resend repeats
+	// tgt is where the item's requests go, and body what its write sends:
+	// the plan's, or for an envelope's operation what filling in its
+	// references made of them (fill). tgt is nil until they are filled.
+	tgt  *target
+	body []byte
+	// elementID is the id a create's element names (the plan's, or its
+	// filled-in body's), which names the created item when the answer
+	// does not.
+	elementID string
+	preimage  json.RawMessage // the item before the batch (update, delete)
+	preETag   string          // its strong ETag, if the preflight read one
+	applied   bool            // the item's write took effect, or may have
+	settled   bool            // nothing left to send: a declarative delete of a missing item
+	failure   bool            // the item's own request failed or went unanswered
+	sent      *SubRequest     // the item's write as sent, which a resend repeats
 	// createdFrom says where a created item's id came from: "location",
 	// "body" or "element"; only an element's id can be wrong about
 	// where the upstream put the item.
@@ -149,14 +161,25 @@ func newSaga(p *Plan, rt Runtime, backoff func(int) time.Duration) *saga {
 	}
 	for i, it := range p.Items {
 		sg.items[i] = ItemResult{Index: i, ID: it.ID, Outcome: NotAttempted}
-		if op := it.operation; op != nil {
-			sg.items[i].OperationID, sg.items[i].Method, sg.items[i].URL = op.id, op.method, it.sentURL()
+		sg.state[i] = admittedState(it)
+		if eo := it.operation; eo != nil {
+			sg.items[i].OperationID, sg.items[i].Method, sg.items[i].URL = eo.id, eo.method, eo.sentURL(it.tgt, it.ID)
 		}
-		if key := it.writes(); key != "" && it.operation != nil {
+		if key := writePath(it.tgt, it.ID); key != "" && it.operation != nil {
 			sg.writers[key] = append(sg.writers[key], i)
 		}
 	}
 	return sg
+}
+
+// admittedState is an item's state before it runs: its requests as the
+// plan has them.
+func admittedState(it Item) itemState {
+	st := itemState{tgt: it.tgt, body: it.Body}
+	if it.tgt != nil && it.tgt.kind == policy.OpCreate {
+		st.elementID = it.ID
+	}
+	return st
 }
 
 func (sg *saga) allOrNothing() bool { return sg.plan.Atomicity == policy.AllOrNothing }

@@ -91,20 +91,20 @@ func (p *Plan) Snapshot() *Snapshot {
 	}
 	for i, it := range p.Items {
 		s.Items[i] = ItemSnapshot{ID: it.ID, Element: it.Body, Fields: it.fields, Outcome: NotAttempted}
-		it.snapshotOperation(&s.Items[i])
+		snapshotOperation(&s.Items[i], it.operation, it.tgt, it.ID)
 	}
 	return s
 }
 
 // snapshotOperation adds to an envelope's item what makes it an
-// operation, and where its requests go once that is known.
-func (it *Item) snapshotOperation(snap *ItemSnapshot) {
-	op := it.operation
-	if op == nil {
+// operation (eo; nil in a batch), and where its requests go (t, to item
+// id) once that is known.
+func snapshotOperation(snap *ItemSnapshot, eo *envelopeOperation, t *target, id string) {
+	if eo == nil {
 		return
 	}
-	snap.Name, snap.Method, snap.URL, snap.Deps = op.id, op.method, it.sentURL(), op.deps
-	if t := it.tgt; t != nil {
+	snap.Name, snap.Method, snap.URL, snap.Deps = eo.id, eo.method, eo.sentURL(t, id), eo.deps
+	if t != nil {
 		snap.Target = &TargetSnapshot{Op: t.kind.String(), Method: t.method, Path: t.collectionPath, Query: t.query}
 	}
 }
@@ -114,11 +114,11 @@ func (it *Item) snapshotOperation(snap *ItemSnapshot) {
 func (sg *saga) snapshotItem(i int) ItemSnapshot {
 	it, st, planned := &sg.items[i], &sg.state[i], &sg.plan.Items[i]
 	snap := ItemSnapshot{
-		ID: it.ID, Element: planned.Body, Fields: planned.fields, Phase: st.phase, Outcome: it.Outcome, Status: it.Status, Error: it.Error,
+		ID: it.ID, Element: st.body, Fields: planned.fields, Phase: st.phase, Outcome: it.Outcome, Status: it.Status, Error: it.Error,
 		Preimage: st.preimage, PreETag: st.preETag, Applied: st.applied, Failure: st.failure, Settled: st.settled,
 		Sent: st.sent, Undo: st.undo, NoUndo: st.noUndo, CreatedFrom: st.createdFrom,
 	}
-	planned.snapshotOperation(&snap)
+	snapshotOperation(&snap, planned.operation, st.tgt, it.ID)
 	return snap
 }
 
@@ -245,7 +245,9 @@ func (sg *saga) resumeItem(i int, it ItemSnapshot) {
 	if it.Name != "" {
 		sg.items[i].OperationID, sg.items[i].Method, sg.items[i].URL = it.Name, it.Method, it.URL
 	}
+	admitted := sg.state[i] // its requests, as the resumed plan has them
 	sg.state[i] = itemState{
+		tgt: admitted.tgt, body: admitted.body, elementID: admitted.elementID,
 		preimage: it.Preimage, preETag: it.PreETag, applied: it.Applied, failure: it.Failure, settled: it.Settled,
 		sent: it.Sent, undo: it.Undo, noUndo: it.NoUndo, createdFrom: it.CreatedFrom, phase: it.Phase,
 	}

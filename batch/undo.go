@@ -60,7 +60,7 @@ type Proof struct {
 // the proof read only where the upstream enforces conditions
 // (conditional_writes).
 func (sg *saga) undoAnswered(it *ItemResult, st *itemState, i int, resp *SubResponse) (*Undo, string) {
-	p, t := sg.plan, sg.tgt(i)
+	t := sg.tgt(i)
 	var u *Undo
 	var expect []byte // the item as the write left it, if the answer says
 	var sent []byte   // what the write sent, when the answer does not say
@@ -73,10 +73,10 @@ func (sg *saga) undoAnswered(it *ItemResult, st *itemState, i int, resp *SubResp
 		if resp.Status == http.StatusAccepted {
 			// A 202's body and validators describe the pending request,
 			// not the item.
-			u.Proof = &Proof{Expect: withoutMember(p.Items[i].Body, t.settings.IDField), Subset: true}
+			u.Proof = &Proof{Expect: withoutMember(st.body, t.settings.IDField), Subset: true}
 			return u, ""
 		}
-		sent = withoutMember(p.Items[i].Body, t.settings.IDField)
+		sent = withoutMember(st.body, t.settings.IDField)
 	case policy.OpUpdate:
 		u = sg.restore(i, st)
 		sent = sg.updated(i, st)
@@ -126,9 +126,9 @@ func (sg *saga) restore(i int, st *itemState) *Undo {
 // does not say: the pre-image merged with the patch, or what a PUT sent.
 func (sg *saga) updated(i int, st *itemState) []byte {
 	if sg.tgt(i).replaces() {
-		return sg.plan.Items[i].Body
+		return st.body
 	}
-	return mergePatch(st.preimage, sg.plan.Items[i].Body)
+	return mergePatch(st.preimage, st.body)
 }
 
 // restoredFields are the members a PATCH restore puts back: those the
