@@ -24,9 +24,11 @@ import (
 // for an envelope, of the handler's resources). It stays as it was
 // admitted: a run keeps what it learns (filled references, targets,
 // created ids, bodies as sent) in its own state and its Result, so a
-// plan may be read, snapshotted or run again while it runs.
+// plan may be read or snapshotted while it runs, and run again.
 type Plan struct {
-	// Op is the batch's operation, or policy.OpEnvelope.
+	// Op is the batch's operation; for an envelope, policy.OpEnvelope,
+	// the name it is journaled, counted and logged under (what it does is
+	// its operations' kinds: Writes).
 	Op policy.Op
 	// Match is the batch's collection; an envelope's is its own path,
 	// which matches no resource.

@@ -173,6 +173,8 @@ func (sg *saga) refText(ref reference) (string, error) {
 // refValue is the JSON a reference stands for: the id of the operation's
 // item as a string, or the member of its answer's body.
 func (sg *saga) refValue(ref reference) (json.RawMessage, error) {
+	// The operation referenced ended before this one started: the graph
+	// waits for it.
 	done := &sg.items[ref.operation]
 	if !ref.member {
 		if done.ID == "" {

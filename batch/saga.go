@@ -123,12 +123,13 @@ type itemState struct {
 	// filled-in body's), which names the created item when the answer
 	// does not.
 	elementID string
-	preimage  json.RawMessage // the item before the batch (update, delete)
-	preETag   string          // its strong ETag, if the preflight read one
-	applied   bool            // the item's write took effect, or may have
-	settled   bool            // nothing left to send: a declarative delete of a missing item
-	failure   bool            // the item's own request failed or went unanswered
-	sent      *SubRequest     // the item's write as sent, which a resend repeats
+
+	preimage json.RawMessage // the item before the batch (update, delete)
+	preETag  string          // its strong ETag, if the preflight read one
+	applied  bool            // the item's write took effect, or may have
+	settled  bool            // nothing left to send: a declarative delete of a missing item
+	failure  bool            // the item's own request failed or went unanswered
+	sent     *SubRequest     // the item's write as sent, which a resend repeats
 	// createdFrom says where a created item's id came from: "location",
 	// "body" or "element"; only an element's id can be wrong about
 	// where the upstream put the item.

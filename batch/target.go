@@ -23,9 +23,9 @@ type target struct {
 	query          string
 }
 
-func newTarget(op policy.Op, method string, m policy.Match, query string) *target {
+func newTarget(kind policy.Op, method string, m policy.Match, query string) *target {
 	return &target{
-		kind:           op,
+		kind:           kind,
 		method:         method,
 		match:          m,
 		settings:       &m.Resource.Settings,
