@@ -35,7 +35,7 @@ func (sg *saga) keepBody(it *ItemResult, st *itemState, i int) bool {
 	}
 	it.Error = joinReasons(it.Error, fmt.Sprintf(
 		"the batch's answer would pass max_response_size (%d bytes) with this item's body (%s), so the body is left out",
-		sg.s.MaxResponseSize, what))
+		sg.batchSettings.MaxResponseSize, what))
 	if it.Outcome == Succeeded && sg.tgt(i).kind.Writes() && !sg.allOrNothing() {
 		return true
 	}
@@ -63,7 +63,7 @@ func (sg *saga) copies(i int) int {
 func (sg *saga) reserveAnswer(n int64) bool {
 	for {
 		held := sg.answerBytes.Load()
-		if held+n > sg.s.MaxResponseSize {
+		if held+n > sg.batchSettings.MaxResponseSize {
 			return false
 		}
 		if sg.answerBytes.CompareAndSwap(held, held+n) {

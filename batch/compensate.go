@@ -22,7 +22,7 @@ import (
 // client: once a batch has failed, the client going away must not leave
 // it half done.
 func (sg *saga) compensate(ctx context.Context) {
-	slots := make(chan struct{}, sg.s.Concurrency)
+	slots := make(chan struct{}, sg.batchSettings.Concurrency)
 	var wg sync.WaitGroup
 	// An envelope's item is undone only once everything that depends on
 	// it is: they started after it ended, so they come before it here.

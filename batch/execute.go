@@ -77,7 +77,7 @@ func (sg *saga) fanOut(ctx context.Context, indices []int, stop <-chan struct{},
 		return i, true
 	}
 	var wg sync.WaitGroup
-	for range min(sg.s.Concurrency, len(indices)) {
+	for range min(sg.batchSettings.Concurrency, len(indices)) {
 		wg.Go(func() {
 			workerCtx, cancel := context.WithCancel(ctx)
 			defer cancel()
@@ -329,7 +329,7 @@ func (sg *saga) sendItem(ctx context.Context, i int, req *SubRequest) (*SubRespo
 	return resp, err
 }
 
-func (sg *saga) batchLimit() limit { return limit{"batch_timeout", sg.s.BatchTimeout} }
+func (sg *saga) batchLimit() limit { return limit{"batch_timeout", sg.batchSettings.BatchTimeout} }
 
 // limit is a deadline a request is sent under, named for the client: it
 // is spelled out only when a request runs into it.

@@ -24,7 +24,7 @@ func (sg *saga) executeGraph(clientCtx, batchCtx context.Context) {
 	running, halted := 0, false
 	for {
 		halted = halted || clientCtx.Err() != nil || batchCtx.Err() != nil
-		for i := 0; i < n && !halted && running < sg.s.Concurrency; i++ {
+		for i := 0; i < n && !halted && running < sg.batchSettings.Concurrency; i++ {
 			if started[i] {
 				continue
 			}

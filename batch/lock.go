@@ -192,5 +192,5 @@ func (sg *saga) refuseItem(ctx context.Context, i int, ref LockRefusal, cause er
 // wait is what a wait for a lock runs under in this batch: its client,
 // its deadline, and itemTimeout when that bounds the wait too (not zero).
 func (sg *saga) wait(clientCtx, batchCtx context.Context, itemTimeout time.Duration) LockWait {
-	return LockWait{Client: clientCtx, Batch: batchCtx, BatchTimeout: sg.s.BatchTimeout, ItemTimeout: itemTimeout}
+	return LockWait{Client: clientCtx, Batch: batchCtx, BatchTimeout: sg.batchSettings.BatchTimeout, ItemTimeout: itemTimeout}
 }

@@ -79,10 +79,12 @@ func CompensationBudget(s policy.Settings) time.Duration {
 }
 
 type saga struct {
-	plan    *Plan
-	s       policy.Settings
-	rt      Runtime
-	backoff func(attempt int) time.Duration
+	plan *Plan
+	// batchSettings are the batch's own (Plan.settings); each item's
+	// requests follow settings(i).
+	batchSettings policy.Settings
+	rt            Runtime
+	backoff       func(attempt int) time.Duration
 
 	// mu guards the items' state: items run on their own goroutines.
 	mu      sync.Mutex
@@ -150,12 +152,12 @@ func newSaga(p *Plan, rt Runtime, backoff func(int) time.Duration) *saga {
 		rt.Throttles = NewThrottles(nil)
 	}
 	sg := &saga{
-		plan:    p,
-		s:       p.settings,
-		rt:      rt,
-		backoff: backoff,
-		items:   make([]ItemResult, len(p.Items)),
-		state:   make([]itemState, len(p.Items)),
+		plan:          p,
+		batchSettings: p.settings,
+		rt:            rt,
+		backoff:       backoff,
+		items:         make([]ItemResult, len(p.Items)),
+		state:         make([]itemState, len(p.Items)),
 	}
 	if p.envelope() {
 		sg.writers = map[string][]int{}
@@ -197,7 +199,7 @@ func (p *Plan) Saga() bool { return p.Atomicity == policy.AllOrNothing && p.Writ
 // (preflight reads and items); writes already sent run to their own
 // item_timeout, and compensations have theirs.
 func (sg *saga) run(ctx context.Context) *Result {
-	batchCtx, cancel := context.WithTimeout(ctx, sg.s.BatchTimeout)
+	batchCtx, cancel := context.WithTimeout(ctx, sg.batchSettings.BatchTimeout)
 	defer cancel()
 	if !sg.isSaga() {
 		sg.execute(ctx, batchCtx)

@@ -152,7 +152,7 @@ func resume(ctx context.Context, snap *Snapshot, lookup func(path string) (polic
 	if reopen != nil {
 		reopen(sg)
 	}
-	lockCtx, cancel := context.WithTimeout(ctx, sg.s.BatchTimeout)
+	lockCtx, cancel := context.WithTimeout(ctx, sg.batchSettings.BatchTimeout)
 	defer cancel()
 	if !sg.lock(ctx, lockCtx) {
 		return nil, fmt.Errorf("the saga's items are locked by another write: %s", sg.refusal.detail)
