@@ -52,14 +52,14 @@ type ItemSnapshot struct {
 	Undo        *Undo           `json:"undo,omitempty"`
 	NoUndo      string          `json:"no_undo,omitempty"`
 	CreatedFrom string          `json:"created_from,omitempty"`
-	// The rest are an envelope's: the operation's id, method and url (as
-	// sent, once filled), the operations it depends on, and where its
-	// requests go, once its references are filled.
-	Name   string          `json:"name,omitempty"`
-	Method string          `json:"method,omitempty"`
-	URL    string          `json:"url,omitempty"`
-	Deps   []int           `json:"deps,omitempty"`
-	Target *TargetSnapshot `json:"target,omitempty"`
+	// The rest are an envelope's: the operation's id (kept as "name"),
+	// method and url (as sent, once filled), the operations it depends
+	// on, and where its requests go, once its references are filled.
+	OperationID string          `json:"name,omitempty"`
+	Method      string          `json:"method,omitempty"`
+	URL         string          `json:"url,omitempty"`
+	Deps        []int           `json:"deps,omitempty"`
+	Target      *TargetSnapshot `json:"target,omitempty"`
 }
 
 // TargetSnapshot is where an envelope's item's requests go, as a journal
@@ -103,7 +103,7 @@ func snapshotOperation(snap *ItemSnapshot, eo *envelopeOperation, t *target, id 
 	if eo == nil {
 		return
 	}
-	snap.Name, snap.Method, snap.URL, snap.Deps = eo.id, eo.method, eo.sentURL(t, id), eo.deps
+	snap.OperationID, snap.Method, snap.URL, snap.Deps = eo.id, eo.method, eo.sentURL(t, id), eo.deps
 	if t != nil {
 		snap.Target = &TargetSnapshot{Op: t.kind.String(), Method: t.method, Path: t.collectionPath, Query: t.query}
 	}
@@ -224,7 +224,7 @@ func resumedPlan(snap *Snapshot, lookup func(path string) (policy.Match, bool), 
 // resumeOperation gives an envelope's item back what it was as an
 // operation, and where its requests went if it had started.
 func (it *Item) resumeOperation(snap ItemSnapshot, lookup func(path string) (policy.Match, bool)) error {
-	it.operation = &envelopeOperation{id: snap.Name, method: snap.Method, url: snap.URL, deps: snap.Deps}
+	it.operation = &envelopeOperation{id: snap.OperationID, method: snap.Method, url: snap.URL, deps: snap.Deps}
 	t := snap.Target
 	if t == nil {
 		return nil
@@ -232,7 +232,7 @@ func (it *Item) resumeOperation(snap ItemSnapshot, lookup func(path string) (pol
 	op, err := policy.ParseOp(t.Op)
 	m, ok := lookup(t.Path)
 	if err != nil || !ok || m.Item {
-		return fmt.Errorf("%w: operation %q's %s %s names no resource configured here", ErrNotResumable, snap.Name, t.Method, t.Path)
+		return fmt.Errorf("%w: operation %q's %s %s names no resource configured here", ErrNotResumable, snap.OperationID, t.Method, t.Path)
 	}
 	it.operation.kind = op
 	it.tgt = newTarget(op, t.Method, m, t.Query)
@@ -242,8 +242,8 @@ func (it *Item) resumeOperation(snap ItemSnapshot, lookup func(path string) (pol
 // resumeItem gives item i back the state its journal recorded.
 func (sg *saga) resumeItem(i int, it ItemSnapshot) {
 	sg.items[i] = ItemResult{Index: i, ID: it.ID, Outcome: it.Outcome, Status: it.Status, Error: it.Error}
-	if it.Name != "" {
-		sg.items[i].OperationID, sg.items[i].Method, sg.items[i].URL = it.Name, it.Method, it.URL
+	if it.OperationID != "" {
+		sg.items[i].OperationID, sg.items[i].Method, sg.items[i].URL = it.OperationID, it.Method, it.URL
 	}
 	admitted := sg.state[i] // its requests, as the resumed plan has them
 	sg.state[i] = itemState{
