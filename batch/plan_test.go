@@ -3,6 +3,8 @@ package batch
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 
@@ -29,6 +31,23 @@ func snapshotJSON(t testing.TB, p *Plan) string {
 	return string(b)
 }
 
+// planText reads every field of the plan, its items, their operations
+// and targets (fmt reads unexported fields too); pointers it prints as
+// addresses, so a field pointed elsewhere shows as well.
+func planText(p *Plan) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%+v\n", *p)
+	for _, it := range p.Items {
+		if it.operation != nil {
+			fmt.Fprintf(&b, "%+v\n", *it.operation)
+		}
+		if it.tgt != nil {
+			fmt.Fprintf(&b, "%+v\n", *it.tgt)
+		}
+	}
+	return b.String()
+}
+
 // A run keeps what it learns in its own state: the plan stays as it was
 // admitted, so running it again does what the first run did, on the ids
 // the second run creates, not on the first run's.
@@ -38,7 +57,7 @@ func TestPlanRunsAgainAsAdmitted(t *testing.T) {
 	if prob != nil {
 		t.Fatalf("refused: %d %s", prob.Status, prob.Detail)
 	}
-	admitted := snapshotJSON(t, p)
+	admitted, text := snapshotJSON(t, p), planText(p)
 	for _, user := range []string{"100", "102"} {
 		w := write(t, Run(context.Background(), p, Runtime{Send: api, Locks: &itemlock.Local{}}))
 		equal(t, "outcome", w.Outcome, "succeeded")
@@ -49,6 +68,7 @@ func TestPlanRunsAgainAsAdmitted(t *testing.T) {
 		equal(t, "p's url", w.Items[3].URL, "/users/"+user+"/posts")
 		jsonEqual(t, "the user as read", string(w.Items[1].Body), `{"id":`+user+`,"name":"ada"}`)
 		equal(t, "the plan after the run", snapshotJSON(t, p), admitted)
+		equal(t, "every field of the plan after the run", planText(p), text)
 	}
 	want := map[string]string{
 		"/users/100":           `{"id":100,"name":"bea"}`,
@@ -68,7 +88,7 @@ func TestPlanRunsAgainAsAdmitted(t *testing.T) {
 func TestBatchPlanRunsAgainAsAdmitted(t *testing.T) {
 	api := newAPIStore("/widgets")
 	p := mustPlan(t, newRequest("POST", "/widgets", `[{"name":"a"},{"id":"w7","name":"b"}]`))
-	admitted := snapshotJSON(t, p)
+	admitted, text := snapshotJSON(t, p), planText(p)
 	first := write(t, Run(context.Background(), p, Runtime{Send: api, Locks: &itemlock.Local{}}))
 	equal(t, "outcome", first.Outcome, "succeeded")
 	equal(t, "the created id", first.Items[0].ID, "100")
@@ -80,6 +100,7 @@ func TestBatchPlanRunsAgainAsAdmitted(t *testing.T) {
 	equal(t, "second outcome", second.Outcome, "failed")
 	equal(t, "second item 0", second.Items[0].ID, "")
 	equal(t, "the plan after the second run", snapshotJSON(t, p), admitted)
+	equal(t, "every field of the plan after the runs", planText(p), text)
 	equal(t, "records", len(api.state()), 2)
 }
 
@@ -91,7 +112,7 @@ func TestPlanReadWhileItRuns(t *testing.T) {
 	if prob != nil {
 		t.Fatalf("refused: %d %s", prob.Status, prob.Detail)
 	}
-	admitted := snapshotJSON(t, p)
+	admitted, text := snapshotJSON(t, p), planText(p)
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -101,9 +122,7 @@ func TestPlanReadWhileItRuns(t *testing.T) {
 				return
 			default:
 			}
-			// Snapshot reads every item's id, body, fields, operation and
-			// target; Writes and Saga its operations' kinds.
-			_, _, _ = p.Snapshot(), p.Writes(), p.Saga()
+			_, _ = p.Snapshot(), planText(p)
 		}
 	})
 	w := write(t, Run(context.Background(), p, Runtime{Send: api, Locks: &itemlock.Local{}}))
@@ -111,4 +130,5 @@ func TestPlanReadWhileItRuns(t *testing.T) {
 	wg.Wait()
 	equal(t, "outcome", w.Outcome, "succeeded")
 	equal(t, "the plan after the run", snapshotJSON(t, p), admitted)
+	equal(t, "every field of the plan after the run", planText(p), text)
 }
