@@ -52,6 +52,7 @@ func planText(p *Plan) string {
 // admitted, so running it again does what the first run did, on the ids
 // the second run creates, not on the first run's.
 func TestPlanRunsAgainAsAdmitted(t *testing.T) {
+	t.Parallel()
 	api := newAPIStore("/users", "/users/100/posts", "/users/102/posts")
 	p, prob := admitEnvelope(t, shop(t), userAndItsPosts)
 	if prob != nil {
@@ -86,6 +87,7 @@ func TestPlanRunsAgainAsAdmitted(t *testing.T) {
 // A batch's created ids are the run's too: the plan's items keep the ids
 // their elements had.
 func TestBatchPlanRunsAgainAsAdmitted(t *testing.T) {
+	t.Parallel()
 	api := newAPIStore("/widgets")
 	p := mustPlan(t, newRequest("POST", "/widgets", `[{"name":"a"},{"id":"w7","name":"b"}]`))
 	admitted, text := snapshotJSON(t, p), planText(p)
@@ -107,6 +109,7 @@ func TestBatchPlanRunsAgainAsAdmitted(t *testing.T) {
 // Under -race: every field of the plan may be read while it runs, since
 // nothing writes it.
 func TestPlanReadWhileItRuns(t *testing.T) {
+	t.Parallel()
 	api := newAPIStore("/users", "/users/100/posts")
 	p, prob := admitEnvelope(t, shop(t), userAndItsPosts)
 	if prob != nil {
