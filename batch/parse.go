@@ -71,8 +71,8 @@ type Item struct {
 	// they give only in the run's Result.
 	ID string
 	// Body is a create's element as the client sent it, or an update's
-	// element without its id field; an envelope's operation's body, unless
-	// it holds references (the run fills them in a copy).
+	// element without its id field; an envelope's operation's body, or nil
+	// when it holds references (the run sends them filled in).
 	Body []byte
 	// fields are an update's member names, whose old values a PATCH
 	// restore puts back.
