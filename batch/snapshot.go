@@ -97,8 +97,8 @@ func (p *Plan) Snapshot() *Snapshot {
 }
 
 // snapshotOperation adds to an envelope's item what makes it an
-// operation (eo; nil in a batch), and where its requests go (t, to item
-// id) once that is known.
+// operation (eo; nil in a batch), and where its requests go (t, and the
+// item's id) once that is known.
 func snapshotOperation(snap *ItemSnapshot, eo *envelopeOperation, t *target, id string) {
 	if eo == nil {
 		return
