@@ -18,7 +18,7 @@ type target struct {
 	// method is the item's own request's method: an envelope's PUT is an
 	// update that replaces the whole item.
 	method         string
-	match          policy.Match // the collection
+	match          policy.Match     // the collection
 	settings       *policy.Settings // the resource's: settings(i)
 	paths          policy.ItemPaths
 	collectionPath string
