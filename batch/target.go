@@ -12,8 +12,8 @@ import (
 // operation of an envelope has its own, known once its references are
 // filled (docs/envelope.md).
 type target struct {
-	// kind is what the item's own request does: one of the four batch
-	// operations, on one item.
+	// kind is what the item's own request does, as one of the four batch
+	// operations.
 	kind policy.Op
 	// method is the item's own request's method: an envelope's PUT is an
 	// update that replaces the whole item.
