@@ -158,7 +158,7 @@ func (sg *saga) idOf(i int, elem []byte) string {
 	if json.Unmarshal(elem, &members) != nil {
 		return ""
 	}
-	s := sg.set(i)
+	s := sg.settings(i)
 	id, ok := jsonvalue.ID(members[s.IDField])
 	if !ok {
 		return ""
