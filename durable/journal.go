@@ -145,13 +145,15 @@ func (js *Journals) Storage() Storage { return js.storage }
 // owned are the sagas this process runs or is finishing, so that its own
 // recovery never takes them over, and a process that exits waits for
 // them (Wait).
-var owned = &ownedSagas{ids: map[string]bool{}}
+var owned = newOwnedSagas()
 
 type ownedSagas struct {
 	mu      sync.Mutex
 	ids     map[string]bool
 	running sync.WaitGroup
 }
+
+func newOwnedSagas() *ownedSagas { return &ownedSagas{ids: map[string]bool{}} }
 
 // add claims saga for this process; false if it already has it.
 func (o *ownedSagas) add(saga string) bool {

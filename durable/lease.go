@@ -16,9 +16,11 @@ type Leases struct {
 	// Length is how long a holding stands without being renewed.
 	Length time.Duration
 
-	mu      sync.Mutex
-	held    map[*holding]struct{}
-	running bool
+	mu   sync.Mutex
+	held map[*holding]struct{}
+	// idle is closed when the last holding goes, which ends the loop
+	// at once rather than a renewal later; nil while no loop runs.
+	idle chan struct{}
 }
 
 // NewLeases is the process's leases of length.
@@ -31,55 +33,74 @@ type holding struct {
 	// until is when renewals end (zero: never), for a holder that may
 	// never let go.
 	until time.Time
-	// mu is held while renew runs, so that release waits for a renewal
-	// being written.
-	mu       sync.Mutex
+	// turn holds a token while no renewal runs: renew and release each
+	// take it, so that release waits for a renewal being written. A
+	// channel, not a mutex, so that the wait is one a fake clock sees
+	// (testing/synctest counts a goroutine waiting on a mutex as busy).
+	turn     chan struct{}
 	released bool
 }
+
+func (h *holding) take() { <-h.turn }
+func (h *holding) give() { h.turn <- struct{}{} }
 
 // Hold renews a holding every third of the length, by calling renew
 // (which writes it to storage), until the returned release is called or,
 // with max above zero, for at most max. Release waits until no renewal
 // is being written, and none is written after it.
 func (l *Leases) Hold(renew func(), max time.Duration) (release func()) {
-	h := &holding{renew: renew}
+	h := &holding{renew: renew, turn: make(chan struct{}, 1)}
+	h.give()
 	if max > 0 {
 		h.until = now().Add(max)
 	}
 	l.mu.Lock()
 	l.held[h] = struct{}{}
-	if !l.running {
-		l.running = true
-		go l.loop()
+	if l.idle == nil {
+		l.idle = make(chan struct{})
+		go l.loop(l.idle)
 	}
 	l.mu.Unlock()
 	return sync.OnceFunc(func() {
 		l.mu.Lock()
-		delete(l.held, h)
+		l.drop(h)
 		l.mu.Unlock()
-		h.mu.Lock()
+		h.take()
 		h.released = true
-		h.mu.Unlock()
+		h.give()
 	})
 }
 
+// drop forgets h, and ends the loop if nothing is left. l.mu is held.
+func (l *Leases) drop(h *holding) {
+	delete(l.held, h)
+	if len(l.held) == 0 && l.idle != nil {
+		close(l.idle)
+		l.idle = nil
+	}
+}
+
 // loop renews every holding each tick, side by side so that a slow write
-// of one delays no other, and ends when nothing is held.
-func (l *Leases) loop() {
+// of one delays no other, until idle is closed.
+func (l *Leases) loop(idle chan struct{}) {
 	tick := time.NewTicker(l.Length / 3)
 	defer tick.Stop()
-	for range tick.C {
-		l.mu.Lock()
-		if len(l.held) == 0 {
-			l.running = false
-			l.mu.Unlock()
+	for {
+		select {
+		case <-idle:
 			return
+		case <-tick.C:
+		}
+		l.mu.Lock()
+		if l.idle != idle {
+			l.mu.Unlock()
+			return // idle meanwhile, and maybe another loop started
 		}
 		at := now()
 		var due []*holding
 		for h := range l.held {
 			if !h.until.IsZero() && at.After(h.until) {
-				delete(l.held, h)
+				l.drop(h)
 				continue
 			}
 			due = append(due, h)
@@ -88,8 +109,8 @@ func (l *Leases) loop() {
 		var wg sync.WaitGroup
 		for _, h := range due {
 			wg.Go(func() {
-				h.mu.Lock()
-				defer h.mu.Unlock()
+				h.take()
+				defer h.give()
 				if !h.released {
 					h.renew()
 				}
