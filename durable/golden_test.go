@@ -187,10 +187,14 @@ func TestStoredV1JournalsStillRecover(t *testing.T) {
 			t.Errorf("%s left in storage after the saga ended", k)
 		}
 	}
+	// A takeover writes its lease before Scan returns.
+	if l, err := js.leaseOf(context.Background(), goldenLiveSaga); err != nil || l.Owner != goldenOwner {
+		t.Errorf("saga %s, under a live lease, was taken over: %+v, %v", goldenLiveSaga, l, err)
+	}
 	select {
 	case f := <-done:
 		t.Errorf("saga %s, under a live lease, was taken over", f.r.Saga)
-	case <-time.After(10 * time.Millisecond):
+	default:
 	}
 }
 
