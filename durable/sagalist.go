@@ -179,8 +179,7 @@ func (js *Journals) journalSummary(ctx context.Context, saga string) (Summary, e
 		return Summary{}, err
 	}
 	s := Summary{
-		ID: saga, State: state, Server: in.Server, Host: in.Host, Method: in.Method,
-		URI: redactQuery(in.URI, in.ScopeQuery), Op: in.Snapshot.Op, Resource: in.Resource,
+		ID: saga, State: state, OriginView: in.Origin.view(), Op: in.Snapshot.Op, Resource: in.Resource,
 		Items: len(in.Snapshot.Items), Started: in.Started,
 	}
 	if st != nil {

@@ -58,14 +58,9 @@ const (
 
 // Summary is a saga as a listing shows it.
 type Summary struct {
-	ID     string `json:"id"`
-	State  string `json:"state"`
-	Server string `json:"server"`
-	Host   string `json:"host"`
-	Method string `json:"method"`
-	// URI is the client's, the values of its scope_query parameters
-	// redacted.
-	URI        string     `json:"uri"`
+	ID    string `json:"id"`
+	State string `json:"state"`
+	OriginView
 	Op         string     `json:"op"`
 	Resource   string     `json:"resource"`
 	Items      int        `json:"items"`
@@ -170,8 +165,7 @@ func (js *Journals) storeKept(ctx context.Context, k *Kept) error {
 func (k *Kept) summary() Summary {
 	ended := k.Ended
 	return Summary{
-		ID: k.Saga, State: StateLeftBehind, Server: k.Server, Host: k.Host, Method: k.Method,
-		URI: redactQuery(k.URI, k.ScopeQuery), Op: k.Snapshot.Op, Resource: k.Resource,
+		ID: k.Saga, State: StateLeftBehind, OriginView: k.Origin.view(), Op: k.Snapshot.Op, Resource: k.Resource,
 		Items: len(k.Snapshot.Items), LeftBehind: len(k.LeftBehind),
 		Started: k.Started, Ended: &ended, Reason: k.Detail,
 	}
