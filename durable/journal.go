@@ -127,16 +127,12 @@ type Lease struct {
 
 // Journals is where the saga journals live: a storage, and the
 // process's leases, which keep the journals of its sagas its own.
-type Journals struct {
-	storage Storage
-	leases  *Leases
-	logger  *zap.Logger
-}
+type Journals struct{ leased }
 
 // NewJournals keeps journals in storage, held under leases; logger hears
 // of what fails after the saga that caused it has moved on.
 func NewJournals(storage Storage, leases *Leases, logger *zap.Logger) *Journals {
-	return &Journals{storage: storage, leases: leases, logger: logger}
+	return &Journals{leased{storage, leases, logger}}
 }
 
 // Storage is where the journals are.

@@ -3,7 +3,18 @@ package durable
 import (
 	"sync"
 	"time"
+
+	"go.uber.org/zap"
 )
+
+// leased is what keeps records in a storage under the process's leases
+// (Journals, Keys): the storage, the leases, and the logger that hears
+// of what fails after the request that caused it is gone.
+type leased struct {
+	storage Storage
+	leases  *Leases
+	logger  *zap.Logger
+}
 
 // Leases is the one lease of the process (docs/durability.md, "Leases"):
 // one length, and one loop that renews, every third of it, everything
