@@ -484,32 +484,58 @@ func (js *Journals) sagas(ctx context.Context) ([]string, error) {
 // leaseOf returns who holds saga and until when: the lease key if it was
 // renewed, else the intent's.
 func (js *Journals) leaseOf(ctx context.Context, saga string) (Lease, error) {
-	var l Lease
-	if b, err := js.storage.Load(ctx, leaseKey(saga)); err == nil {
-		if err := json.Unmarshal(b, &l); err != nil {
-			return l, fmt.Errorf("decoding %s: %w", leaseKey(saga), err)
-		}
-	} else if !errors.Is(err, fs.ErrNotExist) {
+	l, err := js.renewedLease(ctx, saga)
+	if err != nil || now().Before(l.Expires) {
 		return l, err
 	}
-	if now().Before(l.Expires) {
-		return l, nil
-	}
-	b, err := js.storage.Load(ctx, segmentKey(saga, 0))
-	if errors.Is(err, fs.ErrNotExist) {
-		return l, errNoIntent
-	}
+	in, err := js.loadIntent(ctx, saga)
 	if err != nil {
 		return l, err
 	}
-	var seg segment
-	if err := json.Unmarshal(b, &seg); err != nil || seg.Intent == nil {
-		return l, fmt.Errorf("decoding %s: not a journal's intent (%v)", segmentKey(saga, 0), err)
+	return in.heldBy(l), nil
+}
+
+// renewedLease is saga's lease key as its owner last wrote it; the zero
+// Lease if it never renewed it.
+func (js *Journals) renewedLease(ctx context.Context, saga string) (Lease, error) {
+	var l Lease
+	b, err := js.storage.Load(ctx, leaseKey(saga))
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return l, nil
+	case err != nil:
+		return l, err
 	}
-	if seg.Intent.Expires.After(l.Expires) {
-		l = Lease{Owner: seg.Intent.Owner, Expires: seg.Intent.Expires}
+	if err := json.Unmarshal(b, &l); err != nil {
+		return l, fmt.Errorf("decoding %s: %w", leaseKey(saga), err)
 	}
 	return l, nil
+}
+
+// heldBy is who holds the saga whose renewed lease is l: l while it
+// stands, else the later of it and the lease the intent was stored with.
+func (in *intent) heldBy(l Lease) Lease {
+	if now().Before(l.Expires) || !in.Expires.After(l.Expires) {
+		return l
+	}
+	return Lease{Owner: in.Owner, Expires: in.Expires}
+}
+
+// loadIntent reads saga's intent (segment 0); errNoIntent if there is
+// none.
+func (js *Journals) loadIntent(ctx context.Context, saga string) (*intent, error) {
+	b, err := js.storage.Load(ctx, segmentKey(saga, 0))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, errNoIntent
+	}
+	if err != nil {
+		return nil, err
+	}
+	var seg segment
+	if err := json.Unmarshal(b, &seg); err != nil || seg.Intent == nil || seg.Intent.Snapshot == nil {
+		return nil, fmt.Errorf("decoding %s: not a journal's intent (%v)", segmentKey(saga, 0), err)
+	}
+	return seg.Intent, nil
 }
 
 // load reads a saga's whole journal: the intent, with every later

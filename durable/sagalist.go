@@ -144,33 +144,27 @@ func (js *Journals) keptSummary(ctx context.Context, saga string) (Summary, erro
 // journalState reads what a listing says of a journal: its intent, and
 // its state from its lease and stuck mark.
 func (js *Journals) journalState(ctx context.Context, saga string) (*intent, string, *stuck, error) {
-	b, err := js.storage.Load(ctx, segmentKey(saga, 0))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, "", nil, errNoIntent
-	}
+	in, err := js.loadIntent(ctx, saga)
 	if err != nil {
 		return nil, "", nil, err
 	}
-	var seg segment
-	if err := json.Unmarshal(b, &seg); err != nil || seg.Intent == nil || seg.Intent.Snapshot == nil {
-		return nil, "", nil, fmt.Errorf("decoding %s: not a journal's intent (%v)", segmentKey(saga, 0), err)
-	}
-	l, err := js.leaseOf(ctx, saga)
+	l, err := js.renewedLease(ctx, saga)
 	if err != nil {
 		return nil, "", nil, err
 	}
+	l = in.heldBy(l)
 	st, err := js.stuckOf(ctx, saga, l)
 	switch {
 	case err != nil:
 		return nil, "", nil, err
 	case owned.has(saga):
-		return seg.Intent, StateRunning, nil, nil
+		return in, StateRunning, nil, nil
 	case st != nil:
-		return seg.Intent, StateStuck, st, nil
+		return in, StateStuck, st, nil
 	case now().After(l.Expires):
-		return seg.Intent, StateOrphaned, nil, nil
+		return in, StateOrphaned, nil, nil
 	}
-	return seg.Intent, StateRunning, nil, nil
+	return in, StateRunning, nil, nil
 }
 
 func (js *Journals) journalSummary(ctx context.Context, saga string) (Summary, error) {
