@@ -210,7 +210,6 @@ func TestJournalGroupCommit(t *testing.T) {
 		if _, stores := mem.count(); stores >= writes {
 			t.Errorf("%d stores for %d creates sent 8 at a time: their records were not stored together", stores, writes)
 		}
-
 	})
 }
 
