@@ -499,17 +499,8 @@ func (js *Journals) leaseOf(ctx context.Context, saga string) (Lease, error) {
 // Lease if it never renewed it.
 func (js *Journals) renewedLease(ctx context.Context, saga string) (Lease, error) {
 	var l Lease
-	b, err := js.storage.Load(ctx, leaseKey(saga))
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		return l, nil
-	case err != nil:
-		return l, err
-	}
-	if err := json.Unmarshal(b, &l); err != nil {
-		return l, fmt.Errorf("decoding %s: %w", leaseKey(saga), err)
-	}
-	return l, nil
+	_, err := loadJSON(ctx, js.storage, leaseKey(saga), &l)
+	return l, err
 }
 
 // heldBy is who holds the saga whose renewed lease is l: l while it

@@ -3,10 +3,7 @@ package durable
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
-	"io/fs"
 	"net/url"
 	"slices"
 	"strings"
@@ -128,17 +125,11 @@ func (js *Journals) keptSagas(ctx context.Context) ([]string, error) {
 
 func (js *Journals) keptSummary(ctx context.Context, saga string) (Summary, error) {
 	var s Summary
-	b, err := js.storage.Load(ctx, summaryKey(saga))
-	if errors.Is(err, fs.ErrNotExist) {
-		return s, ErrUnknownSaga
+	found, err := loadJSON(ctx, js.storage, summaryKey(saga), &s)
+	if err == nil && !found {
+		err = ErrUnknownSaga
 	}
-	if err != nil {
-		return s, err
-	}
-	if err := json.Unmarshal(b, &s); err != nil {
-		return s, fmt.Errorf("decoding %s: %w", summaryKey(saga), err)
-	}
-	return s, nil
+	return s, err
 }
 
 // journalState reads what a listing says of a journal: its intent, and
