@@ -4,6 +4,7 @@ import (
 	"sync"
 	"testing"
 	"testing/synctest"
+	"time"
 )
 
 // inBubble runs f in a synctest bubble: time in it is fake and moves on
@@ -19,9 +20,21 @@ func inBubble(t *testing.T, f func(t *testing.T)) {
 	t.Helper()
 	prevOwned, prevRemovals := owned, removals
 	defer func() { owned, removals = prevOwned, prevRemovals }()
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		owned, removals = newOwnedSagas(), newPendingRemovals()
 		f(t)
+	})
+}
+
+// bubble runs f in a synctest bubble, and then lets an hour of the
+// bubble's time pass, so that each lease loop f started finds nothing
+// held, and ends, before synctest.Test looks for goroutines left behind
+// (a holding f never released keeps its loop, and fails the test).
+func bubble(t *testing.T, f func(t *testing.T)) {
+	t.Helper()
+	synctest.Test(t, func(t *testing.T) {
+		f(t)
+		time.Sleep(time.Hour)
 	})
 }
 

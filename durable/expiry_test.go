@@ -7,7 +7,6 @@ import (
 	"path"
 	"slices"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"go.uber.org/zap"
@@ -40,7 +39,7 @@ func storeUnindexed(t testing.TB, s Storage, name string, rec Record) string {
 // a sweep at a time when nothing passed lists the index once.
 func TestSweepReadsOnlyWhatExpired(t *testing.T) {
 	t.Parallel()
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		const kept, expired = 20000, 10
 		mem := newMemStorage()
 		s := newCounting(mem)
@@ -88,7 +87,7 @@ func TestSweepReadsOnlyWhatExpired(t *testing.T) {
 // record is gone goes.
 func TestSweepKeepsWhatItMustNotDelete(t *testing.T) {
 	t.Parallel()
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		s := newMemStorage()
 		ctx := context.Background()
 		at := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
@@ -151,7 +150,7 @@ func TestSweepKeepsWhatItMustNotDelete(t *testing.T) {
 // expiry, once, reading only those no entry names.
 func TestUnindexedRecordsStillExpire(t *testing.T) {
 	t.Parallel()
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		mem := newMemStorage()
 		s := newCounting(mem)
 		ctx := context.Background()

@@ -27,11 +27,9 @@ type Leases struct {
 	// Length is how long a holding stands without being renewed.
 	Length time.Duration
 
-	mu   sync.Mutex
-	held map[*holding]struct{}
-	// idle is closed when the last holding goes, which ends the loop
-	// at once rather than a renewal later; nil while no loop runs.
-	idle chan struct{}
+	mu      sync.Mutex
+	held    map[*holding]struct{}
+	running bool
 }
 
 // NewLeases is the process's leases of length.
@@ -67,14 +65,14 @@ func (l *Leases) Hold(renew func(), max time.Duration) (release func()) {
 	}
 	l.mu.Lock()
 	l.held[h] = struct{}{}
-	if l.idle == nil {
-		l.idle = make(chan struct{})
-		go l.loop(l.idle)
+	if !l.running {
+		l.running = true
+		go l.loop()
 	}
 	l.mu.Unlock()
 	return sync.OnceFunc(func() {
 		l.mu.Lock()
-		l.drop(h)
+		delete(l.held, h)
 		l.mu.Unlock()
 		h.take()
 		h.released = true
@@ -82,36 +80,23 @@ func (l *Leases) Hold(renew func(), max time.Duration) (release func()) {
 	})
 }
 
-// drop forgets h, and ends the loop if nothing is left. l.mu is held.
-func (l *Leases) drop(h *holding) {
-	delete(l.held, h)
-	if len(l.held) == 0 && l.idle != nil {
-		close(l.idle)
-		l.idle = nil
-	}
-}
-
 // loop renews every holding each tick, side by side so that a slow write
-// of one delays no other, until idle is closed.
-func (l *Leases) loop(idle chan struct{}) {
+// of one delays no other, and ends when nothing is held.
+func (l *Leases) loop() {
 	tick := time.NewTicker(l.Length / 3)
 	defer tick.Stop()
-	for {
-		select {
-		case <-idle:
-			return
-		case <-tick.C:
-		}
+	for range tick.C {
 		l.mu.Lock()
-		if l.idle != idle {
+		if len(l.held) == 0 {
+			l.running = false
 			l.mu.Unlock()
-			return // idle meanwhile, and maybe another loop started
+			return
 		}
 		at := now()
 		var due []*holding
 		for h := range l.held {
 			if !h.until.IsZero() && at.After(h.until) {
-				l.drop(h)
+				delete(l.held, h)
 				continue
 			}
 			due = append(due, h)

@@ -36,8 +36,9 @@ func TestLeases(t *testing.T) {
 		}
 		releaseA()
 		releaseA()
+		time.Sleep(30 * time.Millisecond)
 		l.mu.Lock()
-		running := l.idle != nil
+		running := l.running
 		l.mu.Unlock()
 		if running {
 			t.Error("the loop runs with nothing held")

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/caddy-batch/caddy-batch/itemlock"
@@ -84,7 +83,7 @@ func TestLock(t *testing.T) {
 		{"Lock", func(m *memLocks) Locker { return lockOnly{m} }},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
+			bubble(t, func(t *testing.T) {
 				m := newMemLocks()
 				s := tt.s(m)
 				unlock, err := Lock(context.Background(), s, "a", time.Millisecond, nil)
@@ -160,7 +159,7 @@ func TestLock(t *testing.T) {
 // into one lock name stay apart.
 func TestItemLocks(t *testing.T) {
 	t.Parallel()
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		m := newMemLocks()
 		one := NewItemLocks(new(itemlock.Local), m, nil)
 		two := NewItemLocks(new(itemlock.Local), m, nil)

@@ -67,8 +67,9 @@ func (p *pendingRemovals) retry(j *Journal, end func(context.Context) error) {
 // endLater tries end again, holding the lease meanwhile and letting it
 // go for each try, so that no renewal writes the lease again once the
 // journal is removed. It holds the lease for half its length between
-// tries: a renewal comes a third of the length after the hold (or
-// sooner, where the process holds others), so every wait holds one.
+// tries: the loop renews at most a third of the length after the hold,
+// so every wait holds a renewal (a third would be a race with the
+// loop's tick).
 func (j *Journal) endLater(hurry <-chan struct{}, end func(context.Context) error) {
 	defer owned.forget(j.saga)
 	for try := 2; ; try++ {

@@ -3,7 +3,6 @@ package durable
 import (
 	"context"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"go.uber.org/zap"
@@ -31,7 +30,7 @@ func stored(t *testing.T, s Storage, key string) *Record {
 // abandoned; a batch that sent nothing gives its key back.
 func TestClaim(t *testing.T) {
 	t.Parallel()
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		s := newMemStorage()
 		keys := NewKeys(s, NewLeases(30*time.Millisecond), zap.NewNop())
 		ctx := context.Background()
