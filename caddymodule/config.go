@@ -6,6 +6,7 @@ import (
 
 	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/openapi"
+	"github.com/caddy-batch/caddy-batch/options"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
@@ -15,7 +16,7 @@ type config struct {
 	policy *policy.Policy
 	// handler is the handler's own settings, over the defaults: the
 	// envelope's, and the size of the max_in_flight slots.
-	handler level
+	handler options.Level
 	// envelope is nil when the handler has none.
 	envelope *batch.Envelope
 	// published is the OpenAPI document the handler serves, nil when it
@@ -32,8 +33,8 @@ type config struct {
 // handler imports one, is read here; the one it publishes is built only
 // with publish (the adapter checks where it goes, not what it holds).
 func (h *Handler) resolve(lines []int, publish bool) (config, error) {
-	handler := defaults()
-	err := h.Options.apply(&handler)
+	handler := options.Defaults()
+	err := h.Options.Apply(&handler)
 	if err == nil {
 		err = policy.Validate(handler.Settings, handler.GatewaySettings)
 	}
@@ -61,14 +62,14 @@ func (h *Handler) resolve(lines []int, publish bool) (config, error) {
 
 // buildPolicy lays each resource's options over the handler's settings
 // and builds the method map, refusing every mistake at once.
-func (h *Handler) buildPolicy(handler level, lines []int) (*policy.Policy, error) {
+func (h *Handler) buildPolicy(handler options.Level, lines []int) (*policy.Policy, error) {
 	var errs []error
 	h.resolved = h.resolveResources()
 	h.gaps = nil
 	specs := make([]policy.ResourceSpec, len(h.resolved))
 	for i, r := range h.resolved {
 		own := handler
-		if err := r.Options.apply(&own); err != nil {
+		if err := r.Options.Apply(&own); err != nil {
 			errs = append(errs, policy.Flatten(policy.InResource(i, r.Path, err))...)
 		}
 		specs[i] = r.spec(own)
@@ -94,7 +95,7 @@ func (h *Handler) buildPolicy(handler level, lines []int) (*policy.Policy, error
 }
 
 // spec declares the resource to the policy, with its resolved settings.
-func (r Resource) spec(l level) policy.ResourceSpec {
+func (r Resource) spec(l options.Level) policy.ResourceSpec {
 	var ops []string // nil: every operation the methods allow
 	if r.Batch != nil {
 		ops = append([]string{}, *r.Batch...)

@@ -12,6 +12,7 @@ import (
 	"github.com/caddy-batch/caddy-batch/adaptive"
 	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/policy"
+	"github.com/caddy-batch/caddy-batch/telemetry"
 )
 
 // pooledSlots are one handler's max_in_flight slots, kept in pools so
@@ -60,7 +61,7 @@ func (h *Handler) provisionSlots() *pooledSlots {
 	g := h.handler.GatewaySettings
 	key := h.slotsKey(g)
 	v, _, _ := pools.LoadOrNew(key, func() (caddy.Destructor, error) {
-		p := &pooledSlots{key: key, throttles: batch.NewThrottles(metrics.throttledWait)}
+		p := &pooledSlots{key: key, throttles: batch.NewThrottles(telemetry.Metrics.ThrottledWait)}
 		if g.AutoInFlight {
 			p.limit = adaptive.New(g.MinInFlight, g.MaxInFlight)
 			p.FIFOSlots = batch.NewFIFOSlots(p.limit.Current())
