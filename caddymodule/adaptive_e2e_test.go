@@ -25,8 +25,7 @@ func TestMaxInFlightAutoE2E(t *testing.T) {
 `
 	g := startGateway(t, api, site)
 	h := Handler{Options: options.Options{MaxInFlightAuto: &options.AutoInFlight{Min: 2, Max: 12}}, Resources: []Resource{{Path: "/api/widgets"}}}
-	h.resolved = h.resolveResources()
-	key := h.slotsKey(policy.GatewaySettings{AutoInFlight: true, MinInFlight: 2, MaxInFlight: 12})
+	key := slotsKey(h.resolveResources(nil), policy.GatewaySettings{AutoInFlight: true, MinInFlight: 2, MaxInFlight: 12})
 	var slots *pooledSlots
 	pools.Range(func(k, v any) bool {
 		if k == key {

@@ -22,6 +22,12 @@ type config struct {
 	// published is the OpenAPI document the handler serves, nil when it
 	// publishes none.
 	published *publishedDoc
+	// resources are the resources served, in the policy's order:
+	// declared, imported from the OpenAPI document, or both.
+	resources []resolved
+	// gaps are the batch operations the import left off, which
+	// Provision warns of.
+	gaps []openapi.Gap
 }
 
 // resolve works the handler's configuration out: every resource's
@@ -42,10 +48,12 @@ func (h *Handler) resolve(lines []int, publish bool) (config, error) {
 		// Every resource inherits these, so one error each is enough.
 		return config{}, err
 	}
-	if err := h.loadOpenAPI(); err != nil {
+	imported, err := h.loadOpenAPI()
+	if err != nil {
 		return config{}, err
 	}
-	p, err := h.buildPolicy(handler, lines)
+	resources := h.resolveResources(imported)
+	p, gaps, err := h.buildPolicy(handler, resources, lines)
 	if err != nil {
 		return config{}, err
 	}
@@ -53,21 +61,20 @@ func (h *Handler) resolve(lines []int, publish bool) (config, error) {
 	if err != nil {
 		return config{}, err
 	}
-	published, err := h.publishOf(p, publish)
+	published, err := h.publishOf(p, resources, imported, publish)
 	if err != nil {
 		return config{}, err
 	}
-	return config{policy: p, handler: handler, envelope: envelope, published: published}, nil
+	return config{policy: p, handler: handler, envelope: envelope, published: published, resources: resources, gaps: gaps}, nil
 }
 
 // buildPolicy lays each resource's options over the handler's settings
-// and builds the method map, refusing every mistake at once.
-func (h *Handler) buildPolicy(handler options.Level, lines []int) (*policy.Policy, error) {
+// and builds the method map, refusing every mistake at once; gaps are
+// the batch operations the OpenAPI import left off.
+func (h *Handler) buildPolicy(handler options.Level, resources []resolved, lines []int) (_ *policy.Policy, gaps []openapi.Gap, _ error) {
 	var errs []error
-	h.resolved = h.resolveResources()
-	h.gaps = nil
-	specs := make([]policy.ResourceSpec, len(h.resolved))
-	for i, r := range h.resolved {
+	specs := make([]policy.ResourceSpec, len(resources))
+	for i, r := range resources {
 		own := handler
 		if err := r.Options.Apply(&own); err != nil {
 			errs = append(errs, policy.Flatten(policy.InResource(i, r.Path, err))...)
@@ -78,7 +85,7 @@ func (h *Handler) buildPolicy(handler options.Level, lines []int) (*policy.Polic
 				errors.New("max_in_flight bounds the sub-requests of every batch of the handler together, so a resource cannot have its own: set it in the batch block"))))
 		}
 		if r.doc != nil {
-			h.gaps = append(h.gaps, openapi.Derive(&specs[i], r.keepCollection)...)
+			gaps = append(gaps, openapi.Derive(&specs[i], r.keepCollection)...)
 		}
 		if i < len(lines) {
 			specs[i].Line = lines[i]
@@ -86,12 +93,12 @@ func (h *Handler) buildPolicy(handler options.Level, lines []int) (*policy.Polic
 	}
 	p, err := policy.New(specs)
 	if len(errs) == 0 {
-		return p, h.placeImported(err)
+		return p, gaps, h.placeImported(err, resources)
 	}
 	// Every mistake at once, in the order the resources are declared.
 	all := append(errs, policy.Flatten(err)...)
 	slices.SortStableFunc(all, func(a, b error) int { return resourceOf(a) - resourceOf(b) })
-	return nil, h.placeImported(errors.Join(all...))
+	return nil, nil, h.placeImported(errors.Join(all...), resources)
 }
 
 // spec declares the resource to the policy, with its resolved settings.

@@ -19,7 +19,6 @@ import (
 	"github.com/caddy-batch/caddy-batch/batchapp"
 	"github.com/caddy-batch/caddy-batch/durable"
 	"github.com/caddy-batch/caddy-batch/itemlock"
-	"github.com/caddy-batch/caddy-batch/openapi"
 	"github.com/caddy-batch/caddy-batch/options"
 	"github.com/caddy-batch/caddy-batch/policy"
 	"github.com/caddy-batch/caddy-batch/problem"
@@ -73,15 +72,9 @@ type Handler struct {
 
 	// config is the configuration above, resolved by Provision.
 	config
-	// imported is what the OpenAPI document declares (nil without one),
-	// resolved the resources served, in the policy's order, and gaps
-	// the batch operations the import left off: resolve sets them.
-	imported *openapi.Imported
-	resolved []resolved
-	gaps     []openapi.Gap
-	logger   *zap.Logger
-	locks    *itemlock.Local
-	slots    *pooledSlots
+	logger *zap.Logger
+	locks  *itemlock.Local
+	slots  *pooledSlots
 	// untrackSlots stops the metrics counting the slots, at Cleanup.
 	untrackSlots func()
 	// storageLocks are set when a resource has item_locks storage.
@@ -165,7 +158,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("batch: %w", err)
 	}
 	h.config = cfg
-	for _, g := range h.gaps {
+	for _, g := range cfg.gaps {
 		h.logger.Warn(g.Warning(), zap.String("resource", g.Resource), zap.String("op", g.Op.String()))
 	}
 	storage := configStorage(ctx)
@@ -184,7 +177,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	journals, leases := app.(*batchapp.App).Register()
 	h.journals = journals
 	h.idem = newIdempotency(storage, leases, h.logger)
-	h.imported = nil // provisioned: the parsed document is needed no more
 	return nil
 }
 
