@@ -1,8 +1,10 @@
 package options
 
 import (
+	"errors"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -96,27 +98,34 @@ func (a optionArgs) limit(n int64) error {
 	return nil
 }
 
-func (a optionArgs) number(dst *int) error {
+// parsed reads the option's one value with parse; a value parse
+// refuses is answered "<option> takes <what>, not <value>".
+func parsed[T any](a optionArgs, parse func(string) (T, error), what string) (T, error) {
 	v, err := a.one()
 	if err != nil {
-		return err
+		var zero T
+		return zero, err
 	}
-	n, err := strconv.Atoi(v)
+	x, err := parse(v)
 	if err != nil {
-		return a.d.Errf("%s takes a whole number, e.g. %s, not %q", a.opt.name, a.example(), v)
+		return x, a.d.Errf("%s takes %s, not %q", a.opt.name, what, v)
+	}
+	return x, nil
+}
+
+func (a optionArgs) number(dst *int) error {
+	n, err := parsed(a, strconv.Atoi, "a whole number, e.g. "+a.example())
+	if err != nil {
+		return err
 	}
 	*dst = n
 	return a.limit(int64(n))
 }
 
 func (a optionArgs) duration(dst *caddy.Duration) error {
-	v, err := a.one()
+	dur, err := parsed(a, caddy.ParseDuration, "a duration such as 10s, 1m30s or 2h")
 	if err != nil {
 		return err
-	}
-	dur, err := caddy.ParseDuration(v)
-	if err != nil {
-		return a.d.Errf("%s takes a duration such as 10s, 1m30s or 2h, not %q", a.opt.name, v)
 	}
 	*dst = caddy.Duration(dur)
 	return a.limit(int64(dur))
@@ -124,13 +133,15 @@ func (a optionArgs) duration(dst *caddy.Duration) error {
 
 // pause reads a duration that may be zero (which turns a wait off).
 func (a optionArgs) pause(dst **caddy.Duration) error {
-	v, err := a.one()
+	dur, err := parsed(a, func(v string) (time.Duration, error) {
+		dur, err := caddy.ParseDuration(v)
+		if err == nil && dur < 0 {
+			err = errors.New("a negative pause")
+		}
+		return dur, err
+	}, "a duration such as 5s or 0 (off)")
 	if err != nil {
 		return err
-	}
-	dur, err := caddy.ParseDuration(v)
-	if err != nil || dur < 0 {
-		return a.d.Errf("%s takes a duration such as 5s or 0 (off), not %q", a.opt.name, v)
 	}
 	d := caddy.Duration(dur)
 	*dst = &d
@@ -138,16 +149,12 @@ func (a optionArgs) pause(dst **caddy.Duration) error {
 }
 
 func (a optionArgs) size(dst *int64) error {
-	v, err := a.one()
+	n, err := parsed(a, humanize.ParseBytes, "a size such as 1MiB, 512KiB or 1048576 (bytes)")
 	if err != nil {
 		return err
 	}
-	n, err := humanize.ParseBytes(v)
-	if err != nil {
-		return a.d.Errf("%s takes a size such as 1MiB, 512KiB or 1048576 (bytes), not %q", a.opt.name, v)
-	}
 	if n > 1<<62 {
-		return a.d.Errf("%s %s is more than any machine holds: give a size such as 1MiB", a.opt.name, v)
+		return a.d.Errf("%s %s is more than any machine holds: give a size such as 1MiB", a.opt.name, a.args[0])
 	}
 	*dst = int64(n)
 	return a.limit(int64(n))
