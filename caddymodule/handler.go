@@ -1,8 +1,9 @@
-// Package caddymodule is the Caddy glue of caddy-batch: the
+// Package caddymodule is the Caddy glue of caddy-batch's handler: the
 // http.handlers.batch module, its JSON and Caddyfile configuration, and
 // the sub-requests it sends through the rest of the handler chain. The
-// engine (package batch) and the method map (package policy) know
-// nothing of Caddy; this package stays thin.
+// options are package options', the batch app and the operator's
+// surface package batchapp's. The engine (package batch) and the method
+// map (package policy) know nothing of Caddy; this package stays thin.
 package caddymodule
 
 import (
