@@ -33,9 +33,10 @@ import (
 // counters stuck at 0 after a reload were that bug).
 var Metrics = newBatchMetrics()
 
-// BatchMetrics are the module's collectors. Those counted in one place
-// only are counted there directly; Rejected, Finished, ObserveLocks and
-// ThrottledWait count what takes more than one collector or label.
+// BatchMetrics are the module's collectors. Rejected, Finished,
+// ObserveLocks and ThrottledWait count what takes more than one
+// collector or label; a collector counted in one place alone is counted
+// there. The exported ones can be read, as the tests do.
 type BatchMetrics struct {
 	// Batches are the batch requests, by server, resource, operation,
 	// atomicity and outcome.
