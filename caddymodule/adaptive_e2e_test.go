@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
+	"github.com/caddy-batch/caddy-batch/options"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
@@ -23,9 +24,8 @@ func TestMaxInFlightAutoE2E(t *testing.T) {
 	reverse_proxy UPSTREAM
 `
 	g := startGateway(t, api, site)
-	h := Handler{Options: Options{MaxInFlightAuto: &AutoInFlight{Min: 2, Max: 12}}, Resources: []Resource{{Path: "/api/widgets"}}}
-	h.resolved = h.resolveResources()
-	key := h.slotsKey(policy.GatewaySettings{AutoInFlight: true, MinInFlight: 2, MaxInFlight: 12})
+	h := Handler{Options: options.Options{MaxInFlightAuto: &options.AutoInFlight{Min: 2, Max: 12}}, Resources: []Resource{{Path: "/api/widgets"}}}
+	key := slotsKey(h.resolveResources(nil), policy.GatewaySettings{AutoInFlight: true, MinInFlight: 2, MaxInFlight: 12})
 	var slots *pooledSlots
 	pools.Range(func(k, v any) bool {
 		if k == key {

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
+	"github.com/caddy-batch/caddy-batch/telemetry"
 )
 
 // The envelope through Caddy (docs/envelope.md), in front of the fake
@@ -276,7 +277,7 @@ func TestEnvelopeObserved(t *testing.T) {
 	if line["op"] != "envelope" || line["resource"] != "/api/batch" || line["items"] != float64(3) || line["outcome"] != "succeeded" {
 		t.Errorf("log line %v", line)
 	}
-	if n := countedWhere(metrics.batches, "operation", "envelope"); n < 1 {
+	if n := countedWhere(telemetry.Metrics.Batches, "operation", "envelope"); n < 1 {
 		t.Errorf("batches counted under operation envelope: %v", n)
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/durable"
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
+	"github.com/caddy-batch/caddy-batch/telemetry"
 )
 
 // The end-to-end tests of Idempotency-Key replay (docs/durability.md,
@@ -178,10 +179,10 @@ func TestIdempotencyRolledBackCreateReplayed(t *testing.T) {
 		t.Fatalf("the rollback left %v", items)
 	}
 	api.ResetLog()
-	replaysBefore := counted(metrics.replays)
+	replaysBefore := counted(telemetry.Metrics.Replays)
 	again := g.do(t, "POST", "/api/things", body, key...)
 	checkReplay(t, api, first, again)
-	if n := counted(metrics.replays) - replaysBefore; n != 1 {
+	if n := counted(telemetry.Metrics.Replays) - replaysBefore; n != 1 {
 		t.Errorf("caddy_http_batch_idempotent_replays_total grew by %v, want 1", n)
 	}
 	if b := again.batch(t); b.Outcome != "rolled_back" {

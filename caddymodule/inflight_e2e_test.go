@@ -51,8 +51,7 @@ func heldSlots(maxInFlight int, paths ...string) (*pooledSlots, int) {
 	for _, p := range paths {
 		h.Resources = append(h.Resources, Resource{Path: p})
 	}
-	h.resolved = h.resolveResources()
-	key := h.slotsKey(policy.GatewaySettings{MaxInFlight: maxInFlight})
+	key := slotsKey(h.resolveResources(nil), policy.GatewaySettings{MaxInFlight: maxInFlight})
 	refs, _ := pools.References(key)
 	var found *pooledSlots
 	pools.Range(func(k, v any) bool {

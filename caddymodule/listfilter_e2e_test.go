@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
+	"github.com/caddy-batch/caddy-batch/telemetry"
 )
 
 // Batch reads through the legacy API's own LIST filter (docs/list-filter.md),
@@ -170,10 +171,10 @@ func TestListFilterFailures(t *testing.T) {
 			tt.fault.Method, tt.fault.Path = "GET", "/api/widgets"
 			api.Inject(tt.fault)
 			g := startGateway(t, api, listSite(`list_filter "id={id}"`))
-			before := countedWhere(metrics.listFallbacks, "reason", tt.reason)
+			before := countedWhere(telemetry.Metrics.ListFallbacks, "reason", tt.reason)
 			b := checkEnvelope(t, g.do(t, "GET", "/api/widgets?ids=1,2,3,4", nil), 200, "succeeded")
 			checkItems(t, b, 4)
-			if n := countedWhere(metrics.listFallbacks, "reason", tt.reason) - before; n != 1 {
+			if n := countedWhere(telemetry.Metrics.ListFallbacks, "reason", tt.reason) - before; n != 1 {
 				t.Errorf("caddy_http_batch_list_fallbacks_total{reason=%q} grew by %v, want 1", tt.reason, n)
 			}
 			warned := false

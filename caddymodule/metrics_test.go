@@ -3,19 +3,18 @@ package caddymodule
 import (
 	"bytes"
 	"fmt"
-	"maps"
 	"net/http"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
+	"github.com/caddy-batch/caddy-batch/telemetry"
 )
 
 // scrape reads the gateway's /metrics (Caddy's own metrics handler, so
@@ -302,7 +301,7 @@ func TestMetricsLockConflicts(t *testing.T) {
 	}
 
 	after := g.scrape(t)
-	for _, request := range []string{lockBySingle, lockByBatch} {
+	for _, request := range []string{telemetry.LockBySingle, telemetry.LockByBatch} {
 		if got := conflicts(after, request) - conflicts(before, request); got != 1 {
 			t.Errorf("conflicts of %s requests: %v more, want 1", request, got)
 		}
@@ -316,66 +315,4 @@ func TestMetricsLockConflicts(t *testing.T) {
 		t.Errorf("time waited for locks: %s more, want at least the two item_timeouts given up after (%s)", got, 2*timeout)
 	}
 	checkLabels(t, after, "/api/widgets/")
-}
-
-type fakeSlots struct{ inFlight, waiting, cap int }
-
-func (f *fakeSlots) InFlight() int { return f.inFlight }
-func (f *fakeSlots) Waiting() int  { return f.waiting }
-func (f *fakeSlots) Cap() int      { return f.cap }
-
-// TestMetricsSlotGauges: the in-flight and waiting gauges report nothing
-// until a handler's slots are tracked, then their sum, counting slots that
-// the handlers of two configs share once.
-func TestMetricsSlotGauges(t *testing.T) {
-	g := newSlotGauges("caddy", "http_batch")
-	reg := prometheus.NewPedanticRegistry()
-	if err := reg.Register(g); err != nil {
-		t.Fatal(err)
-	}
-	gauges := func() map[string]float64 {
-		t.Helper()
-		mfs, err := reg.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		out := map[string]float64{}
-		for _, mf := range mfs {
-			out[mf.GetName()] = mf.GetMetric()[0].GetGauge().GetValue()
-		}
-		return out
-	}
-	if got := gauges(); len(got) != 0 {
-		t.Errorf("with no slots tracked: %v, want nothing", got)
-	}
-	a, b := &fakeSlots{3, 1, 32}, &fakeSlots{2, 0, 7}
-	untrackA := g.track(a)
-	untrackReloaded := g.track(a) // the next config's handler, same pooled slots
-	untrackB := g.track(b)
-	want := map[string]float64{"caddy_http_batch_subrequests_in_flight": 5, "caddy_http_batch_subrequests_waiting": 1, "caddy_http_batch_in_flight_limit": 39}
-	if got := gauges(); !maps.Equal(got, want) {
-		t.Errorf("gauges %v, want %v", got, want)
-	}
-	untrackA()
-	untrackA() // a Cleanup called twice takes one share only
-	untrackB()
-	want = map[string]float64{"caddy_http_batch_subrequests_in_flight": 3, "caddy_http_batch_subrequests_waiting": 1, "caddy_http_batch_in_flight_limit": 32}
-	if got := gauges(); !maps.Equal(got, want) {
-		t.Errorf("gauges %v, want %v", got, want)
-	}
-	untrackReloaded()
-	if got := gauges(); len(got) != 0 {
-		t.Errorf("with every handler gone: %v, want nothing", got)
-	}
-	// Every batch handler of a config registers the module's metrics on
-	// the config's registry: the second finds them there.
-	reg = prometheus.NewPedanticRegistry()
-	for range 2 {
-		if err := registerMetrics(reg); err != nil {
-			t.Fatalf("registering: %v", err)
-		}
-	}
-	if _, err := reg.Gather(); err != nil {
-		t.Errorf("gathering: %v", err)
-	}
 }

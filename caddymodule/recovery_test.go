@@ -19,8 +19,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/batchapp"
 	"github.com/caddy-batch/caddy-batch/durable"
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
+	"github.com/caddy-batch/caddy-batch/telemetry"
 )
 
 // mortalStorage is a storage that dies with the gateway that uses it:
@@ -161,7 +163,7 @@ func deadSaga(t *testing.T, tc deadSagaCase, api *legacyapi.API, dir, addr strin
 	// As if the client had sent the batch to /v1/..., which the site
 	// rewrites before the batch handler (see recoverySite).
 	origin.Server, origin.Host, origin.URI = "srv0", addr, "/v1"+tc.target
-	j := durable.NewJournals(durableStorage(storage), durable.NewLeases(lease), zap.NewNop()).New(origin)
+	j := durable.NewJournals(batchapp.DurableStorage(storage), durable.NewLeases(lease), zap.NewNop()).New(origin)
 	sender := &dyingSender{
 		next: &directSender{base: srv.URL, client: srv.Client()},
 		nth:  tc.nth, dying: make(chan struct{}), dead: make(chan struct{}),
@@ -213,7 +215,7 @@ func TestRecoverFinishesADeadSaga(t *testing.T) {
 				t.Fatal("the dead saga changed nothing at the upstream")
 			}
 			api.ResetLog()
-			recoveredBefore := counted(metrics.recovered)
+			recoveredBefore := counted(telemetry.Metrics.Recovered)
 			startJournalGatewayAt(t, api, upstream, addr, dir, "lease 1s\n\t\trecovery_interval 100ms", tc.recoverySite())
 
 			time.Sleep(lease / 4)
@@ -229,8 +231,8 @@ func TestRecoverFinishesADeadSaga(t *testing.T) {
 			}
 			// The journal is removed before the recovery is counted and
 			// logged: wait for that too.
-			eventually(t, 5*time.Second, "the recovery to be counted", func() bool { return counted(metrics.recovered)-recoveredBefore >= 1 })
-			if n := counted(metrics.recovered) - recoveredBefore; n != 1 {
+			eventually(t, 5*time.Second, "the recovery to be counted", func() bool { return counted(telemetry.Metrics.Recovered)-recoveredBefore >= 1 })
+			if n := counted(telemetry.Metrics.Recovered) - recoveredBefore; n != 1 {
 				t.Errorf("caddy_http_batch_journals_recovered_total grew by %v, want 1", n)
 			}
 			logged := recoveryLog(t)
@@ -348,7 +350,7 @@ func TestGlobalOptionMistakes(t *testing.T) {
 			t.Errorf("%s: got %v, want %q", tc.block, err, tc.want)
 		}
 	}
-	a := &App{Lease: caddy.Duration(100 * time.Millisecond), RecoveryInterval: caddy.Duration(time.Second)}
+	a := &batchapp.App{Lease: caddy.Duration(100 * time.Millisecond), RecoveryInterval: caddy.Duration(time.Second)}
 	if err := a.Validate(); err == nil || !strings.Contains(err.Error(), "lease 100ms is too short") {
 		t.Errorf("a 100ms lease: %v", err)
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-batch/caddy-batch/batchapp"
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
 	"github.com/caddy-batch/caddy-batch/problem"
 )
@@ -215,11 +216,11 @@ func checkRepairLog(t testing.TB, i int, preimage map[string]any) {
 		t.Errorf("the log line holds pre-images: %v", e["preimages"])
 	}
 	saga, _ := e["saga"].(string)
-	a := operated.Load()
+	a := batchapp.Running()
 	if saga == "" || a == nil {
 		t.Fatalf("the log line names no kept saga: %v", e)
 	}
-	v, err := a.journals.Saga(context.Background(), saga)
+	v, err := a.Journals().Saga(context.Background(), saga)
 	if err != nil {
 		t.Fatalf("the kept saga %s: %v", saga, err)
 	}

@@ -15,6 +15,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
+	"github.com/caddy-batch/caddy-batch/telemetry"
 )
 
 // startAdminGateway is startGateway with Caddy's admin endpoint on, at a
@@ -309,14 +310,14 @@ func TestSagaResolve(t *testing.T) {
 // sagaActions reads the count of an operator's action.
 func sagaActions(action, result string) float64 {
 	var m dto.Metric
-	_ = metrics.sagaActions.WithLabelValues(action, result).Write(&m)
+	_ = telemetry.Metrics.SagaActions.WithLabelValues(action, result).Write(&m)
 	return m.GetCounter().GetValue()
 }
 
 // sagasGauge reads the sagas gauge of a state.
 func sagasGauge(state string) float64 {
 	var m dto.Metric
-	_ = metrics.sagas.WithLabelValues(state).Write(&m)
+	_ = telemetry.Metrics.Sagas.WithLabelValues(state).Write(&m)
 	return m.GetGauge().GetValue()
 }
 

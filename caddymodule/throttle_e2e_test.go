@@ -8,6 +8,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
+	"github.com/caddy-batch/caddy-batch/telemetry"
 )
 
 // throttleSite serves the seeded API's resources one item at a time, so
@@ -163,6 +164,6 @@ func TestThrottleHoldsTheClientE2E(t *testing.T) {
 // throttledWaits reads caddy_http_batch_throttled_total of resource.
 func throttledWaits(resource string) float64 {
 	var m dto.Metric
-	_ = metrics.throttled.WithLabelValues(resource).Write(&m)
+	_ = telemetry.Metrics.Throttled.WithLabelValues(resource).Write(&m)
 	return m.GetCounter().GetValue()
 }
