@@ -1,8 +1,10 @@
 package e2e
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"reflect"
 	"regexp"
@@ -255,4 +257,35 @@ func heldUntilReleased(f legacyapi.Fault) (held legacyapi.Fault, release func())
 	ch := make(chan struct{})
 	f.Delay, f.Until = 0, ch
 	return f, sync.OnceFunc(func() { close(ch) })
+}
+
+// send is g.do for goroutines other than the test's: it reports errors
+// instead of failing the test.
+func send(client *http.Client, base, method, path, body string) (response, error) {
+	return sendHeader(client, base, method, path, body, nil)
+}
+
+// sendHeader is send with header added to the request.
+func sendHeader(client *http.Client, base, method, path, body string, header http.Header) (response, error) {
+	var reader io.Reader
+	if body != "" {
+		reader = bytes.NewReader([]byte(body))
+	}
+	req, err := http.NewRequest(method, base+path, reader)
+	if err != nil {
+		return response{}, err
+	}
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return response{}, err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	return response{Status: resp.StatusCode, Header: resp.Header, Body: raw}, err
 }
