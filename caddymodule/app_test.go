@@ -13,6 +13,7 @@ import (
 // what it cannot use, and that the app refuses a lease too short to be
 // renewed.
 func TestGlobalOptionMistakes(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ block, want string }{
 		{"lease", "lease takes a duration"},
 		{"lease soon", `lease takes a positive duration such as 10s, not "soon"`},

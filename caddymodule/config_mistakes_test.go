@@ -363,6 +363,7 @@ func TestConfigMistakes(t *testing.T) {
 // TestCaddyfileEveryMistake checks that a Caddyfile with several
 // mistakes gets them all, each at its own line.
 func TestCaddyfileEveryMistake(t *testing.T) {
+	t.Parallel()
 	config := strings.Join([]string{
 		":8080 {",
 		"	batch {",

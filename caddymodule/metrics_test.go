@@ -17,6 +17,7 @@ func (f *fakeSlots) Cap() int      { return f.cap }
 // until a handler's slots are tracked, then their sum, counting slots that
 // the handlers of two configs share once.
 func TestMetricsSlotGauges(t *testing.T) {
+	t.Parallel()
 	g := newSlotGauges("caddy", "http_batch")
 	reg := prometheus.NewPedanticRegistry()
 	if err := reg.Register(g); err != nil {

@@ -108,6 +108,7 @@ func writeDocument(t testing.TB, dir, name, doc string) string {
 // publish path inside a resource, fail caddy adapt at the openapi
 // line, naming the file, the JSON pointer and what to do.
 func TestOpenAPIConfigErrors(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	notOpenAPI := writeDocument(t, dir, "notes.yaml", "title: my notes\n")
 	odd := writeDocument(t, dir, "odd.yaml", "openapi: 3.1.0\ninfo: {title: x, version: '1'}\npaths:\n  /files/{name}.json:\n    get:\n      parameters:\n        - {name: name, in: path, required: true, schema: {type: string}}\n      responses:\n        '200': {description: ok}\n")
@@ -142,6 +143,7 @@ func TestOpenAPIConfigErrors(t *testing.T) {
 // Caddyfile's directory's, and the document's hash is in the config, so
 // that editing only the document changes the adapted config.
 func TestOpenAPIFileBesideTheCaddyfile(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	writeDocument(t, dir, "legacy.yaml", widgetsDocument)
 	caddyfile := filepath.Join(dir, "Caddyfile")
@@ -167,6 +169,7 @@ func TestOpenAPIFileBesideTheCaddyfile(t *testing.T) {
 // max_in_flight share slots only when they serve the same resources,
 // imported ones included.
 func TestOpenAPISlotsKeyCountsImportedResources(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	a := writeDocument(t, dir, "a.yaml", widgetsDocument)
 	b := writeDocument(t, dir, "b.yaml", strings.Replace(widgetsDocument, "/gizmos", "/gadgets", -1))

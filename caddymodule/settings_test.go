@@ -15,6 +15,7 @@ import (
 // TestSettingsInheritance checks that defaults, handler options and
 // resource options stack as documented.
 func TestSettingsInheritance(t *testing.T) {
+	t.Parallel()
 	var h Handler
 	raw := `{
 		"atomicity": "partial",
@@ -80,6 +81,7 @@ func TestSettingsInheritance(t *testing.T) {
 // TestListFilterReachesThePolicy: a list_filter block, in a Caddyfile or
 // in JSON, is the resource's list filter, with its defaults.
 func TestListFilterReachesThePolicy(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		block     []string
 		query     string
@@ -114,6 +116,7 @@ func TestListFilterReachesThePolicy(t *testing.T) {
 // inherited and overridden as every resource option; max_in_flight auto
 // takes its bounds, or 4 and 32.
 func TestAdaptiveOptionsReachThePolicy(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		raw      string
 		wait     map[string]time.Duration

@@ -22,6 +22,7 @@ import (
 // (docs/durability.md, "Clusters"), on the file system storage and on
 // Redis. It builds cmd/caddy once, so it is skipped under -short.
 func TestCluster(t *testing.T) {
+	t.Parallel()
 	bin := caddyBinary(t)
 
 	storages := []struct{ name, option string }{
@@ -60,6 +61,7 @@ func TestCluster(t *testing.T) {
 // the other: writers on different instances must not interleave with a
 // saga either.
 func TestClusterOverlappingWritersSerialize(t *testing.T) {
+	t.Parallel()
 	const clients, nIDs = 16, 6
 	bin := caddyBinary(t)
 	host, port, prefix := redisServer(t)
@@ -223,6 +225,7 @@ func tail(s string, n int) string {
 // other, and two envelopes that share an item, one on each, never
 // interleave.
 func TestClusterEnvelope(t *testing.T) {
+	t.Parallel()
 	bin := caddyBinary(t)
 	host, port, prefix := redisServer(t)
 	api := shopAPI()

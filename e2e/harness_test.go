@@ -18,6 +18,9 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
+	// The module under test, registered as a Caddy built with it has it.
+	_ "github.com/caddy-batch/caddy-batch"
+
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
 )
 

@@ -337,6 +337,7 @@ func checkRecovered(t *testing.T, api *legacyapi.API, before map[string]map[stri
 // except a plain create in flight, whose id no one can learn (at most
 // concurrency of them, each named in the ERROR line).
 func TestJournalKillAndRestart(t *testing.T) {
+	t.Parallel()
 	bin := caddyBinary(t)
 	for _, tc := range killCases() {
 		t.Run(tc.name, func(t *testing.T) {
@@ -368,6 +369,7 @@ func TestJournalKillAndRestart(t *testing.T) {
 // cluster, and kills the one running a batch: the other, never
 // restarted, finishes the saga once the dead one's lease lapses.
 func TestJournalKillOneOfTwo(t *testing.T) {
+	t.Parallel()
 	bin := caddyBinary(t)
 	tc := killCaseNamed("update")
 	api := killAPI(false)
@@ -392,6 +394,7 @@ func TestJournalKillOneOfTwo(t *testing.T) {
 // with every item updated, never half, and no journal is left for a
 // recovery to find.
 func TestJournalGracefulStop(t *testing.T) {
+	t.Parallel()
 	bin := caddyBinary(t)
 	tc := killCaseNamed("update")
 	api := killAPI(false)
@@ -454,6 +457,7 @@ func TestJournalGracefulStop(t *testing.T) {
 // (docs/envelope.md, "As for batches"), and log the recovery as the
 // envelope's.
 func TestEnvelopeKilled(t *testing.T) {
+	t.Parallel()
 	bin := caddyBinary(t)
 	envelope := strings.TrimSuffix(userWithPostsEnvelope, "\n]}") + `,
 	{"id": "m", "method": "PATCH", "url": "/api/users/2", "body": {"name": "renamed"}, "depends_on": ["p1", "p2"]}

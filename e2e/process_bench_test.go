@@ -126,6 +126,7 @@ func processCPUOf(tb testing.TB, pid int) time.Duration {
 // TestProcessCPUOf holds /proc's count of this process's CPU time to
 // getrusage's, after enough work to move both.
 func TestProcessCPUOf(t *testing.T) {
+	t.Parallel()
 	if runtime.GOOS != "linux" {
 		t.Skip("reads /proc")
 	}

@@ -83,6 +83,7 @@ func killMidDelete(t *testing.T, p *caddyProcess, addr string, api *legacyapi.AP
 // retry finishes it. A saga recovered after kill -9 that leaves items
 // behind is kept, and the recovery's ERROR line holds no pre-image.
 func TestSagaStuckAndRecoveredKept(t *testing.T) {
+	t.Parallel()
 	bin := caddyBinary(t)
 	api := legacyapi.New(legacyapi.Collection{Path: "/api/widgets", Seed: records("w", 1, 10)},
 		legacyapi.Collection{Path: "/api/gadgets", Seed: records("g", 1, 3)})
@@ -172,6 +173,7 @@ func loadConfig(t *testing.T, g *gateway, caddyfile string) {
 // other's admin endpoint, and of two retries at once (one on each
 // instance) one runs and the other is 409.
 func TestSagaClusterOperations(t *testing.T) {
+	t.Parallel()
 	bin := caddyBinary(t)
 	api := seededAPI()
 	upstream := newUpstream(t, api)

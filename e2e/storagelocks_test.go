@@ -25,6 +25,7 @@ type noTryLock struct{ certmagic.Storage }
 // exclude each other, release, and time out with ErrLocked; with TryLock
 // and without.
 func TestStorageLocksFileSystem(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	t.Run("TryLock", func(t *testing.T) {
 		testStorageLocksExclude(t, &certmagic.FileStorage{Path: dir}, &certmagic.FileStorage{Path: dir})
