@@ -1,3 +1,9 @@
+// Package e2e holds the end-to-end tests of the module: every test that
+// starts a Caddy, in the test process or as the built cmd/caddy, in front
+// of the fake legacy API (internal/legacyapi). It sees the module from
+// outside, as an operator and a client do: its Caddyfile and JSON config,
+// the admin endpoint, the metrics of the running config, the storage and
+// the logs. The unit tests sit beside their code and start no Caddy.
 package e2e
 
 import (
