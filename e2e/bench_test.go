@@ -24,7 +24,7 @@ import (
 // Caddy, in one run, against the same upstream. Each op is 100 items;
 // ns/item is ns/op divided by 100. Compare with benchstat:
 //
-//	go test -run '^$' -bench Get100 -benchmem -count 10 ./caddymodule | tee bench.txt
+//	go test -run '^$' -bench Get100 -benchmem -count 10 ./e2e | tee bench.txt
 //	benchstat -col /path bench.txt
 //
 // Client, Caddy and upstream share the process; their goroutines carry the
@@ -244,7 +244,7 @@ func (m *itemMeter) report(b *testing.B) {
 // single GETs through a plain reverse_proxy, in one Caddy, in one run.
 // items/s is what the clients received in all, per second.
 //
-//	go test -run '^$' -bench Get10Throughput -count 8 ./caddymodule | tee throughput.txt
+//	go test -run '^$' -bench Get10Throughput -count 8 ./e2e | tee throughput.txt
 //	benchstat -col /path throughput.txt
 func BenchmarkGet10Throughput(b *testing.B) {
 	const clients, batchSize = 16, 10
@@ -300,7 +300,7 @@ func processCPU(b testing.TB) time.Duration {
 // is 100 / 10 × 20 ms = 200 ms, and the metric x-floor says how far above
 // it the gateway's own work puts the answer.
 //
-//	go test -run '^$' -bench Get100Latency -count 5 ./caddymodule
+//	go test -run '^$' -bench Get100Latency -count 5 ./e2e
 func BenchmarkGet100Latency(b *testing.B) {
 	const delay, concurrency, n = 20 * time.Millisecond, 10, 100 // n: the ids of get100BatchURL
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -20,7 +20,7 @@ import (
 // commandstats, cpu-ms/s from the process's rusage. It needs
 // redis-server, and fills Redis with up to 50,000 records first:
 //
-//	go test -run '^$' -bench IdleCluster -benchtime 20x ./caddymodule
+//	go test -run '^$' -bench IdleCluster -benchtime 20x ./e2e
 func BenchmarkIdleCluster(b *testing.B) {
 	if !hasRedisServer() {
 		b.Skip("redis-server is not installed")
@@ -59,7 +59,7 @@ func BenchmarkIdleCluster(b *testing.B) {
 // records kept must not slow a batch down (docs/performance.md, "An idle
 // cluster").
 //
-//	go test -run '^$' -bench KeyedBatchWithRecordsKept -benchtime 200x ./caddymodule
+//	go test -run '^$' -bench KeyedBatchWithRecordsKept -benchtime 200x ./e2e
 func BenchmarkKeyedBatchWithRecordsKept(b *testing.B) {
 	if !hasRedisServer() {
 		b.Skip("redis-server is not installed")

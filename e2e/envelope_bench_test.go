@@ -30,7 +30,7 @@ import (
 // does. The journal is off: its cost is BenchmarkCreate100Journal's to
 // measure.
 //
-//	go test -run '^$' -bench Envelope10 -benchmem -count 8 ./caddymodule > envelope.txt
+//	go test -run '^$' -bench Envelope10 -benchmem -count 8 ./e2e > envelope.txt
 //	benchstat -col /path envelope.txt
 func BenchmarkEnvelope10(b *testing.B) {
 	if runtime.GOOS != "linux" {

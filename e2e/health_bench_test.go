@@ -35,7 +35,7 @@ import (
 //     max_throttle_wait 0 (the gateway before throttling was honoured)
 //     and the default, 5s.
 //
-//     go test -run '^$' -bench HealthProcess -benchtime 1x ./caddymodule
+//     go test -run '^$' -bench HealthProcess -benchtime 1x ./e2e
 func BenchmarkHealthProcess(b *testing.B) {
 	if runtime.GOOS != "linux" {
 		b.Skip("runs cmd/caddy as a process of its own")

@@ -33,7 +33,7 @@ import (
 //
 // Run:
 //
-//	go test -run '^$' -bench Create100Journal -benchmem -count 10 ./caddymodule | tee journal.txt
+//	go test -run '^$' -bench Create100Journal -benchmem -count 10 ./e2e | tee journal.txt
 //	benchstat -col /journal journal.txt
 func BenchmarkCreate100Journal(b *testing.B) {
 	elems := make([]string, 100)

@@ -27,7 +27,7 @@ import (
 // (B/answer-B), the figure that holding every body a second time (to
 // marshal the answer) shows up in.
 //
-//	go test -run '^$' -bench AnswerAlloc -benchmem -count 6 ./caddymodule
+//	go test -run '^$' -bench AnswerAlloc -benchmem -count 6 ./e2e
 func BenchmarkAnswerAlloc(b *testing.B) {
 	const items, size = 1000, 1 << 10
 	bodies := make(map[string][]byte, items)

@@ -19,7 +19,7 @@ import (
 // process's CPU time (user and system, read from /proc) per item, apart
 // from the client's and the upstream's, which stay in the test process.
 //
-//	go test -run '^$' -bench Get100Process -count 8 ./caddymodule | tee process.txt
+//	go test -run '^$' -bench Get100Process -count 8 ./e2e | tee process.txt
 //	benchstat -col /path process.txt
 //
 // With BATCH_BENCH_CADDY_PROFILE=<file>, it first profiles Caddy through

@@ -23,7 +23,7 @@ import (
 // API. The journal is off: this measures the saga's locks, proofs and
 // undos.
 //
-//	go test -run '^$' -bench Update100 -benchmem -count 10 ./caddymodule | tee update.txt
+//	go test -run '^$' -bench Update100 -benchmem -count 10 ./e2e | tee update.txt
 //	benchstat -col /outcome update.txt
 func BenchmarkUpdate100(b *testing.B) {
 	seed := make([]map[string]any, 100)

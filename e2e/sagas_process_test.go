@@ -133,13 +133,17 @@ func TestSagaStuckAndRecoveredKept(t *testing.T) {
 		kept = listSagas(t, g, "?state=left_behind")
 		return len(kept) == 1
 	})
+	// The saga is kept as its run ends, and the line logged after.
 	var line map[string]any
-	for _, e := range b.entries(t) {
-		if e["level"] == "error" && e["saga"] == kept[0].ID {
-			line = e
+	eventually(t, 10*time.Second, "the recovery's ERROR line", func() bool {
+		for _, e := range b.entries(t) {
+			if e["level"] == "error" && e["saga"] == kept[0].ID {
+				line = e
+			}
 		}
-	}
-	if line == nil || line["show"] != "caddy batch saga "+kept[0].ID || line["preimages"] != nil {
+		return line != nil
+	})
+	if line["show"] != "caddy batch saga "+kept[0].ID || line["preimages"] != nil {
 		t.Errorf("the recovery's ERROR line %v, want it to name the saga and hold no pre-image", line)
 	}
 	raw, _ := json.Marshal(line)
