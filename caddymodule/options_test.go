@@ -15,7 +15,6 @@ import (
 // options table: each option's line there, in the table's order, with
 // each of its forms, and no option the table does not have.
 func TestOptionsTableIsDocumented(t *testing.T) {
-	t.Parallel()
 	f, err := parser.ParseFile(token.NewFileSet(), "caddyfile.go", nil, parser.ParseComments)
 	if err != nil {
 		t.Fatal(err)

@@ -18,7 +18,6 @@ import (
 // answer of the chain (a 4xx, a 503 with no upstream), a request that was
 // never sent (a dial error), or no answer at all.
 func TestAnswer(t *testing.T) {
-	t.Parallel()
 	written := func(status int, body string) *recorder {
 		rec := newRecorder(1 << 10)
 		rec.Header().Set("Content-Type", "application/json")
@@ -96,7 +95,6 @@ func TestAnswer(t *testing.T) {
 // for the log line alike: each row is what a sub-request gets, and
 // whether it tells that the upstream was reached.
 func TestClassify(t *testing.T) {
-	t.Parallel()
 	cut, cancel := context.WithCancel(context.Background())
 	cancel()
 	wrote := newRecorder(1 << 10)
@@ -130,7 +128,6 @@ func TestClassify(t *testing.T) {
 // answer began; forward_auth's request, answered before the upstream's is
 // written, is not a resend.
 func TestResendTrace(t *testing.T) {
-	t.Parallel()
 	tests := []struct {
 		name   string
 		events string // w: a request written, a: an answer began
