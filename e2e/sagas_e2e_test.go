@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"io/fs"
 	"net/http"
@@ -34,6 +35,15 @@ func (g *gateway) reload(t testing.TB, site string) {
 // adminDo sends a request to g's admin endpoint.
 func (g *gateway) adminDo(t testing.TB, method, path string, body any) response {
 	t.Helper()
+	r, err := g.adminTry(method, path, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// adminTry is adminDo for any goroutine: it returns what went wrong.
+func (g *gateway) adminTry(method, path string, body any) (response, error) {
 	var reader io.Reader
 	if body != nil {
 		raw, _ := json.Marshal(body)
@@ -41,18 +51,18 @@ func (g *gateway) adminDo(t testing.TB, method, path string, body any) response 
 	}
 	req, err := http.NewRequest(method, "http://"+g.admin+path, reader)
 	if err != nil {
-		t.Fatal(err)
+		return response{}, err
 	}
 	// A config load restarts the admin endpoint, closing kept-alive
 	// connections under the client: each request has its own.
 	req.Close = true
 	resp, err := g.client.Do(req)
 	if err != nil {
-		t.Fatalf("%s %s: %v", method, path, err)
+		return response{}, fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(resp.Body)
-	return response{Status: resp.StatusCode, Header: resp.Header, Body: raw}
+	return response{Status: resp.StatusCode, Header: resp.Header, Body: raw}, nil
 }
 
 // sagaJSON is a saga as the admin API shows it, in the parts tests read.
