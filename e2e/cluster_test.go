@@ -31,7 +31,9 @@ func TestCluster(t *testing.T) {
 	host, port, prefix := redisServer(t)
 	storages = append(storages, struct{ name, option string }{"redis", redisOption(host, port, prefix)})
 	for _, s := range storages {
+		// Each storage has its own API and instances.
 		t.Run(s.name, func(t *testing.T) {
+			t.Parallel()
 			api := legacyapi.NewRecording(legacyapi.Collection{Path: "/api/widgets", WriteDelay: 500 * time.Millisecond, Seed: records("w", 1, 10)})
 			upstream := newUpstream(t, api)
 			site := `

@@ -340,7 +340,9 @@ func TestJournalKillAndRestart(t *testing.T) {
 	t.Parallel()
 	bin := caddyBinary(t)
 	for _, tc := range killCases() {
+		// Each case has its own API, processes, ports and storage.
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			api := killAPI(tc.keys)
 			if tc.fault != nil {
 				api.Inject(*tc.fault)
