@@ -102,9 +102,9 @@ func writeAnswer(w io.Writer, head any, items []ItemResult) error {
 func appendItemHead(b []byte, it *ItemResult) []byte {
 	b = append(b, `{"index":`...)
 	b = strconv.AppendInt(b, int64(it.Index), 10)
-	if it.Op != "" {
+	if it.OperationID != "" {
 		b = append(b, `,"op":`...)
-		b = appendJSONString(b, it.Op)
+		b = appendJSONString(b, it.OperationID)
 	}
 	if it.Method != "" {
 		b = append(b, `,"method":`...)

@@ -53,7 +53,7 @@ func marshalled(t testing.TB, r *Result) []byte {
 // omitted in the same cases, escaped the same way.
 func TestAnswerAsMarshalled(t *testing.T) {
 	full := ItemResult{
-		Index: 0, Op: "p\u00e9-1", Method: "POST", URL: "/users/7/posts?x=<y>&z=\"", ID: "a<b>&c", Status: 502, Outcome: RollbackFailed,
+		Index: 0, OperationID: "p\u00e9-1", Method: "POST", URL: "/users/7/posts?x=<y>&z=\"", ID: "a<b>&c", Status: 502, Outcome: RollbackFailed,
 		Body:     json.RawMessage(`{"html":"<b>&amp;</b>","line":"` + "\u2028" + `","n":[1,2.5e3,null,true]}`),
 		BodyText: "<html>\u2028é\x7f</html>",
 		Headers:  map[string]string{"Location": "/widgets/1?a=1&b=<2>", "ETag": `"v1"`, "Retry-After": "3"},

@@ -35,8 +35,8 @@ func (sg *saga) keepBody(it *ItemResult, st *itemState, i int) bool {
 	}
 	it.Error = joinReasons(it.Error, fmt.Sprintf(
 		"the batch's answer would pass max_response_size (%d bytes) with this item's body (%s), so the body is left out",
-		sg.s.MaxResponseSize, what))
-	if it.Outcome == Succeeded && sg.tgt(i).op.Writes() && !sg.allOrNothing() {
+		sg.batchSettings.MaxResponseSize, what))
+	if it.Outcome == Succeeded && sg.tgt(i).kind.Writes() && !sg.allOrNothing() {
 		return true
 	}
 	if it.Outcome == Succeeded {
@@ -50,10 +50,8 @@ func (sg *saga) keepBody(it *ItemResult, st *itemState, i int) bool {
 // itself and the later items of a batch GET that name its id again.
 func (sg *saga) copies(i int) int {
 	n := 1
-	// By index, reading first alone: an envelope's other items are being
-	// filled in meanwhile.
 	for j := i + 1; j < len(sg.plan.Items); j++ {
-		if sg.plan.Items[j].first == i {
+		if sg.plan.Items[j].firstWithID == i {
 			n++
 		}
 	}
@@ -65,7 +63,7 @@ func (sg *saga) copies(i int) int {
 func (sg *saga) reserveAnswer(n int64) bool {
 	for {
 		held := sg.answerBytes.Load()
-		if held+n > sg.s.MaxResponseSize {
+		if held+n > sg.batchSettings.MaxResponseSize {
 			return false
 		}
 		if sg.answerBytes.CompareAndSwap(held, held+n) {

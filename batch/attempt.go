@@ -78,7 +78,7 @@ func (sg *saga) send(i int, req *SubRequest, o sendOpts) (*SubResponse, error) {
 		if h.retryAfter != "" {
 			sg.rt.Throttles.hold(sg.rt.Client, resource, h, now)
 		}
-		if !mayResend(sg.set(i).IdempotentUpstream, req, resp, now.Add(delay), o.wait) {
+		if !mayResend(sg.settings(i).IdempotentUpstream, req, resp, now.Add(delay), o.wait) {
 			return resp, err
 		}
 		if sg.rt.Throttles.waited != nil {
@@ -103,7 +103,7 @@ func (sg *saga) acquire(ctx context.Context, resource string, urgent bool) (func
 // throttledFor says whether resp throttles a request of item i within
 // its max_throttle_wait, and for how long.
 func (sg *saga) throttledFor(i int, resp *SubResponse) (time.Duration, bool) {
-	maxWait := sg.set(i).MaxThrottleWait
+	maxWait := sg.settings(i).MaxThrottleWait
 	if maxWait <= 0 {
 		return 0, false
 	}

@@ -22,7 +22,7 @@ import (
 // client: once a batch has failed, the client going away must not leave
 // it half done.
 func (sg *saga) compensate(ctx context.Context) {
-	slots := make(chan struct{}, sg.s.Concurrency)
+	slots := make(chan struct{}, sg.batchSettings.Concurrency)
 	var wg sync.WaitGroup
 	// An envelope's item is undone only once everything that depends on
 	// it is: they started after it ended, so they come before it here.
@@ -61,7 +61,7 @@ func (sg *saga) undone(i int) bool {
 // compensation_timeout, and the backoffs between them. Reads that prove
 // or resolve the undo share it.
 func (sg *saga) budget(i int) time.Duration {
-	s := sg.set(i)
+	s := sg.settings(i)
 	d := time.Duration(s.CompensationRetries+1) * s.CompensationTimeout
 	for attempt := 1; attempt <= s.CompensationRetries; attempt++ {
 		d += sg.backoff(attempt)
@@ -159,7 +159,7 @@ func (sg *saga) alreadyUndone(ctx context.Context, i int) bool {
 	if resp == nil {
 		return false
 	}
-	switch sg.tgt(i).op {
+	switch sg.tgt(i).kind {
 	case policy.OpCreate:
 		return gone(resp.Status)
 	default:
@@ -214,7 +214,7 @@ func (sg *saga) resolve(ctx context.Context, i int) bool {
 // prove and send.
 func (sg *saga) resend(ctx context.Context, i int) (resolved, undo bool) {
 	st := &sg.state[i]
-	if !sg.set(i).IdempotentUpstream || st.sent == nil {
+	if !sg.settings(i).IdempotentUpstream || st.sent == nil {
 		return false, false
 	}
 	_ = sg.transition(ctx, i, PhaseUndoing, st.sent, nil)
@@ -226,7 +226,7 @@ func (sg *saga) resend(ctx context.Context, i int) (resolved, undo bool) {
 		sg.notApplied(ctx, i, fmt.Sprintf("sent again with the same Idempotency-Key, it was answered %d: it did not take effect", resp.Status))
 		return true, false
 	}
-	create := sg.tgt(i).op == policy.OpCreate
+	create := sg.tgt(i).kind == policy.OpCreate
 	_ = sg.transition(ctx, i, PhaseAnswered, nil, func(it *ItemResult, st *itemState) {
 		if create {
 			var named ItemResult
@@ -250,7 +250,7 @@ func (sg *saga) resend(ctx context.Context, i int) (resolved, undo bool) {
 func (sg *saga) resolveByRead(ctx context.Context, i int, resp *SubResponse) bool {
 	st, t, id := &sg.state[i], sg.tgt(i), sg.items[i].ID
 	sg.found(i, resp)
-	switch t.op {
+	switch t.kind {
 	case policy.OpUpdate:
 		expect := sg.updated(i, st)
 		switch {
@@ -287,7 +287,7 @@ func (sg *saga) resolveByRead(ctx context.Context, i int, resp *SubResponse) boo
 			// Only the element named this id: the upstream may have
 			// ignored it and created the item under an id of its own.
 			st.noUndo = fmt.Sprintf("nothing is at id %q, which only the element named: the upstream may have created the item under an id of its own, so whatever the create made, if anything, is left behind", id)
-		case sg.holds(i, resp.Body, sg.plan.Items[i].Body):
+		case sg.holds(i, resp.Body, st.body):
 			st.undo = &Undo{Method: http.MethodDelete, Path: sg.itemPath(i, id), IfMatch: strongETag(resp.Header)}
 		default:
 			st.noUndo = fmt.Sprintf("an item the batch may not have written is at id %q, so it was left as it is", id)
@@ -359,7 +359,7 @@ func (sg *saga) settle(ctx context.Context, i int, outcome Outcome, reason strin
 // each attempt within compensation_timeout and all within ctx. c, if
 // given, counts the attempts and keeps the last one's status or error.
 func (sg *saga) retrying(ctx context.Context, i int, req *SubRequest, c *Compensation) (*SubResponse, error) {
-	s := sg.set(i)
+	s := sg.settings(i)
 	budget := limit{"the compensation's budget", sg.budget(i)}
 	for attempt := 1; ; attempt++ {
 		resp, err := sg.send(i, req, sendOpts{wait: ctx, ctx: ctx, urgent: true, timeout: limit{"compensation_timeout", s.CompensationTimeout}, parent: budget})

@@ -14,7 +14,7 @@ import (
 func (sg *saga) nameCreated(it *ItemResult, i int, resp *SubResponse) {
 	id, from := sg.createdID(i, resp)
 	if id == "" {
-		id, from = sg.plan.Items[i].ID, "element"
+		id, from = sg.state[i].elementID, "element"
 	}
 	if reason := badID(id); reason != "" {
 		if id != "" {
@@ -37,7 +37,7 @@ func (sg *saga) createdID(i int, resp *SubResponse) (id, from string) {
 	if resp.Status != http.StatusAccepted {
 		var body map[string]json.RawMessage
 		if json.Unmarshal(resp.Body, &body) == nil {
-			if v, ok := idFromJSON(body[t.s.IDField]); ok && v != "" {
+			if v, ok := idFromJSON(body[t.settings.IDField]); ok && v != "" {
 				return v, "body"
 			}
 		}

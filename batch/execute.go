@@ -40,10 +40,10 @@ func (sg *saga) execute(clientCtx, batchCtx context.Context) {
 		}
 	})
 	for i, it := range sg.plan.Items {
-		if it.first != i {
-			first := sg.items[it.first]
+		if it.firstWithID != i {
+			first := sg.items[it.firstWithID]
 			first.Index = i
-			sg.items[i], sg.state[i] = first, sg.state[it.first]
+			sg.items[i], sg.state[i] = first, sg.state[it.firstWithID]
 		}
 	}
 }
@@ -77,7 +77,7 @@ func (sg *saga) fanOut(ctx context.Context, indices []int, stop <-chan struct{},
 		return i, true
 	}
 	var wg sync.WaitGroup
-	for range min(sg.s.Concurrency, len(indices)) {
+	for range min(sg.batchSettings.Concurrency, len(indices)) {
 		wg.Go(func() {
 			workerCtx, cancel := context.WithCancel(ctx)
 			defer cancel()
@@ -95,7 +95,7 @@ func (sg *saga) fanOut(ctx context.Context, indices []int, stop <-chan struct{},
 func (sg *saga) pending() []int {
 	var out []int
 	for i, it := range sg.plan.Items {
-		if it.first == i && !sg.state[i].settled {
+		if it.firstWithID == i && !sg.state[i].settled {
 			out = append(out, i)
 		}
 	}
@@ -109,7 +109,7 @@ func (sg *saga) pending() []int {
 func (sg *saga) executeItem(clientCtx, batchCtx context.Context, i int) bool {
 	t, id := sg.tgt(i), sg.items[i].ID
 	ctx := context.WithoutCancel(clientCtx)
-	if !t.op.Writes() {
+	if !t.kind.Writes() {
 		ctx = batchCtx // a read is cut by the batch's deadline and its client
 	}
 	req := sg.itemRequest(i)
@@ -118,7 +118,7 @@ func (sg *saga) executeItem(clientCtx, batchCtx context.Context, i int) bool {
 		// must not land on their change: 412 is this item's failure.
 		req.Header.Set("If-Match", etag)
 	}
-	if t.op.Writes() && !sg.isSaga() {
+	if t.kind.Writes() && !sg.isSaga() {
 		// A partial batch's write locks its item only while in flight,
 		// as a single write through the gateway does.
 		unlock, ok := sg.lockOne(clientCtx, batchCtx, i, id)
@@ -127,8 +127,8 @@ func (sg *saga) executeItem(clientCtx, batchCtx context.Context, i int) bool {
 		}
 		defer unlock()
 	}
-	o := sendOpts{wait: batchCtx, ctx: ctx, timeout: limit{"item_timeout", t.s.ItemTimeout}, parent: sg.batchLimit()}
-	if t.op.Writes() {
+	o := sendOpts{wait: batchCtx, ctx: ctx, timeout: limit{"item_timeout", t.settings.ItemTimeout}, parent: sg.batchLimit()}
+	if t.kind.Writes() {
 		// req stays as it was sent, for a resend.
 		o.sending = func() error {
 			return sg.transition(ctx, i, PhaseSending, req, func(_ *ItemResult, st *itemState) { st.sent = req })
@@ -167,7 +167,7 @@ func (sg *saga) fail(ctx context.Context, i, status int, reason string, cause er
 // succeeded.
 func (sg *saga) answered(ctx context.Context, i int, req *SubRequest, resp *SubResponse, err error) bool {
 	t := sg.tgt(i)
-	write := t.op.Writes()
+	write := t.kind.Writes()
 	var succeeded bool
 	var ans itemAnswer
 	if resp != nil {
@@ -189,7 +189,7 @@ func (sg *saga) answered(ctx context.Context, i int, req *SubRequest, resp *SubR
 			if write {
 				sg.tookEffect(it, st, i, resp)
 			}
-		case resp.Status == http.StatusNotFound && t.op == policy.OpDelete && t.s.DeleteSemantics == policy.Declarative:
+		case resp.Status == http.StatusNotFound && t.kind == policy.OpDelete && t.settings.DeleteSemantics == policy.Declarative:
 			sg.goneAsDeclared(it, st, i, resp)
 			succeeded = true
 		case write && resp.Resent:
@@ -201,7 +201,7 @@ func (sg *saga) answered(ctx context.Context, i int, req *SubRequest, resp *SubR
 			it.Error = joinReasons(fmt.Sprintf("the upstream answered %d: the request was not carried out at this URL", resp.Status), hint)
 		case write && resp.Status >= 300 && resp.Status < 400:
 			mayHaveTakenEffect(it, st, fmt.Sprintf("the upstream answered the write with a redirect (%d): it may have taken effect", resp.Status))
-			if t.op == policy.OpCreate {
+			if t.kind == policy.OpCreate {
 				sg.nameRedirected(it, st, i, resp)
 			}
 		case write && (resp.Status == http.StatusBadGateway || resp.Status == http.StatusGatewayTimeout):
@@ -219,7 +219,7 @@ func (sg *saga) answered(ctx context.Context, i int, req *SubRequest, resp *SubR
 			succeeded = false
 		}
 	})
-	if id := sg.items[i].ID; t.op == policy.OpCreate && sg.isSaga() && id != "" && sg.state[i].applied {
+	if id := sg.items[i].ID; t.kind == policy.OpCreate && sg.isSaga() && id != "" && sg.state[i].applied {
 		sg.lockCreated(ctx, i, id)
 	}
 	return succeeded
@@ -240,7 +240,7 @@ func (sg *saga) goneAsDeclared(it *ItemResult, st *itemState, i int, resp *SubRe
 // named, and, in a saga, how it is undone.
 func (sg *saga) tookEffect(it *ItemResult, st *itemState, i int, resp *SubResponse) {
 	st.applied = true
-	if sg.tgt(i).op == policy.OpCreate {
+	if sg.tgt(i).kind == policy.OpCreate {
 		sg.nameCreated(it, i, resp)
 	}
 	if sg.isSaga() {
@@ -318,7 +318,7 @@ func silent(err error) *noAnswer {
 // sendItem sends a read of the batch under item_timeout, within the
 // batch's deadline (ctx), its wait for a slot included.
 func (sg *saga) sendItem(ctx context.Context, i int, req *SubRequest) (*SubResponse, error) {
-	resp, err := sg.send(i, req, sendOpts{wait: ctx, ctx: ctx, timeout: limit{"item_timeout", sg.set(i).ItemTimeout}, parent: sg.batchLimit()})
+	resp, err := sg.send(i, req, sendOpts{wait: ctx, ctx: ctx, timeout: limit{"item_timeout", sg.settings(i).ItemTimeout}, parent: sg.batchLimit()})
 	if resp == nil && (errors.Is(err, ErrNoSlot) || errors.Is(err, ErrThrottleWait)) {
 		reason := "no slot of max_in_flight came free within " + sg.batchLimit().String()
 		if errors.Is(err, ErrThrottleWait) {
@@ -329,7 +329,7 @@ func (sg *saga) sendItem(ctx context.Context, i int, req *SubRequest) (*SubRespo
 	return resp, err
 }
 
-func (sg *saga) batchLimit() limit { return limit{"batch_timeout", sg.s.BatchTimeout} }
+func (sg *saga) batchLimit() limit { return limit{"batch_timeout", sg.batchSettings.BatchTimeout} }
 
 // limit is a deadline a request is sent under, named for the client: it
 // is spelled out only when a request runs into it.

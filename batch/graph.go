@@ -24,7 +24,7 @@ func (sg *saga) executeGraph(clientCtx, batchCtx context.Context) {
 	running, halted := 0, false
 	for {
 		halted = halted || clientCtx.Err() != nil || batchCtx.Err() != nil
-		for i := 0; i < n && !halted && running < sg.s.Concurrency; i++ {
+		for i := 0; i < n && !halted && running < sg.batchSettings.Concurrency; i++ {
 			if started[i] {
 				continue
 			}
@@ -60,7 +60,7 @@ func (sg *saga) executeGraph(clientCtx, batchCtx context.Context) {
 // none).
 func (sg *saga) dependencies(i int, ended, succeeded []bool) (ready bool, failed int) {
 	ready = true
-	for _, j := range sg.plan.Items[i].op.deps {
+	for _, j := range sg.plan.Items[i].operation.deps {
 		switch {
 		case !ended[j]:
 			ready = false
@@ -77,7 +77,7 @@ func (sg *saga) notAttempted(ctx context.Context, i, dep int) {
 	_ = sg.transition(ctx, i, PhaseSettled, nil, func(it *ItemResult, st *itemState) {
 		it.clearResponse()
 		it.Status, it.Outcome, st.settled = http.StatusFailedDependency, NotAttempted, true
-		it.Error = fmt.Sprintf("operation %q, which it depends on, did not succeed", sg.plan.Items[dep].op.name)
+		it.Error = fmt.Sprintf("operation %q, which it depends on, did not succeed", sg.plan.Items[dep].operation.id)
 	})
 }
 
@@ -86,17 +86,17 @@ func (sg *saga) notAttempted(ctx context.Context, i, dep int) {
 // and preflights that item as the saga's first steps do for the others;
 // then it sends it as a batch's item. It reports whether it succeeded.
 func (sg *saga) executeOperation(clientCtx, batchCtx context.Context, i int) bool {
-	it, ctx := &sg.plan.Items[i], context.WithoutCancel(clientCtx)
-	late := it.tgt == nil || it.tgt.op == policy.OpCreate && it.ID == "" || it.rewrite
-	if it.tgt == nil || it.op.body != nil {
+	planned, ctx := &sg.plan.Items[i], context.WithoutCancel(clientCtx)
+	late := planned.tgt == nil || planned.tgt.kind == policy.OpCreate && planned.ID == "" || planned.rewrite
+	if planned.tgt == nil || planned.operation.body != nil {
 		if !sg.fill(ctx, i) {
 			return false
 		}
 	}
-	if late && !it.rewrite && !sg.claimWrite(ctx, i) {
+	if late && !planned.rewrite && !sg.claimWrite(ctx, i) {
 		return false
 	}
-	if late && sg.isSaga() && it.tgt.op.Writes() && it.ID != "" {
+	if late && sg.isSaga() && sg.tgt(i).kind.Writes() && sg.items[i].ID != "" {
 		if !sg.lockLate(clientCtx, batchCtx, i) {
 			return false
 		}
@@ -114,8 +114,7 @@ func (sg *saga) executeOperation(clientCtx, batchCtx context.Context, i int) boo
 // front. It settles the operation as failed (400, nothing sent) when it
 // would race one of them.
 func (sg *saga) claimWrite(ctx context.Context, i int) bool {
-	it := &sg.plan.Items[i]
-	key := it.writes()
+	key := writePath(sg.tgt(i), sg.items[i].ID)
 	if key == "" {
 		return true
 	}
@@ -131,7 +130,7 @@ func (sg *saga) claimWrite(ctx context.Context, i int) bool {
 	}
 	sg.mu.Unlock()
 	if race >= 0 {
-		d := sameItem(it.op.name, sg.plan.Items[race].op.name, key)
+		d := sameItem(sg.plan.Items[i].operation.id, sg.plan.Items[race].operation.id, key)
 		sg.fail(ctx, i, http.StatusBadRequest, d.Detail, nil)
 	}
 	return race < 0
@@ -157,10 +156,10 @@ func (sg *saga) lockLate(clientCtx, batchCtx context.Context, i int) bool {
 func (sg *saga) dependents() [][]int {
 	out := make([][]int, len(sg.plan.Items))
 	for j, it := range sg.plan.Items {
-		if it.op == nil {
+		if it.operation == nil {
 			continue
 		}
-		for _, i := range it.op.deps {
+		for _, i := range it.operation.deps {
 			out[i] = append(out[i], j)
 		}
 	}

@@ -46,7 +46,7 @@ func differing(have, want []byte, subset bool, leaveOut []string) (names []strin
 // same reports whether a read of item i is the image want, but for the
 // members the legacy API stamps.
 func (sg *saga) same(i int, have, want []byte) bool {
-	names, ok := differing(have, want, false, sg.set(i).StampedFields)
+	names, ok := differing(have, want, false, sg.settings(i).StampedFields)
 	if !ok {
 		return sameJSON(have, want)
 	}
@@ -65,7 +65,7 @@ func (sg *saga) holds(i int, have, want []byte) bool {
 // stamped members, and the id field, which names the item in the path
 // rather than in what was sent.
 func (sg *saga) leftOut(i int) []string {
-	s := sg.set(i)
+	s := sg.settings(i)
 	return append(slices.Clip(s.StampedFields), s.IDField)
 }
 
@@ -78,7 +78,7 @@ func (sg *saga) leftOut(i int) []string {
 // reason names stamped_fields instead of blaming a writer it has no
 // evidence of.
 func (sg *saga) changedReason(i int, have, want []byte, subset bool, lead string) string {
-	leaveOut := sg.set(i).StampedFields
+	leaveOut := sg.settings(i).StampedFields
 	if subset {
 		leaveOut = sg.leftOut(i)
 	}
@@ -103,7 +103,7 @@ func (sg *saga) changedReason(i int, have, want []byte, subset bool, lead string
 // sentMembers are the members item i's write sent.
 func (sg *saga) sentMembers(i int) []string {
 	var m map[string]json.RawMessage
-	_ = json.Unmarshal(sg.plan.Items[i].Body, &m) // an object, or nothing (a delete)
+	_ = json.Unmarshal(sg.state[i].body, &m) // an object, or nothing (a delete)
 	names := make([]string, 0, len(m))
 	for k := range m {
 		names = append(names, k)

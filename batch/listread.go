@@ -156,7 +156,7 @@ func (sg *saga) idOf(i int, elem []byte) string {
 	if json.Unmarshal(elem, &members) != nil {
 		return ""
 	}
-	s := sg.set(i)
+	s := sg.settings(i)
 	id, ok := idFromJSON(members[s.IDField])
 	if !ok {
 		return ""

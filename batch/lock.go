@@ -56,9 +56,9 @@ func (sg *saga) lock(clientCtx, batchCtx context.Context) bool {
 		return true
 	}
 	var keys []string
-	for i, it := range sg.plan.Items {
-		if it.ID != "" && it.tgt != nil && it.tgt.op.Writes() {
-			keys = append(keys, sg.itemPath(i, it.ID))
+	for i := range sg.items {
+		if key := writePath(sg.tgt(i), sg.items[i].ID); key != "" {
+			keys = append(keys, key)
 		}
 	}
 	slices.Sort(keys)
@@ -86,7 +86,7 @@ func (sg *saga) lockCreated(ctx context.Context, i int, id string) {
 	if sg.rt.Locks == nil || sg.locks.has(key) {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, sg.set(i).ItemTimeout)
+	ctx, cancel := context.WithTimeout(ctx, sg.settings(i).ItemTimeout)
 	defer cancel()
 	if unlock, err := sg.rt.Locks.Lock(ctx, key); err == nil {
 		sg.locks.add(key, unlock)
@@ -101,7 +101,7 @@ func (sg *saga) lockOne(clientCtx, batchCtx context.Context, i int, id string) (
 	if sg.rt.Locks == nil || id == "" {
 		return func() {}, true
 	}
-	key, timeout := sg.itemPath(i, id), sg.set(i).ItemTimeout
+	key, timeout := sg.itemPath(i, id), sg.settings(i).ItemTimeout
 	lockCtx, cancel := context.WithTimeout(batchCtx, timeout)
 	defer cancel()
 	unlock, err := sg.rt.Locks.Lock(lockCtx, key)
@@ -192,5 +192,5 @@ func (sg *saga) refuseItem(ctx context.Context, i int, ref LockRefusal, cause er
 // wait is what a wait for a lock runs under in this batch: its client,
 // its deadline, and itemTimeout when that bounds the wait too (not zero).
 func (sg *saga) wait(clientCtx, batchCtx context.Context, itemTimeout time.Duration) LockWait {
-	return LockWait{Client: clientCtx, Batch: batchCtx, BatchTimeout: sg.s.BatchTimeout, ItemTimeout: itemTimeout}
+	return LockWait{Client: clientCtx, Batch: batchCtx, BatchTimeout: sg.batchSettings.BatchTimeout, ItemTimeout: itemTimeout}
 }

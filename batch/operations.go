@@ -32,10 +32,11 @@ type Envelope struct {
 	Lookup func(escapedPath string) (policy.Match, bool)
 }
 
-// operation is an envelope's operation as the client sent it, with what
-// its references need to fill it in.
-type operation struct {
-	name   string // the client's id of it
+// envelopeOperation is one element of an envelope's "operations", as
+// the client sent it, with what its references need to fill it in. (A
+// policy.Op is what it does: its kind.)
+type envelopeOperation struct {
+	id     string // the client's id of it
 	method string
 	url    string // as the client sent it
 	// segs are the url's path segments, escaped; a segment that is a
@@ -132,13 +133,13 @@ func (p *Plan) orderWrites() *problem.Details {
 	writer := map[string]int{}
 	for i := range p.Items {
 		it := &p.Items[i]
-		key := it.writes()
+		key := writePath(it.tgt, it.ID)
 		if key == "" {
 			continue
 		}
 		if w, ok := writer[key]; ok {
 			if !p.dependsOn(i, w) {
-				return sameItem(it.op.name, p.Items[w].op.name, key)
+				return sameItem(it.operation.id, p.Items[w].operation.id, key)
 			}
 			it.rewrite = true
 		}
@@ -147,13 +148,14 @@ func (p *Plan) orderWrites() *problem.Details {
 	return nil
 }
 
-// writes is the path of the item the operation writes, as its lock names
-// it, when its url names it; "" otherwise.
-func (it *Item) writes() string {
-	if it.tgt == nil || !it.tgt.op.Writes() || it.ID == "" {
+// writePath is the path of item id that a request to t writes, as its
+// lock names it; "" when t does not write, or is not known yet, or the
+// item's id is not.
+func writePath(t *target, id string) string {
+	if t == nil || !t.kind.Writes() || id == "" {
 		return ""
 	}
-	return it.tgt.paths.Path(it.ID)
+	return t.paths.Path(id)
 }
 
 // dependsOn reports whether operation i waits, directly or not, for
@@ -163,7 +165,7 @@ func (p *Plan) dependsOn(i, j int) bool {
 	seen := make([]bool, i+1)
 	var reaches func(k int) bool
 	reaches = func(k int) bool {
-		for _, d := range p.Items[k].op.deps {
+		for _, d := range p.Items[k].operation.deps {
 			if d == j || d > j && !seen[d] && reaches(d) {
 				return true
 			}
@@ -218,13 +220,13 @@ func parseOperation(i int, raw json.RawMessage, names map[string]int, e *Envelop
 	if err := decodeStrict(raw, &ob); err != nil {
 		return Item{}, invalid("operation %d is not valid: %v", i, err)
 	}
-	if !validOpName(ob.ID) {
+	if !validOperationID(ob.ID) {
 		return Item{}, invalid("operation %d: its id %q must be one or more of A-Z, a-z, 0-9, _ and -", i, ob.ID)
 	}
 	if j, dup := names[ob.ID]; dup {
 		return Item{}, invalid("operations %d and %d both have id %q: each operation's id must be unique", j, i, ob.ID)
 	}
-	op := &operation{name: ob.ID, method: ob.Method, url: ob.URL}
+	eo := &envelopeOperation{id: ob.ID, method: ob.Method, url: ob.URL}
 	bad := func(format string, args ...any) (Item, *problem.Details) {
 		return Item{}, invalid("operation %q: %s", ob.ID, fmt.Sprintf(format, args...))
 	}
@@ -232,35 +234,40 @@ func parseOperation(i int, raw json.RawMessage, names map[string]int, e *Envelop
 	if !ok {
 		return bad("the method %q is not an operation's: use GET, PUT, PATCH or DELETE on an item, POST on a collection", ob.Method)
 	}
-	op.kind = kind
-	if prob := op.parseURL(names); prob != nil {
+	eo.kind = kind
+	if prob := eo.parseURL(names); prob != nil {
 		return bad("%s", prob)
 	}
-	m, ok := e.Lookup(op.path())
-	op.query = joinNonEmpty("&", envQuery, op.query)
-	if prob := op.fits(m, ok, a); prob != nil {
+	m, ok := e.Lookup(eo.path())
+	eo.query = joinNonEmpty("&", envQuery, eo.query)
+	if prob := eo.fits(m, ok, a); prob != nil {
 		return Item{}, prob
 	}
-	op.resource = m.Resource
+	eo.resource = m.Resource
 	for _, name := range ob.DependsOn {
 		j, ok := names[name]
 		if !ok {
 			return bad("depends_on names %q, which is no earlier operation: an operation may wait only for those before it", name)
 		}
-		op.deps = append(op.deps, j)
+		eo.deps = append(eo.deps, j)
 	}
-	it := Item{first: i, op: op}
-	if prob := op.parseBody(&it, ob.Body, names); prob != nil {
+	it := Item{firstWithID: i, operation: eo}
+	if prob := eo.parseBody(&it, ob.Body, names); prob != nil {
 		return bad("%s", prob)
 	}
-	op.deps = sortedUnique(op.deps)
+	eo.deps = sortedUnique(eo.deps)
 	names[ob.ID] = i
-	if len(op.refs) == 0 {
+	if len(eo.refs) == 0 {
 		// The url names its item already: it is checked, locked and
 		// preflighted as a batch's would be.
-		if prob := it.target(m); prob != nil {
-			return bad("%s", prob)
+		t, id, err := eo.target(m)
+		if err == nil {
+			id, err = elementID(t, it.Body, id)
 		}
+		if err != nil {
+			return bad("%s", err)
+		}
+		it.tgt, it.ID = t, id
 	}
 	return it, nil
 }
@@ -269,28 +276,28 @@ func parseOperation(i int, raw json.RawMessage, names map[string]int, e *Envelop
 // ok): the kind of path its method goes to, a method the map allows,
 // and, in an all-or-nothing envelope, a query it may carry and an undo
 // the map allows.
-func (op *operation) fits(m policy.Match, ok bool, a policy.Atomicity) *problem.Details {
+func (eo *envelopeOperation) fits(m policy.Match, ok bool, a policy.Atomicity) *problem.Details {
 	bad := func(format string, args ...any) *problem.Details {
-		return invalid("operation %q: %s", op.name, fmt.Sprintf(format, args...))
+		return invalid("operation %q: %s", eo.id, fmt.Sprintf(format, args...))
 	}
 	switch {
 	case !ok:
-		return bad("the url %s matches no resource of this gateway", op.url)
-	case op.kind == policy.OpCreate && m.Item:
-		return bad("POST goes to a collection, and %s is an item of %s", op.url, m.Resource.Collection)
-	case op.kind != policy.OpCreate && !m.Item:
-		return bad("%s goes to an item, and %s is the collection %s", op.method, op.url, m.Resource.Collection)
+		return bad("the url %s matches no resource of this gateway", eo.url)
+	case eo.kind == policy.OpCreate && m.Item:
+		return bad("POST goes to a collection, and %s is an item of %s", eo.url, m.Resource.Collection)
+	case eo.kind != policy.OpCreate && !m.Item:
+		return bad("%s goes to an item, and %s is the collection %s", eo.method, eo.url, m.Resource.Collection)
 	}
-	if method, _ := policy.ParseMethod(op.method); !m.Methods().Has(method) {
+	if method, _ := policy.ParseMethod(eo.method); !m.Methods().Has(method) {
 		d := problem.New(http.StatusMethodNotAllowed, "method-not-allowed",
-			fmt.Sprintf("operation %q: %s is not allowed on %s; allowed: %s", op.name, op.method, op.url, m.Allow()))
+			fmt.Sprintf("operation %q: %s is not allowed on %s; allowed: %s", eo.id, eo.method, eo.url, m.Allow()))
 		return &d
 	}
-	if a == policy.AllOrNothing && op.kind.Writes() {
-		if prob := unscopedParam(op.query, m.Resource.Settings); prob != nil {
+	if a == policy.AllOrNothing && eo.kind.Writes() {
+		if prob := unscopedParam(eo.query, m.Resource.Settings); prob != nil {
 			return bad("%s", prob.Detail)
 		}
-		if missing, how := m.Resource.UndoMissing(op.kind); missing != "" {
+		if missing, how := m.Resource.UndoMissing(eo.kind); missing != "" {
 			return bad("an all-or-nothing envelope undoes it if the envelope fails (%s), and the map of %s does not allow %s: allow it, or send the envelope as partial",
 				how, m.Resource.Collection, missing)
 		}
@@ -300,23 +307,23 @@ func (op *operation) fits(m policy.Match, ok bool, a policy.Atomicity) *problem.
 
 // parseURL takes the url apart: its path's segments, the references
 // among them, and its query.
-func (op *operation) parseURL(names map[string]int) error {
-	if !strings.HasPrefix(op.url, "/") || strings.HasPrefix(op.url, "//") {
-		return fmt.Errorf("the url %q must be a path on this gateway, like /api/users/7", op.url)
+func (eo *envelopeOperation) parseURL(names map[string]int) error {
+	if !strings.HasPrefix(eo.url, "/") || strings.HasPrefix(eo.url, "//") {
+		return fmt.Errorf("the url %q must be a path on this gateway, like /api/users/7", eo.url)
 	}
-	u, err := url.Parse(op.url)
+	u, err := url.Parse(eo.url)
 	switch {
 	case err != nil:
-		return fmt.Errorf("the url %q is not a path and query: %v", op.url, err)
-	case strings.Contains(op.url, "#"):
-		return fmt.Errorf("the url %q has a #: a member of an answer stands in a url segment percent-encoded, as $op%%23%%2Fname for $op#/name", op.url)
+		return fmt.Errorf("the url %q is not a path and query: %v", eo.url, err)
+	case strings.Contains(eo.url, "#"):
+		return fmt.Errorf("the url %q has a #: a member of an answer stands in a url segment percent-encoded, as $op%%23%%2Fname for $op#/name", eo.url)
 	}
-	op.query = u.RawQuery
-	op.segs = strings.Split(u.EscapedPath()[1:], "/")
-	for k, seg := range op.segs {
+	eo.query = u.RawQuery
+	eo.segs = strings.Split(u.EscapedPath()[1:], "/")
+	for k, seg := range eo.segs {
 		text, err := url.PathUnescape(seg)
 		if err != nil {
-			return fmt.Errorf("the url %q is not valid percent-encoding", op.url)
+			return fmt.Errorf("the url %q is not valid percent-encoding", eo.url)
 		}
 		ref, isRef, err := parseReference(text, names)
 		switch {
@@ -325,13 +332,13 @@ func (op *operation) parseURL(names map[string]int) error {
 		case !isRef && text != "" && badID(text) != "":
 			return fmt.Errorf("the url's segment %q %s", text, badID(text))
 		case isRef:
-			if op.refs == nil {
-				op.refs = map[int]reference{}
+			if eo.refs == nil {
+				eo.refs = map[int]reference{}
 			}
-			op.refs[k] = ref
-			op.deps = append(op.deps, ref.op)
+			eo.refs[k] = ref
+			eo.deps = append(eo.deps, ref.operation)
 		case strings.HasPrefix(text, "$$"):
-			op.segs[k] = url.PathEscape(text[1:])
+			eo.segs[k] = url.PathEscape(text[1:])
 		}
 	}
 	return nil
@@ -340,16 +347,16 @@ func (op *operation) parseURL(names map[string]int) error {
 // path is the operation's path, with each reference left as the client
 // wrote it: it matches the resource the filled path will, since a
 // reference stands for a whole segment.
-func (op *operation) path() string {
-	path, _ := op.pathWith(func(ref reference) (string, error) { return ref.text, nil })
+func (eo *envelopeOperation) path() string {
+	path, _ := eo.pathWith(func(ref reference) (string, error) { return ref.text, nil })
 	return path
 }
 
 // pathWith is the operation's path, each reference segment the escaped
 // text fill gives it.
-func (op *operation) pathWith(fill func(reference) (string, error)) (string, error) {
-	segs := slices.Clone(op.segs)
-	for k, ref := range op.refs {
+func (eo *envelopeOperation) pathWith(fill func(reference) (string, error)) (string, error) {
+	segs := slices.Clone(eo.segs)
+	for k, ref := range eo.refs {
 		text, err := fill(ref)
 		if err != nil {
 			return "", err
@@ -360,17 +367,17 @@ func (op *operation) pathWith(fill func(reference) (string, error)) (string, err
 }
 
 // parseBody checks the operation's body, and finds the references in it.
-func (op *operation) parseBody(it *Item, raw json.RawMessage, names map[string]int) error {
+func (eo *envelopeOperation) parseBody(it *Item, raw json.RawMessage, names map[string]int) error {
 	raw = bytes.TrimSpace(raw)
 	hasBody := len(raw) > 0 && string(raw) != "null"
 	switch {
-	case !op.kind.Writes() || op.kind == policy.OpDelete:
+	case !eo.kind.Writes() || eo.kind == policy.OpDelete:
 		if hasBody {
-			return fmt.Errorf("a %s operation has no body", op.method)
+			return fmt.Errorf("a %s operation has no body", eo.method)
 		}
 		return nil
 	case !hasBody:
-		return fmt.Errorf("a %s operation needs a body: a JSON object", op.method)
+		return fmt.Errorf("a %s operation needs a body: a JSON object", eo.method)
 	case jsonKind(raw) != "object":
 		return fmt.Errorf("its body must be a JSON object, not a JSON %s", jsonKind(raw))
 	}
@@ -382,71 +389,71 @@ func (op *operation) parseBody(it *Item, raw json.RawMessage, names map[string]i
 	if err != nil {
 		return err
 	}
-	op.deps = append(op.deps, deps...)
+	eo.deps = append(eo.deps, deps...)
 	filled := len(deps) > 0 || bytes.Contains(raw, []byte(`"$$`))
 	for name := range v.(map[string]any) {
 		it.fields = append(it.fields, name)
 	}
 	if filled {
-		op.body = marked
+		eo.body = marked
 	} else {
 		it.Body = raw
 	}
 	return nil
 }
 
-// target settles where the item's requests go once its url names its
-// item: the item's collection and, for an item, its id (canonical under
-// the resource's id_format). It returns why it cannot.
-func (it *Item) target(m policy.Match) error {
+// target settles where the operation's requests go once its url (matched
+// by m) names its item: the item's collection and, for an item, its id
+// (canonical under the resource's id_format; "" for a create). It returns
+// why it cannot.
+func (eo *envelopeOperation) target(m policy.Match) (*target, string, error) {
 	coll, id := m.CollectionAndID()
-	if m.Item {
-		if reason := badID(id); reason != "" {
-			return fmt.Errorf("its item's id %q %s", id, reason)
-		}
-		canonical, err := m.Resource.Settings.IDFormat.Canonical(id)
-		if err != nil {
-			return err
-		}
-		it.ID = canonical
-	}
-	it.tgt = newTarget(it.op.kind, it.op.method, coll, it.op.query)
-	return it.elementID()
-}
-
-// elementID is the id a create's body names, once the body is known: like
-// a batch create's element's, it is proved free before anything is
-// written.
-func (it *Item) elementID() error {
-	if it.tgt == nil || it.tgt.op != policy.OpCreate || it.Body == nil {
-		return nil
-	}
-	s := it.tgt.s
-	var members map[string]json.RawMessage
-	_ = json.Unmarshal(it.Body, &members) // parseBody checked it is an object
-	raw, ok := members[s.IDField]
-	if !ok || string(raw) == "null" {
-		return nil
-	}
-	id, ok := idFromJSON(raw)
-	if !ok {
-		return fmt.Errorf("its body's %q must be a string or an integer, not a JSON %s", s.IDField, jsonKind(raw))
+	t := newTarget(eo.kind, eo.method, coll, eo.query)
+	if !m.Item {
+		return t, "", nil
 	}
 	if reason := badID(id); reason != "" {
-		return fmt.Errorf("its body's %q, %q, %s", s.IDField, id, reason)
+		return nil, "", fmt.Errorf("its item's id %q %s", id, reason)
 	}
-	canonical, err := s.IDFormat.Canonical(id)
+	canonical, err := m.Resource.Settings.IDFormat.Canonical(id)
 	if err != nil {
-		return fmt.Errorf("its body's %q: %w", s.IDField, err)
+		return nil, "", err
 	}
-	it.ID = canonical
-	return nil
+	return t, canonical, nil
 }
 
-// validOpName reports whether name is an operation id: one or more of
+// elementID is the id of the item a request to t with body writes: for a
+// create whose body names an id (like a batch create's element's, proved
+// free before anything is written), that id, canonical; else id.
+func elementID(t *target, body []byte, id string) (string, error) {
+	if t.kind != policy.OpCreate || body == nil {
+		return id, nil
+	}
+	s := t.settings
+	var members map[string]json.RawMessage
+	_ = json.Unmarshal(body, &members) // parseBody checked it is an object
+	raw, ok := members[s.IDField]
+	if !ok || string(raw) == "null" {
+		return id, nil
+	}
+	named, ok := idFromJSON(raw)
+	if !ok {
+		return "", fmt.Errorf("its body's %q must be a string or an integer, not a JSON %s", s.IDField, jsonKind(raw))
+	}
+	if reason := badID(named); reason != "" {
+		return "", fmt.Errorf("its body's %q, %q, %s", s.IDField, named, reason)
+	}
+	canonical, err := s.IDFormat.Canonical(named)
+	if err != nil {
+		return "", fmt.Errorf("its body's %q: %w", s.IDField, err)
+	}
+	return canonical, nil
+}
+
+// validOperationID reports whether name is an operation id: one or more of
 // A-Z, a-z, 0-9, _ and -, so that it can stand in a url segment and a
 // JSON string as a reference without escaping.
-func validOpName(name string) bool {
+func validOperationID(name string) bool {
 	if name == "" {
 		return false
 	}

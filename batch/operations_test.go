@@ -627,7 +627,7 @@ func FuzzAdmitEnvelope(f *testing.F) {
 			t.Fatalf("%d operations (max_items %d)", len(p.Items), fuzzMaxItems)
 		}
 		for i, it := range p.Items {
-			for _, j := range it.op.deps {
+			for _, j := range it.operation.deps {
 				if j >= i {
 					t.Fatalf("operation %d depends on %d, which is not earlier", i, j)
 				}
@@ -636,15 +636,15 @@ func FuzzAdmitEnvelope(f *testing.F) {
 				continue
 			}
 			path := it.tgt.collectionPath
-			if it.tgt.op != policy.OpCreate {
+			if it.tgt.kind != policy.OpCreate {
 				if reason := badID(it.ID); reason != "" {
 					t.Fatalf("operation %d: id %q was accepted, but %s", i, it.ID, reason)
 				}
 				path = it.tgt.paths.Path(it.ID)
 			}
 			m, ok := e.Lookup(path)
-			if !ok || m.Resource != it.op.resource || m.Item != (it.tgt.op != policy.OpCreate) {
-				t.Fatalf("operation %d goes to %s, which is not the %s it was admitted for", i, path, it.op.resource.Collection)
+			if !ok || m.Resource != it.operation.resource || m.Item != (it.tgt.kind != policy.OpCreate) {
+				t.Fatalf("operation %d goes to %s, which is not the %s it was admitted for", i, path, it.operation.resource.Collection)
 			}
 		}
 	})

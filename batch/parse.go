@@ -21,9 +21,14 @@ import (
 
 // Plan is a batch that passed every input rule, ready to run: nothing in
 // it can make a sub-request go anywhere but an item of its collection (or,
-// for an envelope, of the handler's resources).
+// for an envelope, of the handler's resources). It stays as it was
+// admitted: a run keeps what it learns (filled references, targets,
+// created ids, bodies as sent) in its own state and its Result, so a
+// plan may be read or snapshotted while it runs, and run again.
 type Plan struct {
-	// Op is the batch's operation, or policy.OpEnvelope.
+	// Op is the batch's operation; for an envelope, policy.OpEnvelope,
+	// the name it is journaled, counted and logged under (what it does is
+	// its operations' kinds: Writes).
 	Op policy.Op
 	// Match is the batch's collection; an envelope's is its own path,
 	// which matches no resource.
@@ -61,22 +66,25 @@ func (p *Plan) BodyDigest() []byte {
 // Item is one element of a batch.
 type Item struct {
 	// ID is the item's id; for a create, the element's own id field if it
-	// has one, else empty until the upstream names the created item.
+	// has one, else empty (the run's Result names the created item). An
+	// envelope's operation whose url or body holds references has the id
+	// they give only in the run's Result.
 	ID string
 	// Body is a create's element as the client sent it, or an update's
-	// element without its id field.
+	// element without its id field; an envelope's operation's body, or nil
+	// when it holds references (the run sends them filled in).
 	Body []byte
 	// fields are an update's member names, whose old values a PATCH
 	// restore puts back.
 	fields []string
-	// first is the index of the first item with the same id: a batch GET
-	// fetches a repeated id once.
-	first int
+	// firstWithID is the index of the first item with the same id (its
+	// own when none is before it): a batch GET fetches a repeated id once.
+	firstWithID int
 	// tgt is where the item's requests go; nil for an envelope's
-	// operation until its references are filled.
+	// operation whose url holds references (the run finds its target).
 	tgt *target
-	// op is the envelope's operation the item is; nil in a batch.
-	op *operation
+	// operation is the envelope's operation the item is; nil in a batch.
+	operation *envelopeOperation
 	// rewrite marks an envelope's operation that writes an item an
 	// earlier one wrote: its pre-image is read just before its write.
 	rewrite bool
@@ -216,12 +224,12 @@ func itemsFromIDs(ids []string, op policy.Op, format policy.IDFormat) ([]Item, *
 		if prob != nil {
 			return nil, prob
 		}
-		items[i] = Item{ID: id, first: i}
+		items[i] = Item{ID: id, firstWithID: i}
 		if j, dup := seen[id]; dup {
 			if op != policy.OpGet {
 				return nil, invalid("items %d and %d both have id %q: each id may appear once in a batch %s", j, i, id, op)
 			}
-			items[i].first = j
+			items[i].firstWithID = j
 			continue
 		}
 		seen[id] = i
@@ -365,7 +373,7 @@ func itemsFromElements(elems []json.RawMessage, op policy.Op, s policy.Settings)
 		if err := json.Unmarshal(elem, &members); err != nil {
 			return nil, invalid("item %d: %v", i, err)
 		}
-		it := Item{Body: elem, first: i}
+		it := Item{Body: elem, firstWithID: i}
 		rawID, hasID := members[idField]
 		if hasID && string(rawID) == "null" {
 			hasID = false

@@ -20,7 +20,7 @@ import (
 func (sg *saga) preflight(ctx context.Context) bool {
 	var targets []int
 	for _, i := range sg.pending() {
-		if it := &sg.plan.Items[i]; it.tgt != nil && !it.rewrite && sg.items[i].ID != "" && sg.preflightRead(i) != nil {
+		if sg.tgt(i) != nil && !sg.plan.Items[i].rewrite && sg.items[i].ID != "" && sg.preflightRead(i) != nil {
 			targets = append(targets, i)
 		}
 	}
@@ -55,7 +55,7 @@ func (sg *saga) preflight(ctx context.Context) bool {
 // prove it free (absence from a LIST proves nothing: each id is read
 // alone); nil for a read, which needs none.
 func (sg *saga) preflightRead(i int) func(ctx context.Context, i int) bool {
-	switch sg.tgt(i).op {
+	switch sg.tgt(i).kind {
 	case policy.OpUpdate, policy.OpDelete:
 		return sg.readPreimage
 	case policy.OpCreate:
@@ -68,7 +68,7 @@ func (sg *saga) readPreimage(ctx context.Context, i int) bool {
 	req := sg.read(i, sg.items[i].ID)
 	resp, err := sg.sendItem(ctx, i, req)
 	t := sg.tgt(i)
-	declarative := t.op == policy.OpDelete && t.s.DeleteSemantics == policy.Declarative
+	declarative := t.kind == policy.OpDelete && t.settings.DeleteSemantics == policy.Declarative
 	ok := true
 	var ans itemAnswer
 	if resp != nil {

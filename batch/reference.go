@@ -10,14 +10,15 @@ import (
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
-// reference is "$<op>" (the id of the item operation op created or
-// named) or "$<op>#<JSON pointer>" (that member of its answer's body,
-// with its JSON type), in an envelope's url segment or body string.
+// reference is "$<id>" (the id of the item that the operation with that
+// id created or named) or "$<id>#<JSON pointer>" (that member of its
+// answer's body, with its JSON type), in an envelope's url segment or body
+// string.
 type reference struct {
-	op      int
-	member  bool     // "#" was given: a member of the answer, not the id
-	pointer []string // the member's pointer, parsed
-	text    string   // as the client wrote it
+	operation int      // the index of the operation it names
+	member    bool     // "#" was given: a member of the answer, not the id
+	pointer   []string // the member's pointer, parsed
+	text      string   // as the client wrote it
 }
 
 // parseReference reads a url segment or a body string. A string that
@@ -29,14 +30,14 @@ func parseReference(s string, names map[string]int) (reference, bool, error) {
 		return reference{}, false, nil
 	}
 	name, pointer, member := strings.Cut(s[1:], "#")
-	if !validOpName(name) {
+	if !validOperationID(name) {
 		return reference{}, false, nil
 	}
 	j, ok := names[name]
 	if !ok {
 		return reference{}, false, fmt.Errorf("names %q, which is no earlier operation: a reference may name only an operation before it (write $$ for a string that starts with $)", name)
 	}
-	ref := reference{op: j, member: member, text: s}
+	ref := reference{operation: j, member: member, text: s}
 	if member {
 		var err error
 		if ref.pointer, err = policy.ParsePointer(pointer); err != nil {
@@ -64,7 +65,7 @@ func markReferences(v any, names map[string]int) (any, []int, error) {
 		case err != nil:
 			return nil, fmt.Errorf("its body's string %q %w", s, err)
 		case isRef:
-			deps = append(deps, ref.op)
+			deps = append(deps, ref.operation)
 			return ref, nil
 		}
 		return s, nil
@@ -96,37 +97,49 @@ func rebuild(v any, leaf func(any) (any, error)) (out any, err error) {
 	return leaf(v)
 }
 
-// fill puts into operation i what the operations it references did: ids
-// and members into its url and body. It settles the item as failed (400,
-// nothing sent) when a reference cannot be filled, and reports whether it
-// could. Everything it references has succeeded: it runs only then.
+// fill makes of operation i what the operations it references did: ids
+// and members in its url and body, which give its target, its item's id
+// and the body it sends. They go into the run's state (itemState, the
+// item's ItemResult), never into the plan. It settles the item as failed
+// (400, nothing sent) when a reference cannot be filled, and reports
+// whether it could. Everything it references has succeeded: it runs only
+// then, on the operation's own goroutine.
 func (sg *saga) fill(ctx context.Context, i int) bool {
-	it := &sg.plan.Items[i]
-	err := sg.fillURL(it)
-	if err == nil && it.op.body != nil {
+	planned := &sg.plan.Items[i]
+	eo := planned.operation
+	t, id, body := planned.tgt, planned.ID, planned.Body
+	var err error
+	if len(eo.refs) > 0 {
+		t, id, err = sg.fillURL(eo)
+	}
+	if err == nil && eo.body != nil {
 		var v any
-		if v, err = sg.fillValue(it.op.body); err == nil {
-			it.Body, _ = json.Marshal(v) // decoded JSON always encodes
-			err = it.elementID()
+		if v, err = sg.fillValue(eo.body); err == nil {
+			body, _ = json.Marshal(v) // decoded JSON always encodes
 		}
 	}
+	if err == nil {
+		id, err = elementID(t, body, id)
+	}
 	if err != nil {
-		sg.fail(ctx, i, http.StatusBadRequest, fmt.Sprintf("operation %q could not be filled in: %v", it.op.name, err), nil)
+		sg.fail(ctx, i, http.StatusBadRequest, fmt.Sprintf("operation %q could not be filled in: %v", eo.id, err), nil)
 		return false
 	}
 	sg.mu.Lock()
-	sg.items[i].ID, sg.items[i].URL = it.ID, it.sentURL()
+	st := &sg.state[i]
+	st.tgt, st.body = t, body
+	if t.kind == policy.OpCreate {
+		st.elementID = id
+	}
+	sg.items[i].ID, sg.items[i].URL = id, eo.sentURL(t, id)
 	sg.mu.Unlock()
 	return true
 }
 
-// fillURL fills the references of the item's url, and finds its target.
-func (sg *saga) fillURL(it *Item) error {
-	op := it.op
-	if len(op.refs) == 0 {
-		return nil
-	}
-	path, err := op.pathWith(func(ref reference) (string, error) {
+// fillURL fills the references of the operation's url: it returns its
+// target and its item's id, as target does.
+func (sg *saga) fillURL(eo *envelopeOperation) (*target, string, error) {
+	path, err := eo.pathWith(func(ref reference) (string, error) {
 		text, err := sg.refText(ref)
 		if err == nil && badID(text) != "" {
 			err = fmt.Errorf("%s is %q, which %s", ref.text, text, badID(text))
@@ -134,13 +147,13 @@ func (sg *saga) fillURL(it *Item) error {
 		return text, err
 	})
 	if err != nil {
-		return err
+		return nil, "", err
 	}
 	m, ok := sg.plan.lookup(path)
-	if !ok || m.Resource != op.resource || m.Item != (op.kind != policy.OpCreate) {
-		return fmt.Errorf("its filled url %s is no longer a path of %s", path, op.resource.Collection)
+	if !ok || m.Resource != eo.resource || m.Item != (eo.kind != policy.OpCreate) {
+		return nil, "", fmt.Errorf("its filled url %s is no longer a path of %s", path, eo.resource.Collection)
 	}
-	return it.target(m)
+	return eo.target(m)
 }
 
 // refText is what a reference in a url segment stands for: an id, or a
@@ -160,20 +173,22 @@ func (sg *saga) refText(ref reference) (string, error) {
 // refValue is the JSON a reference stands for: the id of the operation's
 // item as a string, or the member of its answer's body.
 func (sg *saga) refValue(ref reference) (json.RawMessage, error) {
-	done := &sg.items[ref.op]
+	// The operation referenced ended before this one started: the graph
+	// waits for it.
+	done := &sg.items[ref.operation]
 	if !ref.member {
 		if done.ID == "" {
-			return nil, fmt.Errorf("%s names operation %q, whose item's id is not known", ref.text, done.Op)
+			return nil, fmt.Errorf("%s names operation %q, whose item's id is not known", ref.text, done.OperationID)
 		}
 		b, _ := json.Marshal(done.ID)
 		return b, nil
 	}
 	if done.Body == nil {
-		return nil, fmt.Errorf("%s names a member of operation %q's answer, which has no JSON body", ref.text, done.Op)
+		return nil, fmt.Errorf("%s names a member of operation %q's answer, which has no JSON body", ref.text, done.OperationID)
 	}
 	v, why := valueAt(done.Body, ref.pointer, ref.text)
 	if why != "" {
-		return nil, fmt.Errorf("operation %q's answer: %s", done.Op, strings.TrimPrefix(why, "the answer "))
+		return nil, fmt.Errorf("operation %q's answer: %s", done.OperationID, strings.TrimPrefix(why, "the answer "))
 	}
 	return v, nil
 }
@@ -198,15 +213,15 @@ func (sg *saga) fillValue(v any) (any, error) {
 // answer shows what reached the legacy API: the item's path (its id
 // canonical under id_format, references filled, item_path applied), or
 // the collection's for a create, with the query the request carries.
-// Until its references are filled, it is the url as the client wrote it.
-func (it *Item) sentURL() string {
-	t := it.tgt
+// Until its references are filled (t is nil), it is the url as the
+// client wrote it.
+func (eo *envelopeOperation) sentURL(t *target, id string) string {
 	if t == nil {
-		return it.op.url
+		return eo.url
 	}
 	path := t.collectionPath
-	if t.op != policy.OpCreate {
-		path = t.paths.Path(it.ID)
+	if t.kind != policy.OpCreate {
+		path = t.paths.Path(id)
 	}
 	return joinNonEmpty("?", path, t.query)
 }

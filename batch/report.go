@@ -117,7 +117,7 @@ func (sg *saga) cause(firstFailure int, clientCtx, batchCtx context.Context) str
 	case clientCtx.Err() != nil:
 		return "the client went away before every item was sent"
 	case batchCtx.Err() != nil:
-		return fmt.Sprintf("the batch did not finish within batch_timeout (%s)", sg.s.BatchTimeout)
+		return fmt.Sprintf("the batch did not finish within batch_timeout (%s)", sg.batchSettings.BatchTimeout)
 	}
 	return "the batch did not finish"
 }

@@ -40,12 +40,12 @@ func (r *SubRequest) clone() *SubRequest {
 // itemRequest is item i's own request: a create is a POST to the
 // collection, every other operation its method on the item.
 func (sg *saga) itemRequest(i int) *SubRequest {
-	t, body := sg.tgt(i), sg.plan.Items[i].Body
-	if !t.op.Writes() {
+	t, body := sg.tgt(i), sg.state[i].body
+	if !t.kind.Writes() {
 		return sg.request(i, t.method, sg.itemPath(i, sg.items[i].ID), nil, "")
 	}
 	key := sg.plan.key.forItem(i, "")
-	if t.op == policy.OpCreate {
+	if t.kind == policy.OpCreate {
 		return sg.request(i, t.method, t.collectionPath, body, key)
 	}
 	return sg.request(i, t.method, sg.itemPath(i, sg.items[i].ID), body, key)

@@ -39,14 +39,15 @@ const (
 // ItemResult is one item of a batch response, as the client reads it.
 type ItemResult struct {
 	Index int `json:"index"`
-	// Op, Method and URL name an envelope's operation: its id, its
-	// method and its url as sent, references filled.
-	Op      string  `json:"op,omitempty"`
-	Method  string  `json:"method,omitempty"`
-	URL     string  `json:"url,omitempty"`
-	ID      string  `json:"id,omitempty"`
-	Status  int     `json:"status,omitempty"`
-	Outcome Outcome `json:"outcome"`
+	// OperationID, Method and URL name an envelope's operation: the id
+	// the client gave it (answered as "op"), its method and its url as
+	// sent, references filled.
+	OperationID string  `json:"op,omitempty"`
+	Method      string  `json:"method,omitempty"`
+	URL         string  `json:"url,omitempty"`
+	ID          string  `json:"id,omitempty"`
+	Status      int     `json:"status,omitempty"`
+	Outcome     Outcome `json:"outcome"`
 	// Body is the upstream's JSON body; BodyText any other body, cut at
 	// bodyTextLimit bytes.
 	Body     json.RawMessage   `json:"body,omitempty"`
@@ -294,8 +295,8 @@ func cutText(b []byte, limit int) string {
 
 // describe names an item in a sentence: its index, and its id if known.
 func (it *ItemResult) describe() string {
-	if it.Op != "" {
-		return fmt.Sprintf("operation %q (%s %s)", it.Op, it.Method, it.URL)
+	if it.OperationID != "" {
+		return fmt.Sprintf("operation %q (%s %s)", it.OperationID, it.Method, it.URL)
 	}
 	if it.ID == "" {
 		return "item " + strconv.Itoa(it.Index)

@@ -69,7 +69,7 @@ func (sg *saga) reopen(i int) {
 // left there has not changed since.
 func (sg *saga) undoAgain(i int, st *itemState) *Undo {
 	old := st.undo
-	switch sg.tgt(i).op {
+	switch sg.tgt(i).kind {
 	case policy.OpDelete:
 		return sg.recreate(i, sg.items[i].ID, st)
 	case policy.OpUpdate:

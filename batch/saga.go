@@ -79,10 +79,12 @@ func CompensationBudget(s policy.Settings) time.Duration {
 }
 
 type saga struct {
-	plan    *Plan
-	s       policy.Settings
-	rt      Runtime
-	backoff func(attempt int) time.Duration
+	plan *Plan
+	// batchSettings are the batch's own (Plan.settings); each item's
+	// requests follow settings(i).
+	batchSettings policy.Settings
+	rt            Runtime
+	backoff       func(attempt int) time.Duration
 
 	// mu guards the items' state: items run on their own goroutines.
 	mu      sync.Mutex
@@ -109,8 +111,21 @@ type saga struct {
 }
 
 // itemState is what the saga knows of an item beyond what the client is
-// told.
+// told. The Plan stays as it was admitted: what a run learns lives here
+// and in the item's ItemResult, each item's written by the goroutine that
+// runs it (under mu) and read by another only once that one ended, as an
+// envelope's graph orders them.
 type itemState struct {
+	// tgt is where the item's requests go, and body what its write sends:
+	// the plan's, or for an envelope's operation what filling in its
+	// references made of them (fill). tgt is nil until they are filled.
+	tgt  *target
+	body []byte
+	// elementID is the id a create's element names (the plan's, or its
+	// filled-in body's), which names the created item when the answer
+	// does not.
+	elementID string
+
 	preimage json.RawMessage // the item before the batch (update, delete)
 	preETag  string          // its strong ETag, if the preflight read one
 	applied  bool            // the item's write took effect, or may have
@@ -137,26 +152,37 @@ func newSaga(p *Plan, rt Runtime, backoff func(int) time.Duration) *saga {
 		rt.Throttles = NewThrottles(nil)
 	}
 	sg := &saga{
-		plan:    p,
-		s:       p.settings,
-		rt:      rt,
-		backoff: backoff,
-		items:   make([]ItemResult, len(p.Items)),
-		state:   make([]itemState, len(p.Items)),
+		plan:          p,
+		batchSettings: p.settings,
+		rt:            rt,
+		backoff:       backoff,
+		items:         make([]ItemResult, len(p.Items)),
+		state:         make([]itemState, len(p.Items)),
 	}
 	if p.envelope() {
 		sg.writers = map[string][]int{}
 	}
 	for i, it := range p.Items {
 		sg.items[i] = ItemResult{Index: i, ID: it.ID, Outcome: NotAttempted}
-		if op := it.op; op != nil {
-			sg.items[i].Op, sg.items[i].Method, sg.items[i].URL = op.name, op.method, it.sentURL()
+		sg.state[i] = admittedState(it)
+		if eo := it.operation; eo != nil {
+			sg.items[i].OperationID, sg.items[i].Method, sg.items[i].URL = eo.id, eo.method, eo.sentURL(it.tgt, it.ID)
 		}
-		if key := it.writes(); key != "" && it.op != nil {
+		if key := writePath(it.tgt, it.ID); key != "" && it.operation != nil {
 			sg.writers[key] = append(sg.writers[key], i)
 		}
 	}
 	return sg
+}
+
+// admittedState is an item's state before it runs: its requests as the
+// plan has them.
+func admittedState(it Item) itemState {
+	st := itemState{tgt: it.tgt, body: it.Body}
+	if it.tgt != nil && it.tgt.kind == policy.OpCreate {
+		st.elementID = it.ID
+	}
+	return st
 }
 
 func (sg *saga) allOrNothing() bool { return sg.plan.Atomicity == policy.AllOrNothing }
@@ -173,7 +199,7 @@ func (p *Plan) Saga() bool { return p.Atomicity == policy.AllOrNothing && p.Writ
 // (preflight reads and items); writes already sent run to their own
 // item_timeout, and compensations have theirs.
 func (sg *saga) run(ctx context.Context) *Result {
-	batchCtx, cancel := context.WithTimeout(ctx, sg.s.BatchTimeout)
+	batchCtx, cancel := context.WithTimeout(ctx, sg.batchSettings.BatchTimeout)
 	defer cancel()
 	if !sg.isSaga() {
 		sg.execute(ctx, batchCtx)
@@ -216,7 +242,7 @@ func (p *Plan) Writes() bool {
 		return p.Op.Writes()
 	}
 	for _, it := range p.Items {
-		if it.op != nil && it.op.kind.Writes() {
+		if it.operation != nil && it.operation.kind.Writes() {
 			return true
 		}
 	}

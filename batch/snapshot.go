@@ -52,14 +52,14 @@ type ItemSnapshot struct {
 	Undo        *Undo           `json:"undo,omitempty"`
 	NoUndo      string          `json:"no_undo,omitempty"`
 	CreatedFrom string          `json:"created_from,omitempty"`
-	// The rest are an envelope's: the operation's id, method and url (as
-	// sent, once filled), the operations it depends on, and where its
-	// requests go, once its references are filled.
-	Name   string          `json:"name,omitempty"`
-	Method string          `json:"method,omitempty"`
-	URL    string          `json:"url,omitempty"`
-	Deps   []int           `json:"deps,omitempty"`
-	Target *TargetSnapshot `json:"target,omitempty"`
+	// The rest are an envelope's: the operation's id (kept as "name"),
+	// method and url (as sent, once filled), the operations it depends
+	// on, and where its requests go, once its references are filled.
+	OperationID string          `json:"name,omitempty"`
+	Method      string          `json:"method,omitempty"`
+	URL         string          `json:"url,omitempty"`
+	Deps        []int           `json:"deps,omitempty"`
+	Target      *TargetSnapshot `json:"target,omitempty"`
 }
 
 // TargetSnapshot is where an envelope's item's requests go, as a journal
@@ -91,21 +91,21 @@ func (p *Plan) Snapshot() *Snapshot {
 	}
 	for i, it := range p.Items {
 		s.Items[i] = ItemSnapshot{ID: it.ID, Element: it.Body, Fields: it.fields, Outcome: NotAttempted}
-		it.snapshotOperation(&s.Items[i])
+		snapshotOperation(&s.Items[i], it.operation, it.tgt, it.ID)
 	}
 	return s
 }
 
 // snapshotOperation adds to an envelope's item what makes it an
-// operation, and where its requests go once that is known.
-func (it *Item) snapshotOperation(snap *ItemSnapshot) {
-	op := it.op
-	if op == nil {
+// operation (eo; nil in a batch), and where its requests go (t, and the
+// item's id) once that is known.
+func snapshotOperation(snap *ItemSnapshot, eo *envelopeOperation, t *target, id string) {
+	if eo == nil {
 		return
 	}
-	snap.Name, snap.Method, snap.URL, snap.Deps = op.name, op.method, it.sentURL(), op.deps
-	if t := it.tgt; t != nil {
-		snap.Target = &TargetSnapshot{Op: t.op.String(), Method: t.method, Path: t.collectionPath, Query: t.query}
+	snap.OperationID, snap.Method, snap.URL, snap.Deps = eo.id, eo.method, eo.sentURL(t, id), eo.deps
+	if t != nil {
+		snap.Target = &TargetSnapshot{Op: t.kind.String(), Method: t.method, Path: t.collectionPath, Query: t.query}
 	}
 }
 
@@ -114,11 +114,11 @@ func (it *Item) snapshotOperation(snap *ItemSnapshot) {
 func (sg *saga) snapshotItem(i int) ItemSnapshot {
 	it, st, planned := &sg.items[i], &sg.state[i], &sg.plan.Items[i]
 	snap := ItemSnapshot{
-		ID: it.ID, Element: planned.Body, Fields: planned.fields, Phase: st.phase, Outcome: it.Outcome, Status: it.Status, Error: it.Error,
+		ID: it.ID, Element: st.body, Fields: planned.fields, Phase: st.phase, Outcome: it.Outcome, Status: it.Status, Error: it.Error,
 		Preimage: st.preimage, PreETag: st.preETag, Applied: st.applied, Failure: st.failure, Settled: st.settled,
 		Sent: st.sent, Undo: st.undo, NoUndo: st.noUndo, CreatedFrom: st.createdFrom,
 	}
-	planned.snapshotOperation(&snap)
+	snapshotOperation(&snap, planned.operation, st.tgt, it.ID)
 	return snap
 }
 
@@ -152,7 +152,7 @@ func resume(ctx context.Context, snap *Snapshot, lookup func(path string) (polic
 	if reopen != nil {
 		reopen(sg)
 	}
-	lockCtx, cancel := context.WithTimeout(ctx, sg.s.BatchTimeout)
+	lockCtx, cancel := context.WithTimeout(ctx, sg.batchSettings.BatchTimeout)
 	defer cancel()
 	if !sg.lock(ctx, lockCtx) {
 		return nil, fmt.Errorf("the saga's items are locked by another write: %s", sg.refusal.detail)
@@ -160,7 +160,7 @@ func resume(ctx context.Context, snap *Snapshot, lookup func(path string) (polic
 	defer sg.locks.release()
 	toUndo := false
 	for _, i := range sg.started {
-		if id := sg.items[i].ID; sg.tgt(i).op == policy.OpCreate && id != "" && sg.state[i].applied {
+		if id := sg.items[i].ID; sg.tgt(i).kind == policy.OpCreate && id != "" && sg.state[i].applied {
 			sg.lockCreated(ctx, i, id)
 		}
 		if sg.state[i].applied && !sg.undone(i) {
@@ -211,7 +211,7 @@ func resumedPlan(snap *Snapshot, lookup func(path string) (policy.Match, bool), 
 		shared = newTarget(op, batchMethods[op], m, snap.Query)
 	}
 	for i, it := range snap.Items {
-		p.Items[i] = Item{ID: it.ID, Body: it.Element, fields: it.Fields, first: i, tgt: shared}
+		p.Items[i] = Item{ID: it.ID, Body: it.Element, fields: it.Fields, firstWithID: i, tgt: shared}
 		if p.envelope() {
 			if err := p.Items[i].resumeOperation(it, lookup); err != nil {
 				return nil, err
@@ -224,7 +224,7 @@ func resumedPlan(snap *Snapshot, lookup func(path string) (policy.Match, bool), 
 // resumeOperation gives an envelope's item back what it was as an
 // operation, and where its requests went if it had started.
 func (it *Item) resumeOperation(snap ItemSnapshot, lookup func(path string) (policy.Match, bool)) error {
-	it.op = &operation{name: snap.Name, method: snap.Method, url: snap.URL, deps: snap.Deps}
+	it.operation = &envelopeOperation{id: snap.OperationID, method: snap.Method, url: snap.URL, deps: snap.Deps}
 	t := snap.Target
 	if t == nil {
 		return nil
@@ -232,9 +232,9 @@ func (it *Item) resumeOperation(snap ItemSnapshot, lookup func(path string) (pol
 	op, err := policy.ParseOp(t.Op)
 	m, ok := lookup(t.Path)
 	if err != nil || !ok || m.Item {
-		return fmt.Errorf("%w: operation %q's %s %s names no resource configured here", ErrNotResumable, snap.Name, t.Method, t.Path)
+		return fmt.Errorf("%w: operation %q's %s %s names no resource configured here", ErrNotResumable, snap.OperationID, t.Method, t.Path)
 	}
-	it.op.kind = op
+	it.operation.kind = op
 	it.tgt = newTarget(op, t.Method, m, t.Query)
 	return nil
 }
@@ -242,10 +242,12 @@ func (it *Item) resumeOperation(snap ItemSnapshot, lookup func(path string) (pol
 // resumeItem gives item i back the state its journal recorded.
 func (sg *saga) resumeItem(i int, it ItemSnapshot) {
 	sg.items[i] = ItemResult{Index: i, ID: it.ID, Outcome: it.Outcome, Status: it.Status, Error: it.Error}
-	if it.Name != "" {
-		sg.items[i].Op, sg.items[i].Method, sg.items[i].URL = it.Name, it.Method, it.URL
+	if it.OperationID != "" {
+		sg.items[i].OperationID, sg.items[i].Method, sg.items[i].URL = it.OperationID, it.Method, it.URL
 	}
+	admitted := sg.state[i] // its requests, as the resumed plan has them
 	sg.state[i] = itemState{
+		tgt: admitted.tgt, body: admitted.body, elementID: admitted.elementID,
 		preimage: it.Preimage, preETag: it.PreETag, applied: it.Applied, failure: it.Failure, settled: it.Settled,
 		sent: it.Sent, undo: it.Undo, noUndo: it.NoUndo, createdFrom: it.CreatedFrom, phase: it.Phase,
 	}

@@ -12,23 +12,25 @@ import (
 // operation of an envelope has its own, known once its references are
 // filled (docs/envelope.md).
 type target struct {
-	op policy.Op
+	// kind is what the item's own request does, as one of the four batch
+	// operations.
+	kind policy.Op
 	// method is the item's own request's method: an envelope's PUT is an
 	// update that replaces the whole item.
 	method         string
-	match          policy.Match // the collection
-	s              *policy.Settings
+	match          policy.Match     // the collection
+	settings       *policy.Settings // the resource's: settings(i)
 	paths          policy.ItemPaths
 	collectionPath string
 	query          string
 }
 
-func newTarget(op policy.Op, method string, m policy.Match, query string) *target {
+func newTarget(kind policy.Op, method string, m policy.Match, query string) *target {
 	return &target{
-		op:             op,
+		kind:           kind,
 		method:         method,
 		match:          m,
-		s:              &m.Resource.Settings,
+		settings:       &m.Resource.Settings,
 		paths:          m.ItemPaths(),
 		collectionPath: m.CollectionPath(),
 		query:          query,
@@ -47,10 +49,10 @@ var batchMethods = [...]string{
 // rather than merging into it (PATCH).
 func (t *target) replaces() bool { return t.method == http.MethodPut }
 
-// tgt is item i's target.
-func (sg *saga) tgt(i int) *target { return sg.plan.Items[i].tgt }
+// tgt is item i's target in this run (itemState.tgt).
+func (sg *saga) tgt(i int) *target { return sg.state[i].tgt }
 
-// set is the settings of item i's resource: those of one item's requests
-// (id_field, item_timeout, the undo options). The batch's own (concurrency,
-// batch_timeout, max_response_size) are sg.s.
-func (sg *saga) set(i int) *policy.Settings { return sg.plan.Items[i].tgt.s }
+// settings are the settings of item i's resource: those of one item's
+// requests (id_field, item_timeout, the undo options). The batch's own
+// (concurrency, batch_timeout, max_response_size) are sg.batchSettings.
+func (sg *saga) settings(i int) *policy.Settings { return sg.state[i].tgt.settings }

@@ -60,23 +60,23 @@ type Proof struct {
 // the proof read only where the upstream enforces conditions
 // (conditional_writes).
 func (sg *saga) undoAnswered(it *ItemResult, st *itemState, i int, resp *SubResponse) (*Undo, string) {
-	p, t := sg.plan, sg.tgt(i)
+	t := sg.tgt(i)
 	var u *Undo
 	var expect []byte // the item as the write left it, if the answer says
 	var sent []byte   // what the write sent, when the answer does not say
-	switch t.op {
+	switch t.kind {
 	case policy.OpCreate:
 		if it.ID == "" {
-			return nil, fmt.Sprintf("the created item cannot be deleted: the upstream named no id (no Location naming an item of %s, no %q in the body)", t.collectionPath, t.s.IDField)
+			return nil, fmt.Sprintf("the created item cannot be deleted: the upstream named no id (no Location naming an item of %s, no %q in the body)", t.collectionPath, t.settings.IDField)
 		}
 		u = &Undo{Method: http.MethodDelete, Path: sg.itemPath(i, it.ID)}
 		if resp.Status == http.StatusAccepted {
 			// A 202's body and validators describe the pending request,
 			// not the item.
-			u.Proof = &Proof{Expect: withoutMember(p.Items[i].Body, t.s.IDField), Subset: true}
+			u.Proof = &Proof{Expect: withoutMember(st.body, t.settings.IDField), Subset: true}
 			return u, ""
 		}
-		sent = withoutMember(p.Items[i].Body, t.s.IDField)
+		sent = withoutMember(st.body, t.settings.IDField)
 	case policy.OpUpdate:
 		u = sg.restore(i, st)
 		sent = sg.updated(i, st)
@@ -90,7 +90,7 @@ func (sg *saga) undoAnswered(it *ItemResult, st *itemState, i int, resp *SubResp
 	}
 	etag := strongETag(resp.Header)
 	u.IfMatch = etag
-	if etag != "" && t.s.ConditionalWrites {
+	if etag != "" && t.settings.ConditionalWrites {
 		return u, ""
 	}
 	u.Proof = &Proof{ETag: etag, Expect: expect}
@@ -100,7 +100,7 @@ func (sg *saga) undoAnswered(it *ItemResult, st *itemState, i int, resp *SubResp
 	// What a create made under an id the upstream named is undone if
 	// someone deleted it since; under the element's own id, a missing
 	// item proves nothing (the upstream may have put it elsewhere).
-	u.Proof.GoneIsUndone = t.op == policy.OpCreate && st.createdFrom != "element"
+	u.Proof.GoneIsUndone = t.kind == policy.OpCreate && st.createdFrom != "element"
 	return u, ""
 }
 
@@ -116,7 +116,7 @@ func (sg *saga) namesItem(i int, body []byte, id string) bool {
 // or the changed fields' old values (PATCH).
 func (sg *saga) restore(i int, st *itemState) *Undo {
 	path := sg.itemPath(i, sg.items[i].ID)
-	if sg.set(i).RestoreUpdated == policy.RestorePatch {
+	if sg.settings(i).RestoreUpdated == policy.RestorePatch {
 		return &Undo{Method: http.MethodPatch, Path: path, Body: restorePatch(st.preimage, sg.restoredFields(i, st))}
 	}
 	return &Undo{Method: http.MethodPut, Path: path, Body: st.preimage}
@@ -126,9 +126,9 @@ func (sg *saga) restore(i int, st *itemState) *Undo {
 // does not say: the pre-image merged with the patch, or what a PUT sent.
 func (sg *saga) updated(i int, st *itemState) []byte {
 	if sg.tgt(i).replaces() {
-		return sg.plan.Items[i].Body
+		return st.body
 	}
-	return mergePatch(st.preimage, sg.plan.Items[i].Body)
+	return mergePatch(st.preimage, st.body)
 }
 
 // restoredFields are the members a PATCH restore puts back: those the
@@ -157,11 +157,11 @@ func (sg *saga) restoredFields(i int, st *itemState) []string {
 // absent first.
 func (sg *saga) recreate(i int, id string, st *itemState) *Undo {
 	t := sg.tgt(i)
-	if t.s.RestoreDeleted == policy.RestorePost {
+	if t.settings.RestoreDeleted == policy.RestorePost {
 		return &Undo{Method: http.MethodPost, Path: t.collectionPath, Body: st.preimage, Proof: &Proof{Absent: true}, WantID: id}
 	}
 	u := &Undo{Method: http.MethodPut, Path: sg.itemPath(i, id), Body: st.preimage, IfNoneMatch: "*"}
-	if st.preETag == "" || !t.s.ConditionalWrites {
+	if st.preETag == "" || !t.settings.ConditionalWrites {
 		u.Proof = &Proof{Absent: true}
 	}
 	return u

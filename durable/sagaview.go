@@ -113,7 +113,7 @@ func viewOf(o Origin, snap *batch.Snapshot, results []batch.ItemResult) *SagaVie
 	}
 	for i, it := range snap.Items {
 		iv := ItemView{
-			Index: i, Op: it.Name, Method: it.Method, URL: redactQuery(it.URL, o.ScopeQuery),
+			Index: i, Op: it.OperationID, Method: it.Method, URL: redactQuery(it.URL, o.ScopeQuery),
 			ID: it.ID, Outcome: it.Outcome, Status: it.Status, Error: it.Error,
 			Preimage: it.Preimage, PreETag: it.PreETag, Reason: it.NoUndo,
 		}
