@@ -13,7 +13,7 @@ import (
 // document beside the Caddyfile, the slots key. The end-to-end ones are
 // in e2e/openapi_e2e_test.go.
 
-// widgetsDocument describes seededAPI's widgets (integer ids, no PATCH
+// widgetsDocument describes e2e's seededAPI widgets (integer ids, no PATCH
 // on the collection: the gateway adds it) and gizmos, whose items have no
 // PUT and whose collection has no POST, so that a deleted gizmo could not
 // be put back; and a TRACE the method map does not know.
