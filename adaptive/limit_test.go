@@ -40,6 +40,7 @@ func last(s []int) int { return s[len(s)-1] }
 // queueing, falls when the server slows, rises again when it recovers,
 // and shrinks when it throttles.
 func TestLimitFollowsAScriptedServer(t *testing.T) {
+	t.Parallel()
 	l := New(4, 32)
 	fast := server{workers: 8, service: 10 * time.Millisecond}
 
@@ -89,6 +90,7 @@ func TestLimitFollowsAScriptedServer(t *testing.T) {
 // The limit never passes its bounds, and a limit nobody uses does not
 // grow: only a used limit can tell it is too low.
 func TestLimitBoundsAndIdleness(t *testing.T) {
+	t.Parallel()
 	l := New(2, 6)
 	drive(l, server{workers: 100, service: time.Millisecond}, 100)
 	if got := l.Current(); got != 6 {
@@ -115,6 +117,7 @@ func minOf(s []int) int {
 // slow) is not taken for one that queues: the limit still rises to what
 // its workers serve.
 func TestLimitToleratesJitter(t *testing.T) {
+	t.Parallel()
 	l := New(4, 32)
 	s := server{workers: 8, service: 10 * time.Millisecond}
 	for i := range 3000 {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/caddy-batch/caddy-batch/itemlock"
@@ -16,64 +17,69 @@ import (
 // A batch that cannot get its locks within batch_timeout is refused with
 // 409 and Retry-After, and sends nothing.
 func TestLockConflict(t *testing.T) {
-	var locks itemlock.Local
-	unlock, _ := locks.Lock(context.Background(), "/widgets/2")
-	defer unlock()
-	f := newFake().seed("1", "2")
-	p := mustPlan(t, newRequest("DELETE", "/widgets?ids=1,2", ""), batchTimeout(30*time.Millisecond))
-	w := write(t, newSaga(p, Runtime{Send: f, Locks: &locks}, noBackoff).run(context.Background()))
-	equal(t, "status", w.Code, 409)
-	equal(t, "Retry-After", w.Header.Get("Retry-After"), "1")
-	equal(t, "sent", len(f.sent()), 0)
-	if !strings.Contains(w.Detail, "/widgets/2") {
-		t.Errorf("detail %q does not name the locked item", w.Detail)
-	}
-	// The lock the batch did get (on 1) was let go.
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-	defer cancel()
-	if u, err := locks.Lock(ctx, "/widgets/1"); err != nil {
-		t.Errorf("the refused batch kept a lock: %v", err)
-	} else {
-		u()
-	}
+	synctest.Test(t, func(t *testing.T) {
+		var locks itemlock.Local
+		unlock, _ := locks.Lock(context.Background(), "/widgets/2")
+		defer unlock()
+		f := newFake().seed("1", "2")
+		p := mustPlan(t, newRequest("DELETE", "/widgets?ids=1,2", ""), batchTimeout(30*time.Millisecond))
+		w := write(t, newSaga(p, Runtime{Send: f, Locks: &locks}, noBackoff).run(context.Background()))
+		equal(t, "status", w.Code, 409)
+		equal(t, "Retry-After", w.Header.Get("Retry-After"), "1")
+		equal(t, "sent", len(f.sent()), 0)
+		if !strings.Contains(w.Detail, "/widgets/2") {
+			t.Errorf("detail %q does not name the locked item", w.Detail)
+		}
+		// The lock the batch did get (on 1) was let go.
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		defer cancel()
+		if u, err := locks.Lock(ctx, "/widgets/1"); err != nil {
+			t.Errorf("the refused batch kept a lock: %v", err)
+		} else {
+			u()
+		}
+	})
 }
 
 // A created item is locked as soon as its id is known, until the saga
 // ends: a write that arrives meanwhile waits for the undo.
 func TestCreatedIDIsLocked(t *testing.T) {
-	var locks itemlock.Local
-	created := make(chan struct{})
-	f := newFake()
-	f.on("POST", "/widgets", answer{}, answer{status: 500, body: `{}`, hook: func(context.Context, *SubRequest) { <-created }})
-	f.on("GET", "/widgets/1000", answer{delay: 30 * time.Millisecond}) // the proof read is slow
-	done := make(chan *Result)
-	p := mustPlan(t, newRequest("POST", "/widgets", elements(2)), concurrency(1))
-	go func() {
-		done <- newSaga(p, Runtime{Send: f, Locks: &locks}, noBackoff).run(context.Background())
-	}()
-	// Item 0 is created and answered before item 1 is sent.
-	for len(f.sentWith("POST")) < 2 {
-		time.Sleep(time.Millisecond)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
-	_, err := locks.Lock(ctx, "/widgets/1000")
-	cancel()
-	if !errors.Is(err, itemlock.ErrLocked) {
-		t.Errorf("the created item was not locked: %v", err)
-	}
-	close(created)
-	unlock, err := locks.Lock(context.Background(), "/widgets/1000")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Whoever gets the lock next comes after the undo: the proof read
-	// and the delete were both sent while the saga held it.
-	if got := f.sentWith("DELETE"); len(got) != 1 {
-		t.Errorf("the created item's lock was let go before its undo: %d deletes sent", len(got))
-	}
-	unlock()
-	res := <-done
-	equal(t, "outcome", res.Outcome, RolledBack)
+	synctest.Test(t, func(t *testing.T) {
+		var locks itemlock.Local
+		created := make(chan struct{})
+		f := newFake()
+		f.on("POST", "/widgets", answer{}, answer{status: 500, body: `{}`, hook: func(context.Context, *SubRequest) { <-created }})
+		f.on("GET", "/widgets/1000", answer{delay: 30 * time.Millisecond}) // the proof read is slow
+		done := make(chan *Result)
+		p := mustPlan(t, newRequest("POST", "/widgets", elements(2)), concurrency(1))
+		go func() {
+			done <- newSaga(p, Runtime{Send: f, Locks: &locks}, noBackoff).run(context.Background())
+		}()
+		// Item 0 is created and answered before item 1 is sent.
+		synctest.Wait()
+		if n := len(f.sentWith("POST")); n != 2 {
+			t.Fatalf("%d creates sent, want 2 (the second blocked in its hook)", n)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+		_, err := locks.Lock(ctx, "/widgets/1000")
+		cancel()
+		if !errors.Is(err, itemlock.ErrLocked) {
+			t.Errorf("the created item was not locked: %v", err)
+		}
+		close(created)
+		unlock, err := locks.Lock(context.Background(), "/widgets/1000")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Whoever gets the lock next comes after the undo: the proof read
+		// and the delete were both sent while the saga held it.
+		if got := f.sentWith("DELETE"); len(got) != 1 {
+			t.Errorf("the created item's lock was let go before its undo: %d deletes sent", len(got))
+		}
+		unlock()
+		res := <-done
+		equal(t, "outcome", res.Outcome, RolledBack)
+	})
 }
 
 // failing fails one batch's write of one item with 500, whatever the

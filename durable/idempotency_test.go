@@ -11,6 +11,7 @@ import (
 // recovery that settles it; every field of the scope tells records apart,
 // and no field can run into the next.
 func TestIdempotencyRecord(t *testing.T) {
+	t.Parallel()
 	scope := []string{`"k1"`, Credentials(http.Header{"Authorization": {"Bearer a"}}), "/api/users", "/api/users", "update"}
 	key, lock := IdempotencyRecord(scope[0], scope[1], scope[2], scope[3], scope[4])
 	if !regexp.MustCompile(`^batch/v1/idem/[0-9a-f]{64}$`).MatchString(key) || lock != "batch_idem_"+strings.TrimPrefix(key, "batch/v1/idem/") {

@@ -127,16 +127,12 @@ type Lease struct {
 
 // Journals is where the saga journals live: a storage, and the
 // process's leases, which keep the journals of its sagas its own.
-type Journals struct {
-	storage Storage
-	leases  *Leases
-	logger  *zap.Logger
-}
+type Journals struct{ leased }
 
 // NewJournals keeps journals in storage, held under leases; logger hears
 // of what fails after the saga that caused it has moved on.
 func NewJournals(storage Storage, leases *Leases, logger *zap.Logger) *Journals {
-	return &Journals{storage: storage, leases: leases, logger: logger}
+	return &Journals{leased{storage, leases, logger}}
 }
 
 // Storage is where the journals are.
@@ -145,13 +141,15 @@ func (js *Journals) Storage() Storage { return js.storage }
 // owned are the sagas this process runs or is finishing, so that its own
 // recovery never takes them over, and a process that exits waits for
 // them (Wait).
-var owned = &ownedSagas{ids: map[string]bool{}}
+var owned = newOwnedSagas()
 
 type ownedSagas struct {
 	mu      sync.Mutex
 	ids     map[string]bool
 	running sync.WaitGroup
 }
+
+func newOwnedSagas() *ownedSagas { return &ownedSagas{ids: map[string]bool{}} }
 
 // add claims saga for this process; false if it already has it.
 func (o *ownedSagas) add(saga string) bool {
@@ -486,32 +484,49 @@ func (js *Journals) sagas(ctx context.Context) ([]string, error) {
 // leaseOf returns who holds saga and until when: the lease key if it was
 // renewed, else the intent's.
 func (js *Journals) leaseOf(ctx context.Context, saga string) (Lease, error) {
-	var l Lease
-	if b, err := js.storage.Load(ctx, leaseKey(saga)); err == nil {
-		if err := json.Unmarshal(b, &l); err != nil {
-			return l, fmt.Errorf("decoding %s: %w", leaseKey(saga), err)
-		}
-	} else if !errors.Is(err, fs.ErrNotExist) {
+	l, err := js.renewedLease(ctx, saga)
+	if err != nil || now().Before(l.Expires) {
 		return l, err
 	}
-	if now().Before(l.Expires) {
-		return l, nil
-	}
-	b, err := js.storage.Load(ctx, segmentKey(saga, 0))
-	if errors.Is(err, fs.ErrNotExist) {
-		return l, errNoIntent
-	}
+	in, err := js.loadIntent(ctx, saga)
 	if err != nil {
 		return l, err
 	}
+	return in.heldBy(l), nil
+}
+
+// renewedLease is saga's lease key as its owner last wrote it; the zero
+// Lease if it never renewed it.
+func (js *Journals) renewedLease(ctx context.Context, saga string) (Lease, error) {
+	var l Lease
+	_, err := loadJSON(ctx, js.storage, leaseKey(saga), &l)
+	return l, err
+}
+
+// heldBy is who holds the saga whose renewed lease is l: l while it
+// stands, else the later of it and the lease the intent was stored with.
+func (in *intent) heldBy(l Lease) Lease {
+	if now().Before(l.Expires) || !in.Expires.After(l.Expires) {
+		return l
+	}
+	return Lease{Owner: in.Owner, Expires: in.Expires}
+}
+
+// loadIntent reads saga's intent (segment 0); errNoIntent if there is
+// none.
+func (js *Journals) loadIntent(ctx context.Context, saga string) (*intent, error) {
+	b, err := js.storage.Load(ctx, segmentKey(saga, 0))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, errNoIntent
+	}
+	if err != nil {
+		return nil, err
+	}
 	var seg segment
-	if err := json.Unmarshal(b, &seg); err != nil || seg.Intent == nil {
-		return l, fmt.Errorf("decoding %s: not a journal's intent (%v)", segmentKey(saga, 0), err)
+	if err := json.Unmarshal(b, &seg); err != nil || seg.Intent == nil || seg.Intent.Snapshot == nil {
+		return nil, fmt.Errorf("decoding %s: not a journal's intent (%v)", segmentKey(saga, 0), err)
 	}
-	if seg.Intent.Expires.After(l.Expires) {
-		l = Lease{Owner: seg.Intent.Owner, Expires: seg.Intent.Expires}
-	}
-	return l, nil
+	return seg.Intent, nil
 }
 
 // load reads a saga's whole journal: the intent, with every later

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -52,9 +51,9 @@ func updatePlan(t *testing.T, p *policy.Policy, n int) *batch.Plan {
 }
 
 // upstream answers every request with an item; before each write it
-// calls check.
+// calls check, one check at a time.
 type upstream struct {
-	mu    sync.Mutex
+	mu    chanMutex
 	check func(*batch.SubRequest)
 	fail  string // a path whose write fails
 	// created counts the creates, each given the next id.
@@ -160,55 +159,58 @@ func (s slowStorage) Store(ctx context.Context, key string, value []byte) error 
 
 // TestJournalGroupCommit: writes that start together share one store of
 // their records, and none is sent before its own record is stored; the
-// saga counts as pending while it runs, and no more once it ended.
+// saga counts as pending while it runs, and no more once it ended. In a
+// bubble, so the storage's 20ms per store cost no time.
 func TestJournalGroupCommit(t *testing.T) {
-	mem := newMemStorage()
-	js := NewJournals(slowStorage{mem, 20 * time.Millisecond}, NewLeases(time.Minute), zap.NewNop())
-	j := js.New(Origin{})
-	pending := Pending()
-	p := widgets(t) // concurrency 8, the default
-	var elems []string
-	for i := range 16 {
-		elems = append(elems, fmt.Sprintf(`{"name":"g%d"}`, i))
-	}
-	r := httptest.NewRequest("POST", "/widgets", strings.NewReader("["+strings.Join(elems, ",")+"]"))
-	r.Header.Set("Content-Type", "application/json")
-	m, _ := p.Lookup("/widgets")
-	_, _, plan, prob := batch.Admit(r, m)
-	if prob != nil {
-		t.Fatal(prob.Detail)
-	}
-	var recorded, writes int
-	up := &upstream{check: func(sr *batch.SubRequest) {
-		writes++
-		if Pending() <= pending {
-			t.Error("the saga in flight is not counted as pending")
+	inBubble(t, func(t *testing.T) {
+		mem := newMemStorage()
+		js := NewJournals(slowStorage{mem, 20 * time.Millisecond}, NewLeases(time.Minute), zap.NewNop())
+		j := js.New(Origin{})
+		pending := Pending()
+		p := widgets(t) // concurrency 8, the default
+		var elems []string
+		for i := range 16 {
+			elems = append(elems, fmt.Sprintf(`{"name":"g%d"}`, i))
 		}
-		st, err := js.load(context.Background(), j.Saga())
-		if err != nil {
-			t.Errorf("a create sent with no journal: %v", err)
-			return
+		r := httptest.NewRequest("POST", "/widgets", strings.NewReader("["+strings.Join(elems, ",")+"]"))
+		r.Header.Set("Content-Type", "application/json")
+		m, _ := p.Lookup("/widgets")
+		_, _, plan, prob := batch.Admit(r, m)
+		if prob != nil {
+			t.Fatal(prob.Detail)
 		}
-		for _, it := range st.snap.Items {
-			if it.Phase >= batch.PhaseSending && it.Sent != nil && it.Sent.Header.Get("Idempotency-Key") == sr.Header.Get("Idempotency-Key") {
-				recorded++
+		var recorded, writes int
+		up := &upstream{check: func(sr *batch.SubRequest) {
+			writes++
+			if Pending() <= pending {
+				t.Error("the saga in flight is not counted as pending")
+			}
+			st, err := js.load(context.Background(), j.Saga())
+			if err != nil {
+				t.Errorf("a create sent with no journal: %v", err)
 				return
 			}
+			for _, it := range st.snap.Items {
+				if it.Phase >= batch.PhaseSending && it.Sent != nil && it.Sent.Header.Get("Idempotency-Key") == sr.Header.Get("Idempotency-Key") {
+					recorded++
+					return
+				}
+			}
+			t.Errorf("a create reached the upstream before the journal recorded it")
+		}}
+		if res := batch.Run(context.Background(), plan, batch.Runtime{Send: up, Journal: j}); res.Outcome != batch.Succeeded {
+			t.Fatalf("outcome %s: %s", res.Outcome, res.Detail)
 		}
-		t.Errorf("a create reached the upstream before the journal recorded it")
-	}}
-	if res := batch.Run(context.Background(), plan, batch.Runtime{Send: up, Journal: j}); res.Outcome != batch.Succeeded {
-		t.Fatalf("outcome %s: %s", res.Outcome, res.Detail)
-	}
-	if n := Pending(); n != pending {
-		t.Errorf("%d sagas pending after the saga ended, want %d", n, pending)
-	}
-	if writes != 16 || recorded != writes {
-		t.Errorf("%d of %d creates were recorded before they were sent, want 16 of 16", recorded, writes)
-	}
-	if _, stores := mem.count(); stores >= writes {
-		t.Errorf("%d stores for %d creates sent 8 at a time: their records were not stored together", stores, writes)
-	}
+		if n := Pending(); n != pending {
+			t.Errorf("%d sagas pending after the saga ended, want %d", n, pending)
+		}
+		if writes != 16 || recorded != writes {
+			t.Errorf("%d of %d creates were recorded before they were sent, want 16 of 16", recorded, writes)
+		}
+		if _, stores := mem.count(); stores >= writes {
+			t.Errorf("%d stores for %d creates sent 8 at a time: their records were not stored together", stores, writes)
+		}
+	})
 }
 
 // A saga whose gateway died (its lease lapsed) is taken over by a scan,
@@ -216,51 +218,54 @@ func TestJournalGroupCommit(t *testing.T) {
 // its journal is gone once it is finished; what is left of a removed
 // journal is swept once it is a lease old.
 func TestScanTakesOverADeadSaga(t *testing.T) {
-	s := newMemStorage()
-	p := widgets(t)
-	dead := NewJournals(s, NewLeases(30*time.Millisecond), zap.NewNop())
-	j := dead.New(Origin{Server: "srv0", Method: "PATCH", URI: "/v1/widgets", Host: "example.com"})
-	died := make(chan struct{})
-	up := &upstream{check: func(*batch.SubRequest) {
-		select {
-		case <-died:
-		default:
-			close(died)
-			j.Abandon()
-			select {} // the gateway died mid-write
+	inBubble(t, func(t *testing.T) {
+		s := newMemStorage()
+		p := widgets(t)
+		dead := NewJournals(s, NewLeases(30*time.Millisecond), zap.NewNop())
+		j := dead.New(Origin{Server: "srv0", Method: "PATCH", URI: "/v1/widgets", Host: "example.com"})
+		died, gone := make(chan struct{}), make(chan struct{})
+		defer close(gone) // the dead saga's goroutine ends with the test
+		up := &upstream{check: func(*batch.SubRequest) {
+			select {
+			case <-died:
+			default:
+				close(died)
+				j.Abandon()
+				<-gone // the gateway died mid-write
+			}
+		}}
+		go batch.Run(context.Background(), updatePlan(t, p, 2), batch.Runtime{Send: up, Journal: j})
+		<-died
+		if err := s.Store(context.Background(), "batch/v1/journal/leftover/seg.00000001", []byte("{}")); err != nil {
+			t.Fatal(err)
 		}
-	}}
-	go batch.Run(context.Background(), updatePlan(t, p, 2), batch.Runtime{Send: up, Journal: j})
-	<-died
-	if err := s.Store(context.Background(), "batch/v1/journal/leftover/seg.00000001", []byte("{}")); err != nil {
-		t.Fatal(err)
-	}
-	s.age("batch/v1/journal/leftover", time.Minute)
+		s.age("batch/v1/journal/leftover", time.Minute)
 
-	js := NewJournals(s, NewLeases(time.Minute), zap.NewNop())
-	finished := make(chan *Recovered, 2)
-	finish := func(r *Recovered) error {
-		_, err := batch.Resume(context.Background(), r.Snapshot, p.Lookup, nil, batch.Runtime{Send: &upstream{}, Journal: r.Journal})
-		finished <- r
-		return err
-	}
-	failed := func(saga, doing string, err error) { t.Errorf("%s: %s: %v", saga, doing, err) }
-	time.Sleep(40 * time.Millisecond) // the dead lease lapses
-	if err := js.Scan(context.Background(), finish, failed); err != nil {
-		t.Fatal(err)
-	}
-	if err := js.Scan(context.Background(), finish, failed); err != nil {
-		t.Fatal(err)
-	}
-	r := <-finished
-	if r.Saga != j.Saga() || r.Origin.URI != "/v1/widgets" || r.Dead.Owner != Owner() || len(r.Snapshot.Items) != 2 {
-		t.Errorf("recovered %+v", r)
-	}
-	time.Sleep(20 * time.Millisecond)
-	if len(finished) != 0 {
-		t.Error("the saga was taken over twice")
-	}
-	if keys, _ := s.count(); keys != 0 {
-		t.Errorf("%d keys left after the recovery and the sweep: %v", keys, s.keys)
-	}
+		js := NewJournals(s, NewLeases(time.Minute), zap.NewNop())
+		finished := make(chan *Recovered, 2)
+		finish := func(r *Recovered) error {
+			_, err := batch.Resume(context.Background(), r.Snapshot, p.Lookup, nil, batch.Runtime{Send: &upstream{}, Journal: r.Journal})
+			finished <- r
+			return err
+		}
+		failed := func(saga, doing string, err error) { t.Errorf("%s: %s: %v", saga, doing, err) }
+		time.Sleep(40 * time.Millisecond) // the dead lease lapses
+		if err := js.Scan(context.Background(), finish, failed); err != nil {
+			t.Fatal(err)
+		}
+		if err := js.Scan(context.Background(), finish, failed); err != nil {
+			t.Fatal(err)
+		}
+		r := <-finished
+		if r.Saga != j.Saga() || r.Origin.URI != "/v1/widgets" || r.Dead.Owner != Owner() || len(r.Snapshot.Items) != 2 {
+			t.Errorf("recovered %+v", r)
+		}
+		time.Sleep(20 * time.Millisecond)
+		if len(finished) != 0 {
+			t.Error("the saga was taken over twice")
+		}
+		if keys, _ := s.count(); keys != 0 {
+			t.Errorf("%d keys left after the recovery and the sweep: %v", keys, s.keys)
+		}
+	})
 }

@@ -3,7 +3,18 @@ package durable
 import (
 	"sync"
 	"time"
+
+	"go.uber.org/zap"
 )
+
+// leased is what keeps records in a storage under the process's leases
+// (Journals, Keys): the storage, the leases, and the logger that hears
+// of what fails after the request that caused it is gone.
+type leased struct {
+	storage Storage
+	leases  *Leases
+	logger  *zap.Logger
+}
 
 // Leases is the one lease of the process (docs/durability.md, "Leases"):
 // one length, and one loop that renews, every third of it, everything
@@ -31,18 +42,24 @@ type holding struct {
 	// until is when renewals end (zero: never), for a holder that may
 	// never let go.
 	until time.Time
-	// mu is held while renew runs, so that release waits for a renewal
-	// being written.
-	mu       sync.Mutex
+	// turn holds a token while no renewal runs: renew and release each
+	// take it, so that release waits for a renewal being written. A
+	// channel, not a mutex, so that the wait is one a fake clock sees
+	// (testing/synctest counts a goroutine waiting on a mutex as busy).
+	turn     chan struct{}
 	released bool
 }
+
+func (h *holding) take() { <-h.turn }
+func (h *holding) give() { h.turn <- struct{}{} }
 
 // Hold renews a holding every third of the length, by calling renew
 // (which writes it to storage), until the returned release is called or,
 // with max above zero, for at most max. Release waits until no renewal
 // is being written, and none is written after it.
 func (l *Leases) Hold(renew func(), max time.Duration) (release func()) {
-	h := &holding{renew: renew}
+	h := &holding{renew: renew, turn: make(chan struct{}, 1)}
+	h.give()
 	if max > 0 {
 		h.until = now().Add(max)
 	}
@@ -57,9 +74,9 @@ func (l *Leases) Hold(renew func(), max time.Duration) (release func()) {
 		l.mu.Lock()
 		delete(l.held, h)
 		l.mu.Unlock()
-		h.mu.Lock()
+		h.take()
 		h.released = true
-		h.mu.Unlock()
+		h.give()
 	})
 }
 
@@ -88,8 +105,8 @@ func (l *Leases) loop() {
 		var wg sync.WaitGroup
 		for _, h := range due {
 			wg.Go(func() {
-				h.mu.Lock()
-				defer h.mu.Unlock()
+				h.take()
+				defer h.give()
 				if !h.released {
 					h.renew()
 				}

@@ -21,30 +21,32 @@ import (
 func TestJournalLeavesNoKey(t *testing.T) {
 	for _, flat := range []bool{false, true} {
 		t.Run(fmt.Sprintf("flat=%v", flat), func(t *testing.T) {
-			s := newMemStorage()
-			s.flat = flat
-			leases := NewLeases(30 * time.Millisecond)
-			js := NewJournals(s, leases, zap.NewNop())
-			j := js.New(Origin{Server: "srv0"})
-			renewed := false
-			up := &upstream{fail: "/widgets/3", check: func(*batch.SubRequest) {
-				if !renewed {
-					renewed = true
-					time.Sleep(40 * time.Millisecond) // past a renewal (every 10ms)
-					if _, err := s.Load(context.Background(), leaseKey(j.Saga())); err != nil {
-						t.Errorf("no lease renewed while the saga ran: %v", err)
+			inBubble(t, func(t *testing.T) {
+				s := newMemStorage()
+				s.flat = flat
+				leases := NewLeases(30 * time.Millisecond)
+				js := NewJournals(s, leases, zap.NewNop())
+				j := js.New(Origin{Server: "srv0"})
+				renewed := false
+				up := &upstream{fail: "/widgets/3", check: func(*batch.SubRequest) {
+					if !renewed {
+						renewed = true
+						time.Sleep(40 * time.Millisecond) // past a renewal (every 10ms)
+						if _, err := s.Load(context.Background(), leaseKey(j.Saga())); err != nil {
+							t.Errorf("no lease renewed while the saga ran: %v", err)
+						}
 					}
+				}}
+				p := widgets(t)
+				plan := updatePlan(t, p, 3)
+				res := batch.Run(context.Background(), plan, batch.Runtime{Send: up, Journal: j})
+				if res.Outcome != batch.RolledBack {
+					t.Fatalf("outcome %s: %s", res.Outcome, res.Detail)
 				}
-			}}
-			p := widgets(t)
-			plan := updatePlan(t, p, 3)
-			res := batch.Run(context.Background(), plan, batch.Runtime{Send: up, Journal: j})
-			if res.Outcome != batch.RolledBack {
-				t.Fatalf("outcome %s: %s", res.Outcome, res.Detail)
-			}
-			if keys, stores := s.count(); keys != 0 || stores < 3 {
-				t.Errorf("%d keys left after %d stores: %v", keys, stores, s.keys)
-			}
+				if keys, stores := s.count(); keys != 0 || stores < 3 {
+					t.Errorf("%d keys left after %d stores: %v", keys, stores, s.keys)
+				}
+			})
 		})
 	}
 }
@@ -53,46 +55,47 @@ func TestJournalLeavesNoKey(t *testing.T) {
 // saga's lease (a scan meanwhile does not take the saga over), until the
 // journal is gone.
 func TestJournalRemovalRetried(t *testing.T) {
-	s := newMemStorage()
-	s.flat = true
-	core, logs := observer.New(zapcore.InfoLevel)
-	js := NewJournals(s, NewLeases(30*time.Millisecond), zap.New(core))
-	j := js.New(Origin{})
-	pending := Pending()
-	up := &upstream{check: func(*batch.SubRequest) { s.failDeletes(errors.New("the storage is down")) }}
-	res := batch.Run(context.Background(), updatePlan(t, widgets(t), 1), batch.Runtime{Send: up, Journal: j})
-	if res.Outcome != batch.Succeeded {
-		t.Fatalf("outcome %s: %s", res.Outcome, res.Detail)
-	}
-	if logs.FilterMessageSnippet("could not be removed").Len() == 0 {
-		t.Error("the failed removal was not logged")
-	}
-	time.Sleep(50 * time.Millisecond) // past the lease's length
-	other := NewJournals(s, NewLeases(time.Minute), zap.NewNop())
-	finish := func(*Recovered) error { t.Error("a saga being removed was taken over"); return nil }
-	if err := other.Scan(context.Background(), finish, func(saga, doing string, err error) {}); err != nil {
-		t.Fatal(err)
-	}
-	if Pending() != pending+1 {
-		t.Error("a saga whose removal is pending is not counted")
-	}
-	s.failDeletes(nil)
-	deadline := time.Now().Add(5 * time.Second)
-	for keys, _ := s.count(); keys != 0; keys, _ = s.count() {
-		if time.Now().After(deadline) {
+	inBubble(t, func(t *testing.T) {
+		s := newMemStorage()
+		s.flat = true
+		core, logs := observer.New(zapcore.InfoLevel)
+		js := NewJournals(s, NewLeases(30*time.Millisecond), zap.New(core))
+		j := js.New(Origin{})
+		pending := Pending()
+		up := &upstream{check: func(*batch.SubRequest) { s.failDeletes(errors.New("the storage is down")) }}
+		res := batch.Run(context.Background(), updatePlan(t, widgets(t), 1), batch.Runtime{Send: up, Journal: j})
+		if res.Outcome != batch.Succeeded {
+			t.Fatalf("outcome %s: %s", res.Outcome, res.Detail)
+		}
+		if logs.FilterMessageSnippet("could not be removed").Len() == 0 {
+			t.Error("the failed removal was not logged")
+		}
+		time.Sleep(50 * time.Millisecond) // past the lease's length
+		other := NewJournals(s, NewLeases(time.Minute), zap.NewNop())
+		finish := func(*Recovered) error { t.Error("a saga being removed was taken over"); return nil }
+		if err := other.Scan(context.Background(), finish, func(saga, doing string, err error) {}); err != nil {
+			t.Fatal(err)
+		}
+		if Pending() != pending+1 {
+			t.Error("a saga whose removal is pending is not counted")
+		}
+		// Another instance, which does not know the saga is this
+		// process's, finds its lease renewed.
+		if l, err := other.leaseOf(context.Background(), j.Saga()); err != nil || !time.Now().Before(l.Expires) {
+			t.Errorf("the lease of a saga whose removal is pending: %+v, %v; want it renewed", l, err)
+		}
+		s.failDeletes(nil)
+		time.Sleep(16 * time.Millisecond) // past the next try, half the lease later
+		if keys, _ := s.count(); keys != 0 {
 			t.Fatalf("%d keys left: %v", keys, s.keys)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	for owned.has(j.Saga()) && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
-	if owned.has(j.Saga()) {
-		t.Error("the removed saga is still owned")
-	}
-	if logs.FilterMessageSnippet("after it failed").Len() != 1 {
-		t.Errorf("the removal that succeeded at last was not logged: %v", logs.All())
-	}
+		if owned.has(j.Saga()) {
+			t.Error("the removed saga is still owned")
+		}
+		if logs.FilterMessageSnippet("after it failed").Len() != 1 {
+			t.Errorf("the removal that succeeded at last was not logged: %v", logs.All())
+		}
+	})
 }
 
 // The scan clears what is left of journals whose removal was cut short,
@@ -138,75 +141,80 @@ func TestScanClearsLeftovers(t *testing.T) {
 // saga whose owner died is taken over by the first scan after its lease
 // lapsed, whatever is kept.
 func TestIdleCostDoesNotGrowWithWhatIsKept(t *testing.T) {
-	idle := func(records int) (map[string]int, bool) {
-		mem := newMemStorage()
-		s := newCounting(mem)
-		for i := range records {
-			fileRecord(t, s, fmt.Sprintf("kept%05d", i), Record{Version: 1, State: StateDone, Expires: time.Now().Add(24 * time.Hour)}, 24*time.Hour)
+	inBubble(t, func(t *testing.T) {
+		idle := func(records int) (map[string]int, bool) {
+			mem := newMemStorage()
+			s := newCounting(mem)
+			for i := range records {
+				fileRecord(t, s, fmt.Sprintf("kept%05d", i), Record{Version: 1, State: StateDone, Expires: time.Now().Add(24 * time.Hour)}, 24*time.Hour)
+			}
+			dead := NewJournals(s, NewLeases(20*time.Millisecond), zap.NewNop())
+			j := dead.New(Origin{Server: "srv0"})
+			died, gone := make(chan struct{}), make(chan struct{})
+			defer close(gone) // the dead saga's goroutine ends with the test
+			up := &upstream{check: func(*batch.SubRequest) {
+				close(died)
+				j.Abandon()
+				<-gone // the gateway died mid-write
+			}}
+			go batch.Run(context.Background(), updatePlan(t, widgets(t), 1), batch.Runtime{Send: up, Journal: j})
+			<-died
+			sw := NewSweeper(s, zap.NewNop())
+			if _, err := sw.Sweep(context.Background(), time.Now()); err != nil { // the first, which indexes
+				t.Fatal(err)
+			}
+			js := NewJournals(s, NewLeases(time.Minute), zap.NewNop())
+			failed := func(saga, doing string, err error) { t.Errorf("%s: %s: %v", saga, doing, err) }
+			taken := make(chan struct{}, 1)
+			finish := func(r *Recovered) error {
+				taken <- struct{}{}
+				r.abandon()
+				return nil
+			}
+			time.Sleep(30 * time.Millisecond) // the dead owner's lease lapses
+			s.take()
+			if err := js.Scan(context.Background(), finish, failed); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := sw.Sweep(context.Background(), time.Now()); err != nil {
+				t.Fatal(err)
+			}
+			counts := s.take()
+			select {
+			case <-taken:
+				return counts, true
+			case <-time.After(5 * time.Second):
+				return counts, false
+			}
 		}
-		dead := NewJournals(s, NewLeases(20*time.Millisecond), zap.NewNop())
-		j := dead.New(Origin{Server: "srv0"})
-		died := make(chan struct{})
-		up := &upstream{check: func(*batch.SubRequest) {
-			close(died)
-			j.Abandon()
-			select {} // the gateway died mid-write
-		}}
-		go batch.Run(context.Background(), updatePlan(t, widgets(t), 1), batch.Runtime{Send: up, Journal: j})
-		<-died
-		sw := NewSweeper(s, zap.NewNop())
-		if _, err := sw.Sweep(context.Background(), time.Now()); err != nil { // the first, which indexes
-			t.Fatal(err)
+		none, tookNone := idle(0)
+		many, tookMany := idle(20000)
+		if fmt.Sprint(none) != fmt.Sprint(many) {
+			t.Errorf("an idle scan and sweep made %v with 20,000 records kept, %v with none", many, none)
 		}
-		js := NewJournals(s, NewLeases(time.Minute), zap.NewNop())
-		failed := func(saga, doing string, err error) { t.Errorf("%s: %s: %v", saga, doing, err) }
-		taken := make(chan struct{}, 1)
-		finish := func(r *Recovered) error {
-			taken <- struct{}{}
-			r.abandon()
-			return nil
+		if !tookNone || !tookMany {
+			t.Errorf("the dead saga was not taken over by the first scan: with none %v, with 20,000 %v", tookNone, tookMany)
 		}
-		time.Sleep(30 * time.Millisecond) // the dead owner's lease lapses
-		s.take()
-		if err := js.Scan(context.Background(), finish, failed); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := sw.Sweep(context.Background(), time.Now()); err != nil {
-			t.Fatal(err)
-		}
-		counts := s.take()
-		select {
-		case <-taken:
-			return counts, true
-		case <-time.After(5 * time.Second):
-			return counts, false
-		}
-	}
-	none, tookNone := idle(0)
-	many, tookMany := idle(20000)
-	if fmt.Sprint(none) != fmt.Sprint(many) {
-		t.Errorf("an idle scan and sweep made %v with 20,000 records kept, %v with none", many, none)
-	}
-	if !tookNone || !tookMany {
-		t.Errorf("the dead saga was not taken over by the first scan: with none %v, with 20,000 %v", tookNone, tookMany)
-	}
-	t.Logf("an idle scan (with a dead saga to take over) and sweep: %v", many)
+		t.Logf("an idle scan (with a dead saga to take over) and sweep: %v", many)
+	})
 }
 
 // Wait returns when its context ends, a saga still running; the leases
 // of a length are the process's, one for every config.
 func TestProcessLifecycle(t *testing.T) {
-	if ProcessLeases(7*time.Second) != ProcessLeases(7*time.Second) {
-		t.Error("two configs with one lease length got two leases")
-	}
-	j := NewJournals(newMemStorage(), NewLeases(time.Minute), zap.NewNop()).New(Origin{})
-	if err := j.Begin(context.Background(), updatePlan(t, widgets(t), 1)); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-	defer cancel()
-	if err := Wait(ctx); !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("Wait with a saga running: %v, want its context's end", err)
-	}
-	j.End(context.Background(), nil)
+	inBubble(t, func(t *testing.T) {
+		if ProcessLeases(7*time.Second) != ProcessLeases(7*time.Second) {
+			t.Error("two configs with one lease length got two leases")
+		}
+		j := NewJournals(newMemStorage(), NewLeases(time.Minute), zap.NewNop()).New(Origin{})
+		if err := j.Begin(context.Background(), updatePlan(t, widgets(t), 1)); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		defer cancel()
+		if err := Wait(ctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Wait with a saga running: %v, want its context's end", err)
+		}
+		j.End(context.Background(), nil)
+	})
 }

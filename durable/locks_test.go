@@ -74,6 +74,7 @@ func (l lockOnly) Lock(ctx context.Context, name string) error   { return l.m.Lo
 func (l lockOnly) Unlock(ctx context.Context, name string) error { return l.m.Unlock(ctx, name) }
 
 func TestLock(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		name string
 		s    func(*memLocks) Locker
@@ -82,43 +83,45 @@ func TestLock(t *testing.T) {
 		{"Lock", func(m *memLocks) Locker { return lockOnly{m} }},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			m := newMemLocks()
-			s := tt.s(m)
-			unlock, err := Lock(context.Background(), s, "a", time.Millisecond, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			// Held: a wait ends with its context, with ErrLocked.
-			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-			start := time.Now()
-			_, err = Lock(ctx, s, "a", time.Millisecond, nil)
-			cancel()
-			if !errors.Is(err, itemlock.ErrLocked) || time.Since(start) < 40*time.Millisecond {
-				t.Errorf("a held lock: %v after %s, want ErrLocked after the context's 50ms", err, time.Since(start))
-			}
-			// Another name is another lock.
-			other, err := Lock(context.Background(), s, "b", time.Millisecond, nil)
-			if err != nil {
-				t.Fatalf("b: %v", err)
-			}
-			other()
-			// Released once, however often unlock is called; a waiter
-			// then has it.
-			go func() {
-				time.Sleep(20 * time.Millisecond)
-				unlock()
-				unlock()
-			}()
-			ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			again, err := Lock(ctx, s, "a", time.Millisecond, nil)
-			if err != nil {
-				t.Fatalf("after the release: %v", err)
-			}
-			again()
-			if n := strings.Count(strings.Join(m.unlocked, ","), "a"); n != 2 {
-				t.Errorf("a released %d times, want once per holder (2)", n)
-			}
+			bubble(t, func(t *testing.T) {
+				m := newMemLocks()
+				s := tt.s(m)
+				unlock, err := Lock(context.Background(), s, "a", time.Millisecond, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				// Held: a wait ends with its context, with ErrLocked.
+				ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+				start := time.Now()
+				_, err = Lock(ctx, s, "a", time.Millisecond, nil)
+				cancel()
+				if !errors.Is(err, itemlock.ErrLocked) || time.Since(start) < 40*time.Millisecond {
+					t.Errorf("a held lock: %v after %s, want ErrLocked after the context's 50ms", err, time.Since(start))
+				}
+				// Another name is another lock.
+				other, err := Lock(context.Background(), s, "b", time.Millisecond, nil)
+				if err != nil {
+					t.Fatalf("b: %v", err)
+				}
+				other()
+				// Released once, however often unlock is called; a waiter
+				// then has it.
+				go func() {
+					time.Sleep(20 * time.Millisecond)
+					unlock()
+					unlock()
+				}()
+				ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				again, err := Lock(ctx, s, "a", time.Millisecond, nil)
+				if err != nil {
+					t.Fatalf("after the release: %v", err)
+				}
+				again()
+				if n := strings.Count(strings.Join(m.unlocked, ","), "a"); n != 2 {
+					t.Errorf("a released %d times, want once per holder (2)", n)
+				}
+			})
 		})
 	}
 	t.Run("no wait: one try", func(t *testing.T) {
@@ -155,45 +158,49 @@ func TestLock(t *testing.T) {
 // other on one item, and not on others; keys that a storage would fold
 // into one lock name stay apart.
 func TestItemLocks(t *testing.T) {
-	m := newMemLocks()
-	one := NewItemLocks(new(itemlock.Local), m, nil)
-	two := NewItemLocks(new(itemlock.Local), m, nil)
-	unlock, err := one.Lock(context.Background(), "/api/widgets/1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	_, err = two.Lock(ctx, "/api/widgets/1")
-	cancel()
-	if !errors.Is(err, itemlock.ErrLocked) || !strings.Contains(err.Error(), "/api/widgets/1") {
-		t.Errorf("the other instance: %v, want ErrLocked naming the item", err)
-	}
-	for _, other := range []string{"/api/widgets/2", "/api/Widgets/1", "/api/widgets/1 "} {
-		u, err := two.Lock(context.Background(), other)
+	t.Parallel()
+	bubble(t, func(t *testing.T) {
+		m := newMemLocks()
+		one := NewItemLocks(new(itemlock.Local), m, nil)
+		two := NewItemLocks(new(itemlock.Local), m, nil)
+		unlock, err := one.Lock(context.Background(), "/api/widgets/1")
 		if err != nil {
-			t.Errorf("%q: %v", other, err)
-			continue
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		_, err = two.Lock(ctx, "/api/widgets/1")
+		cancel()
+		if !errors.Is(err, itemlock.ErrLocked) || !strings.Contains(err.Error(), "/api/widgets/1") {
+			t.Errorf("the other instance: %v, want ErrLocked naming the item", err)
+		}
+		for _, other := range []string{"/api/widgets/2", "/api/Widgets/1", "/api/widgets/1 "} {
+			u, err := two.Lock(context.Background(), other)
+			if err != nil {
+				t.Errorf("%q: %v", other, err)
+				continue
+			}
+			u()
+		}
+		unlock()
+		u, err := two.Lock(context.Background(), "/api/widgets/1")
+		if err != nil {
+			t.Fatalf("after the release: %v", err)
 		}
 		u()
-	}
-	unlock()
-	u, err := two.Lock(context.Background(), "/api/widgets/1")
-	if err != nil {
-		t.Fatalf("after the release: %v", err)
-	}
-	u()
-	// The same process's second writer waits in memory, not in storage.
-	u1, _ := one.Lock(context.Background(), "/k")
-	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Millisecond)
-	_, err = one.Lock(ctx, "/k")
-	cancel()
-	if !errors.Is(err, itemlock.ErrLocked) {
-		t.Errorf("a second writer of one process: %v", err)
-	}
-	u1()
+		// The same process's second writer waits in memory, not in storage.
+		u1, _ := one.Lock(context.Background(), "/k")
+		ctx, cancel = context.WithTimeout(context.Background(), 30*time.Millisecond)
+		_, err = one.Lock(ctx, "/k")
+		cancel()
+		if !errors.Is(err, itemlock.ErrLocked) {
+			t.Errorf("a second writer of one process: %v", err)
+		}
+		u1()
+	})
 }
 
 func TestItemLockName(t *testing.T) {
+	t.Parallel()
 	name := ItemLockName("/api/Widgets/1")
 	if !regexp.MustCompile(`^batch_item_[0-9a-f]{64}$`).MatchString(name) || name == ItemLockName("/api/widgets/1") {
 		t.Errorf("%q: want a hash that keeps /api/Widgets/1 apart from /api/widgets/1", name)
@@ -201,6 +208,7 @@ func TestItemLockName(t *testing.T) {
 }
 
 func TestOwnerAndIDs(t *testing.T) {
+	t.Parallel()
 	if Owner() != Owner() || !strings.Contains(Owner(), "/") {
 		t.Errorf("owner %q, %q: want one owner per process, host/pid/random", Owner(), Owner())
 	}

@@ -39,15 +39,19 @@ func ProcessLeases(length time.Duration) *Leases {
 }
 
 // removals are the journals whose removal failed, each retried every
-// third of its lease, under the lease, until it goes; at exit (Wait)
+// half of its lease, under the lease, until it goes; at exit (Wait)
 // each is tried at once, and then every second, for as long as the exit
 // allows.
-var removals = &pendingRemovals{hurry: make(chan struct{})}
+var removals = newPendingRemovals()
 
 type pendingRemovals struct {
 	running   sync.WaitGroup
 	hurryOnce sync.Once
 	hurry     chan struct{}
+}
+
+func newPendingRemovals() *pendingRemovals {
+	return &pendingRemovals{hurry: make(chan struct{})}
 }
 
 // exitRemovalGrace bounds how long an exit waits for the journals whose
@@ -62,11 +66,14 @@ func (p *pendingRemovals) retry(j *Journal, end func(context.Context) error) {
 
 // endLater tries end again, holding the lease meanwhile and letting it
 // go for each try, so that no renewal writes the lease again once the
-// journal is removed.
+// journal is removed. It holds the lease for half its length between
+// tries: the loop renews at most a third of the length after the hold,
+// so every wait holds a renewal (a third would be a race with the
+// loop's tick).
 func (j *Journal) endLater(hurry <-chan struct{}, end func(context.Context) error) {
 	defer owned.forget(j.saga)
 	for try := 2; ; try++ {
-		wait := j.js.leases.Length / 3
+		wait := j.js.leases.Length / 2
 		select {
 		case <-hurry:
 			wait = time.Second

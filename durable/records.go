@@ -75,16 +75,12 @@ func (rec *Record) expired(now time.Time) bool {
 }
 
 // Keys claims, replays and stores keyed batch writes in one storage.
-type Keys struct {
-	storage Storage
-	leases  *Leases
-	logger  *zap.Logger
-}
+type Keys struct{ leased }
 
 // NewKeys keeps Idempotency-Key records in storage, claims held under
 // leases; logger hears of renewals that fail.
 func NewKeys(storage Storage, leases *Leases, logger *zap.Logger) *Keys {
-	return &Keys{storage: storage, leases: leases, logger: logger}
+	return &Keys{leased{storage, leases, logger}}
 }
 
 // Claim is a keyed batch write about to run.

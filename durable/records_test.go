@@ -29,86 +29,92 @@ func stored(t *testing.T, s Storage, key string) *Record {
 // so; an answer too large is not kept; a claim whose lease lapsed is
 // abandoned; a batch that sent nothing gives its key back.
 func TestClaim(t *testing.T) {
-	s := newMemStorage()
-	keys := NewKeys(s, NewLeases(30*time.Millisecond), zap.NewNop())
-	ctx := context.Background()
-	c := claimOf("fp")
+	t.Parallel()
+	bubble(t, func(t *testing.T) {
+		s := newMemStorage()
+		keys := NewKeys(s, NewLeases(30*time.Millisecond), zap.NewNop())
+		ctx := context.Background()
+		c := claimOf("fp")
 
-	d, err := keys.Claim(ctx, c)
-	if err != nil || d.Verdict != Proceed {
-		t.Fatalf("a new key: %v, %v", d.Verdict, err)
-	}
-	first := stored(t, s, c.Record).LeaseUntil
-	time.Sleep(40 * time.Millisecond)
-	if rec := stored(t, s, c.Record); rec.State != StateInFlight || !rec.LeaseUntil.After(first) || rec.Owner != Owner() {
-		t.Errorf("the claim was not renewed: %+v", rec)
-	}
-	if d, _ := keys.Claim(ctx, c); d.Verdict != InFlight {
-		t.Errorf("while it runs: %v, want InFlight", d.Verdict)
-	}
-	if d, _ := keys.Claim(ctx, claimOf("other")); d.Verdict != Mismatch {
-		t.Errorf("another request: %v, want Mismatch", d.Verdict)
-	}
-	// The key's lock held elsewhere: in flight too.
-	unlock, _ := Lock(ctx, s, c.Lock, 0, nil)
-	if d, _ := keys.Claim(ctx, c); d.Verdict != InFlight {
-		t.Errorf("its lock held: %v, want InFlight", d.Verdict)
-	}
-	unlock()
+		d, err := keys.Claim(ctx, c)
+		if err != nil || d.Verdict != Proceed {
+			t.Fatalf("a new key: %v, %v", d.Verdict, err)
+		}
+		first := stored(t, s, c.Record).LeaseUntil
+		time.Sleep(40 * time.Millisecond)
+		if rec := stored(t, s, c.Record); rec.State != StateInFlight || !rec.LeaseUntil.After(first) || rec.Owner != Owner() {
+			t.Errorf("the claim was not renewed: %+v", rec)
+		}
+		if d, _ := keys.Claim(ctx, c); d.Verdict != InFlight {
+			t.Errorf("while it runs: %v, want InFlight", d.Verdict)
+		}
+		if d, _ := keys.Claim(ctx, claimOf("other")); d.Verdict != Mismatch {
+			t.Errorf("another request: %v, want Mismatch", d.Verdict)
+		}
+		// The key's lock held elsewhere: in flight too.
+		unlock, _ := Lock(ctx, s, c.Lock, 0, nil)
+		if d, _ := keys.Claim(ctx, c); d.Verdict != InFlight {
+			t.Errorf("its lock held: %v, want InFlight", d.Verdict)
+		}
+		unlock()
 
-	answer := &Answer{Status: 200, Body: []byte(`{"outcome":"succeeded"}`)}
-	if err := d.Held.Answered(ctx, answer, "succeeded", time.Hour, 1<<10); err != nil {
-		t.Fatal(err)
-	}
-	if d, _ := keys.Claim(ctx, c); d.Verdict != Replay || string(d.Record.Answer.Body) != string(answer.Body) {
-		t.Errorf("after the answer: %v %+v, want Replay", d.Verdict, d.Record)
-	}
+		answer := &Answer{Status: 200, Body: []byte(`{"outcome":"succeeded"}`)}
+		if err := d.Held.Answered(ctx, answer, "succeeded", time.Hour, 1<<10); err != nil {
+			t.Fatal(err)
+		}
+		if d, _ := keys.Claim(ctx, c); d.Verdict != Replay || string(d.Record.Answer.Body) != string(answer.Body) {
+			t.Errorf("after the answer: %v %+v, want Replay", d.Verdict, d.Record)
+		}
 
-	tooLarge := claimOf("fp")
-	tooLarge.Record, tooLarge.Lock = IdempotencyRecord("large", "", "/widgets", "/widgets", "update")
-	d, _ = keys.Claim(ctx, tooLarge)
-	_ = d.Held.Answered(ctx, answer, "succeeded", time.Hour, 4)
-	if d, _ := keys.Claim(ctx, tooLarge); d.Verdict != NotKept || d.Record.AnswerSize != len(answer.Body) || d.Record.Outcome != "succeeded" {
-		t.Errorf("a large answer: %v %+v, want NotKept", d.Verdict, d.Record)
-	}
+		tooLarge := claimOf("fp")
+		tooLarge.Record, tooLarge.Lock = IdempotencyRecord("large", "", "/widgets", "/widgets", "update")
+		d, _ = keys.Claim(ctx, tooLarge)
+		_ = d.Held.Answered(ctx, answer, "succeeded", time.Hour, 4)
+		if d, _ := keys.Claim(ctx, tooLarge); d.Verdict != NotKept || d.Record.AnswerSize != len(answer.Body) || d.Record.Outcome != "succeeded" {
+			t.Errorf("a large answer: %v %+v, want NotKept", d.Verdict, d.Record)
+		}
 
-	given := claimOf("fp")
-	given.Record, given.Lock = IdempotencyRecord("given", "", "/widgets", "/widgets", "update")
-	d, _ = keys.Claim(ctx, given)
-	if err := d.Held.GiveBack(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if d, _ := keys.Claim(ctx, given); d.Verdict != Proceed {
-		t.Errorf("a key given back: %v, want Proceed", d.Verdict)
-	}
+		given := claimOf("fp")
+		given.Record, given.Lock = IdempotencyRecord("given", "", "/widgets", "/widgets", "update")
+		d, _ = keys.Claim(ctx, given)
+		if err := d.Held.GiveBack(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if d, _ := keys.Claim(ctx, given); d.Verdict != Proceed {
+			t.Errorf("a key given back: %v, want Proceed", d.Verdict)
+		} else {
+			d.Held.Release()
+		}
 
-	lapsed := claimOf("fp")
-	lapsed.Record, lapsed.Lock = IdempotencyRecord("lapsed", "", "/widgets", "/widgets", "update")
-	lapsed.MaxRun = time.Millisecond // renewed no more
-	keys.Claim(ctx, lapsed)
-	time.Sleep(60 * time.Millisecond)
-	if d, _ := keys.Claim(ctx, lapsed); d.Verdict != Abandoned {
-		t.Errorf("a claim past its max run: %v, want Abandoned", d.Verdict)
-	}
+		lapsed := claimOf("fp")
+		lapsed.Record, lapsed.Lock = IdempotencyRecord("lapsed", "", "/widgets", "/widgets", "update")
+		lapsed.MaxRun = time.Millisecond // renewed no more
+		keys.Claim(ctx, lapsed)
+		time.Sleep(60 * time.Millisecond)
+		if d, _ := keys.Claim(ctx, lapsed); d.Verdict != Abandoned {
+			t.Errorf("a claim past its max run: %v, want Abandoned", d.Verdict)
+		}
 
-	s.failStores(context.DeadlineExceeded)
-	unavailable := claimOf("fp")
-	unavailable.Record, unavailable.Lock = IdempotencyRecord("unavailable", "", "/widgets", "/widgets", "update")
-	if d, _ := keys.Claim(ctx, unavailable); d.Verdict != Unavailable || d.Err == nil {
-		t.Errorf("a storage that fails: %v, want Unavailable", d.Verdict)
-	}
-	s.failStores(nil)
-	unlock, _ = Lock(ctx, s, c.Lock, 0, nil)
-	defer unlock()
-	cctx, cancel := context.WithCancel(ctx)
-	cancel()
-	if _, err := keys.Claim(cctx, c); err == nil {
-		t.Error("a claim for a client gone while it waits: no error")
-	}
+		s.failStores(context.DeadlineExceeded)
+		unavailable := claimOf("fp")
+		unavailable.Record, unavailable.Lock = IdempotencyRecord("unavailable", "", "/widgets", "/widgets", "update")
+		if d, _ := keys.Claim(ctx, unavailable); d.Verdict != Unavailable || d.Err == nil {
+			t.Errorf("a storage that fails: %v, want Unavailable", d.Verdict)
+		}
+		s.failStores(nil)
+		unlock, _ = Lock(ctx, s, c.Lock, 0, nil)
+		defer unlock()
+		cctx, cancel := context.WithCancel(ctx)
+		cancel()
+		if _, err := keys.Claim(cctx, c); err == nil {
+			t.Error("a claim for a client gone while it waits: no error")
+		}
+	})
 }
 
 // A recovered saga's answer settles its in-flight record, and only that.
 func TestSettleRecovered(t *testing.T) {
+	t.Parallel()
 	s := newMemStorage()
 	keys := NewKeys(s, NewLeases(time.Minute), zap.NewNop())
 	ctx := context.Background()

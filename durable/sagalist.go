@@ -3,10 +3,7 @@ package durable
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
-	"io/fs"
 	"net/url"
 	"slices"
 	"strings"
@@ -128,49 +125,37 @@ func (js *Journals) keptSagas(ctx context.Context) ([]string, error) {
 
 func (js *Journals) keptSummary(ctx context.Context, saga string) (Summary, error) {
 	var s Summary
-	b, err := js.storage.Load(ctx, summaryKey(saga))
-	if errors.Is(err, fs.ErrNotExist) {
-		return s, ErrUnknownSaga
+	found, err := loadJSON(ctx, js.storage, summaryKey(saga), &s)
+	if err == nil && !found {
+		err = ErrUnknownSaga
 	}
-	if err != nil {
-		return s, err
-	}
-	if err := json.Unmarshal(b, &s); err != nil {
-		return s, fmt.Errorf("decoding %s: %w", summaryKey(saga), err)
-	}
-	return s, nil
+	return s, err
 }
 
 // journalState reads what a listing says of a journal: its intent, and
 // its state from its lease and stuck mark.
 func (js *Journals) journalState(ctx context.Context, saga string) (*intent, string, *stuck, error) {
-	b, err := js.storage.Load(ctx, segmentKey(saga, 0))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, "", nil, errNoIntent
-	}
+	in, err := js.loadIntent(ctx, saga)
 	if err != nil {
 		return nil, "", nil, err
 	}
-	var seg segment
-	if err := json.Unmarshal(b, &seg); err != nil || seg.Intent == nil || seg.Intent.Snapshot == nil {
-		return nil, "", nil, fmt.Errorf("decoding %s: not a journal's intent (%v)", segmentKey(saga, 0), err)
-	}
-	l, err := js.leaseOf(ctx, saga)
+	l, err := js.renewedLease(ctx, saga)
 	if err != nil {
 		return nil, "", nil, err
 	}
+	l = in.heldBy(l)
 	st, err := js.stuckOf(ctx, saga, l)
 	switch {
 	case err != nil:
 		return nil, "", nil, err
 	case owned.has(saga):
-		return seg.Intent, StateRunning, nil, nil
+		return in, StateRunning, nil, nil
 	case st != nil:
-		return seg.Intent, StateStuck, st, nil
+		return in, StateStuck, st, nil
 	case now().After(l.Expires):
-		return seg.Intent, StateOrphaned, nil, nil
+		return in, StateOrphaned, nil, nil
 	}
-	return seg.Intent, StateRunning, nil, nil
+	return in, StateRunning, nil, nil
 }
 
 func (js *Journals) journalSummary(ctx context.Context, saga string) (Summary, error) {
@@ -179,8 +164,7 @@ func (js *Journals) journalSummary(ctx context.Context, saga string) (Summary, e
 		return Summary{}, err
 	}
 	s := Summary{
-		ID: saga, State: state, Server: in.Server, Host: in.Host, Method: in.Method,
-		URI: redactQuery(in.URI, in.ScopeQuery), Op: in.Snapshot.Op, Resource: in.Resource,
+		ID: saga, State: state, OriginView: in.Origin.view(), Op: in.Snapshot.Op, Resource: in.Resource,
 		Items: len(in.Snapshot.Items), Started: in.Started,
 	}
 	if st != nil {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net/http"
 	"path"
 	"slices"
@@ -58,14 +57,9 @@ const (
 
 // Summary is a saga as a listing shows it.
 type Summary struct {
-	ID     string `json:"id"`
-	State  string `json:"state"`
-	Server string `json:"server"`
-	Host   string `json:"host"`
-	Method string `json:"method"`
-	// URI is the client's, the values of its scope_query parameters
-	// redacted.
-	URI        string     `json:"uri"`
+	ID    string `json:"id"`
+	State string `json:"state"`
+	OriginView
 	Op         string     `json:"op"`
 	Resource   string     `json:"resource"`
 	Items      int        `json:"items"`
@@ -170,8 +164,7 @@ func (js *Journals) storeKept(ctx context.Context, k *Kept) error {
 func (k *Kept) summary() Summary {
 	ended := k.Ended
 	return Summary{
-		ID: k.Saga, State: StateLeftBehind, Server: k.Server, Host: k.Host, Method: k.Method,
-		URI: redactQuery(k.URI, k.ScopeQuery), Op: k.Snapshot.Op, Resource: k.Resource,
+		ID: k.Saga, State: StateLeftBehind, OriginView: k.Origin.view(), Op: k.Snapshot.Op, Resource: k.Resource,
 		Items: len(k.Snapshot.Items), LeftBehind: len(k.LeftBehind),
 		Started: k.Started, Ended: &ended, Reason: k.Detail,
 	}
@@ -193,16 +186,13 @@ func (js *Journals) removeKept(ctx context.Context, saga string) error {
 
 // loadKept reads a kept saga; ErrUnknownSaga if there is none.
 func (js *Journals) loadKept(ctx context.Context, saga string) (*Kept, error) {
-	b, err := js.storage.Load(ctx, keptSagaKey(saga))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, ErrUnknownSaga
-	}
-	if err != nil {
-		return nil, err
-	}
 	var k Kept
-	if err := json.Unmarshal(b, &k); err != nil {
-		return nil, fmt.Errorf("decoding %s: %w", keptSagaKey(saga), err)
+	found, err := loadJSON(ctx, js.storage, keptSagaKey(saga), &k)
+	switch {
+	case err != nil:
+		return nil, err
+	case !found:
+		return nil, ErrUnknownSaga
 	}
 	if k.Version != keptVersion || k.Snapshot == nil {
 		return nil, fmt.Errorf("%s is in kept-saga format %d, this gateway knows %d", keptSagaKey(saga), k.Version, keptVersion)
@@ -229,16 +219,9 @@ func (js *Journals) MarkStuck(ctx context.Context, saga, reason string) {
 // stuckOf is why saga is stuck, if it is: a mark whose lease is still
 // the saga's.
 func (js *Journals) stuckOf(ctx context.Context, saga string, l Lease) (*stuck, error) {
-	b, err := js.storage.Load(ctx, stuckKey(saga))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
 	var s stuck
-	if err := json.Unmarshal(b, &s); err != nil {
-		return nil, fmt.Errorf("decoding %s: %w", stuckKey(saga), err)
+	if found, err := loadJSON(ctx, js.storage, stuckKey(saga), &s); err != nil || !found {
+		return nil, err
 	}
 	if s.Lease.Owner != l.Owner || !s.Lease.Expires.Equal(l.Expires) {
 		if now().Before(l.Expires) {

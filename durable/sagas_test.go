@@ -269,29 +269,31 @@ func (s *keptFailing) Store(ctx context.Context, key string, value []byte) error
 // A saga whose kept copy cannot be stored keeps its journal (and lease)
 // and is kept once the storage works again: never both lost.
 func TestKeepingThatFailsKeepsTheJournal(t *testing.T) {
-	s := &keptFailing{memStorage: newMemStorage(), fail: true}
-	js := NewJournals(s, NewLeases(60*time.Millisecond), zap.NewNop())
-	saga := leaveBehind(t, js, newRailsAPI("1", "2"))
-	ctx := context.Background()
-	list, err := js.ListSagas(ctx, SagaQuery{})
-	if err != nil || len(list) != 1 || list[0].State != StateRunning {
-		t.Fatalf("while the kept copy cannot be stored: %+v, %v; want its journal, running", list, err)
-	}
-	s.mu.Lock()
-	s.fail = false
-	s.mu.Unlock()
-	deadline := time.Now().Add(5 * time.Second)
-	for owned.has(saga) && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	list, err = js.ListSagas(ctx, SagaQuery{})
-	if err != nil || len(list) != 1 || list[0].State != StateLeftBehind {
-		t.Fatalf("after the storage came back: %+v, %v; want it kept", list, err)
-	}
-	keys, _ := js.sagas(ctx)
-	if len(keys) != 0 {
-		t.Errorf("journals left: %v", keys)
-	}
+	inBubble(t, func(t *testing.T) {
+		s := &keptFailing{memStorage: newMemStorage(), fail: true}
+		js := NewJournals(s, NewLeases(60*time.Millisecond), zap.NewNop())
+		saga := leaveBehind(t, js, newRailsAPI("1", "2"))
+		ctx := context.Background()
+		list, err := js.ListSagas(ctx, SagaQuery{})
+		if err != nil || len(list) != 1 || list[0].State != StateRunning {
+			t.Fatalf("while the kept copy cannot be stored: %+v, %v; want its journal, running", list, err)
+		}
+		s.mu.Lock()
+		s.fail = false
+		s.mu.Unlock()
+		deadline := time.Now().Add(5 * time.Second)
+		for owned.has(saga) && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		list, err = js.ListSagas(ctx, SagaQuery{})
+		if err != nil || len(list) != 1 || list[0].State != StateLeftBehind {
+			t.Fatalf("after the storage came back: %+v, %v; want it kept", list, err)
+		}
+		keys, _ := js.sagas(ctx)
+		if len(keys) != 0 {
+			t.Errorf("journals left: %v", keys)
+		}
+	})
 }
 
 // storeIntent stores a journal's segment 0 as a batch would, owned by

@@ -20,12 +20,9 @@ import (
 // the values of the scope_query parameters redacted wherever a URI is
 // shown.
 type SagaView struct {
-	ID            string            `json:"id"`
-	State         string            `json:"state"`
-	Server        string            `json:"server"`
-	Host          string            `json:"host"`
-	Method        string            `json:"method"`
-	URI           string            `json:"uri"`
+	ID    string `json:"id"`
+	State string `json:"state"`
+	OriginView
 	ClientAddress string            `json:"client_address"`
 	Op            string            `json:"op"`
 	Resource      string            `json:"resource"`
@@ -37,6 +34,21 @@ type SagaView struct {
 	// LeftBehind names each item left behind, and why.
 	LeftBehind []string   `json:"left_behind"`
 	Items      []ItemView `json:"items"`
+}
+
+// OriginView is where a saga came from, as a listing (Summary) and a
+// view (SagaView) show it.
+type OriginView struct {
+	Server string `json:"server"`
+	Host   string `json:"host"`
+	Method string `json:"method"`
+	// URI is the client's, the values of its scope_query parameters
+	// redacted.
+	URI string `json:"uri"`
+}
+
+func (o Origin) view() OriginView {
+	return OriginView{Server: o.Server, Host: o.Host, Method: o.Method, URI: redactQuery(o.URI, o.ScopeQuery)}
 }
 
 // ItemView is one item of a SagaView.
@@ -107,8 +119,7 @@ func (k *Kept) view() *SagaView {
 // saga answered them, where it kept them.
 func viewOf(o Origin, snap *batch.Snapshot, results []batch.ItemResult) *SagaView {
 	v := &SagaView{
-		Server: o.Server, Host: o.Host, Method: o.Method, URI: redactQuery(o.URI, o.ScopeQuery),
-		ClientAddress: o.RemoteAddr, Op: snap.Op, Resource: o.Resource, Path: snap.Path,
+		OriginView: o.view(), ClientAddress: o.RemoteAddr, Op: snap.Op, Resource: o.Resource, Path: snap.Path,
 		Headers: shownHeaders(snap.Header), LeftBehind: []string{}, Items: make([]ItemView, len(snap.Items)),
 	}
 	for i, it := range snap.Items {

@@ -2,6 +2,10 @@ package durable
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
 	"time"
 )
 
@@ -44,4 +48,20 @@ func removeEmptyFolder(ctx context.Context, s Storage, dir string) error {
 		return fr.RemoveEmptyFolder(ctx, dir)
 	}
 	return nil
+}
+
+// loadJSON decodes the value stored at key into v; found is false, and v
+// untouched, where there is none.
+func loadJSON(ctx context.Context, s Storage, key string, v any) (found bool, err error) {
+	b, err := s.Load(ctx, key)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return true, fmt.Errorf("decoding %s: %w", key, err)
+	}
+	return true, nil
 }

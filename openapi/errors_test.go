@@ -9,6 +9,7 @@ import (
 // TestDocumentErrors: a document the gateway cannot use is refused with
 // the file, the JSON pointer, the line where known, and what to do.
 func TestDocumentErrors(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name, doc string
 		want      []string
@@ -38,6 +39,7 @@ func TestDocumentErrors(t *testing.T) {
 // whole segment is an error at the path's line, with the exclude that
 // leaves it out; excluding it imports the rest.
 func TestImportRefusesWhatTheMapCannotExpress(t *testing.T) {
+	t.Parallel()
 	doc := `openapi: 3.0.3
 info: {title: x, version: '1'}
 paths:
@@ -77,6 +79,7 @@ paths:
 }
 
 func TestIncludeExclude(t *testing.T) {
+	t.Parallel()
 	d := load(t, "express.yaml")
 	prefix := "/v2"
 	im, err := Import(d, Options{Prefix: &prefix, Include: []string{"/users*"}, Exclude: []string{"/users/{id}/orders*"}})
@@ -95,6 +98,7 @@ func TestIncludeExclude(t *testing.T) {
 }
 
 func TestGlob(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		pattern, s string
 		want       bool

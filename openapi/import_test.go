@@ -117,6 +117,7 @@ func fill(path string) string {
 }
 
 func TestImportDjangoRESTFramework(t *testing.T) {
+	t.Parallel()
 	im, err := Import(load(t, "drf.yaml"), Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -148,6 +149,7 @@ func TestImportDjangoRESTFramework(t *testing.T) {
 }
 
 func TestImportFastAPI(t *testing.T) {
+	t.Parallel()
 	d := load(t, "fastapi.json")
 	if d.Version != "3.1.0" {
 		t.Fatalf("version %s", d.Version)
@@ -174,6 +176,7 @@ func TestImportFastAPI(t *testing.T) {
 }
 
 func TestImportExpressSwaggerJSDoc(t *testing.T) {
+	t.Parallel()
 	im, err := Import(load(t, "express.yaml"), Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -71,6 +71,7 @@ func param(op any, name string) map[string]any {
 // TestPublishDjangoRESTFramework checks, on the document Django REST
 // framework generates, every addition the gateway publishes.
 func TestPublishDjangoRESTFramework(t *testing.T) {
+	t.Parallel()
 	doc, raw := publish(t, "drf.yaml", Gateway{Envelope: "/api/batch"})
 	if _, err := Parse("published.json", raw); err != nil {
 		t.Fatalf("the published document does not parse: %v", err)
@@ -148,6 +149,7 @@ func TestPublishDjangoRESTFramework(t *testing.T) {
 // servers url is the gateway's, with the prefix; 207 where a batch can
 // be partial.
 func TestPublishLeavesOutWhatTheMapRefuses(t *testing.T) {
+	t.Parallel()
 	d := load(t, "express.yaml")
 	im, err := Import(d, Options{Exclude: []string{"/health"}})
 	if err != nil {
@@ -200,6 +202,7 @@ func TestPublishLeavesOutWhatTheMapRefuses(t *testing.T) {
 // TestPublishFastAPIKeeps31: a 3.1 input is published as 3.1, its
 // anyOf nullables untouched.
 func TestPublishFastAPIKeeps31(t *testing.T) {
+	t.Parallel()
 	doc, raw := publish(t, "fastapi.json", Gateway{})
 	if doc["openapi"] != "3.1.0" {
 		t.Errorf("openapi %v", doc["openapi"])
@@ -218,6 +221,7 @@ func TestPublishFastAPIKeeps31(t *testing.T) {
 // TestPublishDeclaredOnly: without a document, the resources make one,
 // 3.0.3, with free-form bodies and every path parameter declared.
 func TestPublishDeclaredOnly(t *testing.T) {
+	t.Parallel()
 	s := policy.ResourceSpec{Path: "/api/users/{user}/posts", CollectionMethods: []string{"GET", "POST", "DELETE"}, ItemMethods: []string{"GET", "PUT", "DELETE"},
 		Settings: policy.Defaults(), Gateway: policy.GatewayDefaults()}
 	p, err := policy.New([]policy.ResourceSpec{s})

@@ -76,6 +76,7 @@ func swaggerParserRefuses(t *testing.T, dir string, raw []byte) ([]byte, error) 
 // gateway's parser accepts the documents the gateway publishes, from
 // 3.0 and 3.1 inputs and from declared resources alone.
 func TestPublishedDocumentsAreValid(t *testing.T) {
+	t.Parallel()
 	dir := installSwaggerParser(t)
 	bad := `{"openapi":"3.0.3","info":{"title":"x","version":"1"},"paths":{"/a":{"get":{"parameters":[{"name":"x","in":"nowhere"}],"responses":{"200":{"description":"ok"}}}}}}`
 	if _, err := swaggerParserRefuses(t, dir, []byte(bad)); err == nil {
@@ -84,11 +85,13 @@ func TestPublishedDocumentsAreValid(t *testing.T) {
 	// The demo legacy API's own document too.
 	for _, file := range []string{"drf.yaml", "fastapi.json", "express.yaml", "../../cmd/demo/legacy-openapi.yaml"} {
 		t.Run(file, func(t *testing.T) {
+			t.Parallel()
 			_, raw := publish(t, file, Gateway{Envelope: "/batch"})
 			validateWithSwaggerParser(t, dir, raw)
 		})
 	}
 	t.Run("declared", func(t *testing.T) {
+		t.Parallel()
 		s := policy.ResourceSpec{Path: "/api/users/{user}/posts", CollectionMethods: []string{"GET", "POST", "PATCH", "DELETE"},
 			ItemMethods: []string{"GET", "PUT", "PATCH", "DELETE"}, Settings: policy.Defaults(), Gateway: policy.GatewayDefaults()}
 		s.Settings.AllowOverride = true

@@ -8,6 +8,7 @@ import (
 )
 
 func TestWrite(t *testing.T) {
+	t.Parallel()
 	rec := httptest.NewRecorder()
 	if err := New(http.StatusMethodNotAllowed, "method-not-allowed", "DELETE is not allowed on /a/1").Write(rec); err != nil {
 		t.Fatal(err)
@@ -33,6 +34,7 @@ func TestWrite(t *testing.T) {
 }
 
 func TestTitleOfAClosedRequest(t *testing.T) {
+	t.Parallel()
 	if got := New(499, "client-closed", "").Title; got != "Client Closed Request" {
 		t.Errorf("title %q", got)
 	}

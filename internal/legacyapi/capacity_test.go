@@ -10,6 +10,7 @@ import (
 // With Workers, a request waits in the queue while every worker is busy,
 // and is served once one comes free.
 func TestWorkersQueue(t *testing.T) {
+	t.Parallel()
 	api, srv := startWith(t, Collection{Path: "/w", Workers: 1, Seed: []map[string]any{{"id": 1}}})
 	busy := make(chan struct{})
 	api.Inject(Fault{Path: "/w/1", Until: busy, Times: 1})
@@ -45,6 +46,7 @@ func TestWorkersQueue(t *testing.T) {
 // ServiceTime holds a worker that long: two workers serve four requests
 // in no less than two service times.
 func TestServiceTime(t *testing.T) {
+	t.Parallel()
 	_, srv := startWith(t, Collection{Path: "/w", Workers: 2, ServiceTime: 50 * time.Millisecond, Seed: []map[string]any{{"id": 1}}})
 	c := &http.Client{Timeout: 5 * time.Second}
 	start := time.Now()
@@ -66,6 +68,7 @@ func TestServiceTime(t *testing.T) {
 // nothing, and serves again once a token is back; without it nothing is
 // limited.
 func TestRateLimit(t *testing.T) {
+	t.Parallel()
 	api, srv := startWith(t,
 		Collection{Path: "/limited", RateLimit: 20, Burst: 2},
 		Collection{Path: "/free"})

@@ -19,6 +19,7 @@ func railsUsers(change func(*Collection)) []Collection {
 }
 
 func TestRails(t *testing.T) {
+	t.Parallel()
 	t.Run("ids read as Rails reads :id", func(t *testing.T) {
 		_, srv := startWith(t, railsUsers(nil)...)
 		for _, tc := range []struct {
