@@ -1,11 +1,16 @@
 // Package caddybatch is the module's root: importing it registers the
-// http.handlers.batch Caddy module and the batch Caddyfile directive, so
-// that "xcaddy build --with github.com/caddy-batch/caddy-batch" works.
-// The code lives in caddymodule (Caddy glue), batch (the engine) and
-// policy (the method map).
+// http.handlers.batch Caddy module and the batch Caddyfile directive
+// (package caddymodule), and the batch app, its global option, the
+// admin.api.batch module and the caddy batch subcommands (package
+// batchapp), so that "xcaddy build --with
+// github.com/caddy-batch/caddy-batch" works. The engine (batch), the
+// method map (policy) and what outlives a request (durable) know
+// nothing of Caddy.
 package caddybatch
 
 import (
-	// Registers the module and the directive.
+	// Register the modules, the directive, the global option and the
+	// subcommands.
+	_ "github.com/caddy-batch/caddy-batch/batchapp"
 	_ "github.com/caddy-batch/caddy-batch/caddymodule"
 )

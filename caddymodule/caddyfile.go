@@ -6,12 +6,11 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/dustin/go-humanize"
 
+	"github.com/caddy-batch/caddy-batch/options"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
@@ -231,7 +230,7 @@ func (h *Handler) unmarshal(d *caddyfile.Dispenser) (*places, error) {
 		case slices.Contains(resourceWords, name):
 			return nil, d.Errf("%s belongs in a resource block: resource <collection path> { %s ... }", name, name)
 		default:
-			if err := h.Options.unmarshalOption(d, at.options, []string{"resource", "envelope", "openapi"}); err != nil {
+			if err := h.Options.UnmarshalOption(d, at.options, []string{"resource", "envelope", "openapi"}); err != nil {
 				return nil, err
 			}
 		}
@@ -241,7 +240,7 @@ func (h *Handler) unmarshal(d *caddyfile.Dispenser) (*places, error) {
 
 // unmarshalEnvelope reads "envelope <path>".
 func (h *Handler) unmarshalEnvelope(d *caddyfile.Dispenser, seen map[string]caddyfile.Token) error {
-	if err := once(d, seen, "envelope", d.Token()); err != nil {
+	if err := options.Once(d, seen, "envelope", d.Token()); err != nil {
 		return err
 	}
 	if !d.NextArg() {
@@ -279,7 +278,7 @@ func unmarshalResource(d *caddyfile.Dispenser) (Resource, resourcePlaces, error)
 		case slices.Contains(resourceWords, name):
 			err = r.unmarshalWord(d, at.options)
 		default:
-			err = r.Options.unmarshalOption(d, at.options, resourceWords)
+			err = r.Options.UnmarshalOption(d, at.options, resourceWords)
 		}
 		if err != nil {
 			return r, at, err
@@ -292,7 +291,7 @@ func unmarshalResource(d *caddyfile.Dispenser) (Resource, resourcePlaces, error)
 // one of resourceWords, placing it in seen.
 func (r *Resource) unmarshalWord(d *caddyfile.Dispenser, seen map[string]caddyfile.Token) error {
 	name := d.Val()
-	if err := once(d, seen, name, d.Token()); err != nil {
+	if err := options.Once(d, seen, name, d.Token()); err != nil {
 		return err
 	}
 	if name == "list_filter" {
@@ -350,7 +349,7 @@ func unmarshalListFilter(d *caddyfile.Dispenser, seen map[string]caddyfile.Token
 			}
 			return nil, d.Errf("unknown list_filter option %q (this block takes %s)", name, strings.Join(listFilterWords, ", "))
 		}
-		if err := once(d, seen, name, tok); err != nil {
+		if err := options.Once(d, seen, name, tok); err != nil {
 			return nil, err
 		}
 		args := d.RemainingArgs()
@@ -379,165 +378,6 @@ func unmarshalListFilter(d *caddyfile.Dispenser, seen map[string]caddyfile.Token
 		}
 	}
 	return f, nil
-}
-
-// once refuses a subdirective or option written twice in one block:
-// which one would win is not something a reader should have to know.
-func once(d *caddyfile.Dispenser, seen map[string]caddyfile.Token, key string, tok caddyfile.Token) error {
-	if prev, ok := seen[key]; ok {
-		return d.Errf("%s is set twice (lines %d and %d): keep one", key, prev.Line, tok.Line)
-	}
-	seen[key] = tok
-	return nil
-}
-
-// optionNamed is the row of the option name names.
-func optionNamed(name string) (*option, bool) {
-	for i := range optionTable {
-		if optionTable[i].name == name {
-			return &optionTable[i], true
-		}
-	}
-	return nil, false
-}
-
-// unknownOption refuses a word that is no option, naming the one it
-// most likely misspells, or else every word the block takes.
-func unknownOption(d *caddyfile.Dispenser, name string, words []string) error {
-	for _, o := range optionTable {
-		words = append(words, o.name)
-	}
-	if n := policy.Nearest(name, words); n != "" {
-		return d.Errf("unknown batch option %q: did you mean %s?", name, n)
-	}
-	return d.Errf("unknown batch option %q (this block takes %s)", name, strings.Join(words, ", "))
-}
-
-// unmarshalOption sets the option the dispenser is on. words are the
-// other words its block takes, for the error about an unknown one.
-func (o *Options) unmarshalOption(d *caddyfile.Dispenser, seen map[string]caddyfile.Token, words []string) error {
-	name, tok, args := d.Val(), d.Token(), d.RemainingArgs()
-	opt, known := optionNamed(name)
-	key := name
-	if known && opt.key != nil {
-		key = opt.key(args)
-	}
-	if err := once(d, seen, key, tok); err != nil {
-		return err
-	}
-	if !known {
-		return unknownOption(d, name, words)
-	}
-	return opt.read(o, optionArgs{d: d, opt: opt, args: args})
-}
-
-// optionArgs are the values an option is written with, read as the kind
-// of value the option takes.
-type optionArgs struct {
-	d    *caddyfile.Dispenser
-	opt  *option
-	args []string
-}
-
-// example is a line that sets the option.
-func (a optionArgs) example() string { return a.opt.name + " " + a.opt.example }
-
-func (a optionArgs) one() (string, error) {
-	if len(a.args) != 1 {
-		return "", a.d.Errf("%s takes one value, e.g. %s", a.opt.name, a.example())
-	}
-	if a.args[0] == "" {
-		return "", a.d.Errf("%s takes a value, not an empty string, e.g. %s", a.opt.name, a.example())
-	}
-	return a.args[0], nil
-}
-
-// limit refuses a zero: it cannot reach resolve (in JSON it means "the
-// default"), so it is refused here, with the policy's own rule; resolve
-// judges every other value.
-func (a optionArgs) limit(n int64) error {
-	if n != 0 {
-		return nil
-	}
-	if err := policy.CheckLimit(a.opt.name, n); err != nil {
-		return a.d.Err(err.Error())
-	}
-	return nil
-}
-
-func (a optionArgs) number(dst *int) error {
-	v, err := a.one()
-	if err != nil {
-		return err
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil {
-		return a.d.Errf("%s takes a whole number, e.g. %s, not %q", a.opt.name, a.example(), v)
-	}
-	*dst = n
-	return a.limit(int64(n))
-}
-
-func (a optionArgs) duration(dst *caddy.Duration) error {
-	v, err := a.one()
-	if err != nil {
-		return err
-	}
-	dur, err := caddy.ParseDuration(v)
-	if err != nil {
-		return a.d.Errf("%s takes a duration such as 10s, 1m30s or 2h, not %q", a.opt.name, v)
-	}
-	*dst = caddy.Duration(dur)
-	return a.limit(int64(dur))
-}
-
-// pause reads a duration that may be zero (which turns a wait off).
-func (a optionArgs) pause(dst **caddy.Duration) error {
-	v, err := a.one()
-	if err != nil {
-		return err
-	}
-	dur, err := caddy.ParseDuration(v)
-	if err != nil || dur < 0 {
-		return a.d.Errf("%s takes a duration such as 5s or 0 (off), not %q", a.opt.name, v)
-	}
-	d := caddy.Duration(dur)
-	*dst = &d
-	return nil
-}
-
-func (a optionArgs) size(dst *int64) error {
-	v, err := a.one()
-	if err != nil {
-		return err
-	}
-	n, err := humanize.ParseBytes(v)
-	if err != nil {
-		return a.d.Errf("%s takes a size such as 1MiB, 512KiB or 1048576 (bytes), not %q", a.opt.name, v)
-	}
-	if n > 1<<62 {
-		return a.d.Errf("%s %s is more than any machine holds: give a size such as 1MiB", a.opt.name, v)
-	}
-	*dst = int64(n)
-	return a.limit(int64(n))
-}
-
-func (a optionArgs) text(dst *string) (err error) {
-	*dst, err = a.one()
-	return err
-}
-
-// flag reads an option that is on when named alone.
-func (a optionArgs) flag(dst **bool) error {
-	on := true
-	switch {
-	case len(a.args) == 1 && a.args[0] == "off":
-		on = false
-	case len(a.args) > 1 || len(a.args) == 1 && a.args[0] != "on":
-		return a.d.Errf("%s takes no value, or on or off, not %q", a.opt.name, strings.Join(a.args, " "))
-	}
-	*dst = &on
-	return nil
 }
 
 // Interface guard

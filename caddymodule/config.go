@@ -6,6 +6,7 @@ import (
 
 	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/openapi"
+	"github.com/caddy-batch/caddy-batch/options"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
@@ -15,12 +16,18 @@ type config struct {
 	policy *policy.Policy
 	// handler is the handler's own settings, over the defaults: the
 	// envelope's, and the size of the max_in_flight slots.
-	handler level
+	handler options.Level
 	// envelope is nil when the handler has none.
 	envelope *batch.Envelope
 	// published is the OpenAPI document the handler serves, nil when it
 	// publishes none.
 	published *publishedDoc
+	// resources are the resources served, in the policy's order:
+	// declared, imported from the OpenAPI document, or both.
+	resources []resolved
+	// gaps are the batch operations the import left off, which
+	// Provision warns of.
+	gaps []openapi.Gap
 }
 
 // resolve works the handler's configuration out: every resource's
@@ -32,8 +39,8 @@ type config struct {
 // handler imports one, is read here; the one it publishes is built only
 // with publish (the adapter checks where it goes, not what it holds).
 func (h *Handler) resolve(lines []int, publish bool) (config, error) {
-	handler := defaults()
-	err := h.Options.apply(&handler)
+	handler := options.Defaults()
+	err := h.Options.Apply(&handler)
 	if err == nil {
 		err = policy.Validate(handler.Settings, handler.GatewaySettings)
 	}
@@ -41,10 +48,12 @@ func (h *Handler) resolve(lines []int, publish bool) (config, error) {
 		// Every resource inherits these, so one error each is enough.
 		return config{}, err
 	}
-	if err := h.loadOpenAPI(); err != nil {
+	imported, err := h.loadOpenAPI()
+	if err != nil {
 		return config{}, err
 	}
-	p, err := h.buildPolicy(handler, lines)
+	resources := h.resolveResources(imported)
+	p, gaps, err := h.buildPolicy(handler, resources, lines)
 	if err != nil {
 		return config{}, err
 	}
@@ -52,23 +61,22 @@ func (h *Handler) resolve(lines []int, publish bool) (config, error) {
 	if err != nil {
 		return config{}, err
 	}
-	published, err := h.publishOf(p, publish)
+	published, err := h.publishOf(p, resources, imported, publish)
 	if err != nil {
 		return config{}, err
 	}
-	return config{policy: p, handler: handler, envelope: envelope, published: published}, nil
+	return config{policy: p, handler: handler, envelope: envelope, published: published, resources: resources, gaps: gaps}, nil
 }
 
 // buildPolicy lays each resource's options over the handler's settings
-// and builds the method map, refusing every mistake at once.
-func (h *Handler) buildPolicy(handler level, lines []int) (*policy.Policy, error) {
+// and builds the method map, refusing every mistake at once; gaps are
+// the batch operations the OpenAPI import left off.
+func (h *Handler) buildPolicy(handler options.Level, resources []resolved, lines []int) (_ *policy.Policy, gaps []openapi.Gap, _ error) {
 	var errs []error
-	h.resolved = h.resolveResources()
-	h.gaps = nil
-	specs := make([]policy.ResourceSpec, len(h.resolved))
-	for i, r := range h.resolved {
+	specs := make([]policy.ResourceSpec, len(resources))
+	for i, r := range resources {
 		own := handler
-		if err := r.Options.apply(&own); err != nil {
+		if err := r.Options.Apply(&own); err != nil {
 			errs = append(errs, policy.Flatten(policy.InResource(i, r.Path, err))...)
 		}
 		specs[i] = r.spec(own)
@@ -77,7 +85,7 @@ func (h *Handler) buildPolicy(handler level, lines []int) (*policy.Policy, error
 				errors.New("max_in_flight bounds the sub-requests of every batch of the handler together, so a resource cannot have its own: set it in the batch block"))))
 		}
 		if r.doc != nil {
-			h.gaps = append(h.gaps, openapi.Derive(&specs[i], r.keepCollection)...)
+			gaps = append(gaps, openapi.Derive(&specs[i], r.keepCollection)...)
 		}
 		if i < len(lines) {
 			specs[i].Line = lines[i]
@@ -85,16 +93,16 @@ func (h *Handler) buildPolicy(handler level, lines []int) (*policy.Policy, error
 	}
 	p, err := policy.New(specs)
 	if len(errs) == 0 {
-		return p, h.placeImported(err)
+		return p, gaps, h.placeImported(err, resources)
 	}
 	// Every mistake at once, in the order the resources are declared.
 	all := append(errs, policy.Flatten(err)...)
 	slices.SortStableFunc(all, func(a, b error) int { return resourceOf(a) - resourceOf(b) })
-	return nil, h.placeImported(errors.Join(all...))
+	return nil, nil, h.placeImported(errors.Join(all...), resources)
 }
 
 // spec declares the resource to the policy, with its resolved settings.
-func (r Resource) spec(l level) policy.ResourceSpec {
+func (r Resource) spec(l options.Level) policy.ResourceSpec {
 	var ops []string // nil: every operation the methods allow
 	if r.Batch != nil {
 		ops = append([]string{}, *r.Batch...)

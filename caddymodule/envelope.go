@@ -10,6 +10,7 @@ import (
 
 	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/itemlock"
+	"github.com/caddy-batch/caddy-batch/options"
 	"github.com/caddy-batch/caddy-batch/policy"
 	"github.com/caddy-batch/caddy-batch/problem"
 )
@@ -80,7 +81,7 @@ func (l envelopeLocks) Lock(ctx context.Context, key string) (func(), error) {
 // envelopeOf builds the handler's envelope over its policy and its own
 // settings, or refuses one that cannot work; nil when the handler has
 // none.
-func (h *Handler) envelopeOf(p *policy.Policy, handler level) (*batch.Envelope, error) {
+func (h *Handler) envelopeOf(p *policy.Policy, handler options.Level) (*batch.Envelope, error) {
 	path := h.Envelope
 	if path == "" {
 		return nil, nil
@@ -98,7 +99,7 @@ func (h *Handler) envelopeOf(p *policy.Policy, handler level) (*batch.Envelope, 
 		return refuse("envelope %s is a path of the resource %s: give the envelope a path of its own, such as %s",
 			path, m.Resource.Collection, strings.TrimSuffix(path, "/")+"/batch")
 	}
-	return &batch.Envelope{Path: path, Settings: handler.Settings, Atomicity: handler.atomicity, Lookup: p.Lookup}, nil
+	return &batch.Envelope{Path: path, Settings: handler.Settings, Atomicity: handler.GeneralAtomicity, Lookup: p.Lookup}, nil
 }
 
 // isEnvelope reports whether a request path is the envelope's, with or

@@ -1,8 +1,9 @@
-// Package caddymodule is the Caddy glue of caddy-batch: the
+// Package caddymodule is the Caddy glue of caddy-batch's handler: the
 // http.handlers.batch module, its JSON and Caddyfile configuration, and
 // the sub-requests it sends through the rest of the handler chain. The
-// engine (package batch) and the method map (package policy) know
-// nothing of Caddy; this package stays thin.
+// options are package options', the batch app and the operator's
+// surface package batchapp's. The engine (package batch) and the method
+// map (package policy) know nothing of Caddy; this package stays thin.
 package caddymodule
 
 import (
@@ -16,11 +17,13 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/batchapp"
 	"github.com/caddy-batch/caddy-batch/durable"
 	"github.com/caddy-batch/caddy-batch/itemlock"
-	"github.com/caddy-batch/caddy-batch/openapi"
+	"github.com/caddy-batch/caddy-batch/options"
 	"github.com/caddy-batch/caddy-batch/policy"
 	"github.com/caddy-batch/caddy-batch/problem"
+	"github.com/caddy-batch/caddy-batch/telemetry"
 )
 
 func init() {
@@ -50,7 +53,7 @@ func init() {
 // page.
 type Handler struct {
 	// The defaults of every resource's options.
-	Options
+	options.Options
 
 	// The resources of the legacy API: each a collection path with the
 	// methods it and its items support. Requests to other paths pass
@@ -70,15 +73,9 @@ type Handler struct {
 
 	// config is the configuration above, resolved by Provision.
 	config
-	// imported is what the OpenAPI document declares (nil without one),
-	// resolved the resources served, in the policy's order, and gaps
-	// the batch operations the import left off: resolve sets them.
-	imported *openapi.Imported
-	resolved []resolved
-	gaps     []openapi.Gap
-	logger   *zap.Logger
-	locks    *itemlock.Local
-	slots    *pooledSlots
+	logger *zap.Logger
+	locks  *itemlock.Local
+	slots  *pooledSlots
 	// untrackSlots stops the metrics counting the slots, at Cleanup.
 	untrackSlots func()
 	// storageLocks are set when a resource has item_locks storage.
@@ -119,7 +116,7 @@ type Resource struct {
 	ListFilter *ListFilterConfig `json:"list_filter,omitempty"`
 
 	// Options for this resource alone, over the handler's.
-	Options
+	options.Options
 }
 
 // ListFilterConfig is how the legacy API's LIST is asked for the items of
@@ -162,7 +159,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("batch: %w", err)
 	}
 	h.config = cfg
-	for _, g := range h.gaps {
+	for _, g := range cfg.gaps {
 		h.logger.Warn(g.Warning(), zap.String("resource", g.Resource), zap.String("op", g.Op.String()))
 	}
 	storage := configStorage(ctx)
@@ -170,27 +167,26 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("batch: %w", err)
 	}
 	h.slots = h.provisionSlots()
-	h.untrackSlots = metrics.slots.track(h.slots)
-	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+	h.untrackSlots = telemetry.Metrics.Slots.Track(h.slots)
+	if err := telemetry.Register(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("batch: registering metrics: %w", err)
 	}
 	app, err := ctx.App("batch")
 	if err != nil {
 		return fmt.Errorf("batch: %w", err)
 	}
-	journals, leases := app.(*App).register()
+	journals, leases := app.(*batchapp.App).Register()
 	h.journals = journals
 	h.idem = newIdempotency(storage, leases, h.logger)
-	h.imported = nil // provisioned: the parsed document is needed no more
 	return nil
 }
 
 // ServeHTTP answers OPTIONS and refused methods for configured paths,
 // runs batches, and passes everything else on.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	// A request made by the recovery (App.probe) carries a dead saga to
-	// finish through this route, not a client's request.
-	if job, ok := r.Context().Value(recoveryCtxKey).(*recovery); ok {
+	// A request made by the recovery (the batch app's) carries a dead
+	// saga to finish through this route, not a client's request.
+	if job, ok := batchapp.RecoveryOf(r.Context()); ok {
 		return h.resume(w, r, next, job)
 	}
 	if h.published != nil && r.URL.EscapedPath() == h.published.path {

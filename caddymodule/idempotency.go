@@ -14,9 +14,11 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/batchapp"
 	"github.com/caddy-batch/caddy-batch/durable"
 	"github.com/caddy-batch/caddy-batch/policy"
 	"github.com/caddy-batch/caddy-batch/problem"
+	"github.com/caddy-batch/caddy-batch/telemetry"
 )
 
 // Idempotency-Key replay (docs/durability.md, "Idempotency-Key replay")
@@ -38,7 +40,7 @@ func newIdempotency(storage certmagic.Storage, leases *durable.Leases, logger *z
 	if storage == nil {
 		return nil
 	}
-	return &idempotency{keys: durable.NewKeys(durableStorage(storage), leases, logger), logger: logger}
+	return &idempotency{keys: durable.NewKeys(batchapp.DurableStorage(storage), leases, logger), logger: logger}
 }
 
 // keyedBatch is one batch write that carries an Idempotency-Key, from
@@ -165,7 +167,7 @@ func maxRun(s policy.Settings) time.Duration {
 // replay answers with a finished batch's stored answer.
 func (k *keyedBatch) replay(w http.ResponseWriter, repl *caddy.Replacer, items int, rec *durable.Record) error {
 	setOutcome(repl, items, "replayed")
-	metrics.replays.WithLabelValues(serverName(k.r), k.sc.resource, k.op.String()).Inc()
+	telemetry.Metrics.Replays.WithLabelValues(serverName(k.r), k.sc.resource, k.op.String()).Inc()
 	k.idem.logger.Info("batch replayed",
 		zap.String("op", k.op.String()),
 		zap.String("resource", k.sc.resource),

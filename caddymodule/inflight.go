@@ -12,6 +12,7 @@ import (
 	"github.com/caddy-batch/caddy-batch/adaptive"
 	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/policy"
+	"github.com/caddy-batch/caddy-batch/telemetry"
 )
 
 // pooledSlots are one handler's max_in_flight slots, kept in pools so
@@ -58,9 +59,9 @@ func (*pooledSlots) Destruct() error { return nil }
 // same max_in_flight (two sites in front of one API) share one bound.
 func (h *Handler) provisionSlots() *pooledSlots {
 	g := h.handler.GatewaySettings
-	key := h.slotsKey(g)
+	key := slotsKey(h.resources, g)
 	v, _, _ := pools.LoadOrNew(key, func() (caddy.Destructor, error) {
-		p := &pooledSlots{key: key, throttles: batch.NewThrottles(metrics.throttledWait)}
+		p := &pooledSlots{key: key, throttles: batch.NewThrottles(telemetry.Metrics.ThrottledWait)}
 		if g.AutoInFlight {
 			p.limit = adaptive.New(g.MinInFlight, g.MaxInFlight)
 			p.FIFOSlots = batch.NewFIFOSlots(p.limit.Current())
@@ -72,12 +73,12 @@ func (h *Handler) provisionSlots() *pooledSlots {
 	return v.(*pooledSlots)
 }
 
-// slotsKey names in pools the slots of the handler's resources (the
+// slotsKey names in pools the slots of a handler's resources (the
 // imported ones too, as resolve found them), as g says how many there
 // are.
-func (h *Handler) slotsKey(g policy.GatewaySettings) string {
-	paths := make([]string, len(h.resolved))
-	for i, r := range h.resolved {
+func slotsKey(resources []resolved, g policy.GatewaySettings) string {
+	paths := make([]string, len(resources))
+	for i, r := range resources {
 		paths[i] = r.Path
 	}
 	slices.Sort(paths) // reordering the resources is no new handler

@@ -15,6 +15,7 @@ import (
 	"github.com/caddy-batch/caddy-batch/itemlock"
 	"github.com/caddy-batch/caddy-batch/policy"
 	"github.com/caddy-batch/caddy-batch/problem"
+	"github.com/caddy-batch/caddy-batch/telemetry"
 )
 
 // pools keep what must outlive one config: a reload provisions the new
@@ -86,7 +87,7 @@ func isWrite(method string) bool {
 func (h *Handler) serveLockedWrite(w http.ResponseWriter, r *http.Request, m policy.Match, serve func() error) error {
 	key := m.ItemKey()
 	ctx, cancel := context.WithTimeout(r.Context(), m.Resource.Settings.ItemTimeout)
-	unlock, err := observeLocks(h.lockerFor(m), r, m.Resource.Collection.String(), lockBySingle).Lock(ctx, key)
+	unlock, err := telemetry.ObserveLocks(h.lockerFor(m), serverName(r), m.Resource.Collection.String(), telemetry.LockBySingle).Lock(ctx, key)
 	cancel()
 	if err != nil {
 		ref := batch.RefuseLock(key, err, batch.LockWait{Client: r.Context(), ItemTimeout: m.Resource.Settings.ItemTimeout})

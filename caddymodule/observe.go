@@ -15,6 +15,8 @@ import (
 	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/itemlock"
 	"github.com/caddy-batch/caddy-batch/policy"
+	"github.com/caddy-batch/caddy-batch/recorder"
+	"github.com/caddy-batch/caddy-batch/telemetry"
 )
 
 // observation is what the gateway records of one batch request (README,
@@ -24,10 +26,9 @@ type observation struct {
 	logger *zap.Logger
 	start  time.Time
 	repl   *caddy.Replacer
-	r      *http.Request
 	sc     scope
 	op     policy.Op
-	labels batchLabels
+	labels telemetry.Labels
 	// request identifies the batch request in its log line as Caddy's
 	// access log does, so that the two can be joined on uuid.
 	request []zap.Field
@@ -46,10 +47,9 @@ func (h *Handler) observe(r *http.Request, sc scope, op policy.Op) *observation 
 	o := &observation{
 		logger: h.logger,
 		start:  time.Now(),
-		r:      r,
 		sc:     sc,
 		op:     op,
-		labels: batchLabels{serverName(r), sc.resource, op.String()},
+		labels: telemetry.Labels{Server: serverName(r), Resource: sc.resource, Operation: op.String()},
 	}
 	o.repl, _ = r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if o.repl != nil {
@@ -67,6 +67,15 @@ func (h *Handler) observe(r *http.Request, sc scope, op policy.Op) *observation 
 	return o
 }
 
+// serverName is the name of the Caddy server r came in on: Caddy's own
+// metrics' "server" label.
+func serverName(r *http.Request) string {
+	if s, ok := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok {
+		return s.Name()
+	}
+	return ""
+}
+
 // clientIP is the client's address as Caddy's access log gives it: the
 // client_ip var (the remote address, or what trusted proxies said it
 // was), else the remote address.
@@ -82,7 +91,7 @@ func clientIP(r *http.Request) string {
 
 // locks is the batch's item locker, measured.
 func (o *observation) locks(l itemlock.Locker) itemlock.Locker {
-	return observeLocks(l, o.r, o.sc.resource, lockByBatch)
+	return telemetry.ObserveLocks(l, o.labels.Server, o.sc.resource, telemetry.LockByBatch)
 }
 
 // chain is the rest of the handler chain, as the batch's sub-requests go
@@ -93,13 +102,13 @@ func (o *observation) chain(next caddyhttp.Handler) caddyhttp.Handler {
 
 // rejected records a batch refused before anything was sent.
 func (o *observation) rejected(status int, detail string) {
-	setOutcome(o.repl, 0, outcomeRejected)
-	metrics.rejected(o.labels, o.sc.atomicity(o.op))
+	setOutcome(o.repl, 0, telemetry.OutcomeRejected)
+	telemetry.Metrics.Rejected(o.labels, o.sc.atomicity(o.op))
 	if ce := o.logger.Check(zapcore.DebugLevel, "batch rejected"); ce != nil {
 		ce.Write(append(o.request,
 			zap.String("op", o.op.String()),
-			zap.String("resource", o.labels.resource),
-			zap.String("outcome", outcomeRejected),
+			zap.String("resource", o.labels.Resource),
+			zap.String("outcome", telemetry.OutcomeRejected),
 			zap.Int("status", status),
 			zap.String("detail", detail))...)
 	}
@@ -109,17 +118,17 @@ func (o *observation) rejected(status int, detail string) {
 func (o *observation) finished(plan *batch.Plan, res *batch.Result) {
 	took := time.Since(o.start)
 	setOutcome(o.repl, len(plan.Items), string(res.Outcome))
-	metrics.finished(o.labels, res, took)
+	telemetry.Metrics.Finished(o.labels, res, took)
 	o.log(plan, res, took)
 	for _, f := range res.ListFailures {
-		metrics.listFallbacks.WithLabelValues(o.labels.server, o.labels.resource, f.Reason).Inc()
+		telemetry.Metrics.ListFallbacks.WithLabelValues(o.labels.Server, o.labels.Resource, f.Reason).Inc()
 		if ce := o.logger.Check(zapcore.WarnLevel, "batch: a LIST through list_filter could not be used; its ids were read one by one"); ce != nil {
-			ce.Write(append(o.request, zap.String("resource", o.labels.resource), zap.String("reason", f.Reason), zap.String("detail", f.Detail), zap.Int("ids", f.IDs))...)
+			ce.Write(append(o.request, zap.String("resource", o.labels.Resource), zap.String("reason", f.Reason), zap.String("detail", f.Detail), zap.Int("ids", f.IDs))...)
 		}
 	}
 	if res.Warning != "" {
 		if ce := o.logger.Check(zapcore.WarnLevel, "batch: the resource's configuration does not fit the legacy API"); ce != nil {
-			ce.Write(append(o.request, zap.String("resource", o.labels.resource), zap.String("fix", res.Warning))...)
+			ce.Write(append(o.request, zap.String("resource", o.labels.Resource), zap.String("fix", res.Warning))...)
 		}
 	}
 }
@@ -149,7 +158,7 @@ func (o *observation) log(plan *batch.Plan, res *batch.Result, took time.Duratio
 	}
 	fields := append(o.request,
 		zap.String("op", plan.Op.String()),
-		zap.String("resource", o.labels.resource),
+		zap.String("resource", o.labels.Resource),
 		zap.Int("items", len(plan.Items)),
 		zap.String("atomicity", res.Atomicity.String()),
 		zap.String("outcome", string(res.Outcome)),
@@ -163,7 +172,7 @@ func (o *observation) log(plan *batch.Plan, res *batch.Result, took time.Duratio
 	if o.saga != "" && res.Outcome == batch.RollbackFailed {
 		fields = append(fields, zap.String("saga", o.saga))
 	}
-	ce.Write(append(fields, outcomeFields(res, o.saga)...)...)
+	ce.Write(append(fields, telemetry.OutcomeFields(res, o.saga)...)...)
 }
 
 // watchedChain tells, for each sub-request, whether the handler chain
@@ -180,7 +189,7 @@ type watchedChain struct {
 
 func (c watchedChain) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
 	err := c.next.ServeHTTP(w, r)
-	rec, _ := w.(*recorder)
+	rec, _ := w.(*recorder.Recorder)
 	switch classify(r.Context(), rec, err) {
 	case chainWrote, chainRefused:
 		c.o.answered.Add(1)
@@ -188,31 +197,4 @@ func (c watchedChain) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
 		c.o.unreached.Add(1)
 	}
 	return err
-}
-
-// outcomeFields are what a log line says of how a batch ended, beyond its
-// outcome: why it failed, what it left behind, and the sub-requests'
-// underlying errors. The items left behind are named with why; their
-// pre-images, personal data as likely as not, are in the kept saga
-// (named, with the command that shows it) when the batch keeps a
-// journal, and only without one in the line itself: there is nowhere
-// else to keep them (README, "Operations").
-func outcomeFields(res *batch.Result, saga string) []zap.Field {
-	var fields []zap.Field
-	if res.Detail != "" {
-		fields = append(fields, zap.String("detail", res.Detail))
-	}
-	if len(res.LeftBehind) > 0 {
-		fields = append(fields, zap.Strings("left_behind", res.LeftBehind))
-		if saga != "" {
-			fields = append(fields, zap.String("show", "caddy batch saga "+saga))
-		}
-	}
-	if len(res.Preimages) > 0 && saga == "" {
-		fields = append(fields, zap.Any("preimages", res.Preimages))
-	}
-	if len(res.Errors) > 0 {
-		fields = append(fields, zap.Strings("errors", res.Errors))
-	}
-	return fields
 }

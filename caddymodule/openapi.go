@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/caddy-batch/caddy-batch/openapi"
@@ -69,37 +70,38 @@ type resolved struct {
 	keepCollection bool
 }
 
-// loadOpenAPI reads and imports the handler's document, when it has one.
-func (h *Handler) loadOpenAPI() error {
-	h.imported = nil
+// loadOpenAPI reads and imports the handler's document: what it
+// declares, or nil without one.
+func (h *Handler) loadOpenAPI() (*openapi.Imported, error) {
 	c := h.OpenAPI
 	if c == nil || c.File == "" {
-		return nil
+		return nil, nil
 	}
 	data, err := os.ReadFile(c.File)
 	if err != nil {
-		return policy.OptionError("openapi", fmt.Errorf("reading the OpenAPI document: %w", err))
+		return nil, policy.OptionError("openapi", fmt.Errorf("reading the OpenAPI document: %w", err))
 	}
 	doc, err := openapi.Parse(c.File, data)
+	var imported *openapi.Imported
 	if err == nil {
-		h.imported, err = openapi.Import(doc, openapi.Options{Prefix: c.Prefix, Include: c.Include, Exclude: c.Exclude})
+		imported, err = openapi.Import(doc, openapi.Options{Prefix: c.Prefix, Include: c.Include, Exclude: c.Exclude})
 	}
 	if err != nil {
 		var errs []error
 		for _, e := range policy.Flatten(err) {
 			errs = append(errs, policy.OptionError("openapi", e))
 		}
-		return errors.Join(errs...)
+		return nil, errors.Join(errs...)
 	}
-	return nil
+	return imported, nil
 }
 
 // resolveResources lists the resources the handler serves: the declared
 // ones first, in their order (each laid over the imported resource of
 // the same route, when there is one), then the imported ones no
 // resource block names.
-func (h *Handler) resolveResources() []resolved {
-	if h.imported == nil {
+func (h *Handler) resolveResources(imported *openapi.Imported) []resolved {
+	if imported == nil {
 		out := make([]resolved, len(h.Resources))
 		for i, r := range h.Resources {
 			out[i] = resolved{Resource: r}
@@ -107,10 +109,10 @@ func (h *Handler) resolveResources() []resolved {
 		return out
 	}
 	byRoute := map[string]int{}
-	for i, r := range h.imported.Resources {
+	for i, r := range imported.Resources {
 		byRoute[openapi.Route(r.Path)] = i
 	}
-	used := make([]bool, len(h.imported.Resources))
+	used := make([]bool, len(imported.Resources))
 	var out []resolved
 	for _, d := range h.Resources {
 		i, ok := byRoute[openapi.Route(d.Path)]
@@ -119,11 +121,11 @@ func (h *Handler) resolveResources() []resolved {
 			continue
 		}
 		used[i] = true
-		out = append(out, h.overlay(&h.imported.Resources[i], d))
+		out = append(out, h.overlay(&imported.Resources[i], d))
 	}
-	for i := range h.imported.Resources {
+	for i := range imported.Resources {
 		if !used[i] {
-			out = append(out, h.overlay(&h.imported.Resources[i], Resource{}))
+			out = append(out, h.overlay(&imported.Resources[i], Resource{}))
 		}
 	}
 	return out
@@ -157,8 +159,7 @@ func (h *Handler) overlay(doc *openapi.Resource, d Resource) resolved {
 
 // importedError names, in an error about a resource the configuration
 // does not declare, the document and the path it comes from.
-func (h *Handler) importedError(i int, err error) error {
-	r := h.resolved[i]
+func (h *Handler) importedError(r resolved, i int, err error) error {
 	if i < len(h.Resources) || r.doc == nil {
 		return err
 	}
@@ -166,8 +167,9 @@ func (h *Handler) importedError(i int, err error) error {
 }
 
 // publishOf checks the publish path and builds the document served
-// there; nil when the handler publishes none.
-func (h *Handler) publishOf(p *policy.Policy, build bool) (*publishedDoc, error) {
+// there, over the resources served and what the document declared
+// (imported); nil when the handler publishes none.
+func (h *Handler) publishOf(p *policy.Policy, resources []resolved, imported *openapi.Imported, build bool) (*publishedDoc, error) {
 	c := h.OpenAPI
 	if c == nil || c.Publish == "" {
 		return nil, nil
@@ -192,19 +194,19 @@ func (h *Handler) publishOf(p *policy.Policy, build bool) (*publishedDoc, error)
 	var served []openapi.Served
 	for i, r := range p.Resources() {
 		s := openapi.Served{Resource: r}
-		if doc := h.resolved[i].doc; doc != nil {
+		if doc := resources[i].doc; doc != nil {
 			s.DocPath, s.DocItemPath = doc.DocPath, doc.DocItemPath
 		}
 		served = append(served, s)
 	}
 	g := openapi.Gateway{Envelope: h.Envelope}
 	switch {
-	case h.imported != nil:
-		g.Prefix = h.imported.Prefix
+	case imported != nil:
+		g.Prefix = imported.Prefix
 	case c.Prefix != nil:
 		g.Prefix = strings.TrimSuffix(*c.Prefix, "/")
 	}
-	body, err := openapi.Publish(h.imported, served, g)
+	body, err := openapi.Publish(imported, served, g)
 	if err != nil {
 		return nil, fmt.Errorf("publishing the OpenAPI document: %w", err)
 	}
@@ -248,15 +250,15 @@ func (h *Handler) servePublished(w http.ResponseWriter, r *http.Request) error {
 
 // placeImported names the document and path in each error of err about
 // an imported resource no resource block declares.
-func (h *Handler) placeImported(err error) error {
-	if err == nil || h.imported == nil {
+func (h *Handler) placeImported(err error, resources []resolved) error {
+	if err == nil || !slices.ContainsFunc(resources, func(r resolved) bool { return r.doc != nil }) {
 		return err
 	}
 	var out []error
 	for _, e := range policy.Flatten(err) {
 		var pe *policy.Error
-		if errors.As(e, &pe) && pe.Resource >= 0 && pe.Resource < len(h.resolved) {
-			e = h.importedError(pe.Resource, e)
+		if errors.As(e, &pe) && pe.Resource >= 0 && pe.Resource < len(resources) {
+			e = h.importedError(resources[pe.Resource], pe.Resource, e)
 		}
 		out = append(out, e)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
+	"github.com/caddy-batch/caddy-batch/options"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
@@ -22,7 +23,7 @@ var openapiWords = []string{"prefix", "publish", "include", "exclude"}
 // document's hash goes into the config, so that a reload after editing
 // only the document is a new config.
 func (h *Handler) unmarshalOpenAPI(d *caddyfile.Dispenser, seen map[string]caddyfile.Token) error {
-	if err := once(d, seen, "openapi", d.Token()); err != nil {
+	if err := options.Once(d, seen, "openapi", d.Token()); err != nil {
 		return err
 	}
 	c := &OpenAPIConfig{}
@@ -42,7 +43,7 @@ func (h *Handler) unmarshalOpenAPI(d *caddyfile.Dispenser, seen map[string]caddy
 			}
 			return d.Errf("unknown openapi option %q (this block takes %s)", name, strings.Join(openapiWords, ", "))
 		}
-		if err := once(d, seen, name, d.Token()); err != nil {
+		if err := options.Once(d, seen, name, d.Token()); err != nil {
 			return err
 		}
 		args := d.RemainingArgs()

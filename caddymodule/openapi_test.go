@@ -179,7 +179,7 @@ func TestOpenAPISlotsKeyCountsImportedResources(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return h.slotsKey(cfg.handler.GatewaySettings)
+		return slotsKey(cfg.resources, cfg.handler.GatewaySettings)
 	}
 	if key(a) == key(b) {
 		t.Error("two documents with different resources share one key")

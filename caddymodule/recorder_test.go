@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/recorder"
 )
 
 // A sub-request's answer is held until the batch answers, so its buffer
@@ -35,7 +36,7 @@ func TestRecorderBodyBuffer(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			rec := newRecorder(limit)
+			rec := recorder.New(limit)
 			if tt.contentLength != "" {
 				rec.Header().Set("Content-Length", tt.contentLength)
 			}
@@ -70,7 +71,7 @@ func TestRecorderBodyBuffer(t *testing.T) {
 func TestRecorderSizedOnce(t *testing.T) {
 	body := bytes.Repeat([]byte("x"), 1<<20)
 	receive := func() {
-		rec := newRecorder(2 << 20)
+		rec := recorder.New(2 << 20)
 		rec.Header().Set("Content-Length", strconv.Itoa(len(body)))
 		for rest := body; len(rest) > 0; rest = rest[32<<10:] {
 			_, _ = rec.Write(rest[:32<<10])

@@ -1,227 +1,46 @@
 package caddymodule
 
 import (
-	"context"
-	"crypto/tls"
-	"fmt"
-	"net"
 	"net/http"
-	"net/url"
-	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/batchapp"
 	"github.com/caddy-batch/caddy-batch/durable"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
-// scan looks for journals to finish (durable's Scan), once, and counts
-// the sagas by state for the gauge.
-func (a *App) scan(ctx context.Context) {
-	a.state.mu.Lock()
-	a.state.failedBefore, a.state.failed = a.state.failed, map[string]string{}
-	a.state.mu.Unlock()
-	if err := a.journals.Scan(ctx, a.finish, a.failedOnce); err != nil && ctx.Err() == nil {
-		a.logger.Warn("listing saga journals in storage", zap.Error(err))
-	}
-	a.countSagas(ctx)
-}
-
-// sweepIdempotency deletes the Idempotency-Key records that expired
-// (docs/durability.md, "Expiry and the sweep"), unless another instance
-// of the cluster is sweeping.
-func (a *App) sweepIdempotency(ctx context.Context) {
-	swept, err := a.sweeper.Sweep(ctx, durable.Now())
-	switch {
-	case err != nil && ctx.Err() == nil:
-		a.logger.Warn("sweeping expired Idempotency-Key records; the next sweep tries again", zap.Error(err))
-	case swept.Deleted > 0 || swept.Indexed > 0:
-		a.logger.Debug("swept expired Idempotency-Key records", zap.Int("deleted", swept.Deleted),
-			zap.Int("kept", swept.Kept), zap.Int("buckets", swept.Buckets), zap.Int("indexed", swept.Indexed))
-	}
-}
-
-// finish resumes a saga this process took over (durable's scan calls
-// it), and logs what became of it: one line per saga, ERROR when items
-// were left behind. An error is durable's to log and give the saga back.
-func (a *App) finish(r *durable.Recovered) error {
-	start := time.Now()
-	job := &recovery{snap: r.Snapshot, journal: r.Journal}
-	err := a.probe(r.Origin, job)
-	if err == nil {
-		err = job.err
-	}
-	if err != nil {
-		return err
-	}
-	a.logRecovered(r, job.res, time.Since(start))
-	return nil
-}
-
-func (a *App) logRecovered(r *durable.Recovered, res *batch.Result, took time.Duration) {
-	metrics.recovered.WithLabelValues(string(res.Outcome)).Inc()
-	level, msg := zapcore.InfoLevel, "recovered a batch whose gateway died"
-	if res.Outcome == batch.RollbackFailed {
-		level, msg = zapcore.ErrorLevel, "recovered a batch whose gateway died: items left behind"
-	}
-	ce := a.logger.Check(level, msg)
-	if ce == nil {
-		return
-	}
-	fields := []zap.Field{
-		zap.String("saga", r.Saga),
-		zap.String("server", r.Origin.Server),
-		zap.String("host", r.Origin.Host),
-		zap.String("op", r.Snapshot.Op),
-		zap.String("path", r.Snapshot.Path),
-		zap.Int("items", len(r.Snapshot.Items)),
-		zap.Time("started", r.Started),
-		zap.String("dead_owner", r.Dead.Owner),
-		zap.Time("lease_lapsed", r.Dead.Expires),
-		zap.String("outcome", string(res.Outcome)),
-		zap.Int("compensations", res.Compensations),
-		zap.Duration("duration", took),
-	}
-	ce.Write(append(fields, outcomeFields(res, r.Saga)...)...)
-}
-
-// failedOnce logs that a saga could not be taken over or finished, once
-// per saga and reason: the recovery tries again every interval.
-func (a *App) failedOnce(saga, doing string, err error) {
-	why := doing + ": " + err.Error()
-	a.state.mu.Lock()
-	seen := a.state.failed[saga] == why || a.state.failedBefore[saga] == why
-	a.state.failed[saga] = why
-	a.state.mu.Unlock()
-	if doing == "finishing the saga" || doing == "reading the saga's journal" {
-		a.journals.MarkStuck(context.Background(), saga, why)
-	}
-	if !seen {
-		a.logger.Error("a saga whose gateway died could not be finished; it stays in storage and is tried again",
-			zap.String("saga", saga), zap.String("while", doing), zap.Error(err))
-	}
-}
-
-// recovery is a saga to finish, carried to the batch handler by a request
-// through the server's routes (see probe and Handler.resume).
-type recovery struct {
-	snap    *batch.Snapshot
-	journal batch.Journal
-	// retry is an operator's (batch.Retry: undos under the current
-	// config); prev, for a kept saga, are its items as the saga answered
-	// them, whose Idempotency-Key answer stays the first.
-	prev    []batch.ItemResult
-	retry   bool
-	reached bool // a batch handler serving the saga's resource took it
-	res     *batch.Result
-	err     error
-}
-
-type recoveryCtxKeyType struct{}
-
-var recoveryCtxKey recoveryCtxKeyType
-
-// probe sends the client's request again, bodiless and marked as a
-// recovery, through the routes of the server the batch came in on. It
-// takes the route the batch took (host, path and other matchers, rewrites
-// before the batch handler), and the batch handler it reaches finishes
-// the saga with the handler chain after it, as its own sub-requests go:
-// authentication, load balancing and TLS apply as they did for the batch.
-// No access log is written, and no error route runs: nothing is answered
-// to anyone.
-func (a *App) probe(in durable.Origin, job *recovery) error {
-	srv, err := a.server(in.Server)
-	if err != nil {
-		return err
-	}
-	u, err := url.ParseRequestURI(in.URI)
-	if err != nil {
-		return fmt.Errorf("the journal's request URI %q: %w", in.URI, err)
-	}
-	header := job.snap.Header.Clone()
-	if header == nil {
-		header = http.Header{}
-	}
-	req := &http.Request{
-		Method:     in.Method,
-		URL:        u,
-		Proto:      "HTTP/1.1",
-		ProtoMajor: 1,
-		ProtoMinor: 1,
-		Header:     header,
-		Host:       in.Host,
-		RemoteAddr: in.RemoteAddr,
-		RequestURI: in.URI,
-		Body:       http.NoBody,
-	}
-	if in.TLS {
-		// Enough for what handlers ask of a TLS request (the scheme,
-		// X-Forwarded-Proto): the connection itself is long gone.
-		host, _, err := net.SplitHostPort(in.Host)
-		if err != nil {
-			host = in.Host
-		}
-		req.TLS = &tls.ConnectionState{HandshakeComplete: true, ServerName: host}
-	}
-	// Not the config's context: a saga being finished must not be cut
-	// by a config reload, as a client's batch is not.
-	ctx := context.WithValue(context.Background(), recoveryCtxKey, job)
-	rec := newRecorder(0)
-	req = caddyhttp.PrepareRequest(req.WithContext(ctx), caddy.NewReplacer(), rec, srv)
-	end := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })
-	err = srv.Routes.Compile(end).ServeHTTP(rec, req)
-	if !job.reached {
-		why := "it reached no batch handler that serves " + job.snap.Path
-		if err != nil {
-			why += " (" + err.Error() + ")"
-		}
-		return fmt.Errorf("the batch's request (%s %s, host %s) through server %s: %s", in.Method, in.URI, in.Host, in.Server, why)
-	}
-	return nil
-}
-
-// server finds the Caddy server named in a journal.
-func (a *App) server(name string) (*caddyhttp.Server, error) {
-	v, err := a.ctx.AppIfConfigured("http")
-	if err != nil {
-		return nil, fmt.Errorf("the config has no http app to finish the saga through: %w", err)
-	}
-	if srv := v.(*caddyhttp.App).Servers[name]; srv != nil {
-		return srv, nil
-	}
-	return nil, fmt.Errorf("the config has no server %q, which the batch came in on", name)
-}
+// A saga whose gateway died is found and taken over by the batch app
+// (package batchapp), which sends the batch's request again through the
+// server's routes; the handler it reaches finishes it here.
 
 // resume is ServeHTTP for a recovery's request: the handler that serves
 // the saga's resource, or its envelope, finishes it through next; any
 // other passes it on.
-func (h *Handler) resume(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, job *recovery) error {
-	sc, ok := h.scopeOf(job.snap)
-	if !ok || job.reached {
+func (h *Handler) resume(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, job *batchapp.Recovery) error {
+	sc, ok := h.scopeOf(job.Snap)
+	if !ok || job.Reached {
 		return next.ServeHTTP(w, r)
 	}
-	job.reached = true
+	job.Reached = true
 	rt := batch.Runtime{
 		Send:    newSubrequests(r, next, sc.settings.MaxBodySize),
 		Locks:   sc.locks,
-		Journal: job.journal,
+		Journal: job.Journal,
 		Slots:   h.slots,
 		// Undos wait out the upstream's throttle of the client they
 		// undo for, as that client's batches do.
 		Throttles: h.slots.throttles,
-		Client:    durable.Credentials(job.snap.Header),
+		Client:    durable.Credentials(job.Snap.Header),
 	}
-	if job.retry {
-		job.res, job.err = batch.Retry(r.Context(), job.snap, job.prev, h.policy.Lookup, h.envelope, rt)
+	if job.Retry {
+		job.Res, job.Err = batch.Retry(r.Context(), job.Snap, job.Prev, h.policy.Lookup, h.envelope, rt)
 	} else {
-		job.res, job.err = batch.Resume(r.Context(), job.snap, h.policy.Lookup, h.envelope, rt)
+		job.Res, job.Err = batch.Resume(r.Context(), job.Snap, h.policy.Lookup, h.envelope, rt)
 	}
-	if job.err == nil && job.prev == nil {
-		h.idem.settleRecovered(r.Context(), sc, job.snap, job.res)
+	if job.Err == nil && job.Prev == nil {
+		h.idem.settleRecovered(r.Context(), sc, job.Snap, job.Res)
 	}
 	return nil
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
 	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/recorder"
 )
 
 // routeGroupCtxKey is caddyhttp's own (unexported) key for the route
@@ -73,7 +74,7 @@ func (s *subrequests) Send(ctx context.Context, sr *batch.SubRequest) (resp *bat
 		resends = new(resendTrace)
 		ctx = httptrace.WithClientTrace(ctx, resends.trace())
 	}
-	rec := newRecorder(s.maxBody)
+	rec := recorder.New(s.maxBody)
 	req, err := s.prepare(ctx, sr, rec)
 	if err != nil {
 		return nil, err
@@ -97,7 +98,7 @@ func (s *subrequests) Send(ctx context.Context, sr *batch.SubRequest) (resp *bat
 // prepare makes sr a request of its own, as Caddy prepares a client's
 // request, answered into rec: its own replacer falling back to the batch
 // request's, a copy of the batch request's vars and route groups.
-func (s *subrequests) prepare(ctx context.Context, sr *batch.SubRequest, rec *recorder) (*http.Request, error) {
+func (s *subrequests) prepare(ctx context.Context, sr *batch.SubRequest, rec *recorder.Recorder) (*http.Request, error) {
 	path, err := url.PathUnescape(sr.Path)
 	if err != nil {
 		return nil, fmt.Errorf("%w: bad sub-request path %q: %w", batch.ErrNotSent, sr.Path, err)
@@ -209,9 +210,9 @@ const (
 // classify reads what the chain did with a sub-request whose context is
 // ctx: it wrote to rec (nil if the writer was not the recorder) and
 // returned err.
-func classify(ctx context.Context, rec *recorder, err error) chainResult {
+func classify(ctx context.Context, rec *recorder.Recorder, err error) chainResult {
 	switch {
-	case err == nil, rec != nil && rec.status != 0:
+	case err == nil, rec != nil && rec.Status() != 0:
 		return chainWrote
 	case ctx.Err() != nil:
 		return chainCut
@@ -246,26 +247,26 @@ func classifyError(err error) chainResult {
 // answer of the chain that never reached the upstream; a request that
 // could not be dialled was not sent; anything else that wrote nothing got
 // no answer.
-func answer(ctx context.Context, rec *recorder, err error) (*batch.SubResponse, error) {
+func answer(ctx context.Context, rec *recorder.Recorder, err error) (*batch.SubResponse, error) {
 	switch classify(ctx, rec, err) {
 	case chainRefused, chainNoUpstream:
 		// The handler may have set headers the status needs before
 		// returning its error: basic_auth's WWW-Authenticate.
 		var herr caddyhttp.HandlerError
 		errors.As(err, &herr)
-		return &batch.SubResponse{Status: herr.StatusCode, Header: rec.header}, nil
+		return &batch.SubResponse{Status: herr.StatusCode, Header: rec.Header()}, nil
 	case chainNotSent:
 		return nil, fmt.Errorf("%w: %w", batch.ErrNotSent, err)
 	case chainCut, chainLost:
 		return nil, err
 	}
-	resp := &batch.SubResponse{Status: rec.status, Header: rec.header}
+	resp := &batch.SubResponse{Status: rec.Status(), Header: rec.Header()}
 	if resp.Status == 0 {
 		resp.Status = http.StatusOK // as net/http answers a handler that wrote nothing
 	}
-	if rec.overflow {
-		return resp, fmt.Errorf("%w (%d bytes)", batch.ErrBodyTooLarge, rec.limit)
+	if rec.Overflowed() {
+		return resp, fmt.Errorf("%w (%d bytes)", batch.ErrBodyTooLarge, rec.Limit())
 	}
-	resp.Body = rec.bytes()
+	resp.Body = rec.Bytes()
 	return resp, err
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
 	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/recorder"
 )
 
 // answer turns what the chain did with a sub-request into its answer: an
@@ -18,8 +19,8 @@ import (
 // answer of the chain (a 4xx, a 503 with no upstream), a request that was
 // never sent (a dial error), or no answer at all.
 func TestAnswer(t *testing.T) {
-	written := func(status int, body string) *recorder {
-		rec := newRecorder(1 << 10)
+	written := func(status int, body string) *recorder.Recorder {
+		rec := recorder.New(1 << 10)
 		rec.Header().Set("Content-Type", "application/json")
 		if status != 0 {
 			rec.WriteHeader(status)
@@ -29,11 +30,11 @@ func TestAnswer(t *testing.T) {
 		}
 		return rec
 	}
-	challenged := newRecorder(1 << 10)
+	challenged := recorder.New(1 << 10)
 	challenged.Header().Set("WWW-Authenticate", `Basic realm="r"`)
 	tests := []struct {
 		name    string
-		rec     *recorder
+		rec     *recorder.Recorder
 		err     error
 		status  int // 0: no answer
 		notSent bool
@@ -45,15 +46,15 @@ func TestAnswer(t *testing.T) {
 		{name: "a handler that wrote nothing", rec: written(0, ""), status: 200},
 		{name: "basic_auth's 401, its challenge kept", rec: challenged,
 			err: caddyhttp.Error(http.StatusUnauthorized, errors.New("no credentials")), status: 401, header: `Basic realm="r"`},
-		{name: "no upstream available", rec: newRecorder(1 << 10),
+		{name: "no upstream available", rec: recorder.New(1 << 10),
 			err: caddyhttp.Error(http.StatusServiceUnavailable, errors.New("no upstreams available")), status: 503},
-		{name: "a dial that failed: never sent", rec: newRecorder(1 << 10),
+		{name: "a dial that failed: never sent", rec: recorder.New(1 << 10),
 			err: caddyhttp.Error(http.StatusBadGateway, reverseproxy.NewDialError(errors.New("connection refused"))), notSent: true},
-		{name: "a 502 after sending: no answer", rec: newRecorder(1 << 10),
+		{name: "a 502 after sending: no answer", rec: recorder.New(1 << 10),
 			err: caddyhttp.Error(http.StatusBadGateway, errors.New("EOF"))},
 		// Caddy's 499 is a client that went away: no answer, whatever
 		// the context says (the log line counted it as answered once).
-		{name: "499: no answer", rec: newRecorder(1 << 10),
+		{name: "499: no answer", rec: recorder.New(1 << 10),
 			err: caddyhttp.Error(499, errors.New("context canceled"))},
 	}
 	for _, tt := range tests {
@@ -78,7 +79,7 @@ func TestAnswer(t *testing.T) {
 		})
 	}
 	t.Run("a body past the limit is left out, its status stands", func(t *testing.T) {
-		rec := newRecorder(4)
+		rec := recorder.New(4)
 		rec.WriteHeader(200)
 		n, err := rec.Write([]byte("0123456789"))
 		if n != 10 || err != nil {
@@ -97,25 +98,25 @@ func TestAnswer(t *testing.T) {
 func TestClassify(t *testing.T) {
 	cut, cancel := context.WithCancel(context.Background())
 	cancel()
-	wrote := newRecorder(1 << 10)
+	wrote := recorder.New(1 << 10)
 	wrote.WriteHeader(404)
 	for _, tt := range []struct {
 		name string
 		ctx  context.Context
-		rec  *recorder
+		rec  *recorder.Recorder
 		err  error
 		want chainResult
 	}{
 		{"an answer", context.Background(), wrote, nil, chainWrote},
 		{"an answer, then an error", context.Background(), wrote, errors.New("late"), chainWrote},
-		{"basic_auth's 401", context.Background(), newRecorder(1), caddyhttp.Error(401, errors.New("no")), chainRefused},
-		{"a rate limit's 429", context.Background(), newRecorder(1), caddyhttp.Error(429, errors.New("slow down")), chainRefused},
-		{"no upstream available", context.Background(), newRecorder(1), caddyhttp.Error(503, errors.New("no upstreams available")), chainNoUpstream},
-		{"a refused dial", context.Background(), newRecorder(1), caddyhttp.Error(502, reverseproxy.NewDialError(errors.New("refused"))), chainNotSent},
-		{"a broken connection", context.Background(), newRecorder(1), caddyhttp.Error(502, errors.New("EOF")), chainLost},
-		{"an error that is no handler error", context.Background(), newRecorder(1), errors.New("boom"), chainLost},
-		{"Caddy's 499", context.Background(), newRecorder(1), caddyhttp.Error(499, errors.New("canceled")), chainCut},
-		{"a 401 after the context ended", cut, newRecorder(1), caddyhttp.Error(401, errors.New("no")), chainCut},
+		{"basic_auth's 401", context.Background(), recorder.New(1), caddyhttp.Error(401, errors.New("no")), chainRefused},
+		{"a rate limit's 429", context.Background(), recorder.New(1), caddyhttp.Error(429, errors.New("slow down")), chainRefused},
+		{"no upstream available", context.Background(), recorder.New(1), caddyhttp.Error(503, errors.New("no upstreams available")), chainNoUpstream},
+		{"a refused dial", context.Background(), recorder.New(1), caddyhttp.Error(502, reverseproxy.NewDialError(errors.New("refused"))), chainNotSent},
+		{"a broken connection", context.Background(), recorder.New(1), caddyhttp.Error(502, errors.New("EOF")), chainLost},
+		{"an error that is no handler error", context.Background(), recorder.New(1), errors.New("boom"), chainLost},
+		{"Caddy's 499", context.Background(), recorder.New(1), caddyhttp.Error(499, errors.New("canceled")), chainCut},
+		{"a 401 after the context ended", cut, recorder.New(1), caddyhttp.Error(401, errors.New("no")), chainCut},
 		{"a writer that is not the recorder", context.Background(), nil, caddyhttp.Error(403, errors.New("no")), chainRefused},
 	} {
 		if got := classify(tt.ctx, tt.rec, tt.err); got != tt.want {

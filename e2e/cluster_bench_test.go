@@ -9,6 +9,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/caddy-batch/caddy-batch/batchapp"
 	"github.com/caddy-batch/caddy-batch/durable"
 )
 
@@ -28,7 +29,7 @@ func BenchmarkIdleCluster(b *testing.B) {
 	for _, records := range []int{0, 1000, 10000, 50000} {
 		addr := startRedisServer(b)
 		host, port, _ := strings.Cut(addr, ":")
-		keepRecords(b, durableStorage(newRedisStorage(b, host, port, "idle")), records)
+		keepRecords(b, batchapp.DurableStorage(newRedisStorage(b, host, port, "idle")), records)
 		b.Run(fmt.Sprintf("records=%d", records), func(b *testing.B) {
 			api := costAPI(1)
 			option := redisOption(host, port, "idle") + "\n\tbatch {\n\t\trecovery_interval 100ms\n\t}"
@@ -67,7 +68,7 @@ func BenchmarkKeyedBatchWithRecordsKept(b *testing.B) {
 	for _, records := range []int{0, 20000} {
 		addr := startRedisServer(b)
 		host, port, _ := strings.Cut(addr, ":")
-		keepRecords(b, durableStorage(newRedisStorage(b, host, port, "keyed")), records)
+		keepRecords(b, batchapp.DurableStorage(newRedisStorage(b, host, port, "keyed")), records)
 		b.Run(fmt.Sprintf("records=%d", records), func(b *testing.B) {
 			api := costAPI(1)
 			option := redisOption(host, port, "keyed") + "\n\tbatch {\n\t\trecovery_interval 100ms\n\t}"

@@ -16,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
+	"github.com/caddy-batch/caddy-batch/batchapp"
 	"github.com/caddy-batch/caddy-batch/durable"
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
 )
@@ -221,7 +222,7 @@ func TestClusterWithRecordsKept(t *testing.T) {
 	none := idleCommands(t, startRedisServer(t))
 	addr := startRedisServer(t)
 	host, port, _ := strings.Cut(addr, ":")
-	keepRecords(t, durableStorage(newRedisStorage(t, host, port, costPrefix)), 20000)
+	keepRecords(t, batchapp.DurableStorage(newRedisStorage(t, host, port, costPrefix)), 20000)
 	kept := idleCommands(t, addr)
 	if kept > 2*none+10 || none == 0 {
 		t.Errorf("an idle instance asked Redis %d commands with 20,000 records kept, %d with none: want within 2x", kept, none)

@@ -21,6 +21,7 @@ import (
 	storageredis "github.com/pberkel/caddy-storage-redis"
 	"go.uber.org/zap"
 
+	"github.com/caddy-batch/caddy-batch/batchapp"
 	"github.com/caddy-batch/caddy-batch/durable"
 )
 
@@ -134,7 +135,7 @@ func TestRedisStorageLocks(t *testing.T) {
 // sweepAt sweeps the expired Idempotency-Key records of s as of at, as
 // a new app's first sweep does, and returns how many it deleted.
 func sweepAt(ctx context.Context, s certmagic.Storage, at time.Time) (int, error) {
-	swept, err := durable.NewSweeper(durableStorage(s), zap.NewNop()).Sweep(ctx, at)
+	swept, err := durable.NewSweeper(batchapp.DurableStorage(s), zap.NewNop()).Sweep(ctx, at)
 	return swept.Deleted, err
 }
 
@@ -270,7 +271,7 @@ func TestRedisLeftoversCleared(t *testing.T) {
 	}
 	restore := durable.SetClock(func() time.Time { return time.Now().Add(time.Minute) })
 	defer restore()
-	js := durable.NewJournals(durableStorage(s), durable.NewLeases(30*time.Second), zap.NewNop())
+	js := durable.NewJournals(batchapp.DurableStorage(s), durable.NewLeases(30*time.Second), zap.NewNop())
 	finish := func(*durable.Recovered) error { t.Error("a leftover was taken over"); return nil }
 	failed := func(saga, doing string, err error) { t.Errorf("%s: %s: %v", saga, doing, err) }
 	if err := js.Scan(ctx, finish, failed); err != nil {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-batch/caddy-batch/batchapp"
 	"github.com/caddy-batch/caddy-batch/durable"
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
 	"github.com/caddyserver/certmagic"
@@ -219,7 +220,7 @@ func checkRepairLog(t testing.TB, g *gateway, i int, preimage map[string]any) {
 		t.Fatalf("the log line names no kept saga: %v", e)
 	}
 	// The kept saga as an operator's tools read it from the storage.
-	storage := durableStorage(&certmagic.FileStorage{Path: g.storageDir(t)})
+	storage := batchapp.DurableStorage(&certmagic.FileStorage{Path: g.storageDir(t)})
 	v, err := durable.NewJournals(storage, durable.NewLeases(time.Minute), zap.NewNop()).Saga(context.Background(), saga)
 	if err != nil {
 		t.Fatalf("the kept saga %s: %v", saga, err)

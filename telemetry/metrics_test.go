@@ -1,4 +1,4 @@
-package caddymodule
+package telemetry
 
 import (
 	"maps"
@@ -17,7 +17,6 @@ func (f *fakeSlots) Cap() int      { return f.cap }
 // until a handler's slots are tracked, then their sum, counting slots that
 // the handlers of two configs share once.
 func TestMetricsSlotGauges(t *testing.T) {
-	t.Parallel()
 	g := newSlotGauges("caddy", "http_batch")
 	reg := prometheus.NewPedanticRegistry()
 	if err := reg.Register(g); err != nil {
@@ -39,9 +38,9 @@ func TestMetricsSlotGauges(t *testing.T) {
 		t.Errorf("with no slots tracked: %v, want nothing", got)
 	}
 	a, b := &fakeSlots{3, 1, 32}, &fakeSlots{2, 0, 7}
-	untrackA := g.track(a)
-	untrackReloaded := g.track(a) // the next config's handler, same pooled slots
-	untrackB := g.track(b)
+	untrackA := g.Track(a)
+	untrackReloaded := g.Track(a) // the next config's handler, same pooled slots
+	untrackB := g.Track(b)
 	want := map[string]float64{"caddy_http_batch_subrequests_in_flight": 5, "caddy_http_batch_subrequests_waiting": 1, "caddy_http_batch_in_flight_limit": 39}
 	if got := gauges(); !maps.Equal(got, want) {
 		t.Errorf("gauges %v, want %v", got, want)
@@ -61,7 +60,7 @@ func TestMetricsSlotGauges(t *testing.T) {
 	// the config's registry: the second finds them there.
 	reg = prometheus.NewPedanticRegistry()
 	for range 2 {
-		if err := registerMetrics(reg); err != nil {
+		if err := Register(reg); err != nil {
 			t.Fatalf("registering: %v", err)
 		}
 	}

@@ -1,4 +1,4 @@
-package caddymodule
+package batchapp
 
 import (
 	"encoding/json"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/caddy-batch/caddy-batch/durable"
 	"github.com/caddy-batch/caddy-batch/problem"
+	"github.com/caddy-batch/caddy-batch/telemetry"
 )
 
 func init() {
@@ -146,10 +147,10 @@ func serveRetry(w http.ResponseWriter, r *http.Request, a *App, id string) error
 	}
 	v, err := a.retrySaga(r.Context(), id, header, r.RemoteAddr)
 	if err != nil {
-		metrics.sagaActions.WithLabelValues("retry", "refused").Inc()
+		telemetry.Metrics.SagaActions.WithLabelValues("retry", "refused").Inc()
 		return sagaError(w, err)
 	}
-	metrics.sagaActions.WithLabelValues("retry", v.State).Inc()
+	telemetry.Metrics.SagaActions.WithLabelValues("retry", v.State).Inc()
 	return writeJSON(w, http.StatusOK, v)
 }
 
@@ -168,10 +169,10 @@ func serveResolve(w http.ResponseWriter, r *http.Request, a *App, id string) err
 	}
 	v, err := a.resolveSaga(r.Context(), id, body.Reason, r.RemoteAddr)
 	if err != nil {
-		metrics.sagaActions.WithLabelValues("resolve", "refused").Inc()
+		telemetry.Metrics.SagaActions.WithLabelValues("resolve", "refused").Inc()
 		return sagaError(w, err)
 	}
-	metrics.sagaActions.WithLabelValues("resolve", durable.StateResolved).Inc()
+	telemetry.Metrics.SagaActions.WithLabelValues("resolve", durable.StateResolved).Inc()
 	return writeJSON(w, http.StatusOK, v)
 }
 

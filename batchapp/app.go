@@ -1,4 +1,12 @@
-package caddymodule
+// Package batchapp is the Caddy glue of what outlives a request: the
+// "batch" app, which runs durable's recovery scan and Idempotency-Key
+// sweep for a config and finishes a taken-over saga through the
+// server's routes, the certmagic adapter of durable's storage, and the
+// operator's surface over the app's journals (the admin.api.batch
+// module and the caddy batch subcommands; README, "Operations"). The
+// batch handler joins the app as it is provisioned (Register) and
+// finishes the sagas the app sends it (RecoveryOf).
+package batchapp
 
 import (
 	"context"
@@ -94,7 +102,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	// The process's leases: what a saga holds outlives this config.
 	a.leases = durable.ProcessLeases(time.Duration(a.Lease))
-	storage := durableStorage(ctx.Storage())
+	storage := DurableStorage(ctx.Storage())
 	a.journals = durable.NewJournals(storage, a.leases, a.logger)
 	a.sweeper = durable.NewSweeper(storage, a.logger)
 	a.state = &appState{failed: map[string]string{}}
@@ -116,10 +124,10 @@ func (a *App) Validate() error {
 	return nil
 }
 
-// register is how a batch handler joins the app, in its Provision: it
+// Register is how a batch handler joins the app, in its Provision: it
 // gets the config's journals, and the lease its Idempotency-Key claims
 // are held under.
-func (a *App) register() (*durable.Journals, *durable.Leases) {
+func (a *App) Register() (*durable.Journals, *durable.Leases) {
 	a.state.mu.Lock()
 	defer a.state.mu.Unlock()
 	a.state.handlers++

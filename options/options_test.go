@@ -1,4 +1,4 @@
-package caddymodule
+package options
 
 import (
 	"go/ast"
@@ -11,11 +11,12 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 )
 
-// TestOptionsTableIsDocumented holds UnmarshalCaddyfile's syntax to the
+// TestOptionsTableIsDocumented holds UnmarshalCaddyfile's syntax (in
+// caddymodule, with the rest of the directive) to the
 // options table: each option's line there, in the table's order, with
 // each of its forms, and no option the table does not have.
 func TestOptionsTableIsDocumented(t *testing.T) {
-	f, err := parser.ParseFile(token.NewFileSet(), "caddyfile.go", nil, parser.ParseComments)
+	f, err := parser.ParseFile(token.NewFileSet(), "../caddymodule/caddyfile.go", nil, parser.ParseComments)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +52,7 @@ func TestOptionsTableIsDocumented(t *testing.T) {
 }
 
 // TestOptionsTableTakesEveryShape: a row can read an option with a
-// block, and one whose first word selects its form, and the directive
+// block, and one whose first word selects its form, and the block
 // reads on after them as before. The rows are the test's own, for the
 // options issues will add (openapi <file> { ... }, max_in_flight auto
 // [<min> <max>]); the table is restored after it.
@@ -68,7 +69,7 @@ func TestOptionsTableTakesEveryShape(t *testing.T) {
 				}
 				return nil
 			},
-			apply: func(*Options, *level) error { return nil }},
+			apply: func(*Options, *Level) error { return nil }},
 		option{name: "with_forms", forms: []string{"<n>", "auto [<min> <max>]"},
 			read: func(o *Options, a optionArgs) error {
 				if len(a.args) > 0 && a.args[0] == "auto" {
@@ -78,22 +79,29 @@ func TestOptionsTableTakesEveryShape(t *testing.T) {
 				forms = append(forms, strings.Join(a.args, " "))
 				return nil
 			},
-			apply: func(*Options, *level) error { return nil }},
+			apply: func(*Options, *Level) error { return nil }},
 	)
-	var h Handler
-	_, err := h.unmarshal(caddyfile.NewTestDispenser(strings.Join(batchBlock(
-		[]string{"\twith_block api.yaml {", "\t\tpublish /openapi.json", "\t\tstrict", "\t}", "\tmax_items 5", "\twith_forms auto 4 64"},
-		usersResource[:3], []string{"\t\twith_forms 8", "\t}"}), "\n")))
-	if err != nil {
-		t.Fatal(err)
+	read := func(block string) Options {
+		t.Helper()
+		var o Options
+		d := caddyfile.NewTestDispenser(block)
+		d.Next()
+		for seen := map[string]caddyfile.Token{}; d.NextBlock(0); {
+			if err := o.UnmarshalOption(d, seen, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return o
 	}
+	o := read("batch {\n\twith_block api.yaml {\n\t\tpublish /openapi.json\n\t\tstrict\n\t}\n\tmax_items 5\n\twith_forms auto 4 64\n\tconcurrency 3\n}")
+	read("resource {\n\twith_forms 8\n}")
 	if want := []string{"api.yaml", "publish=/openapi.json", "strict="}; !slices.Equal(block, want) {
 		t.Errorf("the block read %q, want %q", block, want)
 	}
 	if want := []string{"auto 4 64", "8"}; !slices.Equal(forms, want) {
 		t.Errorf("the forms read %q, want %q", forms, want)
 	}
-	if h.MaxItems != 5 || len(h.Resources) != 1 || len(h.Resources[0].Item) != 4 {
-		t.Errorf("the directive after them: max_items %d, resources %+v", h.MaxItems, h.Resources)
+	if o.MaxItems != 5 || o.Concurrency != 3 {
+		t.Errorf("the options after them: max_items %d, concurrency %d", o.MaxItems, o.Concurrency)
 	}
 }

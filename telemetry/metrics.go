@@ -1,13 +1,16 @@
-package caddymodule
+// Package telemetry is what the gateway tells operators of its batches
+// beyond the answer: its Prometheus metrics, and the fields its log
+// lines give of how a batch ended. It knows nothing of Caddy: the Caddy
+// glue passes in the server's name and registers the collectors on each
+// config's registry.
+package telemetry
 
 import (
 	"context"
 	"errors"
-	"net/http"
 	"sync"
 	"time"
 
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/caddy-batch/caddy-batch/batch"
@@ -16,7 +19,7 @@ import (
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
-// The module's Prometheus metrics, named and labelled as Caddy's own
+// Metrics are the module's Prometheus metrics, named and labelled as Caddy's own
 // (caddy_http_...). A label never holds an id, a key or a concrete path:
 // "resource" is the resource's template as configured
 // ("/api/users/{user}/posts"), so the number of series is bounded by the
@@ -28,41 +31,57 @@ import (
 // zero on each reload, and collectors registered only on the first
 // registry would vanish from the scrape after it (caddy-ratelimit's
 // counters stuck at 0 after a reload were that bug).
-var metrics = newBatchMetrics()
+var Metrics = newBatchMetrics()
 
-type batchMetrics struct {
-	batches       *prometheus.CounterVec
+// BatchMetrics are the module's collectors. Rejected, Finished,
+// ObserveLocks and ThrottledWait count what takes more than one
+// collector or label; a collector counted in one place alone is counted
+// there. The exported ones can be read, as the tests do.
+type BatchMetrics struct {
+	// Batches are the batch requests, by server, resource, operation,
+	// atomicity and outcome.
+	Batches       *prometheus.CounterVec
 	items         *prometheus.CounterVec
 	duration      *prometheus.HistogramVec
 	itemsPerBatch *prometheus.HistogramVec
 	compensations *prometheus.CounterVec
 	lockWait      *prometheus.HistogramVec
 	lockConflicts *prometheus.CounterVec
-	replays       *prometheus.CounterVec
-	recovered     *prometheus.CounterVec
-	listFallbacks *prometheus.CounterVec
-	throttled     *prometheus.CounterVec
-	pending       prometheus.GaugeFunc
-	slots         *slotGauges
-	sagas         *prometheus.GaugeVec
-	sagaActions   *prometheus.CounterVec
+	// Replays are batch writes answered from a stored answer, by
+	// server, resource and operation.
+	Replays *prometheus.CounterVec
+	// Recovered are the sagas of dead owners finished, by outcome.
+	Recovered *prometheus.CounterVec
+	// ListFallbacks are the unusable LISTs of a list_filter, by server,
+	// resource and reason.
+	ListFallbacks *prometheus.CounterVec
+	// Throttled are the throttling answers waited out, by resource.
+	Throttled *prometheus.CounterVec
+	pending   prometheus.GaugeFunc
+	// Slots are the gauges of the max_in_flight slots.
+	Slots *SlotGauges
+	// Sagas are the sagas in storage, by state.
+	Sagas *prometheus.GaugeVec
+	// SagaActions are operators' retries and resolves, by action and
+	// result.
+	SagaActions *prometheus.CounterVec
 }
 
 // Label values of the outcome label besides the engine's outcomes, and
 // of the request label of the lock metrics.
 const (
-	outcomeRejected = "rejected" // refused before anything was sent (docs/wire-format.md, "Bad input")
-	lockByBatch     = "batch"
-	lockBySingle    = "single"
+	OutcomeRejected = "rejected" // refused before anything was sent (docs/wire-format.md, "Bad input")
+	LockByBatch     = "batch"
+	LockBySingle    = "single"
 )
 
-func newBatchMetrics() *batchMetrics {
+func newBatchMetrics() *BatchMetrics {
 	// From a lock taken at once to batch_timeout and beyond: a failed
 	// batch answers after its undos too.
 	durationBuckets := []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
 	labels := func(more ...string) []string { return append([]string{"server", "resource", "operation"}, more...) }
-	return &batchMetrics{
-		batches: counter("requests_total",
+	return &BatchMetrics{
+		Batches: counter("requests_total",
 			`Batch requests, by outcome: a batch outcome, or "rejected" for a batch refused before anything was sent.`,
 			labels("atomicity", "outcome")),
 		items: counter("items_total",
@@ -83,16 +102,16 @@ func newBatchMetrics() *batchMetrics {
 		lockConflicts: counter("lock_conflicts_total",
 			"Item locks given up on because another write through the gateway held the item until the wait's timeout (answered 409), by the request that gave up.",
 			[]string{"server", "resource", "request"}),
-		replays: counter("idempotent_replays_total",
+		Replays: counter("idempotent_replays_total",
 			"Batch writes answered from the stored answer of an earlier request with the same Idempotency-Key, with nothing sent upstream.",
 			labels()),
-		recovered: counter("journals_recovered_total",
+		Recovered: counter("journals_recovered_total",
 			"Sagas of dead owners this process finished from their journals, by the batch outcome they ended with: rolled_back, or rollback_failed.",
 			[]string{"outcome"}),
-		listFallbacks: counter("list_fallbacks_total",
+		ListFallbacks: counter("list_fallbacks_total",
 			`LISTs sent through a resource's list_filter that answered nothing usable, so that their ids were read one by one, by reason: "no_answer", "status" (not 2xx), or "body" (not JSON, or no array where items points).`,
 			[]string{"server", "resource", "reason"}),
-		throttled: counter("throttled_total",
+		Throttled: counter("throttled_total",
 			"Sub-requests the legacy API throttled (429, or 503 with Retry-After) that waited the pause it asked for and were sent again (README, \"Throttling\").",
 			[]string{"resource"}),
 		pending: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -100,13 +119,13 @@ func newBatchMetrics() *batchMetrics {
 			Name: "journals_pending",
 			Help: "Sagas this process keeps a journal for: running, or being finished for a dead owner.",
 		}, func() float64 { return float64(durable.Pending()) }),
-		slots: newSlotGauges(metricsNamespace, metricsSubsystem),
-		sagas: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Slots: newSlotGauges(metricsNamespace, metricsSubsystem),
+		Sagas: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: metricsNamespace, Subsystem: metricsSubsystem,
 			Name: "sagas",
 			Help: "Sagas in the storage, by state: running, orphaned, stuck, left_behind; every instance sharing a storage reports the same count (aggregate with max).",
 		}, []string{"state"}),
-		sagaActions: counter("saga_actions_total",
+		SagaActions: counter("saga_actions_total",
 			`Operators' actions on sagas through this instance's admin endpoint, by action (retry, resolve) and result: "resolved", "left_behind", or "refused".`,
 			[]string{"action", "result"}),
 	}
@@ -128,24 +147,24 @@ func histogram(name, help string, buckets []float64, labels []string) *prometheu
 	}, labels)
 }
 
-func (m *batchMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.batches, m.items, m.duration, m.itemsPerBatch, m.compensations, m.lockWait, m.lockConflicts, m.replays, m.recovered, m.listFallbacks, m.throttled, m.pending, m.slots, m.sagas, m.sagaActions}
+func (m *BatchMetrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.Batches, m.items, m.duration, m.itemsPerBatch, m.compensations, m.lockWait, m.lockConflicts, m.Replays, m.Recovered, m.ListFallbacks, m.Throttled, m.pending, m.Slots, m.Sagas, m.SagaActions}
 }
 
-// throttledWait counts a throttling answer waited out on resource (its
+// ThrottledWait counts a throttling answer waited out on resource (its
 // template).
-func (m *batchMetrics) throttledWait(resource string) {
-	m.throttled.WithLabelValues(resource).Inc()
+func (m *BatchMetrics) ThrottledWait(resource string) {
+	m.Throttled.WithLabelValues(resource).Inc()
 }
 
-// registerMetrics registers the module's collectors on a config's
-// registry. Every batch handler of the config does so; the second finds
-// them there already.
-func registerMetrics(reg prometheus.Registerer) error {
+// Register registers the module's collectors on a config's registry.
+// Every batch handler of the config does so; the second finds them
+// there already.
+func Register(reg prometheus.Registerer) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range metrics.collectors() {
+	for _, c := range Metrics.collectors() {
 		if err := reg.Register(c); err != nil {
 			var already prometheus.AlreadyRegisteredError
 			if !errors.As(err, &already) {
@@ -156,32 +175,25 @@ func registerMetrics(reg prometheus.Registerer) error {
 	return nil
 }
 
-// serverName is the name of the Caddy server r came in on: Caddy's own
-// metrics' "server" label.
-func serverName(r *http.Request) string {
-	if s, ok := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok {
-		return s.Name()
-	}
-	return ""
+// Labels are the labels every batch metric starts with: the Caddy
+// server's name (as Caddy's own metrics' "server" label), the
+// resource's template (or the envelope's path) and the operation.
+type Labels struct {
+	Server, Resource, Operation string
 }
 
-// batchLabels are the labels every batch metric starts with.
-type batchLabels struct {
-	server, resource, operation string
+func (l Labels) values(more ...string) []string {
+	return append([]string{l.Server, l.Resource, l.Operation}, more...)
 }
 
-func (l batchLabels) values(more ...string) []string {
-	return append([]string{l.server, l.resource, l.operation}, more...)
+// Rejected counts a batch refused before anything was sent.
+func (m *BatchMetrics) Rejected(l Labels, atomicity policy.Atomicity) {
+	m.Batches.WithLabelValues(l.values(atomicity.String(), OutcomeRejected)...).Inc()
 }
 
-// rejected counts a batch refused before anything was sent.
-func (m *batchMetrics) rejected(l batchLabels, atomicity policy.Atomicity) {
-	m.batches.WithLabelValues(l.values(atomicity.String(), outcomeRejected)...).Inc()
-}
-
-// finished counts a batch that was run, and its items.
-func (m *batchMetrics) finished(l batchLabels, res *batch.Result, took time.Duration) {
-	m.batches.WithLabelValues(l.values(res.Atomicity.String(), string(res.Outcome))...).Inc()
+// Finished counts a batch that was run, and its items.
+func (m *BatchMetrics) Finished(l Labels, res *batch.Result, took time.Duration) {
+	m.Batches.WithLabelValues(l.values(res.Atomicity.String(), string(res.Outcome))...).Inc()
 	m.duration.WithLabelValues(l.values(string(res.Outcome))...).Observe(took.Seconds())
 	m.itemsPerBatch.WithLabelValues(l.values()...).Observe(float64(len(res.Items)))
 	counts := map[batch.Outcome]int{}
@@ -211,59 +223,60 @@ type observedLocks struct {
 	labels []string // server, resource, request
 }
 
-// observeLocks wraps l for one request; l may be nil (no locks).
-func observeLocks(l itemlock.Locker, r *http.Request, resource, request string) itemlock.Locker {
+// ObserveLocks wraps l for one request to server; l may be nil (no
+// locks).
+func ObserveLocks(l itemlock.Locker, server, resource, request string) itemlock.Locker {
 	if l == nil {
 		return nil
 	}
-	return observedLocks{l, []string{serverName(r), resource, request}}
+	return observedLocks{l, []string{server, resource, request}}
 }
 
 func (l observedLocks) Lock(ctx context.Context, key string) (func(), error) {
 	start := time.Now()
 	unlock, err := l.Locker.Lock(ctx, key)
-	metrics.lockWait.WithLabelValues(l.labels...).Observe(time.Since(start).Seconds())
+	Metrics.lockWait.WithLabelValues(l.labels...).Observe(time.Since(start).Seconds())
 	// A wait cut short by the client going away is no conflict.
 	if err != nil && errors.Is(err, itemlock.ErrLocked) && errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		metrics.lockConflicts.WithLabelValues(l.labels...).Inc()
+		Metrics.lockConflicts.WithLabelValues(l.labels...).Inc()
 	}
 	return unlock, err
 }
 
-// slotCounter is what the gauges of sub-requests in flight and waiting
+// SlotCounter is what the gauges of sub-requests in flight and waiting
 // read from a handler's max_in_flight slots (batch.FIFOSlots).
-type slotCounter interface {
+type SlotCounter interface {
 	InFlight() int
 	Waiting() int
 	Cap() int
 }
 
-// slotGauges reports the sub-requests in flight and waiting for a slot,
+// SlotGauges reports the sub-requests in flight and waiting for a slot,
 // summed over the slots of every handler in the process. Handlers of
 // consecutive configs share their slots (max_in_flight holds across a
 // reload), so each set of slots is counted once however many handlers
 // track it.
-type slotGauges struct {
+type SlotGauges struct {
 	inFlight, waiting, limit *prometheus.Desc
 
 	mu      sync.Mutex
-	tracked map[slotCounter]int // how many handlers track each
+	tracked map[SlotCounter]int // how many handlers track each
 }
 
-func newSlotGauges(ns, sub string) *slotGauges {
-	return &slotGauges{
+func newSlotGauges(ns, sub string) *SlotGauges {
+	return &SlotGauges{
 		inFlight: prometheus.NewDesc(prometheus.BuildFQName(ns, sub, "subrequests_in_flight"),
 			"Sub-requests of batches holding a slot of max_in_flight.", nil, nil),
 		waiting: prometheus.NewDesc(prometheus.BuildFQName(ns, sub, "subrequests_waiting"),
 			"Sub-requests of batches waiting for a slot of max_in_flight.", nil, nil),
 		limit: prometheus.NewDesc(prometheus.BuildFQName(ns, sub, "in_flight_limit"),
 			"The number of slots of max_in_flight: fixed, or where max_in_flight auto has taken it.", nil, nil),
-		tracked: map[slotCounter]int{},
+		tracked: map[SlotCounter]int{},
 	}
 }
 
-// track adds sc to the gauges until the returned function is called.
-func (g *slotGauges) track(sc slotCounter) (untrack func()) {
+// Track adds sc to the gauges until the returned function is called.
+func (g *SlotGauges) Track(sc SlotCounter) (untrack func()) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.tracked[sc]++
@@ -276,13 +289,13 @@ func (g *slotGauges) track(sc slotCounter) (untrack func()) {
 	})
 }
 
-func (g *slotGauges) Describe(ch chan<- *prometheus.Desc) {
+func (g *SlotGauges) Describe(ch chan<- *prometheus.Desc) {
 	ch <- g.inFlight
 	ch <- g.waiting
 	ch <- g.limit
 }
 
-func (g *slotGauges) Collect(ch chan<- prometheus.Metric) {
+func (g *SlotGauges) Collect(ch chan<- prometheus.Metric) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if len(g.tracked) == 0 {

@@ -1,4 +1,4 @@
-package caddymodule
+package batchapp
 
 import (
 	"context"
@@ -13,10 +13,10 @@ import (
 	"github.com/caddy-batch/caddy-batch/durable"
 )
 
-// durableStorage is a certmagic storage as durable sees it; a storage
+// DurableStorage is a certmagic storage as durable sees it; a storage
 // that can try a lock keeps that (tryStorage), so that durable never
 // waits in Lock when it need not.
-func durableStorage(s certmagic.Storage) durable.Storage {
+func DurableStorage(s certmagic.Storage) durable.Storage {
 	if s == nil {
 		return nil
 	}

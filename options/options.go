@@ -1,4 +1,11 @@
-package caddymodule
+// Package options is the batch handler's options: the Options fields
+// (the JSON a handler or a resource is configured with, and its
+// reference), one row of optionTable per option that drives its
+// Caddyfile line, the "did you mean" suggestions and how it is laid over
+// the settings, and the readers of the values a Caddyfile line gives.
+// Adding an option is its field here and its row in optionTable (and
+// its line in the directive's syntax, caddymodule's UnmarshalCaddyfile).
+package options
 
 import (
 	"errors"
@@ -196,20 +203,20 @@ type AutoInFlight struct {
 	Max int `json:"max,omitempty"`
 }
 
-// level is one level's settings, the handler's or a resource's, as
+// Level is one level's settings, the handler's or a resource's, as
 // resolved so far: what the options are laid over, on the defaults and
 // then on the handler's.
-type level struct {
+type Level struct {
 	policy.Settings
 	policy.GatewaySettings
-	// atomicity is the mode "atomicity <mode>" sets, before any
+	// GeneralAtomicity is the mode "atomicity <mode>" sets, before any
 	// operation's own: the envelope's, which runs no one operation.
-	atomicity policy.Atomicity
+	GeneralAtomicity policy.Atomicity
 }
 
-// defaults is the level that holds no option: the README's defaults.
-func defaults() level {
-	return level{Settings: policy.Defaults(), GatewaySettings: policy.GatewayDefaults()}
+// Defaults is the level that holds no option: the README's defaults.
+func Defaults() Level {
+	return Level{Settings: policy.Defaults(), GatewaySettings: policy.GatewayDefaults()}
 }
 
 // option is one row of optionTable: all the module knows of an option
@@ -232,7 +239,7 @@ type option struct {
 	// apply lays the option, when set, over l. It only refuses a word
 	// the policy does not know; whether a value can work is
 	// policy.Validate's to say.
-	apply func(o *Options, l *level) error
+	apply func(o *Options, l *Level) error
 }
 
 // optionTable is every option, in the order the Caddyfile's syntax and
@@ -248,15 +255,15 @@ var optionTable = []option{
 		apply:   applyAtomicity,
 	},
 	toggle("allow_override",
-		func(o *Options, l *level) (**bool, *bool) { return &o.AllowOverride, &l.AllowOverride }),
+		func(o *Options, l *Level) (**bool, *bool) { return &o.AllowOverride, &l.AllowOverride }),
 	count("max_items", "100",
-		func(o *Options, l *level) (*int, *int) { return &o.MaxItems, &l.MaxItems }),
+		func(o *Options, l *Level) (*int, *int) { return &o.MaxItems, &l.MaxItems }),
 	size("max_body_size", "1MiB",
-		func(o *Options, l *level) (*int64, *int64) { return &o.MaxBodySize, &l.MaxBodySize }),
+		func(o *Options, l *Level) (*int64, *int64) { return &o.MaxBodySize, &l.MaxBodySize }),
 	size("max_response_size", "16MiB",
-		func(o *Options, l *level) (*int64, *int64) { return &o.MaxResponseSize, &l.MaxResponseSize }),
+		func(o *Options, l *Level) (*int64, *int64) { return &o.MaxResponseSize, &l.MaxResponseSize }),
 	count("concurrency", "8",
-		func(o *Options, l *level) (*int, *int) { return &o.Concurrency, &l.Concurrency }),
+		func(o *Options, l *Level) (*int, *int) { return &o.Concurrency, &l.Concurrency }),
 	{
 		// A count, or auto with its bounds.
 		name:    "max_in_flight",
@@ -271,7 +278,7 @@ var optionTable = []option{
 		forms:   []string{"<duration>"},
 		example: "5s",
 		read:    func(o *Options, a optionArgs) error { return a.pause(&o.MaxThrottleWait) },
-		apply: func(o *Options, l *level) error {
+		apply: func(o *Options, l *Level) error {
 			if o.MaxThrottleWait != nil {
 				l.MaxThrottleWait = time.Duration(*o.MaxThrottleWait)
 			}
@@ -279,21 +286,21 @@ var optionTable = []option{
 		},
 	},
 	duration("item_timeout", "10s",
-		func(o *Options, l *level) (*caddy.Duration, *time.Duration) { return &o.ItemTimeout, &l.ItemTimeout }),
+		func(o *Options, l *Level) (*caddy.Duration, *time.Duration) { return &o.ItemTimeout, &l.ItemTimeout }),
 	duration("batch_timeout", "30s",
-		func(o *Options, l *level) (*caddy.Duration, *time.Duration) { return &o.BatchTimeout, &l.BatchTimeout }),
+		func(o *Options, l *Level) (*caddy.Duration, *time.Duration) { return &o.BatchTimeout, &l.BatchTimeout }),
 	text("ids_param", "ids",
-		func(o *Options, l *level) (*string, *string) { return &o.IDsParam, &l.IDsParam }),
+		func(o *Options, l *Level) (*string, *string) { return &o.IDsParam, &l.IDsParam }),
 	text("id_field", "id",
-		func(o *Options, l *level) (*string, *string) { return &o.IDField, &l.IDField }),
+		func(o *Options, l *Level) (*string, *string) { return &o.IDField, &l.IDField }),
 	word("delete_semantics", "imperative|declarative", "declarative", policy.ParseDeleteSemantics,
-		func(o *Options, l *level) (*string, *policy.DeleteSemantics) {
+		func(o *Options, l *Level) (*string, *policy.DeleteSemantics) {
 			return &o.DeleteSemantics, &l.DeleteSemantics
 		}),
 	word("restore_deleted", "put|post", "post", policy.ParseRestoreDeleted,
-		func(o *Options, l *level) (*string, *policy.Restore) { return &o.RestoreDeleted, &l.RestoreDeleted }),
+		func(o *Options, l *Level) (*string, *policy.Restore) { return &o.RestoreDeleted, &l.RestoreDeleted }),
 	word("restore_updated", "put|patch", "patch", policy.ParseRestoreUpdated,
-		func(o *Options, l *level) (*string, *policy.Restore) { return &o.RestoreUpdated, &l.RestoreUpdated }),
+		func(o *Options, l *Level) (*string, *policy.Restore) { return &o.RestoreUpdated, &l.RestoreUpdated }),
 	{
 		// A count that may be zero: "no retry".
 		name:    "compensation_retries",
@@ -303,34 +310,34 @@ var optionTable = []option{
 			o.CompensationRetries = new(int)
 			return a.number(o.CompensationRetries)
 		},
-		apply: func(o *Options, l *level) error { setNonNil(&l.CompensationRetries, o.CompensationRetries); return nil },
+		apply: func(o *Options, l *Level) error { setNonNil(&l.CompensationRetries, o.CompensationRetries); return nil },
 	},
 	duration("compensation_timeout", "30s",
-		func(o *Options, l *level) (*caddy.Duration, *time.Duration) {
+		func(o *Options, l *Level) (*caddy.Duration, *time.Duration) {
 			return &o.CompensationTimeout, &l.CompensationTimeout
 		}),
 	toggle("idempotent_upstream",
-		func(o *Options, l *level) (**bool, *bool) { return &o.IdempotentUpstream, &l.IdempotentUpstream }),
+		func(o *Options, l *Level) (**bool, *bool) { return &o.IdempotentUpstream, &l.IdempotentUpstream }),
 	toggle("conditional_writes",
-		func(o *Options, l *level) (**bool, *bool) { return &o.ConditionalWrites, &l.ConditionalWrites }),
+		func(o *Options, l *Level) (**bool, *bool) { return &o.ConditionalWrites, &l.ConditionalWrites }),
 	word("item_locks", "local|storage", "local", policy.ParseItemLocks,
-		func(o *Options, l *level) (*string, *policy.ItemLocks) { return &o.ItemLocks, &l.ItemLocks }),
+		func(o *Options, l *Level) (*string, *policy.ItemLocks) { return &o.ItemLocks, &l.ItemLocks }),
 	duration("idempotency_ttl", "24h",
-		func(o *Options, l *level) (*caddy.Duration, *time.Duration) {
+		func(o *Options, l *Level) (*caddy.Duration, *time.Duration) {
 			return &o.IdempotencyTTL, &l.IdempotencyTTL
 		}),
 	toggle("journal",
-		func(o *Options, l *level) (**bool, *bool) { return &o.Journal, &l.Journal }),
+		func(o *Options, l *Level) (**bool, *bool) { return &o.Journal, &l.Journal }),
 	list("scope_query", "<param...>", "query parameter names", "tenant api_key",
-		func(o *Options, l *level) (*[]string, *[]string) { return &o.ScopeQuery, &l.ScopeQuery }),
+		func(o *Options, l *Level) (*[]string, *[]string) { return &o.ScopeQuery, &l.ScopeQuery }),
 	word("id_format", "any|integer|uuid", "integer", policy.ParseIDFormat,
-		func(o *Options, l *level) (*string, *policy.IDFormat) { return &o.IDFormat, &l.IDFormat }),
+		func(o *Options, l *Level) (*string, *policy.IDFormat) { return &o.IDFormat, &l.IDFormat }),
 	list("stamped_fields", "<member...>", "member names", "updated_at",
-		func(o *Options, l *level) (*[]string, *[]string) { return &o.StampedFields, &l.StampedFields }),
+		func(o *Options, l *Level) (*[]string, *[]string) { return &o.StampedFields, &l.StampedFields }),
 }
 
-// apply lays the options that are set over l, in the table's order.
-func (o *Options) apply(l *level) error {
+// Apply lays the options that are set over l, in the table's order.
+func (o *Options) Apply(l *Level) error {
 	var errs []error
 	for _, opt := range optionTable {
 		errs = append(errs, opt.apply(o, l))
@@ -340,11 +347,11 @@ func (o *Options) apply(l *level) error {
 
 // binding ties an option's field in Options to the setting it is laid
 // over in a level: one row says both, so that they cannot drift apart.
-type binding[O, S any] func(o *Options, l *level) (field *O, setting *S)
+type binding[O, S any] func(o *Options, l *Level) (field *O, setting *S)
 
 // field is the option's field in o.
 func (b binding[O, S]) field(o *Options) *O {
-	f, _ := b(o, new(level))
+	f, _ := b(o, new(Level))
 	return f
 }
 
@@ -356,7 +363,7 @@ func (b binding[O, S]) field(o *Options) *O {
 func plain[T comparable](name, form, example string, read func(optionArgs, *T) error, b binding[T, T]) option {
 	return option{name: name, forms: []string{form}, example: example,
 		read:  func(o *Options, a optionArgs) error { return read(a, b.field(o)) },
-		apply: func(o *Options, l *level) error { f, s := b(o, l); setNonZero(s, *f); return nil },
+		apply: func(o *Options, l *Level) error { f, s := b(o, l); setNonZero(s, *f); return nil },
 	}
 }
 
@@ -379,7 +386,7 @@ func text(name, example string, b binding[string, string]) option {
 func duration(name, example string, b binding[caddy.Duration, time.Duration]) option {
 	return option{name: name, forms: []string{"<duration>"}, example: example,
 		read:  func(o *Options, a optionArgs) error { return a.duration(b.field(o)) },
-		apply: func(o *Options, l *level) error { f, s := b(o, l); setNonZero(s, time.Duration(*f)); return nil },
+		apply: func(o *Options, l *Level) error { f, s := b(o, l); setNonZero(s, time.Duration(*f)); return nil },
 	}
 }
 
@@ -388,7 +395,7 @@ func duration(name, example string, b binding[caddy.Duration, time.Duration]) op
 func word[T any](name, form, example string, parse func(string) (T, error), b binding[string, T]) option {
 	return option{name: name, forms: []string{form}, example: example,
 		read: func(o *Options, a optionArgs) error { return a.text(b.field(o)) },
-		apply: func(o *Options, l *level) error {
+		apply: func(o *Options, l *Level) error {
 			f, s := b(o, l)
 			if *f == "" {
 				return nil
@@ -407,7 +414,7 @@ func word[T any](name, form, example string, parse func(string) (T, error), b bi
 func toggle(name string, b binding[*bool, bool]) option {
 	return option{name: name, forms: []string{"[on|off]"},
 		read:  func(o *Options, a optionArgs) error { return a.flag(b.field(o)) },
-		apply: func(o *Options, l *level) error { f, s := b(o, l); setNonNil(s, *f); return nil },
+		apply: func(o *Options, l *Level) error { f, s := b(o, l); setNonNil(s, *f); return nil },
 	}
 }
 
@@ -422,7 +429,7 @@ func list(name, form, what, example string, b binding[[]string, []string]) optio
 			*b.field(o) = a.args
 			return nil
 		},
-		apply: func(o *Options, l *level) error {
+		apply: func(o *Options, l *Level) error {
 			if f, s := b(o, l); *f != nil {
 				*s = *f
 			}
@@ -456,7 +463,7 @@ func readMaxInFlight(o *Options, a optionArgs) error {
 
 // applyMaxInFlight lays max_in_flight over l: a count, or auto, which
 // makes the bound adaptive with max_in_flight its most.
-func applyMaxInFlight(o *Options, l *level) error {
+func applyMaxInFlight(o *Options, l *Level) error {
 	setNonZero(&l.MaxInFlight, o.MaxInFlight)
 	a := o.MaxInFlightAuto
 	if a == nil {
@@ -497,13 +504,13 @@ func readAtomicity(o *Options, a optionArgs) error {
 
 // applyAtomicity lays the atomicity options over l: the general mode,
 // then each operation's, which wins over it.
-func applyAtomicity(o *Options, l *level) error {
+func applyAtomicity(o *Options, l *Level) error {
 	var errs []error
 	if o.Atomicity != "" {
 		if a, err := policy.ParseAtomicity(o.Atomicity); err != nil {
 			errs = append(errs, policy.OptionError("atomicity", err))
 		} else {
-			l.atomicity = a
+			l.GeneralAtomicity = a
 			l.SetAtomicity(a)
 		}
 	}

@@ -1,4 +1,4 @@
-package caddymodule
+package batchapp
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/durable"
+	"github.com/caddy-batch/caddy-batch/telemetry"
 )
 
 // Operating the sagas (README, "Operations"): what the admin API's
@@ -22,6 +23,13 @@ import (
 // operated is the batch app of the running config, if it has batch
 // handlers: a config reload starts the new one before it stops the old.
 var operated atomic.Pointer[App]
+
+// Running is the batch app of the running config, nil when it has no
+// batch handler.
+func Running() *App { return operated.Load() }
+
+// Journals are the saga journals in the config's storage.
+func (a *App) Journals() *durable.Journals { return a.journals }
 
 // errCannotRun is a retry that the current config cannot run: no batch
 // handler serves the saga, or its items are locked.
@@ -38,7 +46,7 @@ func (a *App) countSagas(ctx context.Context) {
 		return
 	}
 	for state, n := range counts {
-		metrics.sagas.WithLabelValues(state).Set(float64(n))
+		telemetry.Metrics.Sagas.WithLabelValues(state).Set(float64(n))
 	}
 }
 
@@ -54,21 +62,21 @@ func (a *App) retrySaga(ctx context.Context, saga string, header http.Header, ca
 	if err != nil {
 		return nil, err
 	}
-	job := &recovery{snap: rv.Snapshot, journal: rv.Journal, prev: rv.Prev, retry: true}
+	job := &Recovery{Snap: rv.Snapshot, Journal: rv.Journal, Prev: rv.Prev, Retry: true}
 	err = a.probe(rv.Origin, job)
 	if err == nil {
-		err = job.err
+		err = job.Err
 	}
 	if err != nil {
 		rv.GiveUp(context.WithoutCancel(ctx), err.Error())
 		return nil, fmt.Errorf("%w: %v", errCannotRun, err)
 	}
 	defer a.countSagas(context.WithoutCancel(ctx))
-	a.logAction("retry", saga, caller, job.res.LeftBehind, zap.String("outcome", string(job.res.Outcome)), zap.Int("compensations", job.res.Compensations))
-	if job.res.Outcome == batch.RollbackFailed {
+	a.logAction("retry", saga, caller, job.Res.LeftBehind, zap.String("outcome", string(job.Res.Outcome)), zap.Int("compensations", job.Res.Compensations))
+	if job.Res.Outcome == batch.RollbackFailed {
 		return a.journals.Saga(ctx, saga)
 	}
-	return resolvedView(before, job.res), nil
+	return resolvedView(before, job.Res), nil
 }
 
 // resolvedView is a saga as it was before a retry that undid the rest.

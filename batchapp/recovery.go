@@ -1,0 +1,206 @@
+package batchapp
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/durable"
+	"github.com/caddy-batch/caddy-batch/recorder"
+	"github.com/caddy-batch/caddy-batch/telemetry"
+)
+
+// scan looks for journals to finish (durable's Scan), once, and counts
+// the sagas by state for the gauge.
+func (a *App) scan(ctx context.Context) {
+	a.state.mu.Lock()
+	a.state.failedBefore, a.state.failed = a.state.failed, map[string]string{}
+	a.state.mu.Unlock()
+	if err := a.journals.Scan(ctx, a.finish, a.failedOnce); err != nil && ctx.Err() == nil {
+		a.logger.Warn("listing saga journals in storage", zap.Error(err))
+	}
+	a.countSagas(ctx)
+}
+
+// sweepIdempotency deletes the Idempotency-Key records that expired
+// (docs/durability.md, "Expiry and the sweep"), unless another instance
+// of the cluster is sweeping.
+func (a *App) sweepIdempotency(ctx context.Context) {
+	swept, err := a.sweeper.Sweep(ctx, durable.Now())
+	switch {
+	case err != nil && ctx.Err() == nil:
+		a.logger.Warn("sweeping expired Idempotency-Key records; the next sweep tries again", zap.Error(err))
+	case swept.Deleted > 0 || swept.Indexed > 0:
+		a.logger.Debug("swept expired Idempotency-Key records", zap.Int("deleted", swept.Deleted),
+			zap.Int("kept", swept.Kept), zap.Int("buckets", swept.Buckets), zap.Int("indexed", swept.Indexed))
+	}
+}
+
+// finish resumes a saga this process took over (durable's scan calls
+// it), and logs what became of it: one line per saga, ERROR when items
+// were left behind. An error is durable's to log and give the saga back.
+func (a *App) finish(r *durable.Recovered) error {
+	start := time.Now()
+	job := &Recovery{Snap: r.Snapshot, Journal: r.Journal}
+	err := a.probe(r.Origin, job)
+	if err == nil {
+		err = job.Err
+	}
+	if err != nil {
+		return err
+	}
+	a.logRecovered(r, job.Res, time.Since(start))
+	return nil
+}
+
+func (a *App) logRecovered(r *durable.Recovered, res *batch.Result, took time.Duration) {
+	telemetry.Metrics.Recovered.WithLabelValues(string(res.Outcome)).Inc()
+	level, msg := zapcore.InfoLevel, "recovered a batch whose gateway died"
+	if res.Outcome == batch.RollbackFailed {
+		level, msg = zapcore.ErrorLevel, "recovered a batch whose gateway died: items left behind"
+	}
+	ce := a.logger.Check(level, msg)
+	if ce == nil {
+		return
+	}
+	fields := []zap.Field{
+		zap.String("saga", r.Saga),
+		zap.String("server", r.Origin.Server),
+		zap.String("host", r.Origin.Host),
+		zap.String("op", r.Snapshot.Op),
+		zap.String("path", r.Snapshot.Path),
+		zap.Int("items", len(r.Snapshot.Items)),
+		zap.Time("started", r.Started),
+		zap.String("dead_owner", r.Dead.Owner),
+		zap.Time("lease_lapsed", r.Dead.Expires),
+		zap.String("outcome", string(res.Outcome)),
+		zap.Int("compensations", res.Compensations),
+		zap.Duration("duration", took),
+	}
+	ce.Write(append(fields, telemetry.OutcomeFields(res, r.Saga)...)...)
+}
+
+// failedOnce logs that a saga could not be taken over or finished, once
+// per saga and reason: the recovery tries again every interval.
+func (a *App) failedOnce(saga, doing string, err error) {
+	why := doing + ": " + err.Error()
+	a.state.mu.Lock()
+	seen := a.state.failed[saga] == why || a.state.failedBefore[saga] == why
+	a.state.failed[saga] = why
+	a.state.mu.Unlock()
+	if doing == "finishing the saga" || doing == "reading the saga's journal" {
+		a.journals.MarkStuck(context.Background(), saga, why)
+	}
+	if !seen {
+		a.logger.Error("a saga whose gateway died could not be finished; it stays in storage and is tried again",
+			zap.String("saga", saga), zap.String("while", doing), zap.Error(err))
+	}
+}
+
+// Recovery is a saga to finish, carried to the batch handler by a request
+// through the server's routes (see probe): the handler that serves the
+// saga's resource sets Reached and finishes it, with Res and Err.
+type Recovery struct {
+	Snap    *batch.Snapshot
+	Journal batch.Journal
+	// Retry is an operator's (batch.Retry: undos under the current
+	// config); Prev, for a kept saga, are its items as the saga answered
+	// them, whose Idempotency-Key answer stays the first.
+	Prev    []batch.ItemResult
+	Retry   bool
+	Reached bool // a batch handler serving the saga's resource took it
+	Res     *batch.Result
+	Err     error
+}
+
+type recoveryCtxKeyType struct{}
+
+var recoveryCtxKey recoveryCtxKeyType
+
+// RecoveryOf is the saga a request made by the recovery carries, if it
+// is one: the batch handler finishes it instead of serving a client.
+func RecoveryOf(ctx context.Context) (*Recovery, bool) {
+	job, ok := ctx.Value(recoveryCtxKey).(*Recovery)
+	return job, ok
+}
+
+// probe sends the client's request again, bodiless and marked as a
+// recovery, through the routes of the server the batch came in on. It
+// takes the route the batch took (host, path and other matchers, rewrites
+// before the batch handler), and the batch handler it reaches finishes
+// the saga with the handler chain after it, as its own sub-requests go:
+// authentication, load balancing and TLS apply as they did for the batch.
+// No access log is written, and no error route runs: nothing is answered
+// to anyone.
+func (a *App) probe(in durable.Origin, job *Recovery) error {
+	srv, err := a.server(in.Server)
+	if err != nil {
+		return err
+	}
+	u, err := url.ParseRequestURI(in.URI)
+	if err != nil {
+		return fmt.Errorf("the journal's request URI %q: %w", in.URI, err)
+	}
+	header := job.Snap.Header.Clone()
+	if header == nil {
+		header = http.Header{}
+	}
+	req := &http.Request{
+		Method:     in.Method,
+		URL:        u,
+		Proto:      "HTTP/1.1",
+		ProtoMajor: 1,
+		ProtoMinor: 1,
+		Header:     header,
+		Host:       in.Host,
+		RemoteAddr: in.RemoteAddr,
+		RequestURI: in.URI,
+		Body:       http.NoBody,
+	}
+	if in.TLS {
+		// Enough for what handlers ask of a TLS request (the scheme,
+		// X-Forwarded-Proto): the connection itself is long gone.
+		host, _, err := net.SplitHostPort(in.Host)
+		if err != nil {
+			host = in.Host
+		}
+		req.TLS = &tls.ConnectionState{HandshakeComplete: true, ServerName: host}
+	}
+	// Not the config's context: a saga being finished must not be cut
+	// by a config reload, as a client's batch is not.
+	ctx := context.WithValue(context.Background(), recoveryCtxKey, job)
+	rec := recorder.New(0)
+	req = caddyhttp.PrepareRequest(req.WithContext(ctx), caddy.NewReplacer(), rec, srv)
+	end := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })
+	err = srv.Routes.Compile(end).ServeHTTP(rec, req)
+	if !job.Reached {
+		why := "it reached no batch handler that serves " + job.Snap.Path
+		if err != nil {
+			why += " (" + err.Error() + ")"
+		}
+		return fmt.Errorf("the batch's request (%s %s, host %s) through server %s: %s", in.Method, in.URI, in.Host, in.Server, why)
+	}
+	return nil
+}
+
+// server finds the Caddy server named in a journal.
+func (a *App) server(name string) (*caddyhttp.Server, error) {
+	v, err := a.ctx.AppIfConfigured("http")
+	if err != nil {
+		return nil, fmt.Errorf("the config has no http app to finish the saga through: %w", err)
+	}
+	if srv := v.(*caddyhttp.App).Servers[name]; srv != nil {
+		return srv, nil
+	}
+	return nil, fmt.Errorf("the config has no server %q, which the batch came in on", name)
+}
