@@ -8,9 +8,10 @@ import (
 )
 
 // TestMain keeps Caddy's default storage in a directory of this test run
-// alone: every all-or-nothing write batch keeps its journal there, and
-// every config's recovery looks there for journals to finish, which must
-// never be another test run's (or a real Caddy's in the home directory).
+// alone: validating a config (TestExampleIsValid) provisions the batch
+// app, which opens the storage and may take its locks, and must never
+// wait on, or write into, another run's or a real Caddy's in the home
+// directory.
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "caddybatch-storage-")
 	if err != nil {
@@ -19,6 +20,5 @@ func TestMain(m *testing.M) {
 	caddy.DefaultStorage.Path = dir
 	code := m.Run()
 	os.RemoveAll(dir)
-	removeBinary()
 	os.Exit(code)
 }

@@ -6,7 +6,9 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // largeDocument writes an OpenAPI document of n/2 collections and their
@@ -110,4 +112,13 @@ func retained(b *testing.B, build func() any) float64 {
 	runtime.ReadMemStats(&after)
 	runtime.KeepAlive(kept)
 	return float64(after.HeapAlloc) - float64(before.HeapAlloc)
+}
+
+// processCPU is the CPU time this process has used so far.
+func processCPU(b testing.TB) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

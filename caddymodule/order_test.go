@@ -12,6 +12,7 @@ import (
 // v2.11.9, just before "basic_auth"), and before "basic_auth" in a Caddy
 // that dropped the deprecated name, without a panic either way.
 func TestOrderBeforeAuthentication(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name   string
 		listed map[string]bool // Caddy's order, as far as it matters
@@ -43,6 +44,7 @@ func TestOrderBeforeAuthentication(t *testing.T) {
 // of all of them, in Caddy's default order: basicauth (deprecated, still
 // working), basic_auth and forward_auth.
 func TestAdaptOrdersBatchBeforeAuthentication(t *testing.T) {
+	t.Parallel()
 	out := adaptCaddyfile(t, `{
 	admin off
 }
