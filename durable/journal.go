@@ -27,8 +27,9 @@ import (
 //	batch/v1/journal/<saga>/lease          the owner's renewed lease
 //
 // <saga> is random hex, so no storage mangles it, and nothing the client
-// sent (an id, a path) is ever part of a key. Each segment is written
-// once and never rewritten: a storage write costs the same for a small
+// sent (an id, a path) is ever part of a key. Each segment is stored
+// once (again only where a store failed, or was cut short by a kill:
+// Journals.load): a storage write costs the same for a small
 // value as for a large one (the file system syncs every file it stores),
 // so the journal writes as few as the write-ahead rule allows, each
 // holding every item that changed since the last one, rather than a key
@@ -468,6 +469,9 @@ type storedSaga struct {
 	intent *intent
 	snap   *batch.Snapshot
 	next   int // the next segment's number
+	// listed is one past the last segment listed, stored or not: what
+	// the journal's removal deletes up to.
+	listed int
 }
 
 // errNoIntent marks a journal directory without its segment 0: a saga
@@ -546,9 +550,18 @@ func (js *Journals) load(ctx context.Context, saga string) (*storedSaga, error) 
 	if len(seqs) == 0 || seqs[0] != 0 {
 		return nil, errNoIntent
 	}
-	st := &storedSaga{}
-	for _, n := range seqs {
+	st := &storedSaga{listed: seqs[len(seqs)-1] + 1}
+	for i, n := range seqs {
 		b, err := js.storage.Load(ctx, segmentKey(saga, n))
+		if errors.Is(err, fs.ErrNotExist) && n > 0 && i == len(seqs)-1 {
+			// Segments are stored one at a time, each before what it
+			// records is sent: a last one listed with nothing under it
+			// is a store its writer died in (the Redis module lists a
+			// key before it sets it). Nothing it preceded was sent, so
+			// the journal ends before it, and the next segment takes
+			// its name.
+			break
+		}
 		if err != nil {
 			return nil, err
 		}

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"path"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.uber.org/zap"
@@ -266,6 +268,69 @@ func TestScanTakesOverADeadSaga(t *testing.T) {
 		}
 		if keys, _ := s.count(); keys != 0 {
 			t.Errorf("%d keys left after the recovery and the sweep: %v", keys, s.keys)
+		}
+	})
+}
+
+// A gateway killed while it stored a segment can leave the segment's
+// name listed with nothing under it (the Redis module lists a key before
+// it sets it). Nothing the segment preceded was sent, so the journal
+// ends before it: the saga is taken over and finished, not left stuck
+// on a segment that cannot be read.
+func TestScanTakesOverASagaWhoseLastSegmentIsListedOnly(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
+		s := newMemStorage()
+		p := widgets(t)
+		dead := NewJournals(s, NewLeases(30*time.Millisecond), zap.NewNop())
+		j := dead.New(Origin{Server: "srv0", Method: "PATCH", URI: "/v1/widgets", Host: "example.com"})
+		died, gone := make(chan struct{}), make(chan struct{})
+		defer close(gone)
+		up := &upstream{check: func(*batch.SubRequest) {
+			select {
+			case <-died:
+			default:
+				close(died)
+				j.Abandon()
+				<-gone
+			}
+		}}
+		go batch.Run(context.Background(), updatePlan(t, p, 1), batch.Runtime{Send: up, Journal: j})
+		<-died
+		written := 0
+		for _, k := range s.keysUnder(journalDir(j.Saga())) {
+			if _, ok := segmentSeq(path.Base(k)); ok {
+				written++
+			}
+		}
+		if written == 0 {
+			t.Fatal("the dead saga stored no intent")
+		}
+		s.listOnly(segmentKey(j.Saga(), written)) // the segment it was storing when it died
+
+		js := NewJournals(s, NewLeases(time.Minute), zap.NewNop())
+		finished := make(chan *Recovered, 2)
+		finish := func(r *Recovered) error {
+			_, err := batch.Resume(context.Background(), r.Snapshot, p.Lookup, nil, batch.Runtime{Send: &upstream{}, Journal: r.Journal})
+			finished <- r
+			return err
+		}
+		failed := func(saga, doing string, err error) { t.Errorf("%s: %s: %v", saga, doing, err) }
+		time.Sleep(40 * time.Millisecond) // the dead lease lapses
+		if err := js.Scan(context.Background(), finish, failed); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait() // the saga is finished on a goroutine of its own
+		select {
+		case r := <-finished:
+			if r.Saga != j.Saga() || len(r.Snapshot.Items) != 1 {
+				t.Errorf("recovered %+v", r)
+			}
+		default:
+			t.Fatal("the saga was not taken over")
+		}
+		time.Sleep(time.Second)
+		if keys, _ := s.count(); keys != 0 {
+			t.Errorf("%d keys left after the recovery: %v %v", keys, s.keys, s.listedOnly)
 		}
 	})
 }

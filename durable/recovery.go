@@ -125,7 +125,7 @@ func (js *Journals) claim(ctx context.Context, saga string, dead Lease) (*Recove
 		return nil, "reading the saga's journal", err
 	}
 	// The journal goes on after the dead owner's last segment.
-	j := newJournalOf(&Journal{js: js, saga: saga, seq: st.next, written: st.next, stored: true, leaseUntil: until, revived: st.intent.Revived})
+	j := newJournalOf(&Journal{js: js, saga: saga, seq: st.next, written: st.listed, stored: true, leaseUntil: until, revived: st.intent.Revived})
 	j.startRenewal()
 	return &Recovered{Saga: saga, Origin: st.intent.Origin, Started: st.intent.Started, Snapshot: st.snap, Dead: dead, Journal: j}, "", nil
 }

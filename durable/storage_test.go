@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
+	"iter"
 	"slices"
 	"strings"
 	"sync"
@@ -28,10 +29,13 @@ type memStorage struct {
 	// unlisted are folders whose listing is lost while their keys stay,
 	// as the Redis module leaves a folder an older build deleted.
 	unlisted map[string]bool
+	// listedOnly are keys listed that hold nothing, as the Redis module
+	// leaves a key whose writer died between listing it and setting it.
+	listedOnly map[string]bool
 }
 
 func newMemStorage() *memStorage {
-	return &memStorage{memLocks: newMemLocks(), keys: map[string][]byte{}, modified: map[string]time.Time{}, unlisted: map[string]bool{}}
+	return &memStorage{memLocks: newMemLocks(), keys: map[string][]byte{}, modified: map[string]time.Time{}, unlisted: map[string]bool{}, listedOnly: map[string]bool{}}
 }
 
 func (s *memStorage) Store(_ context.Context, key string, value []byte) error {
@@ -41,6 +45,7 @@ func (s *memStorage) Store(_ context.Context, key string, value []byte) error {
 		return s.fail
 	}
 	s.stores++
+	delete(s.listedOnly, key)
 	s.keys[key] = append([]byte(nil), value...)
 	s.modified[key] = time.Now()
 	return nil
@@ -63,6 +68,11 @@ func (s *memStorage) Delete(_ context.Context, key string) error {
 	defer s.mu.Unlock()
 	if s.failDelete != nil {
 		return s.failDelete
+	}
+	for k := range s.listedOnly {
+		if k == key || !s.flat && strings.HasPrefix(k, key+"/") {
+			delete(s.listedOnly, k)
+		}
 	}
 	if s.flat {
 		delete(s.keys, key)
@@ -90,7 +100,7 @@ func (s *memStorage) List(_ context.Context, prefix string, _ bool) ([]string, e
 	}
 	var out []string
 	seen := map[string]bool{}
-	for k := range s.keys {
+	for k := range s.allListed() {
 		rest, ok := strings.CutPrefix(k, prefix+"/")
 		if !ok {
 			continue
@@ -106,6 +116,30 @@ func (s *memStorage) List(_ context.Context, prefix string, _ bool) ([]string, e
 	}
 	slices.Sort(out)
 	return out, nil
+}
+
+// allListed are the keys a listing shows: those holding a value and
+// those listed only. s.mu is held.
+func (s *memStorage) allListed() iter.Seq[string] {
+	return func(yield func(string) bool) {
+		for k := range s.keys {
+			if !yield(k) {
+				return
+			}
+		}
+		for k := range s.listedOnly {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+// listOnly lists key without giving it a value.
+func (s *memStorage) listOnly(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.listedOnly[key] = true
 }
 
 // Modified is the latest write to key or under it.
@@ -166,7 +200,7 @@ func (s *memStorage) failStores(err error) {
 func (s *memStorage) count() (keys, stores int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.keys), s.stores
+	return len(s.keys) + len(s.listedOnly), s.stores
 }
 
 var _ Storage = (*memStorage)(nil)
