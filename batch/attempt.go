@@ -65,19 +65,22 @@ func (sg *saga) send(i int, req *SubRequest, o sendOpts) (*SubResponse, error) {
 		start := time.Now()
 		resp, err := sg.sendWithin(o.ctx, o.timeout.d, o.timeout.name, o.parent, req.clone())
 		sg.observe(time.Since(start), resp, err)
-		release()
 		delay, ok := sg.throttledFor(i, resp)
 		if !ok {
+			release()
 			return resp, err
 		}
 		// The API asked this client for a pause: every request of the
 		// client's to the resource honours it, this one whether or not
 		// it goes again. A 429 that names no moment holds only itself.
+		// The hold is recorded before the slot goes, so that a request
+		// waiting for the slot finds it (acquire).
 		now := time.Now()
 		h := throttleHold{until: now.Add(delay), delay: delay, status: resp.Status, retryAfter: resp.Header.Get("Retry-After")}
 		if h.retryAfter != "" {
 			sg.rt.Throttles.hold(sg.rt.Client, resource, h, now)
 		}
+		release()
 		if !mayResend(sg.settings(i).IdempotentUpstream, req, resp, now.Add(delay), o.wait) {
 			return resp, err
 		}
@@ -92,12 +95,23 @@ func (sg *saga) send(i int, req *SubRequest, o sendOpts) (*SubResponse, error) {
 }
 
 // acquire waits while the upstream holds this client off resource, then
-// for a slot.
+// for a slot, and again for a hold that came while it waited.
 func (sg *saga) acquire(ctx context.Context, resource string, urgent bool) (func(), error) {
-	if err := sg.rt.Throttles.wait(ctx, sg.rt.Client, resource); err != nil {
-		return nil, err
+	for {
+		if err := sg.rt.Throttles.wait(ctx, sg.rt.Client, resource); err != nil {
+			return nil, err
+		}
+		release, err := sg.slot(ctx, urgent)
+		if err != nil {
+			return nil, err
+		}
+		// A hold recorded while this request waited for its slot holds
+		// it too: it gives the slot back and waits the hold out.
+		if _, held := sg.rt.Throttles.current(sg.rt.Client, resource, time.Now()); !held {
+			return release, nil
+		}
+		release()
 	}
-	return sg.slot(ctx, urgent)
 }
 
 // throttledFor says whether resp throttles a request of item i within

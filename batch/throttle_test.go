@@ -317,3 +317,32 @@ func TestThrottleReleaseIsJittered(t *testing.T) {
 		}
 	})
 }
+
+// A request of the same client's already waiting for the slot when the
+// upstream throttles the client honours the hold too: it does not slip
+// through the slot the throttled request gives up.
+func TestThrottleHoldsARequestWaitingForASlot(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		times := newSendTimes()
+		f := newFake().seed("1", "2")
+		sent, answer := make(chan struct{}), make(chan struct{})
+		first := throttle()
+		first.hook = func(context.Context, *SubRequest) { close(sent); <-answer }
+		f.on("GET", "/widgets/1", first, times.stamp(reply(200, `{"id":"1"}`)))
+		f.on("GET", "/widgets/2", times.stamp(reply(200, `{"id":"2"}`)))
+		throttles, fifo := NewThrottles(nil), slots.NewFIFO(1)
+		rt := Runtime{Send: f, Throttles: throttles, Client: "ada", Slots: fifo}
+		var wg sync.WaitGroup
+		wg.Go(func() { runWith(context.Background(), t, newRequest("GET", "/widgets?ids=1", ""), rt) })
+		<-sent
+		wg.Go(func() { runWith(context.Background(), t, newRequest("GET", "/widgets?ids=2", ""), rt) })
+		synctest.Wait() // the second batch waits for the slot the first holds
+		moment := time.Now().Add(time.Second)
+		close(answer)
+		wg.Wait()
+		if at := times.of("GET /widgets/2"); len(at) != 1 || at[0].Before(moment) {
+			t.Errorf("the same client's GET was sent at %v, before the moment the upstream asked for (%v)", at, moment)
+		}
+	})
+}
