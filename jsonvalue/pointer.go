@@ -85,8 +85,8 @@ func At(doc []byte, pointer []string, what string) (json.RawMessage, error) {
 // arrayIndex reads a reference token as an index into an array: digits,
 // with no leading zero.
 func arrayIndex(tok string) (int, bool) {
-	if tok == "" || len(tok) > 1 && tok[0] == '0' {
-		return 0, false
+	if tok == "" || len(tok) > 1 && tok[0] == '0' || strings.TrimLeft(tok, "0123456789") != "" {
+		return 0, false // RFC 6901: digits only, so no sign, no space
 	}
 	n, err := strconv.Atoi(tok)
 	return n, err == nil && n >= 0

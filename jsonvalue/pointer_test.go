@@ -55,6 +55,7 @@ func TestAt(t *testing.T) {
 		{"/data/items/2", "", `has no element "2" where p points`},
 		{"/data/items/01", "", `has no element "01" where p points`},
 		{"/data/items/-", "", `has no element "-" where p points`},
+		{"/data/items/+1", "", `has no element "+1" where p points`},
 		{"/n/x", "", "is a JSON number where p points into it"},
 	} {
 		tokens, err := ParsePointer(c.pointer)
