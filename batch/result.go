@@ -315,12 +315,8 @@ func retryAfter(items []ItemResult, now time.Time) string {
 		if v == "" {
 			continue
 		}
-		var d time.Duration
-		if secs, err := strconv.ParseInt(v, 10, 64); err == nil {
-			d = time.Duration(secs) * time.Second
-		} else if t, err := http.ParseTime(v); err == nil {
-			d = t.Sub(now)
-		} else {
+		d, ok := parseRetryAfter(v, now)
+		if !ok {
 			continue
 		}
 		if d > longest {
