@@ -17,83 +17,15 @@ import (
 // on the collection: the gateway adds it) and gizmos, whose items have no
 // PUT and whose collection has no POST, so that a deleted gizmo could not
 // be put back; and a TRACE the method map does not know.
-const widgetsDocument = `openapi: 3.0.3
-info: {title: widgets, version: '1'}
-servers:
-  - url: http://legacy.internal:3000/api
-paths:
-  /widgets:
-    get:
-      operationId: listWidgets
-      responses:
-        '200':
-          description: the widgets
-          content:
-            application/json:
-              schema: {type: array, items: {$ref: '#/components/schemas/Widget'}}
-    post:
-      operationId: createWidget
-      requestBody:
-        content:
-          application/json:
-            schema: {$ref: '#/components/schemas/Widget'}
-      responses:
-        '201': {description: created}
-  /widgets/{widget_id}:
-    parameters:
-      - {name: widget_id, in: path, required: true, schema: {type: integer}}
-    get:
-      operationId: getWidget
-      responses:
-        '200':
-          description: one widget
-          content:
-            application/json:
-              schema: {$ref: '#/components/schemas/Widget'}
-    put:
-      operationId: putWidget
-      requestBody:
-        content:
-          application/json:
-            schema: {$ref: '#/components/schemas/Widget'}
-      responses:
-        '200': {description: replaced}
-    patch:
-      operationId: patchWidget
-      requestBody:
-        content:
-          application/json:
-            schema: {$ref: '#/components/schemas/Widget'}
-      responses:
-        '200': {description: changed}
-    delete:
-      operationId: deleteWidget
-      responses:
-        '200': {description: deleted}
-    trace:
-      responses:
-        '200': {description: echo}
-  /gizmos:
-    get:
-      responses:
-        '200': {description: the gizmos}
-  /gizmos/{id}:
-    parameters:
-      - {name: id, in: path, required: true, schema: {type: string}}
-    get:
-      responses:
-        '200': {description: one gizmo}
-    delete:
-      responses:
-        '200': {description: deleted}
-components:
-  schemas:
-    Widget:
-      type: object
-      properties:
-        id: {type: integer}
-        name: {type: string}
-`
+// It is read from the module's testdata, which caddymodule's and e2e's
+// tests share.
+var widgetsDocument = func() string {
+	b, err := os.ReadFile("../testdata/widgets.openapi.yaml")
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
+}()
 
 func writeDocument(t testing.TB, dir, name, doc string) string {
 	t.Helper()

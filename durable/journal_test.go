@@ -215,6 +215,41 @@ func TestJournalGroupCommit(t *testing.T) {
 	})
 }
 
+// dieMidWrite runs an update of n widgets whose gateway dies (its
+// journal abandoned, its lease left to lapse in 30 ms) as its first write
+// is sent; the saga's goroutine stays blocked until gone is closed.
+func dieMidWrite(t *testing.T, s Storage, p *policy.Policy, n int) (j *Journal, gone chan struct{}) {
+	dead := NewJournals(s, NewLeases(30*time.Millisecond), zap.NewNop())
+	j = dead.New(Origin{Server: "srv0", Method: "PATCH", URI: "/v1/widgets", Host: "example.com"})
+	died, gone := make(chan struct{}), make(chan struct{})
+	up := &upstream{check: func(*batch.SubRequest) {
+		select {
+		case <-died:
+		default:
+			close(died)
+			j.Abandon()
+			<-gone // the gateway died mid-write
+		}
+	}}
+	go batch.Run(context.Background(), updatePlan(t, p, n), batch.Runtime{Send: up, Journal: j})
+	<-died
+	return j, gone
+}
+
+// resumeEach is what a scan hands the sagas it takes over to: each is
+// resumed against an upstream that answers, and sent on finished; failed
+// fails the test.
+func resumeEach(t *testing.T, p *policy.Policy) (finish func(*Recovered) error, finished chan *Recovered, failed func(saga, doing string, err error)) {
+	finished = make(chan *Recovered, 2)
+	finish = func(r *Recovered) error {
+		_, err := batch.Resume(context.Background(), r.Snapshot, p.Lookup, nil, batch.Runtime{Send: &upstream{}, Journal: r.Journal})
+		finished <- r
+		return err
+	}
+	failed = func(saga, doing string, err error) { t.Errorf("%s: %s: %v", saga, doing, err) }
+	return finish, finished, failed
+}
+
 // A saga whose gateway died (its lease lapsed) is taken over by a scan,
 // once, with its origin and snapshot, under this process's lease, and
 // its journal is gone once it is finished; what is left of a removed
@@ -223,34 +258,15 @@ func TestScanTakesOverADeadSaga(t *testing.T) {
 	inBubble(t, func(t *testing.T) {
 		s := newMemStorage()
 		p := widgets(t)
-		dead := NewJournals(s, NewLeases(30*time.Millisecond), zap.NewNop())
-		j := dead.New(Origin{Server: "srv0", Method: "PATCH", URI: "/v1/widgets", Host: "example.com"})
-		died, gone := make(chan struct{}), make(chan struct{})
-		defer close(gone) // the dead saga's goroutine ends with the test
-		up := &upstream{check: func(*batch.SubRequest) {
-			select {
-			case <-died:
-			default:
-				close(died)
-				j.Abandon()
-				<-gone // the gateway died mid-write
-			}
-		}}
-		go batch.Run(context.Background(), updatePlan(t, p, 2), batch.Runtime{Send: up, Journal: j})
-		<-died
+		j, gone := dieMidWrite(t, s, p, 2)
+		defer close(gone)
 		if err := s.Store(context.Background(), "batch/v1/journal/leftover/seg.00000001", []byte("{}")); err != nil {
 			t.Fatal(err)
 		}
 		s.age("batch/v1/journal/leftover", time.Minute)
 
 		js := NewJournals(s, NewLeases(time.Minute), zap.NewNop())
-		finished := make(chan *Recovered, 2)
-		finish := func(r *Recovered) error {
-			_, err := batch.Resume(context.Background(), r.Snapshot, p.Lookup, nil, batch.Runtime{Send: &upstream{}, Journal: r.Journal})
-			finished <- r
-			return err
-		}
-		failed := func(saga, doing string, err error) { t.Errorf("%s: %s: %v", saga, doing, err) }
+		finish, finished, failed := resumeEach(t, p)
 		time.Sleep(40 * time.Millisecond) // the dead lease lapses
 		if err := js.Scan(context.Background(), finish, failed); err != nil {
 			t.Fatal(err)
@@ -281,21 +297,8 @@ func TestScanTakesOverASagaWhoseLastSegmentIsListedOnly(t *testing.T) {
 	inBubble(t, func(t *testing.T) {
 		s := newMemStorage()
 		p := widgets(t)
-		dead := NewJournals(s, NewLeases(30*time.Millisecond), zap.NewNop())
-		j := dead.New(Origin{Server: "srv0", Method: "PATCH", URI: "/v1/widgets", Host: "example.com"})
-		died, gone := make(chan struct{}), make(chan struct{})
+		j, gone := dieMidWrite(t, s, p, 1)
 		defer close(gone)
-		up := &upstream{check: func(*batch.SubRequest) {
-			select {
-			case <-died:
-			default:
-				close(died)
-				j.Abandon()
-				<-gone
-			}
-		}}
-		go batch.Run(context.Background(), updatePlan(t, p, 1), batch.Runtime{Send: up, Journal: j})
-		<-died
 		written := 0
 		for _, k := range s.keysUnder(journalDir(j.Saga())) {
 			if _, ok := segmentSeq(path.Base(k)); ok {
@@ -308,13 +311,7 @@ func TestScanTakesOverASagaWhoseLastSegmentIsListedOnly(t *testing.T) {
 		s.listOnly(segmentKey(j.Saga(), written)) // the segment it was storing when it died
 
 		js := NewJournals(s, NewLeases(time.Minute), zap.NewNop())
-		finished := make(chan *Recovered, 2)
-		finish := func(r *Recovered) error {
-			_, err := batch.Resume(context.Background(), r.Snapshot, p.Lookup, nil, batch.Runtime{Send: &upstream{}, Journal: r.Journal})
-			finished <- r
-			return err
-		}
-		failed := func(saga, doing string, err error) { t.Errorf("%s: %s: %v", saga, doing, err) }
+		finish, finished, failed := resumeEach(t, p)
 		time.Sleep(40 * time.Millisecond) // the dead lease lapses
 		if err := js.Scan(context.Background(), finish, failed); err != nil {
 			t.Fatal(err)
