@@ -1,40 +1,18 @@
 package caddymodule
 
 import (
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
+
+	"github.com/caddy-batch/caddy-batch/internal/fixture"
 )
 
 // The OpenAPI tests that start no Caddy: the adapter's errors, the
 // document beside the Caddyfile, the slots key. The end-to-end ones are
 // in e2e/openapi_e2e_test.go.
-
-// widgetsDocument describes e2e's seededAPI widgets (integer ids, no PATCH
-// on the collection: the gateway adds it) and gizmos, whose items have no
-// PUT and whose collection has no POST, so that a deleted gizmo could not
-// be put back; and a TRACE the method map does not know.
-// It is read from the module's testdata, which caddymodule's and e2e's
-// tests share.
-var widgetsDocument = func() string {
-	b, err := os.ReadFile("../testdata/widgets.openapi.yaml")
-	if err != nil {
-		panic(err)
-	}
-	return string(b)
-}()
-
-func writeDocument(t testing.TB, dir, name, doc string) string {
-	t.Helper()
-	file := filepath.Join(dir, name)
-	if err := os.WriteFile(file, []byte(doc), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return file
-}
 
 // TestOpenAPIConfigErrors: a document the gateway cannot use, and a
 // publish path inside a resource, fail caddy adapt at the openapi
@@ -42,9 +20,9 @@ func writeDocument(t testing.TB, dir, name, doc string) string {
 func TestOpenAPIConfigErrors(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	notOpenAPI := writeDocument(t, dir, "notes.yaml", "title: my notes\n")
-	odd := writeDocument(t, dir, "odd.yaml", "openapi: 3.1.0\ninfo: {title: x, version: '1'}\npaths:\n  /files/{name}.json:\n    get:\n      parameters:\n        - {name: name, in: path, required: true, schema: {type: string}}\n      responses:\n        '200': {description: ok}\n")
-	good := writeDocument(t, dir, "legacy.yaml", widgetsDocument)
+	notOpenAPI := fixture.WriteFile(t, dir, "notes.yaml", "title: my notes\n")
+	odd := fixture.WriteFile(t, dir, "odd.yaml", "openapi: 3.1.0\ninfo: {title: x, version: '1'}\npaths:\n  /files/{name}.json:\n    get:\n      parameters:\n        - {name: name, in: path, required: true, schema: {type: string}}\n      responses:\n        '200': {description: ok}\n")
+	good := fixture.WriteFile(t, dir, "legacy.yaml", fixture.WidgetsOpenAPI)
 	for _, tc := range []struct {
 		name, block string
 		want        []string
@@ -77,7 +55,7 @@ func TestOpenAPIConfigErrors(t *testing.T) {
 func TestOpenAPIFileBesideTheCaddyfile(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	writeDocument(t, dir, "legacy.yaml", widgetsDocument)
+	fixture.WriteFile(t, dir, "legacy.yaml", fixture.WidgetsOpenAPI)
 	caddyfile := filepath.Join(dir, "Caddyfile")
 	config := []byte(":8080 {\n\tbatch /api/* {\n\t\topenapi legacy.yaml\n\t}\n}\n")
 	adapt := func() string {
@@ -91,7 +69,7 @@ func TestOpenAPIFileBesideTheCaddyfile(t *testing.T) {
 	if !strings.Contains(first, `"file":"`+filepath.Join(dir, "legacy.yaml")+`"`) || !strings.Contains(first, `"sha256":"`) {
 		t.Fatalf("%s", first)
 	}
-	writeDocument(t, dir, "legacy.yaml", strings.Replace(widgetsDocument, "    trace:", "    options:", 1))
+	fixture.WriteFile(t, dir, "legacy.yaml", strings.Replace(fixture.WidgetsOpenAPI, "    trace:", "    options:", 1))
 	if adapt() == first {
 		t.Error("editing the document left the config as it was: caddy reload would skip it")
 	}
@@ -103,8 +81,8 @@ func TestOpenAPIFileBesideTheCaddyfile(t *testing.T) {
 func TestOpenAPISlotsKeyCountsImportedResources(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	a := writeDocument(t, dir, "a.yaml", widgetsDocument)
-	b := writeDocument(t, dir, "b.yaml", strings.Replace(widgetsDocument, "/gizmos", "/gadgets", -1))
+	a := fixture.WriteFile(t, dir, "a.yaml", fixture.WidgetsOpenAPI)
+	b := fixture.WriteFile(t, dir, "b.yaml", strings.Replace(fixture.WidgetsOpenAPI, "/gizmos", "/gadgets", -1))
 	key := func(file string) string {
 		h := &Handler{OpenAPI: &OpenAPIConfig{File: file}}
 		cfg, err := h.resolve(nil, true)

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/caddy-batch/caddy-batch/internal/fixture"
 )
 
 // oapiCodegen is the client generator the published document is checked
@@ -38,7 +40,7 @@ func TestOpenAPIGeneratedClient(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: generating and building a client takes minutes on a cold module cache")
 	}
-	file := writeDocument(t, t.TempDir(), "legacy.yaml", widgetsDocument)
+	file := fixture.WriteFile(t, t.TempDir(), "legacy.yaml", fixture.WidgetsOpenAPI)
 	g := startGateway(t, seededAPI(), `
 		batch /api/* {
 			openapi `+file+` {

@@ -4,7 +4,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,37 +11,16 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"golang.org/x/crypto/bcrypt"
+
+	"github.com/caddy-batch/caddy-batch/internal/fixture"
 )
-
-// widgetsDocument describes seededAPI's widgets (integer ids, no PATCH
-// on the collection: the gateway adds it) and gizmos, whose items have no
-// PUT and whose collection has no POST, so that a deleted gizmo could not
-// be put back; and a TRACE the method map does not know.
-// It is read from the module's testdata, which caddymodule's and e2e's
-// tests share.
-var widgetsDocument = func() string {
-	b, err := os.ReadFile("../testdata/widgets.openapi.yaml")
-	if err != nil {
-		panic(err)
-	}
-	return string(b)
-}()
-
-func writeDocument(t testing.TB, dir, name, doc string) string {
-	t.Helper()
-	file := filepath.Join(dir, name)
-	if err := os.WriteFile(file, []byte(doc), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return file
-}
 
 // TestOpenAPIImport: the document's resources are served as declared
 // ones are (the method map from the document, collection PATCH and
 // DELETE for the batch operations, id_format from the item parameter),
 // and a resource block overrides what it names.
 func TestOpenAPIImport(t *testing.T) {
-	file := writeDocument(t, t.TempDir(), "legacy.yaml", widgetsDocument)
+	file := fixture.WriteFile(t, t.TempDir(), "legacy.yaml", fixture.WidgetsOpenAPI)
 	site := `
 		batch /api/* {
 			openapi ` + file + ` {
@@ -92,7 +70,7 @@ func TestOpenAPIImport(t *testing.T) {
 // TestOpenAPIWarnsOnce: provisioning says once, at WARN, that gizmos'
 // batch delete is left off, and how to turn it on.
 func TestOpenAPIWarnsOnce(t *testing.T) {
-	file := writeDocument(t, t.TempDir(), "legacy.yaml", widgetsDocument)
+	file := fixture.WriteFile(t, t.TempDir(), "legacy.yaml", fixture.WidgetsOpenAPI)
 	site := "batch /api/* {\n\topenapi " + file + "\n}\nreverse_proxy UPSTREAM"
 	g := startGateway(t, seededAPI(), site)
 	// startGateway forgets what provisioning logged: provision again,
@@ -113,7 +91,7 @@ func TestOpenAPIWarnsOnce(t *testing.T) {
 // an ETag, no-cache and JSON; a matching If-None-Match is 304; other
 // methods are 405.
 func TestOpenAPIPublish(t *testing.T) {
-	file := writeDocument(t, t.TempDir(), "legacy.yaml", widgetsDocument)
+	file := fixture.WriteFile(t, t.TempDir(), "legacy.yaml", fixture.WidgetsOpenAPI)
 	g := startGateway(t, seededAPI(), `
 		batch /api/* {
 			openapi `+file+` {
@@ -205,13 +183,13 @@ func TestOpenAPIPublishDeclared(t *testing.T) {
 // TestOpenAPIReload: reloading after editing only the document serves
 // the edited document.
 func TestOpenAPIReload(t *testing.T) {
-	file := writeDocument(t, t.TempDir(), "legacy.yaml", widgetsDocument)
+	file := fixture.WriteFile(t, t.TempDir(), "legacy.yaml", fixture.WidgetsOpenAPI)
 	site := "batch /api/* {\n\topenapi " + file + "\n}\nreverse_proxy UPSTREAM"
 	g := startGateway(t, seededAPI(), site)
 	if r := g.do(t, http.MethodOptions, "/api/gizmos/1", nil); r.Header.Get("Allow") != "GET, HEAD, DELETE, OPTIONS" {
 		t.Fatalf("%v", r.Header)
 	}
-	writeDocument(t, filepath.Dir(file), "legacy.yaml", strings.Replace(widgetsDocument, "    delete:\n      responses:\n        '200': {description: deleted}\ncomponents", "components", 1))
+	fixture.WriteFile(t, filepath.Dir(file), "legacy.yaml", strings.Replace(fixture.WidgetsOpenAPI, "    delete:\n      responses:\n        '200': {description: deleted}\ncomponents", "components", 1))
 	config := adaptCaddyfile(t, g.config(site))
 	if err := caddy.Load(config, true); err != nil {
 		t.Fatal(err)
@@ -224,7 +202,7 @@ func TestOpenAPIReload(t *testing.T) {
 	})
 	// A document that no longer parses fails the reload, and the config
 	// that was serving goes on serving.
-	writeDocument(t, filepath.Dir(file), "legacy.yaml", "openapi: 3.0.3\npaths: [\n")
+	fixture.WriteFile(t, filepath.Dir(file), "legacy.yaml", "openapi: 3.0.3\npaths: [\n")
 	if err := caddy.Load(config, true); err == nil || !strings.Contains(err.Error(), "legacy.yaml") {
 		t.Errorf("reloading with a broken document: %v", err)
 	}
@@ -241,7 +219,7 @@ func TestOpenAPIPublishBehindAuth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	file := writeDocument(t, t.TempDir(), "legacy.yaml", widgetsDocument)
+	file := fixture.WriteFile(t, t.TempDir(), "legacy.yaml", fixture.WidgetsOpenAPI)
 	g := startGateway(t, seededAPI(), `
 		route {
 			basic_auth /api/openapi.json {
