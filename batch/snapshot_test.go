@@ -14,6 +14,8 @@ type memJournal struct {
 	end  *Result
 }
 
+func (j *memJournal) Fence(context.Context) error { return nil }
+
 func (j *memJournal) Begin(_ context.Context, p *Plan) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
