@@ -76,6 +76,9 @@ func (sg *saga) budget(i int) time.Duration {
 func (sg *saga) undoItem(ctx context.Context, i int) {
 	ctx, cancel := context.WithTimeout(ctx, sg.budget(i))
 	defer cancel()
+	if until := sg.state[i].inFlightUntil; !until.IsZero() {
+		sleep(ctx, time.Until(until))
+	}
 	if sg.items[i].Outcome == Unknown && !sg.resolve(ctx, i) {
 		return
 	}

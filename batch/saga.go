@@ -154,6 +154,9 @@ type itemState struct {
 	// gateway's own (its storage), not the upstream's.
 	answeredAt time.Time
 	byGateway  bool
+	// inFlightUntil is when a write that a dead saga recorded as being
+	// sent, with no answer, is over for sure: it is resolved after.
+	inFlightUntil time.Time
 }
 
 func newSaga(p *Plan, rt Runtime, backoff func(int) time.Duration) *saga {
