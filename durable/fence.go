@@ -276,9 +276,11 @@ func outranks(names []string, epoch int, mine string) error {
 	return nil
 }
 
-// leaseRecord is the bytes of a lease this process stores for epoch,
-// standing until until.
-func leaseRecord(epoch int, until time.Time) []byte {
-	b, _ := json.Marshal(Lease{Owner: Owner(), Epoch: epoch, Expires: until})
+// leaseRecord is the bytes of the nth lease this process stores for
+// epoch, standing until until. n makes every renewal's bytes new, so
+// that a takeover that reads the record again sees that it was renewed
+// even where two renewals name the same moment.
+func leaseRecord(epoch int, until time.Time, n int) []byte {
+	b, _ := json.Marshal(Lease{Owner: Owner(), Epoch: epoch, Expires: until, Renewal: n})
 	return b
 }

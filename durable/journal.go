@@ -156,6 +156,8 @@ type Lease struct {
 	Owner   string    `json:"owner"`
 	Epoch   int       `json:"epoch,omitempty"`
 	Expires time.Time `json:"expires"`
+	// Renewal counts the owner's writes of this lease (fence.go).
+	Renewal int `json:"renewal,omitempty"`
 }
 
 // Journals is where the saga journals live: a storage, and the
@@ -263,6 +265,7 @@ type Journal struct {
 	// leaseBytes what it last stored as its lease key (nil: nothing yet).
 	lease      *holder
 	leaseBytes []byte
+	renewals   int
 	// also are other leases the saga's writes stand on (its
 	// Idempotency-Key claim): one lost is the saga's lease lost.
 	also []*holder
@@ -603,9 +606,10 @@ func (j *Journal) renew() {
 		return
 	}
 	start := now()
-	next := leaseRecord(j.epoch, start.Add(j.js.leases.Length))
 	j.mu.Lock()
 	prev := j.leaseBytes
+	j.renewals++
+	next := leaseRecord(j.epoch, start.Add(j.js.leases.Length), j.renewals)
 	j.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), j.js.leases.Length/3)
 	defer cancel()

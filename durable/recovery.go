@@ -179,7 +179,7 @@ func (js *Journals) claim(ctx context.Context, saga string, seen leaseView) (*Re
 	epoch := seen.epoch + 1
 	key := leaseKeyOf(saga, epoch, Owner())
 	start := now()
-	rec := leaseRecord(epoch, start.Add(js.leases.Length))
+	rec := leaseRecord(epoch, start.Add(js.leases.Length), 0)
 	sctx, cancel := context.WithTimeout(ctx, StorageTimeout)
 	defer cancel()
 	if err := js.storage.Store(sctx, key, rec); err != nil {
