@@ -74,7 +74,7 @@ func startFencingCluster(t *testing.T) *fencingCluster {
 	}
 	t.Cleanup(func() { relay.Close() })
 	c.relay = relay
-	resource := "item_locks storage\n\t\tjournal on\n\t\titem_timeout 10s\n\t\t" + widgetsResource("put")
+	resource := "item_locks storage\n\t\tjournal on\n\t\titem_timeout 5s\n\t\t" + widgetsResource("put")
 	lease := fencingLease.String()
 	c.addrA = freeAddr(t)
 	c.a = startCaddyProcess(t, bin, operatedConfig(c.addrA, "off", upstream, fencingStorage(relay.Addr()), lease, resource), c.addrA)

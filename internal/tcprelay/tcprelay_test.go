@@ -96,6 +96,18 @@ func (c *client) ask(line string, wait time.Duration) (string, error) {
 	return strings.TrimSuffix(got, "\n"), err
 }
 
+// relayed is a relay to an echo server named "a", and a connection
+// through it that was answered once.
+func relayed(t *testing.T) (*Relay, *client) {
+	t.Helper()
+	r := newRelay(t, echoServer(t, "a"))
+	c := dial(t, r)
+	if got, err := c.ask("first", 5*time.Second); got != "a:first" || err != nil {
+		t.Fatalf("through the relay: %q, %v", got, err)
+	}
+	return r, c
+}
+
 func TestForwards(t *testing.T) {
 	r := newRelay(t, echoServer(t, "a"))
 	c := dial(t, r)
@@ -110,11 +122,7 @@ func TestForwards(t *testing.T) {
 // meanwhile gets an answer, and neither is closed; on Release both get
 // theirs, late, as after a partition that healed.
 func TestHold(t *testing.T) {
-	r := newRelay(t, echoServer(t, "a"))
-	old := dial(t, r)
-	if _, err := old.ask("before", 5*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	r, old := relayed(t)
 	r.Hold()
 	if got, err := old.ask("held", 200*time.Millisecond); !isTimeout(err) {
 		t.Fatalf("a held connection answered %q, %v; want a timeout", got, err)
@@ -139,11 +147,7 @@ func TestHold(t *testing.T) {
 // TestCut: Cut resets the relayed connections and every one accepted
 // until Restore; after it, new connections are relayed again.
 func TestCut(t *testing.T) {
-	r := newRelay(t, echoServer(t, "a"))
-	c := dial(t, r)
-	if _, err := c.ask("before", 5*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	r, c := relayed(t)
 	r.Cut()
 	if got, err := c.ask("cut", 5*time.Second); err == nil || isTimeout(err) {
 		t.Fatalf("a cut connection answered %q, %v; want it closed", got, err)
@@ -161,11 +165,7 @@ func TestCut(t *testing.T) {
 // those made before stay with the old one; a connection held across a
 // Retarget reaches the target of Release's time.
 func TestRetarget(t *testing.T) {
-	r := newRelay(t, echoServer(t, "a"))
-	old := dial(t, r)
-	if got, _ := old.ask("x", 5*time.Second); got != "a:x" {
-		t.Fatalf("got %q", got)
-	}
+	r, old := relayed(t)
 	r.Hold()
 	held := dial(t, r)
 	_ = held.SetDeadline(time.Now().Add(5 * time.Second))
@@ -200,11 +200,7 @@ func TestTargetDown(t *testing.T) {
 // TestClose: Close ends held and relayed connections and stops
 // listening, and returns only once its goroutines are gone.
 func TestClose(t *testing.T) {
-	r := newRelay(t, echoServer(t, "a"))
-	c := dial(t, r)
-	if _, err := c.ask("x", 5*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	r, c := relayed(t)
 	r.Hold()
 	held := dial(t, r)
 	_, _ = io.WriteString(held, "held\n")
