@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"reflect"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -37,7 +38,12 @@ const (
 	// fencingFault is how long a fault lasts: past the lease, so that B
 	// may take the saga over, and short of the Redis client's timeout
 	// (fencingRedisTimeout), so that a held call completes, late.
-	fencingFault        = fencingLease * 3 / 2
+	fencingFault = fencingLease * 3 / 2
+	// fencingFaultMax is how long a fault lasts at most, while no undo
+	// has been seen: B's takeover must come before A wakes for the test
+	// to show anything, and a slow machine delays it. It stays short of
+	// the Redis client's timeout.
+	fencingFaultMax     = fencingLease * 5 / 2
 	fencingRedisTimeout = "10"
 	fencingPrefix       = "batchtest-fencing"
 	// faultAfter is how many of the batch's writes are applied before
@@ -177,8 +183,9 @@ func TestFencingFaults(t *testing.T) {
 			answers := c.sendBatch()
 			saga := c.awaitWrites(t, faultAfter)
 			tc.start(t, c)
-			time.Sleep(fencingFault)
+			lasted := c.awaitUndo()
 			tc.lift(t, c)
+			t.Logf("the fault lasted %v", lasted.Round(10*time.Millisecond))
 			answer := c.settle(t, answers)
 			t.Logf("A answered %d %q (Retry-After %q); the API ends %s", answer.Status, outcomeOf(answer), answer.Header.Get("Retry-After"), describeWidgets(c.api))
 			assertAllOrNothing(t, c.api, fencingIDs(), answer)
@@ -187,6 +194,32 @@ func TestFencingFaults(t *testing.T) {
 		})
 	}
 }
+
+// awaitUndo waits while a fault lasts: fencingFault, and on until an
+// undo of the batch (a write putting an item's original name back) has
+// reached the API, for fencingFaultMax at most. It returns how long the
+// fault lasted.
+func (c *fencingCluster) awaitUndo() time.Duration {
+	start := time.Now()
+	time.Sleep(fencingFault)
+	for time.Since(start) < fencingFaultMax && !undoSeen(c.api) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+// undoSeen reports whether a write that puts a widget's original name
+// back has reached the API.
+func undoSeen(api *legacyapi.API) bool {
+	for _, r := range writes(api.Requests()) {
+		if originalName.Match(r.Body) {
+			return true
+		}
+	}
+	return false
+}
+
+var originalName = regexp.MustCompile(`"name":\s*"w\d+"`)
 
 // signal sends sig to the process.
 func (p *caddyProcess) signal(t *testing.T, sig syscall.Signal) {
