@@ -122,6 +122,13 @@ func (p *caddyProcess) tail(n int) string {
 // entries returns the log entries of the batch app's logger.
 func (p *caddyProcess) entries(t *testing.T) []map[string]any {
 	t.Helper()
+	return p.entriesOf(t, "batch")
+}
+
+// entriesOf returns the log entries of the named logger
+// ("http.handlers.batch" is the handler's), or of every logger for "".
+func (p *caddyProcess) entriesOf(t *testing.T, logger string) []map[string]any {
+	t.Helper()
 	f, err := os.Open(p.log)
 	if err != nil {
 		t.Fatal(err)
@@ -132,7 +139,7 @@ func (p *caddyProcess) entries(t *testing.T) []map[string]any {
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
 		var e map[string]any
-		if json.Unmarshal(sc.Bytes(), &e) == nil && e["logger"] == "batch" {
+		if json.Unmarshal(sc.Bytes(), &e) == nil && (logger == "" || e["logger"] == logger) {
 			out = append(out, e)
 		}
 	}

@@ -150,38 +150,80 @@ func hasRedisServer() bool {
 // ends; it returns its address once it answers.
 func startRedisServer(t testing.TB) string {
 	t.Helper()
+	return startRedisProcess(t).addr
+}
+
+// redisProcess is a redis-server of the test's own, which a fault test
+// may kill and start again, empty, on the same port: a Redis restarted
+// without persistence.
+type redisProcess struct {
+	addr, dir string
+	cmd       *exec.Cmd
+	exited    chan struct{}
+}
+
+// startRedisProcess is startRedisServer, returning the process.
+func startRedisProcess(t testing.TB) *redisProcess {
+	t.Helper()
+	dir := t.TempDir()
 	for range 5 {
-		addr := freeAddr(t)
-		_, port, _ := net.SplitHostPort(addr)
-		cmd := exec.Command("redis-server", "--bind", "127.0.0.1", "--port", port, "--save", "", "--appendonly", "no", "--dir", t.TempDir())
-		if err := cmd.Start(); err != nil {
-			t.Fatalf("starting redis-server: %v", err)
+		if r := launchRedis(t, freeAddr(t), dir); r != nil {
+			t.Cleanup(r.stop)
+			return r
 		}
-		exited := make(chan struct{})
-		go func() {
-			_ = cmd.Wait()
-			close(exited)
-		}()
-		for range 100 {
-			if _, err := redisCommand(addr, "PING"); err == nil {
-				t.Cleanup(func() {
-					_ = cmd.Process.Kill()
-					<-exited
-				})
-				return addr
-			}
-			select {
-			case <-exited: // the port was taken meanwhile: another one
-			case <-time.After(20 * time.Millisecond):
-				continue
-			}
-			break
-		}
-		_ = cmd.Process.Kill()
-		<-exited
 	}
 	t.Fatal("redis-server did not start")
-	return ""
+	return nil
+}
+
+// launchRedis starts redis-server on addr and returns it once it
+// answers; nil if it exited first (the port was taken meanwhile).
+func launchRedis(t testing.TB, addr, dir string) *redisProcess {
+	t.Helper()
+	_, port, _ := net.SplitHostPort(addr)
+	cmd := exec.Command("redis-server", "--bind", "127.0.0.1", "--port", port, "--save", "", "--appendonly", "no", "--dir", dir)
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting redis-server: %v", err)
+	}
+	r := &redisProcess{addr: addr, dir: dir, cmd: cmd, exited: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		close(r.exited)
+	}()
+	for range 100 {
+		if _, err := redisCommand(addr, "PING"); err == nil {
+			return r
+		}
+		select {
+		case <-r.exited:
+			return nil
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	r.stop()
+	return nil
+}
+
+// stop kills the server (SIGKILL: nothing saved, as in a crash) and
+// waits for it to exit.
+func (r *redisProcess) stop() {
+	_ = r.cmd.Process.Kill()
+	<-r.exited
+}
+
+// restart kills the server and starts an empty one on the same port,
+// returning once it answers. The one it replaces is stopped.
+func (r *redisProcess) restart(t testing.TB) {
+	t.Helper()
+	r.stop()
+	for range 20 {
+		if again := launchRedis(t, r.addr, r.dir); again != nil {
+			r.cmd, r.exited = again.cmd, again.exited
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("redis-server did not start again on %s", r.addr)
 }
 
 // redisCommand sends one command to the Redis server at addr and reads
