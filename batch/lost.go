@@ -34,11 +34,12 @@ type LostKeeper interface {
 	// Saga names the saga.
 	Saga() string
 	// AwaitEnd waits, until ctx is done, for the instance that took the
-	// saga over to end it; ended is false if it has not. The outcome is
-	// RolledBack or RollbackFailed, with the items left behind.
-	// takenOver says whether another instance's lease on the saga showed
-	// at all (it did not where the storage forgot the saga).
-	AwaitEnd(ctx context.Context) (ended bool, outcome Outcome, leftBehind []string, takenOver bool)
+	// saga over to end it, looking at least once; ended is false if it
+	// has not. The outcome is RolledBack or RollbackFailed, with the
+	// items left behind. orphaned says that nobody will: the journal's
+	// beginning is gone and no other instance's lease showed (the
+	// storage forgot the saga).
+	AwaitEnd(ctx context.Context) (ended bool, outcome Outcome, leftBehind []string, orphaned bool)
 }
 
 // leaseLost reports whether err says the saga's lease is lost, and if so
@@ -104,8 +105,8 @@ func (sg *saga) endLost(ctx, batchCtx context.Context, lost *LeaseLost) *Result 
 	waitCtx, cancel := context.WithCancel(batchCtx)
 	defer cancel()
 	var end lostEnd
-	end.ended, end.outcome, end.left, end.takenOver = lk.AwaitEnd(waitCtx)
-	end.own = sg.ownLeftBehind(!end.ended && !end.takenOver)
+	end.ended, end.outcome, end.left, end.orphaned = lk.AwaitEnd(waitCtx)
+	end.own = sg.ownLeftBehind(end.orphaned)
 	if len(end.own) > 0 {
 		own := *res
 		own.LeftBehind = end.own
@@ -113,6 +114,7 @@ func (sg *saga) endLost(ctx, batchCtx context.Context, lost *LeaseLost) *Result 
 		if end.kept, err = lk.KeepLost(context.WithoutCancel(ctx), sg.snapshot(), &own); err != nil {
 			res.Errors = append(res.Errors, "keeping what the saga that lost its lease left behind: "+err.Error())
 		}
+		res.Kept = end.kept
 	}
 	sg.answerLost(res, lost, end)
 	return res
@@ -120,13 +122,13 @@ func (sg *saga) endLost(ctx, batchCtx context.Context, lost *LeaseLost) *Result 
 
 // lostEnd is what a saga that lost its lease learnt of its end: whether
 // the instance that took it over ended it (with its outcome and what it
-// left behind), whether any instance took it over at all, what this
-// saga left behind of its own, and the saga it kept that under.
+// left behind), whether nobody will (orphaned), what this saga left
+// behind of its own, and the saga it kept that under.
 type lostEnd struct {
-	ended, takenOver bool
-	outcome          Outcome
-	left, own        []string
-	kept             string
+	ended, orphaned bool
+	outcome         Outcome
+	left, own       []string
+	kept            string
 }
 
 // ownLeftBehind names the items this saga could not undo of its own;
@@ -190,7 +192,7 @@ func (sg *saga) undoOwnSince(ctx context.Context, proven time.Time) {
 func (sg *saga) answerLost(res *Result, lost *LeaseLost, end lostEnd) {
 	res.RetryAfter = gatewayRetryAfter
 	why := fmt.Sprintf("this gateway lost the saga's lease (%s)", lost.Why)
-	if end.takenOver || end.ended {
+	if !end.orphaned {
 		why += fmt.Sprintf(", and another instance of the cluster finishes saga %s", res.Saga)
 	}
 	if end.kept != "" {

@@ -46,9 +46,9 @@ func (j *fencingJournal) KeepLost(_ context.Context, snap *Snapshot, res *Result
 
 func (j *fencingJournal) AwaitEnd(context.Context) (bool, Outcome, []string, bool) {
 	if j.end == nil {
-		return false, "", nil, true
+		return false, "", nil, false
 	}
-	return true, *j.end, nil, true
+	return true, *j.end, nil, false
 }
 
 // lostAfter is a lease lost from the nth fence on, proven before.

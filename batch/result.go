@@ -133,9 +133,11 @@ type Result struct {
 	RetryAfter        string
 	// LeaseLost marks a saga that lost its lease (README, "Clusters"):
 	// whoever ends the saga settles its Idempotency-Key, not this
-	// answer. Saga names it, in the answer.
+	// answer. Saga names it, in the answer, and Kept the saga of its own
+	// it kept what it left behind under, if any.
 	LeaseLost bool
 	Saga      string
+	Kept      string
 }
 
 // Preimage is an item as it was before the batch.

@@ -169,10 +169,17 @@ func (o *observation) log(plan *batch.Plan, res *batch.Result, took time.Duratio
 	if res.ListRequests > 0 {
 		fields = append(fields, zap.Int("list_requests", res.ListRequests), zap.Int("fallbacks", res.ListFallbacks))
 	}
-	if o.saga != "" && res.Outcome == batch.RollbackFailed {
-		fields = append(fields, zap.String("saga", o.saga))
+	saga := o.saga
+	if res.LeaseLost {
+		// The saga whose lease was lost is the new owner's to end and
+		// log; what this instance left behind is the saga it kept.
+		fields = append(fields, zap.String("lost_saga", o.saga), zap.Bool("lease_lost", true))
+		saga = res.Kept
 	}
-	ce.Write(append(fields, telemetry.OutcomeFields(res, o.saga)...)...)
+	if saga != "" && res.Outcome == batch.RollbackFailed {
+		fields = append(fields, zap.String("saga", saga))
+	}
+	ce.Write(append(fields, telemetry.OutcomeFields(res, saga)...)...)
 }
 
 // watchedChain tells, for each sub-request, whether the handler chain

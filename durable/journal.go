@@ -518,17 +518,27 @@ func (j *Journal) removeJournal(ctx context.Context) error {
 	j.mu.Lock()
 	landed := j.landed
 	j.mu.Unlock()
-	return j.js.removeKeys(ctx, j.saga, landed)
+	if err := j.js.removeKeys(ctx, j.saga, landed); err != nil {
+		return err
+	}
+	if j.epoch > 0 {
+		// A saga taken over may have an owner that lost it and is
+		// waiting to learn how it ended (AwaitEnd): the end marker stays
+		// a lease for it to find, then the scan clears it.
+		return nil
+	}
+	return j.js.deleteEnd(ctx, j.saga)
 }
 
-// removeKeys deletes every key of saga's journal, each by its own name
-// (a storage's Delete of a folder may leave the keys in it: Redis's
-// does). It stores the end marker first and deletes it last, so that a
-// removal cut short anywhere leaves either the whole journal or the
-// marker: the recovery scan clears what is left under a marker, and
-// never takes it for a journal whose beginning the storage lost.
-// Segment 0 goes first after the marker, the lease keys last, then the
-// marker and the emptied folder, where the storage keeps folders.
+// removeKeys deletes every key of saga's journal but its end marker,
+// each by its own name (a storage's Delete of a folder may leave the
+// keys in it: Redis's does). With marked, it stores the end marker
+// first, so that a removal cut short anywhere leaves either the whole
+// journal or the marker: the recovery scan clears what is left under a
+// marker, and never takes it for a journal whose beginning the storage
+// lost. Segment 0 goes first after the marker, the lease keys last; the
+// caller deletes the marker (and so the folder) when it is done with
+// it.
 func (js *Journals) removeKeys(ctx context.Context, saga string, marked bool) error {
 	if marked {
 		if err := js.storage.Store(ctx, endKey(saga), []byte("{}")); err != nil {
@@ -539,10 +549,20 @@ func (js *Journals) removeKeys(ctx context.Context, saga string, marked bool) er
 	if err != nil {
 		return fmt.Errorf("listing %s: %w", journalDir(saga), err)
 	}
-	for _, k := range removalOrder(saga, names) {
+	keys := removalOrder(saga, names)
+	for _, k := range keys[:len(keys)-1] {
 		if err := deleteKey(ctx, js.storage, k); err != nil {
 			return fmt.Errorf("deleting %s: %w", k, err)
 		}
+	}
+	return nil
+}
+
+// deleteEnd deletes saga's end marker, the last key of its removal, and
+// its emptied folder.
+func (js *Journals) deleteEnd(ctx context.Context, saga string) error {
+	if err := deleteKey(ctx, js.storage, endKey(saga)); err != nil {
+		return fmt.Errorf("deleting %s: %w", endKey(saga), err)
 	}
 	if err := removeEmptyFolder(ctx, js.storage, journalDir(saga)); err != nil {
 		return fmt.Errorf("removing the folder %s: %w", journalDir(saga), err)

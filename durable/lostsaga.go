@@ -38,44 +38,51 @@ func (j *Journal) KeepLost(ctx context.Context, snap *batch.Snapshot, res *batch
 // takeover is a storage that forgot it, not an end.
 func (j *Journal) AwaitEnd(ctx context.Context) (bool, batch.Outcome, []string, bool) {
 	poll := min(max(j.js.leases.Length/20, 50*time.Millisecond), time.Second)
+	look := context.WithoutCancel(ctx) // the first look, whatever time is left
 	for {
-		if ended, outcome, left := j.endSeen(ctx); ended {
-			return true, outcome, left, true
+		ended, outcome, left, orphaned := j.endSeen(look)
+		if ended || orphaned {
+			return ended, outcome, left, orphaned
 		}
+		look = ctx
 		select {
 		case <-ctx.Done():
-			return false, "", nil, j.takenOver.Load()
+			return false, "", nil, false
 		case <-time.After(poll):
 		}
 	}
 }
 
-// endSeen looks once for the saga's end (AwaitEnd).
-func (j *Journal) endSeen(ctx context.Context) (bool, batch.Outcome, []string) {
+// endSeen looks once for the saga's end (AwaitEnd): a kept copy is an
+// end with items left behind; a journal gone (or being removed) after
+// another instance's lease showed is an end rolled back; one gone with
+// no such sign is orphaned (the storage forgot it, or an end this
+// process cannot tell from that).
+func (j *Journal) endSeen(ctx context.Context) (ended bool, outcome batch.Outcome, left []string, orphaned bool) {
 	sctx, cancel := context.WithTimeout(ctx, StorageTimeout)
 	defer cancel()
 	names, err := listNames(sctx, j.js.storage, journalDir(j.saga))
 	if err != nil {
-		return false, "", nil
+		return false, "", nil, false
 	}
 	if epoch, _ := topLeases(names); epoch > j.epoch {
 		j.takenOver.Store(true)
 	}
-	if slices.Contains(names, path.Base(segmentKey(j.saga, 0))) || !j.takenOver.Load() && !slices.Contains(names, endName) {
-		k, err := j.js.loadKept(sctx, j.saga)
-		if err == nil {
-			return true, batch.RollbackFailed, k.LeftBehind
-		}
-		return false, "", nil
-	}
 	k, err := j.js.loadKept(sctx, j.saga)
 	switch {
 	case err == nil:
-		return true, batch.RollbackFailed, k.LeftBehind
-	case errors.Is(err, ErrUnknownSaga):
-		return true, batch.RolledBack, nil
+		return true, batch.RollbackFailed, k.LeftBehind, false
+	case !errors.Is(err, ErrUnknownSaga):
+		return false, "", nil, false
 	}
-	return false, "", nil
+	gone := !slices.Contains(names, path.Base(segmentKey(j.saga, 0)))
+	switch {
+	case gone && (j.takenOver.Load() || slices.Contains(names, endName)):
+		return true, batch.RolledBack, nil, false
+	case gone:
+		return false, "", nil, true
+	}
+	return false, "", nil, false
 }
 
 // Interface guard

@@ -182,7 +182,7 @@ func (js *Journals) dropJournal(ctx context.Context, saga string) error {
 	if err := js.removeKeys(ctx, saga, true); err != nil {
 		return fmt.Errorf("removing the journal of saga %s: %w", saga, err)
 	}
-	return nil
+	return js.deleteEnd(ctx, saga)
 }
 
 // withHeaders is h without the values a kept saga erased, with extra's
