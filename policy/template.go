@@ -8,7 +8,9 @@ import (
 )
 
 // Template is a path template such as /api/users/{user}/posts: literal
-// segments and whole-segment {name} variables.
+// segments and whole-segment {name} variables, each of which may say what
+// its values are, {user:integer}, so that every spelling of one parent
+// names one item's lock (docs/configuration.md, "Templates").
 type Template struct {
 	raw  string
 	segs []segment
@@ -21,6 +23,10 @@ type Template struct {
 type segment struct {
 	literal string // unescaped; empty for a variable
 	name    string // the variable's name; empty for a literal
+	// format is what the variable's values are, written {name:format}
+	// (formatted); IDAny (its text) when none is written.
+	format    IDFormat
+	formatted bool
 }
 
 // maxSegments bounds the depth of a template, and so the stack buffer a
@@ -62,15 +68,15 @@ func ParseTemplate(s string) (Template, error) {
 		case open != close || strings.Index(part, "}") < strings.Index(part, "{"):
 			return t, fmt.Errorf("template %q: segment %q has unbalanced braces: a variable is a whole segment, {name}", s, part)
 		case open == 1 && strings.HasPrefix(part, "{") && strings.HasSuffix(part, "}"):
-			name := part[1 : len(part)-1]
-			if !validName(name) {
-				return t, fmt.Errorf("template %q: variable %q must be named with letters, digits and underscores, not starting with a digit, e.g. {user_id}", s, part)
+			v, err := parseVariable(s, part)
+			if err != nil {
+				return t, err
 			}
-			if seen[name] {
-				return t, fmt.Errorf("template %q uses variable {%s} twice: give each variable its own name", s, name)
+			if seen[v.name] {
+				return t, fmt.Errorf("template %q uses variable {%s} twice: give each variable its own name", s, v.name)
 			}
-			seen[name] = true
-			t.segs = append(t.segs, segment{name: name})
+			seen[v.name] = true
+			t.segs = append(t.segs, v)
 		case open > 0:
 			return t, fmt.Errorf("template %q: segment %q mixes a variable with text: a variable is a whole segment, {name}", s, part)
 		default:
@@ -85,6 +91,27 @@ func ParseTemplate(s string) (Template, error) {
 		return t, fmt.Errorf("template %q has more than %d segments, the most a template may have", s, maxSegments)
 	}
 	return t, nil
+}
+
+// parseVariable parses a variable segment, {name} or {name:format}. The
+// id's format is id_format's to say, for every resource alike, so {id}
+// takes none.
+func parseVariable(template, part string) (segment, error) {
+	name, format, hasFormat := strings.Cut(part[1:len(part)-1], ":")
+	if !validName(name) {
+		return segment{}, fmt.Errorf("template %q: variable %q must be named with letters, digits and underscores, not starting with a digit, e.g. {user_id}", template, part)
+	}
+	if !hasFormat {
+		return segment{name: name}, nil
+	}
+	if name == idVariable {
+		return segment{}, fmt.Errorf("template %q: variable %q: the id's format is id_format's to say: write {%s} and set id_format %s", template, part, idVariable, format)
+	}
+	f, err := parseFormat("format", format)
+	if err != nil {
+		return segment{}, fmt.Errorf("template %q: variable %q: %w", template, part, err)
+	}
+	return segment{name: name, format: f, formatted: true}, nil
 }
 
 func validName(s string) bool {
@@ -114,6 +141,30 @@ func (t Template) variables() []string {
 		}
 	}
 	return names
+}
+
+// formats returns the formats written for the template's variables, by
+// name, {user:any} included; a variable written without one is not in it.
+func (t Template) formats() map[string]IDFormat {
+	out := map[string]IDFormat{}
+	for _, s := range t.segs {
+		if s.formatted {
+			out[s.name] = s.format
+		}
+	}
+	return out
+}
+
+// Plain returns the template as written without its variables' formats:
+// {user:integer} is {user}, as an OpenAPI path names it.
+func (t Template) Plain() string {
+	parts := strings.Split(t.raw, "/")
+	for i, part := range parts {
+		if name, _, ok := strings.Cut(part, ":"); ok && strings.HasPrefix(part, "{") {
+			parts[i] = name + "}"
+		}
+	}
+	return strings.Join(parts, "/")
 }
 
 // bind matches segs (as splitPath returns them) against t and returns the
