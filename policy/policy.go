@@ -186,18 +186,24 @@ func newResource(i int, spec ResourceSpec) (*Resource, error) {
 	return r, nil
 }
 
+// DefaultItemPath is the item_path of a collection that declares none:
+// collection + "/{id}", or + "{id}/" when the collection is written
+// with a trailing slash, as an API that wants one (Django's, for one) on
+// its collection wants it on its items too.
+func DefaultItemPath(collection string) string {
+	if strings.HasSuffix(collection, "/") {
+		return collection + "{" + idVariable + "}/"
+	}
+	return collection + "/{" + idVariable + "}"
+}
+
 // itemTemplate parses the item's template, or makes the default one, and
 // checks that every variable it uses gets a value: {id} from the id, the
 // others from the collection's path.
 func itemTemplate(spec ResourceSpec, coll Template) (Template, error) {
 	itemPath := spec.ItemPath
 	if itemPath == "" {
-		// A collection written with a trailing slash is of an API that
-		// wants one (Django's, for one) on its items too.
-		itemPath = spec.Path + "/{" + idVariable + "}"
-		if strings.HasSuffix(spec.Path, "/") {
-			itemPath = spec.Path + "{" + idVariable + "}/"
-		}
+		itemPath = DefaultItemPath(spec.Path)
 	}
 	item, err := ParseTemplate(itemPath)
 	if err != nil {
