@@ -82,6 +82,8 @@ type Handler struct {
 	storageLocks itemlock.Locker
 	idem         *idempotency
 	journals     *durable.Journals
+	// headless are the resources whose API answered HEAD 405.
+	headless *headless
 }
 
 // Resource is one collection of the legacy API and its items.
@@ -159,6 +161,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("batch: %w", err)
 	}
 	h.config = cfg
+	h.headless = new(headless)
 	for _, g := range cfg.gaps {
 		h.logger.Warn(g.Warning(), zap.String("resource", g.Resource), zap.String("op", g.Op.String()))
 	}
@@ -210,6 +213,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	switch {
 	case r.Method == http.MethodOptions:
 		return answerOptions(w, r, next, m.Allow(), m.Methods().Has(policy.MethodPatch))
+	case r.Method == http.MethodHead:
+		return h.serveHead(w, r, m, next)
 	case m.Item:
 		return h.serveItem(w, r, m, next)
 	}
