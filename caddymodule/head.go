@@ -69,7 +69,9 @@ func serveHeadAsGet(w http.ResponseWriter, r *http.Request, next caddyhttp.Handl
 // bodyless answers a HEAD sent as GET: the GET's status and headers go
 // to the client, its body is read as it comes and dropped, never held
 // whole, however large.
-type bodyless struct{ *caddyhttp.ResponseWriterWrapper }
+type bodyless struct {
+	*caddyhttp.ResponseWriterWrapper
+}
 
 func (bodyless) Write(p []byte) (int, error) { return len(p), nil }
 
