@@ -89,8 +89,11 @@ type Handler struct {
 // Resource is one collection of the legacy API and its items.
 type Resource struct {
 	// The collection's path template, e.g. "/api/users/{user}/posts":
-	// literal segments and whole-segment {name} variables. A request path
-	// matches with or without a trailing slash. Required.
+	// literal segments and whole-segment {name} variables. A variable may
+	// say what its values are, {user:integer} (integer, uuid or any), so
+	// that an item's lock names it in its canonical spelling; without a
+	// format a variable is its text. A request path matches with or
+	// without a trailing slash. Required.
 	Path string `json:"path"`
 
 	// The methods the collection supports, e.g. ["GET", "POST"]. HEAD is
