@@ -27,9 +27,9 @@ func notCarriedOut(status int) bool {
 // advice changes only the side that redirected, the collection's path
 // for a request to the collection and item_path for one to an item, and
 // pins the other side as it is with item_path: followed, it never makes
-// the side that worked redirect (README, "Trailing slashes"). It records
-// the hint for the batch's WARN log line, and returns "" for any other
-// answer.
+// the side that worked redirect (docs/legacy-apis.md, "Trailing
+// slashes"). It records the hint for the batch's WARN log line, and
+// returns "" for any other answer.
 func (sg *saga) movedHint(i int, req *SubRequest, resp *SubResponse) string {
 	if resp == nil || !notCarriedOut(resp.Status) {
 		return ""

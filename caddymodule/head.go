@@ -21,7 +21,7 @@ type headless struct{ resources sync.Map } // *policy.Resource → struct{}
 // serveHead passes a HEAD the map allows on, and answers one the legacy
 // API refuses with 405 as the API answers its GET, without the body
 // (RFC 9110, 9.3.2): the map's Allow says HEAD wherever it says GET,
-// and FastAPI's routes, for one, have no HEAD (README, "HEAD"). Once a
+// and FastAPI's routes, for one, have no HEAD (docs/wire-format.md, "HEAD"). Once a
 // resource's API is known to have none, its HEADs go as GETs at once,
 // so that the API is not asked twice for each. A HEAD the API answers
 // otherwise streams through as it comes.

@@ -10,7 +10,7 @@ import (
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
 )
 
-// HEAD where the legacy API has none (README, "HEAD"): the map's Allow
+// HEAD where the legacy API has none (docs/wire-format.md, "HEAD"): the map's Allow
 // says HEAD wherever it says GET, so a HEAD the API answers 405 is sent
 // again as GET and answered without the body; learnt, a resource's HEADs
 // go as GETs at once until the config is reloaded.

@@ -66,7 +66,7 @@ type Resource struct {
 	List *ListFilter
 
 	// formats are the collection's variables' formats, by name; a
-	// variable not in it is its text (README, "Resources").
+	// variable not in it is its text (docs/configuration.md, "Templates").
 	formats                    map[string]IDFormat
 	batch                      [opCount]bool
 	collectionAllow, itemAllow string
