@@ -1040,16 +1040,8 @@ func (a *API) process(r *http.Request, path string, body []byte) response {
 	if c == nil || !a.parentExists(c, r) {
 		return notFound(path)
 	}
-	if c.TrailingSlash && !slash {
-		return appendSlash(r, path)
-	}
-	if c.FastAPI {
-		if res, moved := fastAPIRedirect(r, path, id != "", slash); moved {
-			return res
-		}
-		if r.Method == http.MethodHead {
-			return fastAPINoHead(id != "")
-		}
+	if res, refused := c.misrouted(r, path, id != "", slash); refused {
+		return res
 	}
 	if c.APIKey != "" && r.URL.Query().Get("api_key") != c.APIKey {
 		res := htmlPage(http.StatusUnauthorized, "A valid api_key query parameter is required.")
@@ -1179,6 +1171,24 @@ func lenientID(seg string) (string, bool) {
 		seg = seg[:n]
 	}
 	return intParam(seg)
+}
+
+// misrouted is what a framework's router answers before any route runs
+// (TrailingSlash's APPEND_SLASH, FastAPI's redirect_slashes and its
+// missing HEAD); false when the route runs.
+func (c *collection) misrouted(r *http.Request, path string, item, slash bool) (response, bool) {
+	switch {
+	case c.TrailingSlash && !slash:
+		return appendSlash(r, path), true
+	case c.FastAPI && r.Method == http.MethodHead:
+		if res, moved := fastAPIRedirect(r, path, item, slash); moved {
+			return res, true
+		}
+		return fastAPINoHead(item), true
+	case c.FastAPI:
+		return fastAPIRedirect(r, path, item, slash)
+	}
+	return response{}, false
 }
 
 // appendSlash redirects a request to its path with a slash appended, as
