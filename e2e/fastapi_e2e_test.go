@@ -40,6 +40,9 @@ const fastAPISite = `
 		resource /api/orgs/{org}/items {` + resourceMethods + `
 		}
 	}
+	handle /metrics {
+		metrics
+	}
 	reverse_proxy UPSTREAM
 `
 
@@ -142,6 +145,8 @@ func TestFastAPIParentSpellingsShareALock(t *testing.T) {
 			if item, _ := g.API.Item("/api/users/20/items", "5"); item["name"] != tt.final {
 				t.Errorf("item 5 of user 20 is %v, want the last writer's %q", item, tt.final)
 			}
+			// The resource is named without its variables' formats.
+			checkLabels(t, g.scrape(t), "{user:integer}")
 		})
 	}
 }

@@ -12,8 +12,10 @@ import (
 // its values are, {user:integer}, so that every spelling of one parent
 // names one item's lock (docs/configuration.md, "Templates").
 type Template struct {
-	raw  string
-	segs []segment
+	raw string
+	// plain is raw without its variables' formats (Plain).
+	plain string
+	segs  []segment
 	// trailingSlash keeps the operator's trailing slash when a path is
 	// built from the template: some APIs (Django's, for one) answer only
 	// on /users/1/, and matching ignores it anyway.
@@ -90,6 +92,7 @@ func ParseTemplate(s string) (Template, error) {
 	if len(t.segs) > maxSegments {
 		return t, fmt.Errorf("template %q has more than %d segments, the most a template may have", s, maxSegments)
 	}
+	t.plain = withoutFormats(s)
 	return t, nil
 }
 
@@ -156,9 +159,17 @@ func (t Template) formats() map[string]IDFormat {
 }
 
 // Plain returns the template as written without its variables' formats:
-// {user:integer} is {user}, as an OpenAPI path names it.
-func (t Template) Plain() string {
-	parts := strings.Split(t.raw, "/")
+// {user:integer} is {user}, as an OpenAPI path names it. It is the
+// resource's name in metrics, logs and stored records, which adding a
+// format to a variable does not change.
+func (t Template) Plain() string { return t.plain }
+
+// withoutFormats drops the formats of a template's variables.
+func withoutFormats(template string) string {
+	if !strings.Contains(template, ":") {
+		return template
+	}
+	parts := strings.Split(template, "/")
 	for i, part := range parts {
 		if name, _, ok := strings.Cut(part, ":"); ok && strings.HasPrefix(part, "{") {
 			parts[i] = name + "}"
