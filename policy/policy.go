@@ -148,6 +148,10 @@ func newResource(i int, spec ResourceSpec) (*Resource, error) {
 	if err != nil {
 		return fail("item_path", "%v", err)
 	}
+	formats, err := variableFormats(spec.Formats, coll, item)
+	if err != nil {
+		return fail("item_path", "%v", err)
+	}
 	if len(spec.CollectionMethods) == 0 && len(spec.ItemMethods) == 0 {
 		return fail("", "no methods: declare the methods the API supports, with collection <METHOD...>, item <METHOD...> or both")
 	}
@@ -169,7 +173,7 @@ func newResource(i int, spec ResourceSpec) (*Resource, error) {
 		ItemMethods:       itemMethods.withImplied(),
 		Settings:          spec.Settings,
 		Gateway:           spec.Gateway,
-		formats:           variableFormats(spec.Formats, coll, item),
+		formats:           formats,
 		index:             i,
 		line:              spec.Line,
 	}
@@ -231,19 +235,26 @@ func itemTemplate(spec ResourceSpec, coll Template) (Template, error) {
 }
 
 // variableFormats gathers the formats of a resource's variables: the
-// imported ones, then those its templates write, which win. itemTemplate
-// checked that the item's variables are the collection's and the id, and
-// {id} takes no format.
-func variableFormats(imported map[string]IDFormat, coll, item Template) map[string]IDFormat {
+// imported ones, then those its templates write, which win; the two
+// templates may not write two for one variable. itemTemplate checked
+// that the item's variables are the collection's and the id, and {id}
+// takes no format.
+func variableFormats(imported map[string]IDFormat, coll, item Template) (map[string]IDFormat, error) {
 	out := map[string]IDFormat{}
 	for name, f := range imported {
 		if name != idVariable && f != IDAny {
 			out[name] = f
 		}
 	}
-	maps.Copy(out, coll.formats())
-	maps.Copy(out, item.formats())
-	return out
+	written := coll.formats()
+	for name, f := range item.formats() {
+		if cf, ok := written[name]; ok && cf != f {
+			return nil, fmt.Errorf("item_path %s writes {%s:%s}, and the collection's path {%s:%s}: write the variable's format once", item, name, f, name, cf)
+		}
+		written[name] = f
+	}
+	maps.Copy(out, written)
+	return out, nil
 }
 
 // canonical returns vars with each variable that has a format in its

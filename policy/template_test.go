@@ -86,6 +86,7 @@ func TestVariableFormatRefused(t *testing.T) {
 		{"/u/{user:}/items", "", `unknown format ""`},
 		{"/u/{:integer}/items", "", `variable "{:integer}" must be named`},
 		{"/u", "/u/{id:integer}", `the id's format is id_format's to say: write {id} and set id_format integer`},
+		{"/u/{user:integer}/items", "/u/{user:uuid}/items/{id}", `item_path /u/{user:uuid}/items/{id} writes {user:uuid}, and the collection's path {user:integer}: write the variable's format once`},
 	}
 	for _, tt := range tests {
 		_, err := New([]ResourceSpec{{Path: tt.path, ItemPath: tt.itemPath, CollectionMethods: []string{"GET"}, Settings: Defaults(), Gateway: GatewayDefaults()}})
