@@ -16,6 +16,9 @@ type answerHead struct {
 	Outcome   Outcome `json:"outcome"`
 	Succeeded int     `json:"succeeded"`
 	Failed    int     `json:"failed"`
+	// Saga names the saga whose lease this gateway lost, so that its
+	// client can look its outcome up (README, "Clusters").
+	Saga string `json:"saga,omitempty"`
 }
 
 // itemTail is an ItemResult's members after its body, with the same

@@ -62,6 +62,15 @@ func (sg *saga) send(i int, req *SubRequest, o sendOpts) (*SubResponse, error) {
 				return nil, errors.Join(errJournal, err)
 			}
 		}
+		// The last look at the lease, after every wait (README,
+		// "Clusters"): no write leaves for a saga another instance may
+		// be finishing.
+		if sg.fences(req) {
+			if err := sg.rt.Journal.Fence(o.wait); err != nil {
+				release()
+				return nil, errors.Join(errFence, err)
+			}
+		}
 		start := time.Now()
 		resp, err := sg.sendWithin(o.ctx, o.timeout.d, o.timeout.name, o.parent, req.clone())
 		sg.observe(time.Since(start), resp, err)
@@ -92,6 +101,13 @@ func (sg *saga) send(i int, req *SubRequest, o sendOpts) (*SubResponse, error) {
 		}
 		last = resp
 	}
+}
+
+// fences reports whether req waits for the saga's lease to be proven
+// before it goes: every write of a saga, but the undos of a saga that
+// lost its lease (lost.go).
+func (sg *saga) fences(req *SubRequest) bool {
+	return sg.isSaga() && req.Method != http.MethodGet && req.Method != http.MethodHead && !sg.selfUndo.Load()
 }
 
 // acquire waits while the upstream holds this client off resource, then

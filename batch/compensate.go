@@ -76,6 +76,9 @@ func (sg *saga) budget(i int) time.Duration {
 func (sg *saga) undoItem(ctx context.Context, i int) {
 	ctx, cancel := context.WithTimeout(ctx, sg.budget(i))
 	defer cancel()
+	if until := sg.state[i].inFlightUntil; !until.IsZero() {
+		sleep(ctx, time.Until(until))
+	}
 	if sg.items[i].Outcome == Unknown && !sg.resolve(ctx, i) {
 		return
 	}
@@ -95,8 +98,13 @@ func (sg *saga) undoItem(ctx context.Context, i int) {
 	c := &Compensation{Method: u.Method, Path: u.Path, Found: sg.foundBefore(i)}
 	req := sg.undoRequest(i, u)
 	_ = sg.transition(ctx, i, PhaseUndoing, req, func(it *ItemResult, _ *itemState) { it.Compensation = c })
-	resp, _ := sg.retrying(ctx, i, req, c)
+	resp, err := sg.retrying(ctx, i, req, c)
 	switch {
+	case errors.Is(err, errFence) && sg.leaseLost(err):
+		// Another instance finishes the saga: this item is its to undo.
+		return
+	case errors.Is(err, errFence):
+		sg.settle(ctx, i, RollbackFailed, "the undo was not sent: the saga's lease in storage could not be proven in time (the storage did not answer)", nil)
 	case resp == nil:
 		sg.settle(ctx, i, RollbackFailed, "", nil)
 	case resp.Status == http.StatusPreconditionFailed && c.Attempts > 1 && sg.alreadyUndone(ctx, i):
@@ -383,7 +391,7 @@ func (sg *saga) retrying(ctx context.Context, i int, req *SubRequest, c *Compens
 			}
 			sg.mu.Unlock()
 		}
-		if resp != nil && !retryable(resp.Status) || attempt > s.CompensationRetries {
+		if resp != nil && !retryable(resp.Status) || attempt > s.CompensationRetries || errors.Is(err, errFence) {
 			return resp, err
 		}
 		select {

@@ -139,6 +139,12 @@ func (sg *saga) executeItem(clientCtx, batchCtx context.Context, i int) bool {
 	switch {
 	case errors.Is(err, errJournal):
 		sg.fail(ctx, i, http.StatusServiceUnavailable, "the saga's journal could not record the write, so it was not sent", err)
+		sg.mu.Lock()
+		sg.state[i].byGateway = true
+		sg.mu.Unlock()
+		return false
+	case errors.Is(err, errFence):
+		sg.fenced(ctx, i, err)
 		return false
 	case resp == nil && (errors.Is(err, slots.ErrNoSlot) || errors.Is(err, ErrThrottleWait)):
 		return false // the batch ran out of time before the item could start
@@ -175,7 +181,9 @@ func (sg *saga) answered(ctx context.Context, i int, req *SubRequest, resp *SubR
 		ans = answerOf(resp)
 	}
 	hint := sg.movedHint(i, req, resp)
+	answeredAt := time.Now()
 	_ = sg.transition(ctx, i, PhaseAnswered, nil, func(it *ItemResult, st *itemState) {
+		st.answeredAt = answeredAt
 		if resp == nil {
 			recordNoAnswer(it, st, err, write)
 			return

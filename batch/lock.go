@@ -14,22 +14,33 @@ import (
 
 // heldLocks are the locks a saga holds until its last undo or check.
 type heldLocks struct {
-	mu      sync.Mutex
-	keys    map[string]bool
-	unlocks []func()
+	mu    sync.Mutex
+	keys  map[string]func()
+	order []string // in the order they were taken
 }
 
 func (h *heldLocks) has(key string) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.keys[key]
+	return h.keys[key] != nil
 }
 
 func (h *heldLocks) add(key string, unlock func()) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.keys[key] = true
-	h.unlocks = append(h.unlocks, unlock)
+	h.keys[key] = unlock
+	h.order = append(h.order, key)
+}
+
+// drop lets key's lock go, if it is held, for it to be taken afresh.
+func (h *heldLocks) drop(key string) {
+	h.mu.Lock()
+	unlock := h.keys[key]
+	delete(h.keys, key)
+	h.mu.Unlock()
+	if unlock != nil {
+		unlock()
+	}
 }
 
 // release lets every lock go, last taken first.
@@ -39,10 +50,13 @@ func (h *heldLocks) release() {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for _, unlock := range slices.Backward(h.unlocks) {
-		unlock()
+	for _, key := range slices.Backward(h.order) {
+		if unlock := h.keys[key]; unlock != nil {
+			unlock()
+			delete(h.keys, key)
+		}
 	}
-	h.unlocks = nil
+	h.order = nil
 }
 
 // lock is the saga's second step: it takes the lock of every item the
@@ -51,7 +65,7 @@ func (h *heldLocks) release() {
 // batchCtx is done. It reports whether the batch may go on; if not, it
 // holds no lock and the batch is refused as RefuseLock says.
 func (sg *saga) lock(clientCtx, batchCtx context.Context) bool {
-	sg.locks = &heldLocks{keys: map[string]bool{}}
+	sg.locks = &heldLocks{keys: map[string]func(){}}
 	if sg.rt.Locks == nil {
 		return true
 	}

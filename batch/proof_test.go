@@ -306,6 +306,8 @@ type recordingJournal struct {
 	ended  *Result
 }
 
+func (j *recordingJournal) Fence(context.Context) error { return nil }
+
 func (j *recordingJournal) Begin(context.Context, *Plan) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -375,7 +377,10 @@ func TestJournalFailureStopsTheWrite(t *testing.T) {
 	w := write(t, newSaga(p, Runtime{Send: f, Journal: j}, noBackoff).run(context.Background()))
 	equal(t, "PATCHes sent", len(f.sentWith("PATCH")), 0)
 	equalSlices(t, "statuses", w.Statuses(), []int{503})
-	equal(t, "status", w.Code, 502)
+	// The gateway's own storage failed, not the legacy API: 503, and
+	// when to try again (README, "Status codes").
+	equal(t, "status", w.Code, 503)
+	equal(t, "Retry-After", w.Header.Get("Retry-After"), gatewayRetryAfter)
 	f.checkUnchanged(t, before)
 }
 

@@ -29,6 +29,9 @@ func (sg *saga) report(clientCtx, batchCtx context.Context) *Result {
 	}
 	firstFailure, rolledBack := sg.tally(r)
 	cause := sg.cause(firstFailure, clientCtx, batchCtx)
+	if firstFailure >= 0 && sg.state[firstFailure].byGateway && r.RetryAfter == "" {
+		r.RetryAfter = gatewayRetryAfter
+	}
 	switch {
 	case sg.refusal != nil:
 		r.Outcome, r.Status, r.Detail = Failed, sg.refusal.status, sg.refusal.detail
@@ -128,6 +131,8 @@ func (sg *saga) cause(firstFailure int, clientCtx, batchCtx context.Context) str
 // left first.
 func (sg *saga) failureStatus(firstFailure int, batchCtx context.Context) int {
 	switch {
+	case firstFailure >= 0 && sg.state[firstFailure].byGateway:
+		return sg.items[firstFailure].Status // the gateway's own 503, never the upstream's 502
 	case firstFailure >= 0:
 		return batchStatus(sg.items[firstFailure].Status)
 	case errors.Is(batchCtx.Err(), context.DeadlineExceeded):

@@ -131,6 +131,11 @@ type Result struct {
 	Warning           string
 	PreferenceApplied string
 	RetryAfter        string
+	// LeaseLost marks a saga that lost its lease (README, "Clusters"):
+	// whoever ends the saga settles its Idempotency-Key, not this
+	// answer. Saga names it, in the answer.
+	LeaseLost bool
+	Saga      string
 }
 
 // Preimage is an item as it was before the batch.
@@ -205,7 +210,7 @@ func (r *Result) Write(w http.ResponseWriter) error {
 }
 
 func (r *Result) answerHead() answerHead {
-	return answerHead{Atomicity: r.Atomicity.String(), Outcome: r.Outcome, Succeeded: r.Succeeded, Failed: r.Failed}
+	return answerHead{Atomicity: r.Atomicity.String(), Outcome: r.Outcome, Succeeded: r.Succeeded, Failed: r.Failed, Saga: r.Saga}
 }
 
 // itemAnswer is what an item shows of an upstream answer. It is worked

@@ -121,6 +121,7 @@ func (j *killingJournal) Record(_ context.Context, t Transition) error {
 }
 
 func (j *killingJournal) End(context.Context, *Result) {}
+func (j *killingJournal) Fence(context.Context) error  { return nil }
 
 func (j *killingJournal) snapshot() *Snapshot {
 	j.mu.Lock()

@@ -108,6 +108,12 @@ type saga struct {
 	// found while the batch ran (movedHint); set once.
 	warnOnce sync.Once
 	warning  string
+
+	// lost is the saga's lease's loss, once a fence found it (lost.go);
+	// selfUndo is set while such a saga undoes its own recent writes,
+	// which no fence holds back.
+	lost     *LeaseLost
+	selfUndo atomic.Bool
 }
 
 // itemState is what the saga knows of an item beyond what the client is
@@ -142,6 +148,15 @@ type itemState struct {
 	// resumed marks an undo that a dead saga may already have sent: a
 	// read first tells whether it took effect.
 	resumed bool
+	// answeredAt is when the item's own request came back, answered or
+	// not (a saga that lost its lease undoes what came back after its
+	// lease was last proven); byGateway marks a failure that was the
+	// gateway's own (its storage), not the upstream's.
+	answeredAt time.Time
+	byGateway  bool
+	// inFlightUntil is when a write that a dead saga recorded as being
+	// sent, with no answer, is over for sure: it is resolved after.
+	inFlightUntil time.Time
 }
 
 func newSaga(p *Plan, rt Runtime, backoff func(int) time.Duration) *saga {
@@ -222,9 +237,18 @@ func (sg *saga) run(ctx context.Context) *Result {
 
 // end is how a saga ends, run or resumed: it undoes what took effect if it
 // must, reports, and ends its journal.
+//
+// A saga whose lease is lost, or found lost once it is over, ends as
+// endLost says: its client hears only what it saw happen.
 func (sg *saga) end(ctx, batchCtx context.Context, undo bool) *Result {
-	if undo {
+	if undo && sg.lostLease() == nil {
 		sg.compensate(context.WithoutCancel(ctx))
+	}
+	sg.checkLease(ctx)
+	if lost := sg.lostLease(); lost != nil {
+		res := sg.endLost(ctx, batchCtx, lost)
+		sg.rt.Journal.End(context.WithoutCancel(ctx), res)
+		return res
 	}
 	res := sg.report(ctx, batchCtx)
 	sg.rt.Journal.End(context.WithoutCancel(ctx), res)

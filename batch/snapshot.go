@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/caddy-batch/caddy-batch/policy"
 )
@@ -258,6 +259,11 @@ func (sg *saga) resumeItem(i int, it ItemSnapshot) {
 		sg.items[i].Outcome, sg.items[i].Status = Unknown, http.StatusBadGateway
 		sg.items[i].Error = "the gateway that sent it stopped before its answer was recorded"
 		sg.state[i].applied, sg.state[i].failure = true, true
+		// The write may still be inside the old owner's next (a paused
+		// process, a partition): it is over, one way or the other, an
+		// item_timeout after this process took the saga over, by this
+		// process's clock (README, "Clusters").
+		sg.state[i].inFlightUntil = time.Now().Add(sg.settings(i).ItemTimeout)
 	case PhaseUndoing:
 		// An undo may have been sent. An item still unknown was being
 		// resent (idempotent_upstream) instead: it is resolved again.

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"sync"
 	"testing"
+	"testing/synctest"
+	"time"
 )
 
 // memJournal keeps a saga's snapshot as a storage journal would, as JSON.
@@ -13,6 +15,8 @@ type memJournal struct {
 	snap *Snapshot
 	end  *Result
 }
+
+func (j *memJournal) Fence(context.Context) error { return nil }
 
 func (j *memJournal) Begin(_ context.Context, p *Plan) error {
 	j.mu.Lock()
@@ -63,46 +67,57 @@ func TestResumeUndoesADeadSaga(t *testing.T) {
 		{"create with ids", "POST", "/widgets", `[{"id":"a","v":1},{"id":"b","v":2},{"id":"c","v":3},{"id":"d","v":4}]`, "POST /widgets"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			f := newFake().seed("1", "2", "3", "4")
-			before := f.state()
-			dead, inFlight := make(chan struct{}), make(chan struct{})
-			var once sync.Once
-			hook := func(ctx context.Context, req *SubRequest) {
-				// The third write reaches the upstream and is applied; the
-				// gateway dies before its answer.
-				if req.Method+" "+req.Path == tt.hung && (req.Method != "POST" || string(req.Body) == `{"id":"c","v":3}`) {
-					f.store(req)
-					once.Do(func() { close(inFlight) })
-					<-dead
-				}
-			}
-			method, path, _ := cutSpace(tt.hung)
-			f.on(method, path, answer{hook: hook})
-			j := &memJournal{}
-			p := mustPlan(t, newRequest(tt.method, tt.target, tt.body), concurrency(1))
-			go newSaga(p, Runtime{Send: f, Journal: j}, noBackoff).run(context.Background())
-			<-inFlight
-			snap := j.stored(t)
-			if snap.Items[2].Phase != PhaseSending {
-				t.Fatalf("item 2's phase %s, want sending", snap.Items[2].Phase)
-			}
-
-			f.on(method, path) // the upstream is back to normal
-			other := &memJournal{snap: snap}
-			res, err := Resume(context.Background(), snap, widgets(t).Lookup, nil, Runtime{Send: f, Journal: other})
-			if err != nil {
-				t.Fatal(err)
-			}
-			w := write(t, res)
-			equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "rolled_back", "rolled_back", "not_attempted"})
-			equal(t, "outcome", w.Outcome, "rolled_back")
-			if other.end != res {
-				t.Error("the journal was not ended")
-			}
-			f.checkUnchanged(t, before)
-			close(dead)
+			synctest.Test(t, func(t *testing.T) { testResumeUndoesADeadSaga(t, tt.method, tt.target, tt.body, tt.hung) })
 		})
 	}
+}
+
+// testResumeUndoesADeadSaga runs in a bubble: the write the dead saga
+// had in flight is resolved an item_timeout after the takeover, on the
+// bubble's clock.
+func testResumeUndoesADeadSaga(t *testing.T, method, target, body, hung string) {
+	f := newFake().seed("1", "2", "3", "4")
+	before := f.state()
+	dead, inFlight := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	hook := func(ctx context.Context, req *SubRequest) {
+		// The third write reaches the upstream and is applied; the
+		// gateway dies before its answer.
+		if req.Method+" "+req.Path == hung && (req.Method != "POST" || string(req.Body) == `{"id":"c","v":3}`) {
+			f.store(req)
+			once.Do(func() { close(inFlight) })
+			<-dead
+		}
+	}
+	hungMethod, hungPath, _ := cutSpace(hung)
+	f.on(hungMethod, hungPath, answer{hook: hook})
+	j := &memJournal{}
+	p := mustPlan(t, newRequest(method, target, body), concurrency(1))
+	go newSaga(p, Runtime{Send: f, Journal: j}, noBackoff).run(context.Background())
+	<-inFlight
+	snap := j.stored(t)
+	if snap.Items[2].Phase != PhaseSending {
+		t.Fatalf("item 2's phase %s, want sending", snap.Items[2].Phase)
+	}
+
+	f.on(hungMethod, hungPath) // the upstream is back to normal
+	other := &memJournal{snap: snap}
+	start := time.Now()
+	res, err := Resume(context.Background(), snap, widgets(t).Lookup, nil, Runtime{Send: f, Journal: other})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took < 10*time.Second {
+		t.Errorf("the write the dead saga had in flight was resolved %s after the takeover, before its item_timeout (10s) was over", took)
+	}
+	w := write(t, res)
+	equalSlices(t, "outcomes", w.Outcomes(), []string{"rolled_back", "rolled_back", "rolled_back", "not_attempted"})
+	equal(t, "outcome", w.Outcome, "rolled_back")
+	if other.end != res {
+		t.Error("the journal was not ended")
+	}
+	f.checkUnchanged(t, before)
+	close(dead)
 }
 
 func cutSpace(s string) (string, string, bool) {

@@ -2,7 +2,9 @@ package batch
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"time"
 )
 
 // Journal records a saga's transitions, so that a saga cut short (its
@@ -18,7 +20,28 @@ type Journal interface {
 	Record(ctx context.Context, t Transition) error
 	// End records that the saga is over, whatever its outcome.
 	End(ctx context.Context, r *Result)
+	// Fence returns once the saga may send a write: its lease is proven,
+	// with time to spare. It waits while the lease is unproven (a storage
+	// call failed or hangs), returns an error wrapping ErrLeaseUnproven
+	// when ctx ends first, and a *LeaseLost once another instance may
+	// act on the saga (README, "Clusters").
+	Fence(ctx context.Context) error
 }
+
+// ErrLeaseUnproven marks a write not sent because the saga's lease could
+// not be proven in time: the storage did not answer.
+var ErrLeaseUnproven = errors.New("the saga's lease in storage could not be proven (the storage did not answer in time), so nothing more was sent")
+
+// LeaseLost is the error of a saga whose lease is lost: another instance
+// took it over, or may have. The saga sends no new write; what it wrote
+// since Proven, another instance may not know of.
+type LeaseLost struct {
+	Why string
+	// Proven is when the last call that proved the lease began.
+	Proven time.Time
+}
+
+func (e *LeaseLost) Error() string { return "the saga's lease is lost: " + e.Why }
 
 // NoJournal records nothing: a saga that dies with its process is lost.
 type NoJournal struct{}
@@ -26,6 +49,7 @@ type NoJournal struct{}
 func (NoJournal) Begin(context.Context, *Plan) error       { return nil }
 func (NoJournal) Record(context.Context, Transition) error { return nil }
 func (NoJournal) End(context.Context, *Result)             {}
+func (NoJournal) Fence(context.Context) error              { return nil }
 
 // Phase is the step of the saga an item has reached.
 type Phase uint8

@@ -329,6 +329,10 @@ func (h *Handler) serveBatch(w http.ResponseWriter, r *http.Request, a admission
 	}
 	send := newSubrequests(r, obs.chain(next), sc.settings.MaxBodySize)
 	journal := h.journalFor(r, sc, plan)
+	if dj, ok := journal.(*durable.Journal); ok && keyed != nil {
+		// A claim lost is the saga's lease lost: its writes stand on both.
+		dj.Also(keyed.held)
+	}
 	obs.saga = sagaOf(journal)
 	result := batch.Run(r.Context(), plan, batch.Runtime{
 		Send: send, Locks: obs.locks(sc.locks), Slots: h.slots, Journal: journal,

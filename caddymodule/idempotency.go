@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -150,7 +151,7 @@ func refusal(d durable.Decision) (problem.Details, string) {
 			d.Record.Outcome, d.Record.AnswerSize)), ""
 	case durable.Abandoned:
 		return problem.New(http.StatusConflict, "idempotency-key-abandoned",
-			"the gateway that ran the request with this Idempotency-Key stopped before it answered; an all-or-nothing batch is finished from its journal, but its answer was never kept and cannot be replayed: read the items, and send a new request with a new key"), ""
+			"the answer to the request with this Idempotency-Key was never recorded: the gateway that ran it stopped, or its storage failed as it answered; an all-or-nothing batch is finished from its journal, but an answer not recorded cannot be replayed: read the items, and send a new request with a new key"), ""
 	default:
 		return problem.New(http.StatusServiceUnavailable, "idempotency-unavailable",
 			"the gateway could not read or claim this Idempotency-Key in its storage; nothing was sent, try again"), "1"
@@ -198,10 +199,22 @@ func (k *keyedBatch) write(w http.ResponseWriter, res *batch.Result) error {
 		}
 		return rec.Answer().Write(w)
 	}
-	if err := k.held.Answered(k.r.Context(), rec.Answer(), string(res.Outcome), k.sc.gateway.IdempotencyTTL, k.sc.settings.MaxResponseSize+answerSlack); err != nil {
-		// The client still gets its answer; a retry finds the claim,
-		// whose lease lapses, and is told the answer was not kept.
-		k.idem.logger.Error("storing a batch answer for replay", zap.String("record", k.key), zap.Error(err))
+	if res.LeaseLost {
+		// Whoever ends the saga settles the key (README, "Clusters"):
+		// this answer is not the saga's end, and must not replay as it.
+		k.held.Release()
+		return rec.Answer().Write(w)
+	}
+	ttl, limit := k.sc.gateway.IdempotencyTTL, k.sc.settings.MaxResponseSize+answerSlack
+	switch err := k.held.Answered(k.r.Context(), rec.Answer(), string(res.Outcome), ttl, limit); {
+	case errors.Is(err, durable.ErrClaimLost):
+		k.idem.logger.Warn("a batch's Idempotency-Key was settled by another instance; its answer is not stored", zap.String("record", k.key))
+	case err != nil:
+		// The client still gets its answer; it is stored later if the
+		// storage comes back, and meanwhile a retry is told that it
+		// was not recorded.
+		k.idem.logger.Error("storing a batch answer for replay; trying again in the background", zap.String("record", k.key), zap.Error(err))
+		k.held.AnsweredLater(rec.Answer(), string(res.Outcome), ttl, limit)
 	}
 	return rec.Answer().Write(w)
 }

@@ -39,7 +39,7 @@ func (h *Handler) resume(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	} else {
 		job.Res, job.Err = batch.Resume(r.Context(), job.Snap, h.policy.Lookup, h.envelope, rt)
 	}
-	if job.Err == nil && job.Prev == nil {
+	if job.Err == nil && job.Prev == nil && !job.Res.LeaseLost {
 		h.idem.settleRecovered(r.Context(), sc, job.Snap, job.Res)
 	}
 	return nil

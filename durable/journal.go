@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -24,7 +25,11 @@ import (
 //	batch/v1/journal/<saga>/seg.00000000   segment 0: the intent, and any items
 //	batch/v1/journal/<saga>/seg.00000001   the items changed since segment 0
 //	...
-//	batch/v1/journal/<saga>/lease          the owner's renewed lease
+//	batch/v1/journal/<saga>/lease          the owner's renewed lease (epoch 0)
+//	batch/v1/journal/<saga>/seg.00000001.00000003  a segment of the saga's
+//	                                       owner of epoch 1 (fence.go)
+//	batch/v1/journal/<saga>/lease.00000001.<tag>   the lease of epoch 1
+//	batch/v1/journal/<saga>/end            the saga ended: its removal began
 //
 // <saga> is random hex, so no storage mangles it, and nothing the client
 // sent (an id, a path) is ever part of a key. Each segment is stored
@@ -40,28 +45,52 @@ const (
 	// inside has its own (batch.SnapshotVersion).
 	journalVersion = 1
 	leaseName      = "lease"
+	endName        = "end"
 )
 
 func journalDir(saga string) string { return path.Join(journalPrefix, saga) }
 
-// segmentKey names segment seq. The prefix keeps segments apart from
-// anything else a storage leaves in the directory: the file system's
-// half-written temporary files are named with digits only.
-func segmentKey(saga string, seq int) string {
-	return path.Join(journalPrefix, saga, fmt.Sprintf("seg.%08d", seq))
+// segmentKey names segment seq of epoch 0. The prefix keeps segments
+// apart from anything else a storage leaves in the directory: the file
+// system's half-written temporary files are named with digits only.
+func segmentKey(saga string, seq int) string { return segmentKeyAt(saga, segmentName{0, seq}) }
+
+// segmentName is where a segment comes in its journal: the epoch of the
+// owner that stored it (fence.go), and its number. Epoch 0's segments
+// keep the names older builds read; a later owner's carry its epoch, so
+// that no owner ever writes over another's.
+type segmentName struct{ epoch, seq int }
+
+func segmentKeyAt(saga string, n segmentName) string {
+	if n.epoch == 0 {
+		return path.Join(journalPrefix, saga, fmt.Sprintf("seg.%08d", n.seq))
+	}
+	return path.Join(journalPrefix, saga, fmt.Sprintf("seg.%08d.%08d", n.epoch, n.seq))
 }
 
-// segmentSeq is the number of the segment named base.
-func segmentSeq(base string) (int, bool) {
-	digits, ok := strings.CutPrefix(base, "seg.")
-	if !ok || len(digits) != 8 {
-		return 0, false
+// parseSegment is the segment named base, if it is one.
+func parseSegment(base string) (segmentName, bool) {
+	rest, ok := strings.CutPrefix(base, "seg.")
+	if !ok {
+		return segmentName{}, false
 	}
-	n, err := strconv.Atoi(digits)
-	return n, err == nil && n >= 0
+	epoch, seq, twoParts := strings.Cut(rest, ".")
+	if !twoParts {
+		epoch, seq = "00000000", rest
+	}
+	e, err1 := strconv.Atoi(epoch)
+	n, err2 := strconv.Atoi(seq)
+	ok = len(epoch) == 8 && len(seq) == 8 && err1 == nil && err2 == nil && e >= 0 && n >= 0 && (e > 0 || !twoParts)
+	return segmentName{e, n}, ok
+}
+
+func (a segmentName) before(b segmentName) bool {
+	return a.epoch < b.epoch || a.epoch == b.epoch && a.seq < b.seq
 }
 
 func leaseKey(saga string) string { return path.Join(journalPrefix, saga, leaseName) }
+
+func endKey(saga string) string { return path.Join(journalPrefix, saga, endName) }
 
 // lockName is the storage lock an instance holds while it takes over a
 // saga; storages strip lock names to a few characters, and a saga's name
@@ -121,19 +150,26 @@ type Origin struct {
 }
 
 // Lease is an owner's claim on a saga, renewed while the saga runs.
+// Expires is by the owner's clock: a listing shows it, and no other
+// instance decides by it (fence.go).
 type Lease struct {
 	Owner   string    `json:"owner"`
+	Epoch   int       `json:"epoch,omitempty"`
 	Expires time.Time `json:"expires"`
 }
 
 // Journals is where the saga journals live: a storage, and the
 // process's leases, which keep the journals of its sagas its own.
-type Journals struct{ leased }
+type Journals struct {
+	leased
+	// watch is what the recovery scans saw of other owners' leases.
+	watch *watched
+}
 
 // NewJournals keeps journals in storage, held under leases; logger hears
 // of what fails after the saga that caused it has moved on.
 func NewJournals(storage Storage, leases *Leases, logger *zap.Logger) *Journals {
-	return &Journals{leased{storage, leases, logger}}
+	return &Journals{leased: leased{storage, leases, logger}, watch: newWatched()}
 }
 
 // Storage is where the journals are.
@@ -203,6 +239,9 @@ func (o *ownedSagas) forget(saga string) {
 type Journal struct {
 	js   *Journals
 	saga string
+	// epoch is this process's lease epoch on the saga (fence.go): 0 for
+	// the instance that began it.
+	epoch int
 
 	mu sync.Mutex
 	// committed is signalled when a store of the records ends: writes of
@@ -216,16 +255,27 @@ type Journal struct {
 	seq            int              // the next segment's number
 	items          []itemRecord
 	at             map[int]int // position in items, by item index
-	// stored is set once anything may be in storage, and written is
-	// one past the highest segment that may be (a store that failed may
-	// have written it all the same).
-	stored     bool
-	written    int
-	leaseUntil time.Time
+	// stored is set once anything may be in storage (a store that failed
+	// may have written it all the same), and landed once a store
+	// returned without an error.
+	stored, landed bool
+	// lease is what this process knows of its lease on the saga, and
+	// leaseBytes what it last stored as its lease key (nil: nothing yet).
+	lease      *holder
+	leaseBytes []byte
+	// also are other leases the saga's writes stand on (its
+	// Idempotency-Key claim): one lost is the saga's lease lost.
+	also []*holder
 	// release stops the renewal of the saga's lease.
 	release func()
 	// revived: see intent.Revived.
 	revived bool
+	// origin and started are the intent's, for the saga of its own
+	// that a saga that lost its lease may keep (KeepLost), as began; takenOver is
+	// set once another instance's lease shows.
+	origin    Origin
+	began     time.Time
+	takenOver atomic.Bool
 }
 
 // New is the journal of a batch that came from origin.
@@ -240,6 +290,9 @@ func (j *Journal) Saga() string { return j.saga }
 func newJournalOf(j *Journal) *Journal {
 	j.at, j.failed = map[int]int{}, map[uint64]error{}
 	j.committed = sync.NewCond(&j.mu)
+	if j.lease == nil {
+		j.lease = newHolder(j.js.leases.Length)
+	}
 	return j
 }
 
@@ -249,12 +302,16 @@ func (j *Journal) Begin(_ context.Context, p *batch.Plan) error {
 	defer j.mu.Unlock()
 	j.intent.Snapshot = p.Snapshot()
 	j.intent.Started = now()
+	j.origin, j.began = j.intent.Origin, j.intent.Started
 	owned.add(j.saga)
 	return nil
 }
 
 // Record keeps t, and stores it (with everything kept before it) when
-// the saga is about to send a request that changes the upstream.
+// the saga is about to send a request that changes the upstream. Once
+// the lease is lost, nothing more is stored (the journal is the new
+// owner's): what the saga does then is kept in memory, for the saga of
+// its own it may keep (KeepLost).
 func (j *Journal) Record(ctx context.Context, t batch.Transition) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -264,11 +321,42 @@ func (j *Journal) Record(ctx context.Context, t batch.Transition) error {
 		j.at[t.Index] = len(j.items)
 		j.items = append(j.items, itemRecord{Index: t.Index, Item: t.Item})
 	}
-	if t.Phase == batch.PhaseSending || t.Phase == batch.PhaseUndoing {
+	if (t.Phase == batch.PhaseSending || t.Phase == batch.PhaseUndoing) && j.lostErr() == nil {
 		return j.commit(ctx)
 	}
 	return nil
 }
+
+// Fence returns once the saga may send a write (batch.Journal): its
+// lease, and every lease its writes stand on, proven with a sixth of it
+// to spare.
+func (j *Journal) Fence(ctx context.Context) error {
+	j.mu.Lock()
+	landed := j.landed
+	j.mu.Unlock()
+	if !landed {
+		// Nothing in storage: no other instance can know of the saga,
+		// and no write was sent (each goes after its record landed).
+		return nil
+	}
+	for _, h := range j.also {
+		if lost := h.lostErr(); lost != nil {
+			j.lease.lose(lost.Why)
+		}
+	}
+	return j.lease.fence(ctx)
+}
+
+// Also makes the saga's writes stand on another lease too (its
+// Idempotency-Key claim): once that is lost, so is the saga's.
+func (j *Journal) Also(h *Held) {
+	if j != nil && h != nil {
+		j.also = append(j.also, h.lease)
+	}
+}
+
+// lostErr is the saga's lease's loss, if it is lost.
+func (j *Journal) lostErr() *batch.LeaseLost { return j.lease.lostErr() }
 
 // commit returns once every record kept so far is stored. The first
 // caller stores; callers that come while a store is in flight wait, and
@@ -296,20 +384,20 @@ func (j *Journal) commit(ctx context.Context) error {
 
 // flush stores what is kept as the next segment. j.mu is held, and let
 // go while the storage works, so that records keep coming meanwhile.
+// The first segment, with the intent, proves the saga's lease from the
+// moment its store began.
 func (j *Journal) flush(ctx context.Context) error {
-	at := now()
-	if j.intent == nil && at.After(j.leaseUntil.Add(-j.js.leases.Length/6)) {
-		// The lease could not be renewed: another instance may be
-		// finishing this saga already, and must not find writes it was
-		// never told about.
-		return fmt.Errorf("the saga's lease in storage lapsed at %s (it could not be renewed)", j.leaseUntil.Format(time.RFC3339))
+	if lost := j.lostErr(); lost != nil {
+		// Another instance may be finishing this saga already, and must
+		// not find writes it was never told about.
+		return lost
 	}
+	at := now()
 	in, items := j.intent, j.items
 	j.items = nil
 	clear(j.at)
-	expires := at.Add(j.js.leases.Length)
 	if in != nil {
-		in.Expires = expires
+		in.Expires = at.Add(j.js.leases.Length)
 	}
 	b, err := json.Marshal(segment{Version: journalVersion, Seq: j.seq, Intent: in, Items: items})
 	if err != nil {
@@ -318,8 +406,8 @@ func (j *Journal) flush(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StorageTimeout)
 	defer cancel()
-	j.stored, j.written = true, max(j.written, j.seq+1)
-	key := segmentKey(j.saga, j.seq)
+	j.stored = true
+	key := segmentKeyAt(j.saga, segmentName{j.epoch, j.seq})
 	j.mu.Unlock()
 	err = j.js.storage.Store(ctx, key, b)
 	j.mu.Lock()
@@ -328,8 +416,10 @@ func (j *Journal) flush(ctx context.Context) error {
 		return fmt.Errorf("storing the saga's journal: %w", err)
 	}
 	j.seq++
+	j.landed = true
 	if in != nil {
-		j.intent, j.leaseUntil = nil, expires
+		j.intent = nil
+		j.lease.prove(at)
 		j.startRenewal()
 	}
 	return nil
@@ -349,17 +439,24 @@ func (j *Journal) keepAgain(items []itemRecord) {
 // End removes the journal: the saga is over, whatever its outcome. A
 // saga that left items behind is kept first (keepOrForget); a removal
 // that fails is retried by the process (removals) under the saga's
-// lease, and logged.
+// lease, and logged. A saga whose lease is lost removes nothing: the
+// journal is the new owner's.
 func (j *Journal) End(ctx context.Context, res *batch.Result) {
-	j.stopRenewal()
 	j.mu.Lock()
-	stored := j.stored
+	stored, landed := j.stored, j.landed
 	j.mu.Unlock()
 	defer owned.done()
-	if !stored {
+	if !stored || j.lostErr() != nil {
+		j.stopRenewal()
 		owned.forget(j.saga)
 		return
 	}
+	if err := j.fenceEnd(ctx); err != nil {
+		j.stopRenewal()
+		owned.forget(j.saga)
+		return
+	}
+	j.stopRenewal()
 	if err := j.keepOrForget(ctx, res); err != nil {
 		// Never both lost: the journal and its lease stay until the
 		// kept copy is stored.
@@ -376,13 +473,27 @@ func (j *Journal) End(ctx context.Context, res *batch.Result) {
 	if err := j.removeJournal(ctx); err != nil {
 		// A journal left in storage would be taken for a saga cut
 		// short, and undone, once its lease lapsed: keep the lease and
-		// try again.
-		j.js.logger.Error("the saga's journal could not be removed from storage; retrying while this process runs",
-			zap.String("saga", j.saga), zap.Error(err))
+		// try again. One whose every store failed may never have been
+		// stored: there is nothing to tell an operator yet.
+		log := j.js.logger.Error
+		if !landed {
+			log = j.js.logger.Info
+		}
+		log("the saga's journal could not be removed from storage; retrying while this process runs",
+			zap.String("saga", j.saga), zap.Bool("ever_stored", landed), zap.Error(err))
 		removals.retry(j, j.removeJournal)
 		return
 	}
 	owned.forget(j.saga)
+}
+
+// fenceEnd waits, within a lease, for the saga's lease to be proven
+// before its journal is removed: a saga whose lease another instance
+// may have taken must not delete that instance's journal.
+func (j *Journal) fenceEnd(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), j.js.leases.Length)
+	defer cancel()
+	return j.Fence(ctx)
 }
 
 // Abandon lets the saga go without ending it, as a process that dies
@@ -394,40 +505,76 @@ func (j *Journal) Abandon() {
 	owned.forget(j.saga)
 }
 
-// removeJournal deletes every key the saga wrote, each by its own name
-// (a storage's Delete of a folder may leave the keys in it: Redis's
-// does): segment 0 first, since without its intent what is left is no
-// saga, only garbage for the scan to clear; then the later segments;
-// the lease last, so that a journal half removed is never taken for a
-// saga whose owner died; then the emptied folder, where the storage
-// keeps folders.
+// removeJournal deletes every key the saga wrote (removeKeys). A journal
+// none of whose stores landed goes without the end marker, which a
+// storage that refuses stores would refuse too: what may be there is a
+// segment or two the saga sent nothing after.
 func (j *Journal) removeJournal(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StorageTimeout)
 	defer cancel()
 	j.mu.Lock()
-	written := j.written
+	landed := j.landed
 	j.mu.Unlock()
-	return j.js.removeKeys(ctx, j.saga, written)
+	return j.js.removeKeys(ctx, j.saga, landed)
 }
 
-// removeKeys deletes segments 0 to segments-1 of saga, its stuck mark,
-// its lease, and its folder.
-func (js *Journals) removeKeys(ctx context.Context, saga string, segments int) error {
-	for seq := range segments {
-		if err := deleteKey(ctx, js.storage, segmentKey(saga, seq)); err != nil {
-			return fmt.Errorf("deleting %s: %w", segmentKey(saga, seq), err)
+// removeKeys deletes every key of saga's journal, each by its own name
+// (a storage's Delete of a folder may leave the keys in it: Redis's
+// does). It stores the end marker first and deletes it last, so that a
+// removal cut short anywhere leaves either the whole journal or the
+// marker: the recovery scan clears what is left under a marker, and
+// never takes it for a journal whose beginning the storage lost.
+// Segment 0 goes first after the marker, the lease keys last, then the
+// marker and the emptied folder, where the storage keeps folders.
+func (js *Journals) removeKeys(ctx context.Context, saga string, marked bool) error {
+	if marked {
+		if err := js.storage.Store(ctx, endKey(saga), []byte("{}")); err != nil {
+			return fmt.Errorf("storing %s: %w", endKey(saga), err)
 		}
 	}
-	if err := deleteKey(ctx, js.storage, stuckKey(saga)); err != nil {
-		return fmt.Errorf("deleting %s: %w", stuckKey(saga), err)
+	names, err := listNames(ctx, js.storage, journalDir(saga))
+	if err != nil {
+		return fmt.Errorf("listing %s: %w", journalDir(saga), err)
 	}
-	if err := deleteKey(ctx, js.storage, leaseKey(saga)); err != nil {
-		return fmt.Errorf("deleting %s: %w", leaseKey(saga), err)
+	for _, k := range removalOrder(saga, names) {
+		if err := deleteKey(ctx, js.storage, k); err != nil {
+			return fmt.Errorf("deleting %s: %w", k, err)
+		}
 	}
 	if err := removeEmptyFolder(ctx, js.storage, journalDir(saga)); err != nil {
 		return fmt.Errorf("removing the folder %s: %w", journalDir(saga), err)
 	}
 	return nil
+}
+
+// removalOrder is the keys of a journal folder that lists names, in the
+// order they are deleted: segment 0, the other segments in order, what
+// else is there, the lease keys, the end marker.
+func removalOrder(saga string, names []string) []string {
+	var segs []segmentName
+	var others, leases []string
+	for _, n := range names {
+		if sn, ok := parseSegment(n); ok {
+			segs = append(segs, sn)
+		} else if _, ok := leaseEpoch(n); ok {
+			leases = append(leases, path.Join(journalDir(saga), n))
+		} else if n != endName {
+			others = append(others, path.Join(journalDir(saga), n))
+		}
+	}
+	if !slices.Contains(segs, segmentName{}) {
+		segs = append(segs, segmentName{})
+	}
+	slices.SortFunc(segs, compareSegments)
+	keys := make([]string, 0, len(names)+2)
+	for _, sn := range segs {
+		keys = append(keys, segmentKeyAt(saga, sn))
+	}
+	keys = append(append(keys, others...), leases...)
+	if !slices.Contains(names, leaseName) {
+		keys = append(keys, leaseKey(saga)) // a folder entry an older build's removal left
+	}
+	return append(keys, endKey(saga))
 }
 
 // startRenewal holds the saga's lease with the process's others. j.mu
@@ -448,34 +595,49 @@ func (j *Journal) stopRenewal() {
 	}
 }
 
+// renew proves the saga's lease again (renewLease): a renewal that
+// finds it lost stops for good; one whose storage calls fail leaves it
+// unproven until the next.
 func (j *Journal) renew() {
-	until := now().Add(j.js.leases.Length)
-	b, _ := json.Marshal(Lease{Owner: Owner(), Expires: until})
-	ctx, cancel := context.WithTimeout(context.Background(), StorageTimeout)
-	defer cancel()
-	if err := j.js.storage.Store(ctx, leaseKey(j.saga), b); err != nil {
-		j.js.logger.Warn("renewing a saga's lease in storage", zap.String("saga", j.saga), zap.Error(err))
+	if j.lostErr() != nil {
 		return
 	}
+	start := now()
+	next := leaseRecord(j.epoch, start.Add(j.js.leases.Length))
 	j.mu.Lock()
-	if until.After(j.leaseUntil) {
-		j.leaseUntil = until
-	}
+	prev := j.leaseBytes
 	j.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), j.js.leases.Length/3)
+	defer cancel()
+	err := j.js.renewLease(ctx, j.saga, j.epoch, prev, next)
+	var lost *lostLease
+	switch {
+	case errors.As(err, &lost):
+		j.lease.lose(lost.why)
+		j.takenOver.Store(lost.takenOver)
+		j.js.logger.Error("a saga's lease is lost: it sends nothing more, and another instance finishes it",
+			zap.String("saga", j.saga), zap.Int("epoch", j.epoch), zap.String("why", lost.why))
+	case err != nil:
+		j.js.logger.Warn("renewing a saga's lease in storage; it sends nothing until a renewal proves it", zap.String("saga", j.saga), zap.Error(err))
+	default:
+		j.mu.Lock()
+		j.leaseBytes = next
+		j.mu.Unlock()
+		if !j.lease.prove(start) {
+			j.js.logger.Warn("a renewal of a saga's lease took longer than a third of it, and proves nothing", zap.String("saga", j.saga), zap.Duration("took", now().Sub(start)))
+		}
+	}
 }
 
 // storedSaga is a journal as read back from storage.
 type storedSaga struct {
 	intent *intent
 	snap   *batch.Snapshot
-	next   int // the next segment's number
-	// listed is one past the last segment listed, stored or not: what
-	// the journal's removal deletes up to.
-	listed int
+	next   int // the next segment's number, whatever its epoch
 }
 
 // errNoIntent marks a journal directory without its segment 0: a saga
-// whose removal was cut short.
+// whose removal was cut short, or whose beginning the storage lost.
 var errNoIntent = errors.New("the journal has no intent (segment 0)")
 
 // sagas lists the sagas that have a journal in storage.
@@ -485,30 +647,72 @@ func (js *Journals) sagas(ctx context.Context) ([]string, error) {
 	return listNames(ctx, js.storage, journalPrefix)
 }
 
-// leaseOf returns who holds saga and until when: the lease key if it was
-// renewed, else the intent's.
+// leaseView is a saga's lease as found in storage: the names in its
+// journal's folder, the key of its highest epoch and what is stored
+// there (no key: the lease is the intent's).
+type leaseView struct {
+	names []string
+	epoch int
+	key   string
+	raw   []byte
+}
+
+// readLease lists saga's journal folder and reads its highest lease key.
+// A key listed and not there is being written (the Redis module lists a
+// key before it sets it), and read as empty.
+func (js *Journals) readLease(ctx context.Context, saga string) (leaseView, error) {
+	names, err := listNames(ctx, js.storage, journalDir(saga))
+	if err != nil {
+		return leaseView{}, err
+	}
+	v := leaseView{names: names}
+	epoch, keys := topLeases(names)
+	if len(keys) == 0 {
+		return v, nil
+	}
+	slices.Sort(keys)
+	v.epoch, v.key = epoch, path.Join(journalDir(saga), keys[0])
+	v.raw, err = js.storage.Load(ctx, v.key)
+	if errors.Is(err, fs.ErrNotExist) {
+		err = nil
+	}
+	return v, err
+}
+
+// record is what a takeover watches of the lease (fence.go): its key's
+// name and bytes, unchanged for as long as nobody renews it.
+func (v leaseView) record() string { return v.key + "\x00" + string(v.raw) }
+
+// lease decodes the view's lease; with no lease key, it is the one the
+// intent was stored with.
+func (v leaseView) lease(in *intent) Lease {
+	var l Lease
+	if v.raw != nil && json.Unmarshal(v.raw, &l) == nil {
+		l.Epoch = v.epoch
+	}
+	if in != nil && v.epoch <= 0 {
+		return in.heldBy(l)
+	}
+	return l
+}
+
+// leaseOf returns who holds saga and until when (by the holder's clock,
+// for a listing): its highest lease key, else the intent's.
 func (js *Journals) leaseOf(ctx context.Context, saga string) (Lease, error) {
-	l, err := js.renewedLease(ctx, saga)
-	if err != nil || now().Before(l.Expires) {
-		return l, err
+	v, err := js.readLease(ctx, saga)
+	if err != nil {
+		return Lease{}, err
 	}
 	in, err := js.loadIntent(ctx, saga)
 	if err != nil {
-		return l, err
+		return Lease{}, err
 	}
-	return in.heldBy(l), nil
+	return v.lease(in), nil
 }
 
-// renewedLease is saga's lease key as its owner last wrote it; the zero
-// Lease if it never renewed it.
-func (js *Journals) renewedLease(ctx context.Context, saga string) (Lease, error) {
-	var l Lease
-	_, err := loadJSON(ctx, js.storage, leaseKey(saga), &l)
-	return l, err
-}
-
-// heldBy is who holds the saga whose renewed lease is l: l while it
-// stands, else the later of it and the lease the intent was stored with.
+// heldBy is who holds the saga whose epoch-0 lease key holds l: l while
+// it stands, else the later of it and the lease the intent was stored
+// with.
 func (in *intent) heldBy(l Lease) Lease {
 	if now().Before(l.Expires) || !in.Expires.After(l.Expires) {
 		return l
@@ -533,60 +737,86 @@ func (js *Journals) loadIntent(ctx context.Context, saga string) (*intent, error
 	return seg.Intent, nil
 }
 
+// segmentsOf are the segments among a journal folder's names, in the
+// order they were written: by epoch, then number.
+func segmentsOf(names []string) []segmentName {
+	var segs []segmentName
+	for _, n := range names {
+		if sn, ok := parseSegment(n); ok {
+			segs = append(segs, sn)
+		}
+	}
+	slices.SortFunc(segs, compareSegments)
+	return segs
+}
+
+func compareSegments(a, b segmentName) int {
+	switch {
+	case a.before(b):
+		return -1
+	case b.before(a):
+		return 1
+	}
+	return 0
+}
+
 // load reads a saga's whole journal: the intent, with every later
-// segment's items laid over its snapshot in order.
+// segment's items laid over its snapshot in order (a later epoch's
+// after an earlier one's, so that the newest owner's records win).
 func (js *Journals) load(ctx context.Context, saga string) (*storedSaga, error) {
-	keys, err := js.storage.List(ctx, journalDir(saga), false)
+	names, err := listNames(ctx, js.storage, journalDir(saga))
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, err
 	}
-	var seqs []int
-	for _, k := range keys {
-		if n, ok := segmentSeq(path.Base(k)); ok {
-			seqs = append(seqs, n)
-		}
-	}
-	slices.Sort(seqs)
-	if len(seqs) == 0 || seqs[0] != 0 {
+	segs := segmentsOf(names)
+	if len(segs) == 0 || segs[0] != (segmentName{}) {
 		return nil, errNoIntent
 	}
-	st := &storedSaga{listed: seqs[len(seqs)-1] + 1}
-	for i, n := range seqs {
-		b, err := js.storage.Load(ctx, segmentKey(saga, n))
-		if errors.Is(err, fs.ErrNotExist) && n > 0 && i == len(seqs)-1 {
+	st := &storedSaga{}
+	for i, sn := range segs {
+		key := segmentKeyAt(saga, sn)
+		b, err := js.storage.Load(ctx, key)
+		if errors.Is(err, fs.ErrNotExist) && sn.seq > 0 && i == len(segs)-1 {
 			// Segments are stored one at a time, each before what it
 			// records is sent: a last one listed with nothing under it
 			// is a store its writer died in (the Redis module lists a
 			// key before it sets it). Nothing it preceded was sent, so
-			// the journal ends before it, and the next segment takes
-			// its name.
+			// the journal ends before it.
 			break
 		}
 		if err != nil {
 			return nil, err
 		}
-		var seg segment
-		if err := json.Unmarshal(b, &seg); err != nil {
-			return nil, fmt.Errorf("decoding %s: %w", segmentKey(saga, n), err)
+		if err := st.add(sn, key, b); err != nil {
+			return nil, err
 		}
-		if seg.Version != journalVersion {
-			return nil, fmt.Errorf("%w: %s is in journal format %d, this gateway knows %d", batch.ErrNotResumable, segmentKey(saga, n), seg.Version, journalVersion)
-		}
-		if n == 0 {
-			if seg.Intent == nil || seg.Intent.Snapshot == nil {
-				return nil, fmt.Errorf("decoding %s: %w", segmentKey(saga, 0), errNoIntent)
-			}
-			st.intent, st.snap = seg.Intent, seg.Intent.Snapshot
-		}
-		for _, it := range seg.Items {
-			if it.Index < 0 || it.Index >= len(st.snap.Items) {
-				return nil, fmt.Errorf("%s: item %d of a batch of %d", segmentKey(saga, n), it.Index, len(st.snap.Items))
-			}
-			st.snap.Items[it.Index] = it.Item
-		}
-		st.next = n + 1
+		st.next = max(st.next, sn.seq+1)
 	}
 	return st, nil
+}
+
+// add lays segment sn, stored under key as b, over what st holds.
+func (st *storedSaga) add(sn segmentName, key string, b []byte) error {
+	var seg segment
+	if err := json.Unmarshal(b, &seg); err != nil {
+		return fmt.Errorf("decoding %s: %w", key, err)
+	}
+	if seg.Version != journalVersion {
+		return fmt.Errorf("%w: %s is in journal format %d, this gateway knows %d", batch.ErrNotResumable, key, seg.Version, journalVersion)
+	}
+	if sn == (segmentName{}) {
+		if seg.Intent == nil || seg.Intent.Snapshot == nil {
+			return fmt.Errorf("decoding %s: %w", key, errNoIntent)
+		}
+		st.intent, st.snap = seg.Intent, seg.Intent.Snapshot
+	}
+	for _, it := range seg.Items {
+		if it.Index < 0 || it.Index >= len(st.snap.Items) {
+			return fmt.Errorf("%s: item %d of a batch of %d", key, it.Index, len(st.snap.Items))
+		}
+		st.snap.Items[it.Index] = it.Item
+	}
+	return nil
 }
 
 // Interface guard

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -112,9 +113,15 @@ func TestScanClearsLeftovers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Cut short by this build: segment 0 gone, the rest listed.
+	// Cut short by this build: the end marker stored, segment 0 gone,
+	// the rest listed.
+	store(endKey("listed"))
 	store(segmentKey("listed", 1))
 	store(leaseKey("listed"))
+	// The storage lost the beginning of a saga that never ended (no end
+	// marker): kept, and marked stuck.
+	store(segmentKey("lost", 1))
+	store(leaseKey("lost"))
 	// Left by an older build on Redis: the folder unlisted.
 	store(segmentKey("unlisted", 1))
 	store(segmentKey("unlisted", 2))
@@ -124,22 +131,33 @@ func TestScanClearsLeftovers(t *testing.T) {
 	// Being written right now.
 	store(segmentKey("fresh", 1))
 
-	js := NewJournals(s, NewLeases(30*time.Second), zap.NewNop())
+	core, logs := observer.New(zapcore.ErrorLevel)
+	js := NewJournals(s, NewLeases(30*time.Second), zap.New(core))
 	failed := func(saga, doing string, err error) { t.Errorf("%s: %s: %v", saga, doing, err) }
 	finish := func(*Recovered) error { t.Error("a leftover was taken over"); return nil }
 	if err := js.Scan(ctx, finish, failed); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{segmentKey("fresh", 1)}
+	want := []string{segmentKey("fresh", 1), leaseKey("lost"), segmentKey("lost", 1), stuckKey("lost")}
 	if left := s.keysUnder(journalPrefix); fmt.Sprint(left) != fmt.Sprint(want) {
 		t.Errorf("left %v, want %v", left, want)
+	}
+	if errs := logs.FilterMessageSnippet("lost its beginning").FilterField(zap.String("saga", "lost")); errs.Len() != 1 {
+		t.Errorf("the journal that lost its beginning was told %d times at ERROR, want once: %v", errs.Len(), logs.All())
+	}
+	list, err := js.ListSagas(ctx, SagaQuery{})
+	if err != nil || len(list) != 1 || list[0].ID != "lost" || list[0].State != StateStuck || !strings.Contains(list[0].Reason, "segment 0") {
+		t.Errorf("listed %+v, %v; want the lost saga, stuck, with why", list, err)
+	}
+	if err := js.Scan(ctx, finish, failed); err != nil || logs.FilterMessageSnippet("lost its beginning").Len() != 1 {
+		t.Errorf("the next scan told it again (%v)", err)
 	}
 }
 
 // An idle instance's scan and sweep make the same requests of the
 // storage with 20,000 Idempotency-Key records kept as with none, and a
-// saga whose owner died is taken over by the first scan after its lease
-// lapsed, whatever is kept.
+// saga whose owner died is taken over by the first scan once its lease
+// stood unchanged for one of this instance's, whatever is kept.
 func TestIdleCostDoesNotGrowWithWhatIsKept(t *testing.T) {
 	inBubble(t, func(t *testing.T) {
 		idle := func(records int) (map[string]int, bool) {
@@ -171,7 +189,10 @@ func TestIdleCostDoesNotGrowWithWhatIsKept(t *testing.T) {
 				r.abandon()
 				return nil
 			}
-			time.Sleep(30 * time.Millisecond) // the dead owner's lease lapses
+			if err := js.Scan(context.Background(), finish, failed); err != nil { // sees the dead owner's lease
+				t.Fatal(err)
+			}
+			time.Sleep(time.Minute) // the lease stood unchanged for one of this instance's
 			s.take()
 			if err := js.Scan(context.Background(), finish, failed); err != nil {
 				t.Fatal(err)
@@ -193,7 +214,7 @@ func TestIdleCostDoesNotGrowWithWhatIsKept(t *testing.T) {
 			t.Errorf("an idle scan and sweep made %v with 20,000 records kept, %v with none", many, none)
 		}
 		if !tookNone || !tookMany {
-			t.Errorf("the dead saga was not taken over by the first scan: with none %v, with 20,000 %v", tookNone, tookMany)
+			t.Errorf("the dead saga was not taken over by the first scan a lease after it was seen: with none %v, with 20,000 %v", tookNone, tookMany)
 		}
 		t.Logf("an idle scan (with a dead saga to take over) and sweep: %v", many)
 	})

@@ -1,12 +1,14 @@
 package durable
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"net/http"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -173,8 +175,10 @@ func (k *Keys) Claim(ctx context.Context, c Claim) (Decision, error) {
 	if err := storeIndexed(ctx, k.storage, c.Record, claimed, c.TTL); err != nil {
 		return Decision{Verdict: Unavailable, Err: err}, nil
 	}
-	held := &Held{keys: k, key: c.Record, record: claimed}
-	held.release = k.leases.Hold(held.renew(), c.MaxRun)
+	held := &Held{keys: k, key: c.Record, record: claimed, lease: newHolder(k.leases.Length)}
+	held.wrote, _ = json.Marshal(claimed)
+	held.lease.prove(at)
+	held.release = k.leases.Hold(held.renew, c.MaxRun)
 	return Decision{Verdict: Proceed, Held: held}, nil
 }
 
@@ -194,29 +198,71 @@ func verdictOf(rec *Record, fingerprint string, now time.Time) Verdict {
 	}
 }
 
-// Held is a claimed key, its lease renewed until the batch answers.
+// Held is a claimed key, its lease renewed until the batch answers. Its
+// lease is fenced as a saga's is (docs/durability.md, "A saga never
+// writes after it lost its lease"): a renewal writes only over the
+// record this process last wrote, so that a claim a recovery settled
+// meanwhile is never turned back into one in flight.
 type Held struct {
 	keys    *Keys
 	key     string
 	record  *Record
 	release func()
+	lease   *holder
+
+	mu    sync.Mutex
+	wrote []byte // the record as this process last stored it
 }
 
 // Key is the record's storage key.
 func (h *Held) Key() string { return h.key }
 
-// renew is the renewal of the claim's lease: the claimed record again,
-// with a later LeaseUntil.
-func (h *Held) renew() func() {
-	rec := *h.record
-	return func() {
-		rec.LeaseUntil = now().Add(h.keys.leases.Length)
-		ctx, cancel := context.WithTimeout(context.Background(), h.keys.leases.Length/3)
-		defer cancel()
-		if err := storeRecord(ctx, h.keys.storage, h.key, &rec); err != nil {
-			h.keys.logger.Warn("renewing an idempotency claim", zap.String("record", h.key), zap.Error(err))
-		}
+// Lost reports whether the claim is lost: another instance settled or
+// claimed the key, or the claim lapsed by this process's clock.
+func (h *Held) Lost() bool { return h.lease.lostErr() != nil }
+
+// renew renews the claim's lease: the claimed record again, with a
+// later LeaseUntil, written only over what this process last wrote.
+func (h *Held) renew() {
+	if h.Lost() {
+		return
 	}
+	start := now()
+	rec := *h.record
+	rec.LeaseUntil = start.Add(h.keys.leases.Length)
+	next, _ := json.Marshal(&rec)
+	ctx, cancel := context.WithTimeout(context.Background(), h.keys.leases.Length/3)
+	defer cancel()
+	if err := h.storeOver(ctx, next); err != nil {
+		var lost *lostLease
+		if errors.As(err, &lost) {
+			h.lease.lose(lost.why)
+		}
+		h.keys.logger.Warn("renewing an idempotency claim", zap.String("record", h.key), zap.Error(err))
+		return
+	}
+	h.lease.prove(start)
+}
+
+// storeOver stores next as the record, if the record is still what this
+// process last wrote; a *lostLease if it is not.
+func (h *Held) storeOver(ctx context.Context, next []byte) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	b, err := h.keys.storage.Load(ctx, h.key)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return &lostLease{why: "the key's record is gone from storage"}
+	case err != nil:
+		return err
+	case !bytes.Equal(b, h.wrote):
+		return &lostLease{"another instance settled or claimed the key", true}
+	}
+	if err := h.keys.storage.Store(ctx, h.key, next); err != nil {
+		return err
+	}
+	h.wrote = next
+	return nil
 }
 
 // Release stops renewing the claim, which lapses: the key is then
@@ -236,12 +282,58 @@ func (h *Held) GiveBack(ctx context.Context) error {
 // body is larger than limit is kept without it. If it fails, the client
 // still gets its answer; a retry finds the claim, whose lease lapses,
 // and is told the answer was not kept.
+//
+// A claim that is lost is not written over: whoever ended the saga
+// settles the key (ErrClaimLost).
 func (h *Held) Answered(ctx context.Context, a *Answer, outcome string, ttl time.Duration, limit int64) error {
 	h.release()
+	if h.Lost() {
+		return ErrClaimLost
+	}
+	return h.storeAnswer(ctx, a, outcome, ttl, limit)
+}
+
+// AnsweredLater stores, in the background, an answer that Answered could
+// not store (the storage failed), once a second until it is stored,
+// another instance settled the key, or a lease passed: a retry in the
+// meantime is told the answer was not recorded (in flight, then
+// abandoned), never given another.
+func (h *Held) AnsweredLater(a *Answer, outcome string, ttl time.Duration, limit int64) {
+	go func() {
+		for range max(int(h.keys.leases.Length/time.Second), 3) {
+			time.Sleep(time.Second)
+			err := h.storeAnswer(context.Background(), a, outcome, ttl, limit)
+			if err == nil || errors.Is(err, ErrClaimLost) {
+				return
+			}
+		}
+		h.keys.logger.Warn("the answer of a keyed batch could not be stored for replay; a retry with its key is told so", zap.String("record", h.key))
+	}()
+}
+
+// storeAnswer stores the batch's answer over the claim, where the claim
+// is still this process's.
+func (h *Held) storeAnswer(ctx context.Context, a *Answer, outcome string, ttl time.Duration, limit int64) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StorageTimeout)
 	defer cancel()
-	return storeIndexed(ctx, h.keys.storage, h.key, h.keys.answered(h.record, a, outcome, ttl, limit), ttl)
+	done := h.keys.answered(h.record, a, outcome, ttl, limit)
+	if err := fileExpiry(ctx, h.keys.storage, h.key, done.sweepsAfter(), bucketWidth(ttl)); err != nil {
+		return err
+	}
+	b, err := json.Marshal(done)
+	if err != nil {
+		return err
+	}
+	err = h.storeOver(ctx, b)
+	if _, lost := errors.AsType[*lostLease](err); lost {
+		return ErrClaimLost
+	}
+	return err
 }
+
+// ErrClaimLost is the answer of a claim that another instance settled
+// or claimed meanwhile: its answer is not recorded.
+var ErrClaimLost = errors.New("the Idempotency-Key's claim was lost to another instance, which settles the key")
 
 // answered is a claimed record done: the batch's answer kept for replay
 // for ttl.

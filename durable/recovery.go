@@ -1,13 +1,17 @@
 package durable
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"path"
 	"slices"
+	"strings"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -40,53 +44,111 @@ func (r *Recovered) abandon() {
 	owned.forget(r.Saga)
 }
 
-// Scan takes over every saga in storage whose owner's lease lapsed, and
-// hands each to finish, on a goroutine of its own; it sweeps what is left
-// of journals whose removal was cut short. A saga that cannot be taken
-// over, read or finished is told to failed, with what was being done; it
-// stays in storage and the next scan tries again. The error is the
-// listing's: then nothing was scanned.
+// Scan takes over every saga in storage whose owner lost it, and hands
+// each to finish, on a goroutine of its own; it sweeps what is left of
+// journals whose removal was cut short, and tells a journal whose
+// beginning the storage lost (lostBeginning). A saga that cannot be
+// taken over, read or finished is told to failed, with what was being
+// done; it stays in storage and the next scan tries again. The error is
+// the listing's: then nothing was scanned.
+//
+// A takeover never trusts another instance's clock (fence.go): a saga is
+// taken over only once this process has seen the same lease record
+// (key and bytes) unchanged for a whole lease on its own clock, so that
+// an owner alive enough to renew is never taken from.
 func (js *Journals) Scan(ctx context.Context, finish func(*Recovered) error, failed func(saga, doing string, err error)) error {
 	sagas, err := js.sagas(ctx)
 	if err != nil {
 		return err
 	}
+	js.watch.forgetAllBut(sagas)
 	for _, saga := range sagas {
 		if ctx.Err() != nil {
 			return nil
 		}
 		if owned.has(saga) {
+			js.watch.forget(saga)
 			continue
 		}
-		l, err := js.leaseOf(ctx, saga)
+		v, err := js.readLease(ctx, saga)
 		switch {
-		case errors.Is(err, errNoIntent):
-			js.clearLeftover(ctx, saga, failed)
 		case err != nil:
 			failed(saga, "reading the saga's lease", err)
-		case now().After(l.Expires):
-			js.takeOver(ctx, saga, finish, failed)
+		case slices.Contains(v.names, endName) || len(v.names) == 0:
+			js.clearLeftover(ctx, saga, failed)
+		case !slices.Contains(v.names, path.Base(segmentKey(saga, 0))):
+			js.lostBeginning(ctx, saga, v.names, failed)
+		case js.watch.unchangedFor(saga, v.record(), js.leases.Length):
+			js.takeOver(ctx, saga, v, finish, failed)
 		}
 	}
 	return nil
 }
 
-// takeOver claims a dead owner's saga and finishes it on a goroutine of
-// its own. The claim is a new lease, written under the saga's storage
-// lock after reading again that the old one lapsed, so that of several
-// instances that find the saga at once only one takes it; the lock is
-// held for the claim only, the lease for as long as the saga runs.
-func (js *Journals) takeOver(ctx context.Context, saga string, finish func(*Recovered) error, failed func(saga, doing string, err error)) {
+// watched are the lease records a scan saw, by saga, and since when, by
+// this process's clocks.
+type watched struct {
+	mu   sync.Mutex
+	seen map[string]sighting
+}
+
+type sighting struct {
+	record string
+	since  time.Time
+}
+
+func newWatched() *watched { return &watched{seen: map[string]sighting{}} }
+
+// unchangedFor records that saga's lease record is record, and reports
+// whether it was the same for at least d, on both of this process's
+// clocks (a suspended VM's monotonic clock stands still).
+func (w *watched) unchangedFor(saga, record string, d time.Duration) bool {
+	at := now()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	s, ok := w.seen[saga]
+	if !ok || s.record != record {
+		w.seen[saga] = sighting{record: record, since: at}
+		return false
+	}
+	return at.Sub(s.since) >= d && at.Round(0).Sub(s.since.Round(0)) >= d
+}
+
+func (w *watched) forget(saga string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.seen, saga)
+}
+
+// forgetAllBut forgets the sagas that are no longer listed.
+func (w *watched) forgetAllBut(sagas []string) {
+	keep := make(map[string]bool, len(sagas))
+	for _, s := range sagas {
+		keep[s] = true
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for saga := range w.seen {
+		if !keep[saga] {
+			delete(w.seen, saga)
+		}
+	}
+}
+
+// takeOver claims a saga whose lease record (seen) stood unchanged for a
+// lease, and finishes it on a goroutine of its own. The claim is taken
+// under the saga's storage lock, so that of several instances that find
+// the saga at once one goes first (the lock only serialises: the claim
+// itself proves, see claim); the lock is held for the claim only, the
+// lease for as long as the saga runs.
+func (js *Journals) takeOver(ctx context.Context, saga string, seen leaseView, finish func(*Recovered) error, failed func(saga, doing string, err error)) {
 	unlock, ok := js.lock(ctx, saga, failed)
 	if !ok {
 		return // another instance is claiming it; its lease will show
 	}
 	defer unlock()
-	dead, err := js.leaseOf(ctx, saga)
-	if err != nil || !now().After(dead.Expires) {
-		return
-	}
-	r, doing, err := js.claim(ctx, saga, dead)
+	js.watch.forget(saga)
+	r, doing, err := js.claim(ctx, saga, seen)
 	if err != nil {
 		if doing != "" {
 			failed(saga, doing, err)
@@ -101,19 +163,37 @@ func (js *Journals) takeOver(ctx context.Context, saga string, finish func(*Reco
 	}()
 }
 
-// claim makes a saga whose lease (dead) lapsed, or that was given up,
-// this process's: a new lease, then its journal read back to go on
-// after the last segment. The saga's storage lock is held. An error
-// comes with what was being done, or none when this process has the
-// saga already.
-func (js *Journals) claim(ctx context.Context, saga string, dead Lease) (*Recovered, string, error) {
-	until := now().Add(js.leases.Length)
-	b, _ := json.Marshal(Lease{Owner: Owner(), Expires: until})
+// errSteppedBack is a claim that found another instance's write: the
+// saga's owner renewed it, or another instance claimed it too.
+var errSteppedBack = errors.New("the saga's lease changed while it was claimed")
+
+// claim makes a saga whose lease record was seen as seen this process's,
+// under the next epoch: it writes its own lease key, then reads the old
+// record again and lists the folder, and steps back if the record
+// changed or another key of its epoch or a higher one is there (of a
+// renewal and a claim that race, at least one sees the other's write).
+// Then it reads the journal back to go on after the last segment. The
+// saga's storage lock is held. An error comes with what was being done,
+// or none when this process has the saga already or stepped back.
+func (js *Journals) claim(ctx context.Context, saga string, seen leaseView) (*Recovered, string, error) {
+	epoch := seen.epoch + 1
+	key := leaseKeyOf(saga, epoch, Owner())
+	start := now()
+	rec := leaseRecord(epoch, start.Add(js.leases.Length))
 	sctx, cancel := context.WithTimeout(ctx, StorageTimeout)
-	err := js.storage.Store(sctx, leaseKey(saga), b)
-	cancel()
-	if err != nil {
+	defer cancel()
+	if err := js.storage.Store(sctx, key, rec); err != nil {
 		return nil, "claiming the saga's lease", err
+	}
+	names, err := listNames(sctx, js.storage, journalDir(saga))
+	if err != nil {
+		return nil, "reading the saga's lease again", err
+	}
+	if outranks(names, epoch, key) != nil {
+		return nil, "", errSteppedBack
+	}
+	if same, err := js.unchanged(sctx, seen, names); err != nil || !same {
+		return nil, "", errSteppedBack
 	}
 	if !owned.add(saga) {
 		return nil, "", errOwned
@@ -124,10 +204,27 @@ func (js *Journals) claim(ctx context.Context, saga string, dead Lease) (*Recove
 		owned.forget(saga)
 		return nil, "reading the saga's journal", err
 	}
-	// The journal goes on after the dead owner's last segment.
-	j := newJournalOf(&Journal{js: js, saga: saga, seq: st.next, written: st.listed, stored: true, leaseUntil: until, revived: st.intent.Revived})
+	// The journal goes on after the last segment, under this epoch.
+	j := newJournalOf(&Journal{js: js, saga: saga, epoch: epoch, seq: st.next, stored: true, landed: true, leaseBytes: rec, revived: st.intent.Revived, origin: st.intent.Origin, began: st.intent.Started})
+	j.lease.prove(start)
 	j.startRenewal()
-	return &Recovered{Saga: saga, Origin: st.intent.Origin, Started: st.intent.Started, Snapshot: st.snap, Dead: dead, Journal: j}, "", nil
+	r := &Recovered{Saga: saga, Origin: st.intent.Origin, Started: st.intent.Started, Snapshot: st.snap, Dead: seen.lease(st.intent), Journal: j}
+	return r, "", nil
+}
+
+// unchanged reports whether the lease record seen is still there, by
+// names (the folder as listed after the claim was written): the old
+// owner's key holds what it held, or, where there was none, the
+// owner's first renewal has not written one since.
+func (js *Journals) unchanged(ctx context.Context, seen leaseView, names []string) (bool, error) {
+	if seen.key == "" {
+		return !slices.Contains(names, leaseName), nil
+	}
+	b, err := js.storage.Load(ctx, seen.key)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	return bytes.Equal(b, seen.raw), err
 }
 
 // errOwned is the claim of a saga this process runs already.
@@ -174,30 +271,18 @@ func (js *Journals) clearLeftover(ctx context.Context, saga string, failed func(
 }
 
 // leftoverKeys lists what is left of saga's journal, in the order it
-// goes, and says whether any of it was written within a lease. A key
-// listed but not found is being written. Where the folder lists nothing
-// (an older build deleted the folder on Redis, whose module then kept
-// the keys in it unlisted), the later segments are looked for by name.
+// goes (removalOrder), and says whether any of it was written within a
+// lease. A key listed but not found is being written. Where the folder
+// lists nothing (an older build deleted the folder on Redis, whose
+// module then kept the keys in it unlisted), the later segments are
+// looked for by name.
 func (js *Journals) leftoverKeys(ctx context.Context, saga string) (keys []string, fresh bool, err error) {
 	dir := journalDir(saga)
 	names, err := listNames(ctx, js.storage, dir)
 	if err != nil {
 		return nil, false, err
 	}
-	var seqs []int
-	var others []string
-	for _, n := range names {
-		if seq, ok := segmentSeq(n); ok {
-			seqs = append(seqs, seq)
-		} else if n != leaseName {
-			others = append(others, path.Join(dir, n))
-		}
-	}
-	slices.Sort(seqs)
-	for _, seq := range seqs {
-		keys = append(keys, segmentKey(saga, seq))
-	}
-	keys = append(append(keys, others...), leaseKey(saga))
+	keys = removalOrder(saga, names)
 	if len(names) == 0 {
 		unlisted, err := js.unlistedSegments(ctx, saga)
 		if err != nil {
@@ -223,6 +308,63 @@ func (js *Journals) leftoverKeys(ctx context.Context, saga string) (keys []strin
 		keys = keys[:len(keys)-1]
 	}
 	return keys, false, nil
+}
+
+// lostBeginning tells of a journal whose segment 0 is gone although its
+// removal never began (no end marker): the storage lost it (Redis
+// restarted without persistence, a key evicted or deleted by hand).
+// What is left says which items were written, not how to undo them,
+// so it is neither finished nor deleted: once nothing was written to it
+// for a lease, it is marked stuck with what its remains record, for a
+// listing to show until an operator resolves it, and an ERROR line says
+// so, once.
+func (js *Journals) lostBeginning(ctx context.Context, saga string, names []string, failed func(saga, doing string, err error)) {
+	if slices.Contains(names, stuckName) {
+		return
+	}
+	_, fresh, err := js.leftoverKeys(ctx, saga)
+	if err != nil {
+		failed(saga, "reading a saga's journal whose beginning is gone", err)
+		return
+	}
+	if fresh {
+		return
+	}
+	remains := js.remains(ctx, saga, names)
+	reason := "its journal's beginning (segment 0: what the batch was, and how to undo it) is gone from storage, though the saga never ended: the storage lost it (restarted without persistence, evicted, or deleted by hand); " +
+		remains + "; check those items on the legacy API, then resolve the saga"
+	b, _ := json.Marshal(stuck{Reason: reason, At: now()})
+	if err := js.storage.Store(ctx, stuckKey(saga), b); err != nil {
+		failed(saga, "recording that a saga's journal lost its beginning", err)
+		return
+	}
+	js.logger.Error("a saga's journal lost its beginning in storage: it stays, listed stuck, until an operator resolves it",
+		zap.String("saga", saga), zap.String("remains", remains), zap.String("command", "caddy batch saga "+saga))
+}
+
+// remains says what the segments of a journal without its beginning
+// record: each item's index, id, phase and outcome, the last record
+// of each winning.
+func (js *Journals) remains(ctx context.Context, saga string, names []string) string {
+	items := map[int]batch.ItemSnapshot{}
+	for _, sn := range segmentsOf(names) {
+		var seg segment
+		if found, err := loadJSON(ctx, js.storage, segmentKeyAt(saga, sn), &seg); err != nil || !found {
+			continue
+		}
+		for _, it := range seg.Items {
+			items[it.Index] = it.Item
+		}
+	}
+	if len(items) == 0 {
+		return "what is left records no item"
+	}
+	var parts []string
+	for _, i := range slices.Sorted(maps.Keys(items)) {
+		it := items[i]
+		parts = append(parts, fmt.Sprintf("item %d (id %q, %s, %s)", i, it.ID, it.Phase, it.Outcome))
+	}
+	return "what is left records " + strings.Join(parts, ", ")
 }
 
 // unlistedSegments finds the segments after 0 of a journal whose folder

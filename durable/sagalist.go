@@ -35,7 +35,12 @@ func (js *Journals) ListSagas(ctx context.Context, q SagaQuery) ([]Summary, erro
 	for _, saga := range journals {
 		s, err := js.journalSummary(ctx, saga)
 		if errors.Is(err, errNoIntent) {
-			continue // what is left of a removed journal
+			// What is left of a removed journal, or one whose beginning
+			// the storage lost (listed once it is marked stuck).
+			s, err = js.lostSummary(ctx, saga)
+			if errors.Is(err, ErrUnknownSaga) {
+				continue
+			}
 		}
 		if err != nil {
 			return nil, err
@@ -101,7 +106,11 @@ func (js *Journals) CountSagas(ctx context.Context) (map[string]int, error) {
 	}
 	live := map[string]bool{}
 	for _, saga := range journals {
-		if s, err := js.journalSummary(ctx, saga); err == nil {
+		s, err := js.journalSummary(ctx, saga)
+		if errors.Is(err, errNoIntent) {
+			s, err = js.lostSummary(ctx, saga)
+		}
+		if err == nil {
 			counts[s.State]++
 			live[saga] = true
 		}
@@ -139,11 +148,11 @@ func (js *Journals) journalState(ctx context.Context, saga string) (*intent, str
 	if err != nil {
 		return nil, "", nil, err
 	}
-	l, err := js.renewedLease(ctx, saga)
+	v, err := js.readLease(ctx, saga)
 	if err != nil {
 		return nil, "", nil, err
 	}
-	l = in.heldBy(l)
+	l := v.lease(in)
 	st, err := js.stuckOf(ctx, saga, l)
 	switch {
 	case err != nil:
@@ -156,6 +165,21 @@ func (js *Journals) journalState(ctx context.Context, saga string) (*intent, str
 		return in, StateOrphaned, nil, nil
 	}
 	return in, StateRunning, nil, nil
+}
+
+// lostSummary is a journal without its beginning as a listing shows it:
+// stuck, with why, once the scan marked it (lostBeginning);
+// ErrUnknownSaga before that, and for what is left of a removal.
+func (js *Journals) lostSummary(ctx context.Context, saga string) (Summary, error) {
+	var mark stuck
+	found, err := loadJSON(ctx, js.storage, stuckKey(saga), &mark)
+	switch {
+	case err != nil:
+		return Summary{}, err
+	case !found:
+		return Summary{}, ErrUnknownSaga
+	}
+	return Summary{ID: saga, State: StateStuck, Started: mark.At, Reason: mark.Reason}, nil
 }
 
 func (js *Journals) journalSummary(ctx context.Context, saga string) (Summary, error) {

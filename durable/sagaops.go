@@ -53,12 +53,12 @@ func (js *Journals) Revive(ctx context.Context, saga string, header http.Header)
 // reviveJournal claims a journal that no process runs (stuck or
 // orphaned) for a retry now.
 func (js *Journals) reviveJournal(ctx context.Context, saga string, header http.Header) (*Revival, error) {
-	l, err := js.leaseOf(ctx, saga)
+	v, err := js.readLease(ctx, saga)
 	if err != nil {
 		return nil, err
 	}
-	r, _, err := js.claim(ctx, saga, l)
-	if errors.Is(err, errOwned) {
+	r, _, err := js.claim(ctx, saga, v)
+	if errors.Is(err, errOwned) || errors.Is(err, errSteppedBack) {
 		return nil, ErrSagaRunning
 	}
 	if err != nil {
@@ -81,8 +81,8 @@ func (js *Journals) revive(ctx context.Context, k *Kept, header http.Header) (*R
 			snap.Items[i].Sent = &sent
 		}
 	}
-	until := now().Add(js.leases.Length)
-	in := &intent{Saga: k.Saga, Owner: Owner(), Expires: until, Started: k.Started, Origin: k.Origin, Snapshot: &snap, Revived: true}
+	start := now()
+	in := &intent{Saga: k.Saga, Owner: Owner(), Expires: start.Add(js.leases.Length), Started: k.Started, Origin: k.Origin, Snapshot: &snap, Revived: true}
 	b, err := json.Marshal(segment{Version: journalVersion, Intent: in})
 	if err != nil {
 		return nil, fmt.Errorf("encoding the retry's journal: %w", err)
@@ -97,7 +97,8 @@ func (js *Journals) revive(ctx context.Context, k *Kept, header http.Header) (*R
 		owned.forget(k.Saga)
 		return nil, fmt.Errorf("storing the retry's journal: %w", err)
 	}
-	j := newJournalOf(&Journal{js: js, saga: k.Saga, seq: 1, written: 1, stored: true, leaseUntil: until, revived: true})
+	j := newJournalOf(&Journal{js: js, saga: k.Saga, seq: 1, stored: true, landed: true, revived: true, origin: k.Origin, began: k.Started})
+	j.lease.prove(start)
 	j.startRenewal()
 	r := &Recovered{Saga: k.Saga, Origin: k.Origin, Started: k.Started, Snapshot: &snap, Journal: j}
 	return &Revival{Recovered: r, Prev: k.Items}, nil
@@ -140,6 +141,12 @@ func (js *Journals) Resolve(ctx context.Context, saga string) (*SagaView, error)
 		return v, js.dropJournal(ctx, saga)
 	}
 	k, err := js.loadKept(ctx, saga)
+	if errors.Is(err, ErrUnknownSaga) {
+		// A journal whose beginning the storage lost, marked stuck.
+		if v, verr := js.Saga(ctx, saga); verr == nil && v.State == StateStuck {
+			return v, js.dropJournal(ctx, saga)
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -167,22 +174,12 @@ func (js *Journals) hold(ctx context.Context, saga string) (unlock func(), err e
 	return nil, err
 }
 
-// dropJournal removes a journal that no process runs, key by key, its
-// intent (segment 0) first.
+// dropJournal removes a journal that no process runs, key by key
+// (removeKeys).
 func (js *Journals) dropJournal(ctx context.Context, saga string) error {
 	ctx, cancel := context.WithTimeout(ctx, StorageTimeout)
 	defer cancel()
-	names, err := listNames(ctx, js.storage, journalDir(saga))
-	if err != nil {
-		return fmt.Errorf("listing the journal of saga %s: %w", saga, err)
-	}
-	segments := 1
-	for _, n := range names {
-		if seq, ok := segmentSeq(n); ok {
-			segments = max(segments, seq+1)
-		}
-	}
-	if err := js.removeKeys(ctx, saga, segments); err != nil {
+	if err := js.removeKeys(ctx, saga, true); err != nil {
 		return fmt.Errorf("removing the journal of saga %s: %w", saga, err)
 	}
 	return nil

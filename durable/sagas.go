@@ -85,6 +85,11 @@ type Kept struct {
 	// the compensations tried.
 	Items      []batch.ItemResult `json:"items"`
 	LeftBehind []string           `json:"left_behind"`
+	// LostFrom names the saga whose lease the instance that kept this
+	// one lost: this is what that instance could not undo of its own
+	// (docs/durability.md, "A saga never writes after it lost its
+	// lease"); the other saga was finished by whoever took it over.
+	LostFrom string `json:"lost_from,omitempty"`
 }
 
 // stuck is why recovery could not finish a journal, and the lease it

@@ -34,6 +34,9 @@ type SagaView struct {
 	// LeftBehind names each item left behind, and why.
 	LeftBehind []string   `json:"left_behind"`
 	Items      []ItemView `json:"items"`
+	// LostFrom names the saga whose lease the instance that kept this
+	// one lost (Kept.LostFrom); empty for every other saga.
+	LostFrom string `json:"lost_from,omitempty"`
 }
 
 // OriginView is where a saga came from, as a listing (Summary) and a
@@ -101,6 +104,11 @@ func (js *Journals) Saga(ctx context.Context, saga string) (*SagaView, error) {
 		return nil, err
 	}
 	k, err := js.loadKept(ctx, saga)
+	if errors.Is(err, ErrUnknownSaga) {
+		if s, lerr := js.lostSummary(ctx, saga); lerr == nil {
+			return &SagaView{ID: saga, State: StateStuck, Started: s.Started, Reason: s.Reason, LeftBehind: []string{}, Items: []ItemView{}}, nil
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -111,7 +119,7 @@ func (k *Kept) view() *SagaView {
 	v := viewOf(k.Origin, k.Snapshot, k.Items)
 	ended := k.Ended
 	v.ID, v.State, v.Started, v.Ended, v.Reason = k.Saga, StateLeftBehind, k.Started, &ended, k.Detail
-	v.LeftBehind = k.LeftBehind
+	v.LeftBehind, v.LostFrom = k.LeftBehind, k.LostFrom
 	return v
 }
 

@@ -18,7 +18,9 @@ type Response struct {
 	Outcome   string `json:"outcome"`
 	Succeeded int    `json:"succeeded"`
 	Failed    int    `json:"failed"`
-	Items     []Item `json:"items"`
+	// Saga names the saga whose lease the gateway lost.
+	Saga  string `json:"saga"`
+	Items []Item `json:"items"`
 }
 
 // Item is one item of a batch answer.

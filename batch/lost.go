@@ -1,0 +1,236 @@
+package batch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+)
+
+// A saga that lost its lease (README, "Clusters"; docs/durability.md, "A
+// saga never writes after it lost its lease") sends no new write: another
+// instance may be finishing it already. It undoes only what that
+// instance may not know of — the writes answered after the last moment
+// its lease was proven, each under its lock taken afresh and with the
+// proofs every undo has (an item the new owner already restored, or
+// another writer changed, is left) — keeps what it knows under a saga of
+// its own when something of its own is left behind, and answers its
+// client only an outcome it saw: the new owner's end, within the batch's
+// time, or 503 with every item it touched unknown.
+
+// errFence wraps the error of a write the saga's journal would not let
+// go (Journal.Fence): its lease is unproven, or lost.
+var errFence = errors.New("the saga's lease does not let the write go")
+
+// LostKeeper is a Journal that can keep what a saga that lost its lease
+// knows, and learn how the instance that took the saga over ended it.
+type LostKeeper interface {
+	// KeepLost keeps snap, as the saga that lost its lease ended it
+	// (res), under a saga of its own linked to the lost one, and names it.
+	KeepLost(ctx context.Context, snap *Snapshot, res *Result) (saga string, err error)
+	// Saga names the saga.
+	Saga() string
+	// AwaitEnd waits, until ctx is done, for the instance that took the
+	// saga over to end it; ended is false if it has not. The outcome is
+	// RolledBack or RollbackFailed, with the items left behind.
+	// takenOver says whether another instance's lease on the saga showed
+	// at all (it did not where the storage forgot the saga).
+	AwaitEnd(ctx context.Context) (ended bool, outcome Outcome, leftBehind []string, takenOver bool)
+}
+
+// leaseLost reports whether err says the saga's lease is lost, and if so
+// records it: the saga starts nothing more.
+func (sg *saga) leaseLost(err error) bool {
+	var lost *LeaseLost
+	if !errors.As(err, &lost) {
+		return false
+	}
+	sg.mu.Lock()
+	defer sg.mu.Unlock()
+	if sg.lost == nil {
+		sg.lost = lost
+	}
+	return true
+}
+
+func (sg *saga) lostLease() *LeaseLost {
+	sg.mu.Lock()
+	defer sg.mu.Unlock()
+	return sg.lost
+}
+
+// fenced fails item i, whose write the lease did not let go: nothing
+// was sent.
+func (sg *saga) fenced(ctx context.Context, i int, err error) {
+	reason := "the saga's lease in storage could not be proven in time (the storage did not answer), so the write was not sent"
+	if sg.leaseLost(err) {
+		reason = "the saga's lease was lost (" + sg.lostLease().Why + "): another instance finishes the saga, so the write was not sent"
+	}
+	sg.fail(ctx, i, http.StatusServiceUnavailable, reason, err)
+	sg.mu.Lock()
+	sg.state[i].byGateway = true
+	sg.mu.Unlock()
+}
+
+// checkLease is the last look at the lease before a saga that did not
+// lose it answers: an answer says what happened only while no other
+// instance may be acting on the saga. It waits at most the batch's
+// timeout for a lease that is unproven.
+func (sg *saga) checkLease(ctx context.Context) {
+	if !sg.isSaga() || sg.lostLease() != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sg.batchSettings.BatchTimeout)
+	defer cancel()
+	if err := sg.rt.Journal.Fence(ctx); err != nil && !sg.leaseLost(err) {
+		sg.leaseLost(&LeaseLost{Why: err.Error()})
+	}
+}
+
+// endLost ends a saga that lost its lease, as the comment above says.
+func (sg *saga) endLost(ctx, batchCtx context.Context, lost *LeaseLost) *Result {
+	sg.undoOwnSince(context.WithoutCancel(ctx), lost.Proven)
+	res := sg.report(ctx, batchCtx)
+	res.LeaseLost = true
+	lk, _ := sg.rt.Journal.(LostKeeper)
+	if lk == nil {
+		sg.answerLost(res, lost, lostEnd{})
+		return res
+	}
+	res.Saga = lk.Saga()
+	waitCtx, cancel := context.WithCancel(batchCtx)
+	defer cancel()
+	var end lostEnd
+	end.ended, end.outcome, end.left, end.takenOver = lk.AwaitEnd(waitCtx)
+	end.own = sg.ownLeftBehind(!end.ended && !end.takenOver)
+	if len(end.own) > 0 {
+		own := *res
+		own.LeftBehind = end.own
+		var err error
+		if end.kept, err = lk.KeepLost(context.WithoutCancel(ctx), sg.snapshot(), &own); err != nil {
+			res.Errors = append(res.Errors, "keeping what the saga that lost its lease left behind: "+err.Error())
+		}
+	}
+	sg.answerLost(res, lost, end)
+	return res
+}
+
+// lostEnd is what a saga that lost its lease learnt of its end: whether
+// the instance that took it over ended it (with its outcome and what it
+// left behind), whether any instance took it over at all, what this
+// saga left behind of its own, and the saga it kept that under.
+type lostEnd struct {
+	ended, takenOver bool
+	outcome          Outcome
+	left, own        []string
+	kept             string
+}
+
+// ownLeftBehind names the items this saga could not undo of its own;
+// with orphaned (no instance took the saga over, and its journal is
+// gone: the storage forgot it), every item it may have changed, since
+// nobody else will undo them.
+func (sg *saga) ownLeftBehind(orphaned bool) []string {
+	var out []string
+	for _, it := range sg.items {
+		if it.Outcome == RollbackFailed || orphaned && it.Outcome == Unknown {
+			out = append(out, it.describeLeft())
+		}
+	}
+	return out
+}
+
+// undoOwnSince undoes, with every proof, the writes answered after
+// proven (or never answered): the instance that took the saga over read
+// its journal before they may have landed. Each is locked afresh first
+// (a storage lock may have lapsed with the lease). The journal keeps
+// these undos in memory only: it is the new owner's now.
+func (sg *saga) undoOwnSince(ctx context.Context, proven time.Time) {
+	var own []int
+	for _, i := range sg.started {
+		st := &sg.state[i]
+		if !st.applied || sg.undone(i) || !st.answeredAt.IsZero() && !st.answeredAt.After(proven) {
+			continue
+		}
+		st.resumed = true // the new owner may have undone it already
+		own = append(own, i)
+	}
+	sg.selfUndo.Store(true)
+	for _, i := range own {
+		if key := writePath(sg.tgt(i), sg.items[i].ID); key != "" && sg.rt.Locks != nil {
+			sg.locks.drop(key)
+			lockCtx, cancel := context.WithTimeout(ctx, sg.budget(i))
+			unlock, err := sg.rt.Locks.Lock(lockCtx, key)
+			cancel()
+			if err != nil {
+				sg.settle(ctx, i, RollbackFailed, "the saga's lease was lost, and the item's lock could not be taken again to undo the write it sent since ("+err.Error()+")", nil)
+				continue
+			}
+			sg.locks.add(key, unlock)
+		}
+		sg.undoItem(ctx, i)
+	}
+	for _, i := range sg.started {
+		if st := &sg.state[i]; st.applied && !sg.undone(i) && sg.items[i].Outcome != Failed {
+			sg.mu.Lock()
+			sg.items[i].Outcome = Unknown
+			sg.items[i].Error = joinReasons(sg.items[i].Error, "the saga's lease was lost: the instance that took it over decides this item")
+			sg.mu.Unlock()
+		}
+	}
+}
+
+// answerLost makes res what the client of a saga that lost its lease is
+// told: the new owner's end, if it came, else 503 with the saga named
+// and every item the saga touched unknown; rollback_failed wherever
+// something is left behind, this saga's own kept under a saga of its own.
+func (sg *saga) answerLost(res *Result, lost *LeaseLost, end lostEnd) {
+	res.RetryAfter = gatewayRetryAfter
+	why := fmt.Sprintf("this gateway lost the saga's lease (%s)", lost.Why)
+	if end.takenOver || end.ended {
+		why += fmt.Sprintf(", and another instance of the cluster finishes saga %s", res.Saga)
+	}
+	if end.kept != "" {
+		why += fmt.Sprintf("; what this gateway could not undo of its own is kept as saga %s (caddy batch saga %s)", end.kept, end.kept)
+	}
+	left := append(slices.Clone(end.own), end.left...)
+	switch {
+	case len(left) > 0 && (end.ended || end.kept != ""):
+		res.Outcome, res.Status, res.LeftBehind = RollbackFailed, http.StatusInternalServerError, left
+		res.Detail = why + "; items are left behind: " + strings.Join(left, "; ")
+	case end.ended:
+		res.Outcome, res.Status = RolledBack, http.StatusServiceUnavailable
+		res.Detail = why + "; it ended the saga rolled back: nothing the batch did stands"
+		for i := range res.Items {
+			if o := res.Items[i].Outcome; o == Unknown || o == Succeeded {
+				res.Items[i].Outcome = RolledBack
+			}
+		}
+	default:
+		res.Outcome, res.Status, res.LeftBehind = Failed, http.StatusServiceUnavailable, nil
+		res.Detail = why + "; the saga has not ended yet, so what became of the items is unknown: see GET /batch/sagas/" + res.Saga + " on the admin endpoint, or retry with the same Idempotency-Key later"
+		for i := range res.Items {
+			if res.Items[i].Outcome == Succeeded {
+				res.Items[i].Outcome = Unknown
+			}
+		}
+	}
+}
+
+// gatewayRetryAfter is the Retry-After of an answer the gateway's own
+// storage caused (503): long enough for a blip to pass.
+const gatewayRetryAfter = "2"
+
+// snapshot is the saga as it stands, for a journal to keep.
+func (sg *saga) snapshot() *Snapshot {
+	snap := sg.plan.Snapshot()
+	sg.mu.Lock()
+	defer sg.mu.Unlock()
+	for i := range snap.Items {
+		snap.Items[i] = sg.snapshotItem(i)
+	}
+	return snap
+}

@@ -1,0 +1,284 @@
+package durable
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/caddy-batch/caddy-batch/batch"
+)
+
+// Fencing (docs/durability.md, "A saga never writes after it lost its
+// lease"): no two instances act on one saga at once, and an instance
+// that may have lost a saga sends nothing for it until it knows.
+//
+// A saga's lease lives in its journal's folder, one key per epoch. The
+// instance that began the saga holds epoch 0, under the name older
+// builds read and renew ("lease"); each takeover writes the next epoch
+// under a key of its own, named for its owner,
+//
+//	batch/v1/journal/<saga>/lease.<epoch>.<owner tag>
+//
+// and never writes over another instance's key. The highest epoch owns
+// the saga. Renewal is conditional on a storage without compare-and-set:
+// the holder reads its own key back (gone, or written by someone else:
+// lost), writes it, and lists the folder for a key of a higher epoch,
+// or of its own epoch by another owner (lost). A takeover writes its key
+// first and then reads the old owner's again (changed: it steps back),
+// so of a renewal and a takeover that race, at least one sees the
+// other's write.
+
+// leaseKeyOf names the lease key of epoch for owner.
+func leaseKeyOf(saga string, epoch int, owner string) string {
+	if epoch == 0 {
+		return leaseKey(saga)
+	}
+	return path.Join(journalPrefix, saga, fmt.Sprintf("%s.%08d.%s", leaseName, epoch, ownerTag(owner)))
+}
+
+// ownerTag is owner as a key's name can hold it.
+func ownerTag(owner string) string {
+	sum := sha256.Sum256([]byte(owner))
+	return hex.EncodeToString(sum[:6])
+}
+
+// leaseEpoch is the epoch of the lease key named base, if it is one.
+func leaseEpoch(base string) (int, bool) {
+	if base == leaseName {
+		return 0, true
+	}
+	rest, ok := strings.CutPrefix(base, leaseName+".")
+	if !ok {
+		return 0, false
+	}
+	digits, _, ok := strings.Cut(rest, ".")
+	if !ok || len(digits) != 8 {
+		return 0, false
+	}
+	n, err := strconv.Atoi(digits)
+	return n, err == nil && n > 0
+}
+
+// topLeases names the lease keys of the highest epoch among names (a
+// journal folder's), and that epoch; none when there is no lease key.
+func topLeases(names []string) (epoch int, keys []string) {
+	epoch = -1
+	for _, n := range names {
+		e, ok := leaseEpoch(n)
+		switch {
+		case !ok || e < epoch:
+		case e > epoch:
+			epoch, keys = e, []string{n}
+		default:
+			keys = append(keys, n)
+		}
+	}
+	return epoch, keys
+}
+
+// holder is what the instance running a saga knows of its lease: until
+// when it stands, on each of its clocks, and whether it is lost.
+type holder struct {
+	length time.Duration
+
+	mu sync.Mutex
+	// mono and wall are when the lease lapses on the monotonic clock and
+	// on the wall clock (a VM suspended stops the first, not the
+	// second); the earlier decides.
+	mono, wall time.Time
+	// proven is when the last call that proved the lease began.
+	proven time.Time
+	lost   *batch.LeaseLost
+	// changed is closed, and made anew, whenever the lease is proven or
+	// lost, for a sender waiting on an unproven one.
+	changed chan struct{}
+}
+
+func newHolder(length time.Duration) *holder {
+	return &holder{length: length, changed: make(chan struct{})}
+}
+
+// prove records a lease proven by calls that began at start and
+// returned now. Calls that took longer than a third of the lease prove
+// nothing (a write that landed late must not extend a lease another
+// instance may hold by now), and a lease that lapsed meanwhile stays
+// lost. It reports whether the lease counts as proven.
+func (h *holder) prove(start time.Time) bool {
+	at := now()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.lapsedLocked(at) || at.Sub(start) > h.length/3 {
+		return false
+	}
+	h.mono, h.wall, h.proven = start.Add(h.length), start.Round(0).Add(h.length), start
+	h.signalLocked()
+	return true
+}
+
+// lose makes the lease lost for good.
+func (h *holder) lose(why string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.lost == nil {
+		h.lost = &batch.LeaseLost{Why: why, Proven: h.proven}
+		h.signalLocked()
+	}
+}
+
+func (h *holder) signalLocked() {
+	close(h.changed)
+	h.changed = make(chan struct{})
+}
+
+// lapsedLocked reports whether the lease lapsed by this process's own
+// clocks at at, and if so makes it lost: a lease that lapsed is never
+// proven again, whatever a later read finds. A lease never proven yet
+// has not lapsed.
+func (h *holder) lapsedLocked(at time.Time) bool {
+	switch {
+	case h.lost != nil:
+		return true
+	case h.mono.IsZero(), at.Before(h.mono) && at.Round(0).Before(h.wall):
+		return false
+	}
+	h.lost = &batch.LeaseLost{Why: fmt.Sprintf("the saga's lease lapsed by this process's clock at %s: its renewals did not prove it in time (storage unreachable, or the process paused)", h.wall.Format(time.RFC3339)), Proven: h.proven}
+	h.signalLocked()
+	return true
+}
+
+// state is the lease at at: lost (its error), proven with a sixth of it
+// to spare (no channel), or unproven (the channel that tells when that
+// changes, and when it lapses, zero if it was never proven).
+func (h *holder) state(at time.Time) (<-chan struct{}, time.Time, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch {
+	case h.lapsedLocked(at):
+		return nil, time.Time{}, h.lost
+	case h.mono.IsZero():
+		return h.changed, time.Time{}, nil
+	}
+	margin := h.length / 6
+	if at.Before(h.mono.Add(-margin)) && at.Round(0).Before(h.wall.Add(-margin)) {
+		return nil, time.Time{}, nil
+	}
+	return h.changed, h.mono, nil
+}
+
+// lostErr is the lease's loss, or nil while it is not lost.
+func (h *holder) lostErr() *batch.LeaseLost {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.lapsedLocked(now())
+	return h.lost
+}
+
+// fence returns once the lease is proven with a sixth of it to spare:
+// at once, or after a renewal proved it again. It returns the
+// *batch.LeaseLost once the lease is lost, and an error wrapping
+// batch.ErrLeaseUnproven when ctx ends first.
+func (h *holder) fence(ctx context.Context) error {
+	for {
+		changed, lapse, err := h.state(now())
+		if err != nil || changed == nil {
+			return err
+		}
+		if err := waitChange(ctx, changed, lapse); err != nil {
+			return err
+		}
+	}
+}
+
+// waitChange waits until changed is closed, lapse comes (when not
+// zero), or ctx ends (an error wrapping batch.ErrLeaseUnproven).
+func waitChange(ctx context.Context, changed <-chan struct{}, lapse time.Time) error {
+	var timeout <-chan time.Time
+	if !lapse.IsZero() {
+		t := time.NewTimer(max(lapse.Sub(now()), time.Millisecond))
+		defer t.Stop()
+		timeout = t.C
+	}
+	select {
+	case <-changed:
+	case <-timeout:
+	case <-ctx.Done():
+		return fmt.Errorf("%w (%w)", batch.ErrLeaseUnproven, context.Cause(ctx))
+	}
+	return nil
+}
+
+// lostLease is the error of a renewal that found the lease lost;
+// takenOver when another instance's write shows (not only a key gone).
+type lostLease struct {
+	why       string
+	takenOver bool
+}
+
+func (e *lostLease) Error() string { return e.why }
+
+// renewLease renews the lease key of epoch for this process on a
+// storage without compare-and-set: prev is what this process last
+// stored there (nil when it never did: then segment 0, stored with the
+// lease, must still be there). A *lostLease says the lease is lost; any
+// other error leaves it unproven.
+func (js *Journals) renewLease(ctx context.Context, saga string, epoch int, prev, next []byte) error {
+	key := leaseKeyOf(saga, epoch, Owner())
+	if prev != nil {
+		b, err := js.storage.Load(ctx, key)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			return &lostLease{why: "the saga's lease is gone from storage (the storage lost it, or an operator deleted it)"}
+		case err != nil:
+			return err
+		case !bytes.Equal(b, prev):
+			return &lostLease{"another instance wrote the saga's lease", true}
+		}
+	} else if _, err := js.storage.Modified(ctx, segmentKey(saga, 0)); errors.Is(err, fs.ErrNotExist) {
+		return &lostLease{why: "the saga's journal is gone from storage (the storage lost it, or an operator deleted it)"}
+	} else if err != nil {
+		return err
+	}
+	if err := js.storage.Store(ctx, key, next); err != nil {
+		return err
+	}
+	return js.outranked(ctx, saga, epoch, key)
+}
+
+// outranked returns a *lostLease when the saga's folder holds a lease
+// key of a higher epoch than epoch, or another key of the same epoch
+// than mine.
+func (js *Journals) outranked(ctx context.Context, saga string, epoch int, mine string) error {
+	names, err := listNames(ctx, js.storage, journalDir(saga))
+	if err != nil {
+		return err
+	}
+	return outranks(names, epoch, mine)
+}
+
+// outranks is outranked over a folder listed as names.
+func outranks(names []string, epoch int, mine string) error {
+	for _, n := range names {
+		e, ok := leaseEpoch(n)
+		if ok && (e > epoch || e == epoch && n != path.Base(mine)) {
+			return &lostLease{fmt.Sprintf("another instance took the saga over (lease epoch %d)", e), true}
+		}
+	}
+	return nil
+}
+
+// leaseRecord is the bytes of a lease this process stores for epoch,
+// standing until until.
+func leaseRecord(epoch int, until time.Time) []byte {
+	b, _ := json.Marshal(Lease{Owner: Owner(), Epoch: epoch, Expires: until})
+	return b
+}
