@@ -43,7 +43,7 @@ var errJournal = errors.New("the saga's journal could not record the write")
 // ErrThrottleWait or errJournal; one the upstream's throttle holds past
 // the deadline returns the answer that throttled it and a *HeldBack.
 func (sg *saga) send(i int, req *SubRequest, o sendOpts) (*SubResponse, error) {
-	resource := sg.tgt(i).match.Resource.Collection.String()
+	resource := sg.tgt(i).match.Resource.Collection.Plain()
 	var last *SubResponse // the last throttling answer, which a resend that cannot go stands on
 	for attempt := 0; ; attempt++ {
 		release, err := sg.acquire(o.wait, resource, o.urgent)

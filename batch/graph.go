@@ -114,7 +114,7 @@ func (sg *saga) executeOperation(clientCtx, batchCtx context.Context, i int) boo
 // front. It settles the operation as failed (400, nothing sent) when it
 // would race one of them.
 func (sg *saga) claimWrite(ctx context.Context, i int) bool {
-	key := writePath(sg.tgt(i), sg.items[i].ID)
+	key := writeKey(sg.tgt(i), sg.items[i].ID)
 	if key == "" {
 		return true
 	}
@@ -140,7 +140,7 @@ func (sg *saga) claimWrite(ctx context.Context, i int) bool {
 // of the order of keys: the wait is bounded by item_timeout, and an item
 // it cannot lock fails the operation as RefuseLock says, nothing sent.
 func (sg *saga) lockLate(clientCtx, batchCtx context.Context, i int) bool {
-	key := sg.itemPath(i, sg.items[i].ID)
+	key := sg.lockKey(i, sg.items[i].ID)
 	if sg.rt.Locks == nil || sg.locks.has(key) {
 		return true
 	}

@@ -71,7 +71,7 @@ func (sg *saga) lock(clientCtx, batchCtx context.Context) bool {
 	}
 	var keys []string
 	for i := range sg.items {
-		if key := writePath(sg.tgt(i), sg.items[i].ID); key != "" {
+		if key := writeKey(sg.tgt(i), sg.items[i].ID); key != "" {
 			keys = append(keys, key)
 		}
 	}
@@ -96,7 +96,7 @@ func (sg *saga) lock(clientCtx, batchCtx context.Context) bool {
 // saga waits for, and if the lock cannot be had the undo's proof still
 // guards the item.
 func (sg *saga) lockCreated(ctx context.Context, i int, id string) {
-	key := sg.itemPath(i, id)
+	key := sg.lockKey(i, id)
 	if sg.rt.Locks == nil || sg.locks.has(key) {
 		return
 	}
@@ -115,7 +115,7 @@ func (sg *saga) lockOne(clientCtx, batchCtx context.Context, i int, id string) (
 	if sg.rt.Locks == nil || id == "" {
 		return func() {}, true
 	}
-	key, timeout := sg.itemPath(i, id), sg.settings(i).ItemTimeout
+	key, timeout := sg.lockKey(i, id), sg.settings(i).ItemTimeout
 	lockCtx, cancel := context.WithTimeout(batchCtx, timeout)
 	defer cancel()
 	unlock, err := sg.rt.Locks.Lock(lockCtx, key)

@@ -195,3 +195,42 @@ func TestLocksUnavailable(t *testing.T) {
 	equal(t, "status", w.Code, 503)
 	equal(t, "sent", len(f.sent()), 0)
 }
+
+// A batch locks its items under their parents' canonical spellings,
+// {user:integer}'s 020 as 20, while the requests it sends keep the
+// client's; a parent with no format is locked as spelled. A path spelled
+// canonically is locked under the name it always had.
+func TestLockNamesCanonicalParents(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		template, collection, held string
+		locked                     bool
+	}{
+		{"/users/{user:integer}/posts", "/users/020/posts", "/users/20/posts/5", true},
+		{"/users/{user:integer}/posts", "/users/20/posts", "/users/20/posts/5", true},
+		{"/users/{user}/posts", "/users/20/posts", "/users/20/posts/5", true},
+		{"/users/{user}/posts", "/users/020/posts", "/users/20/posts/5", false},
+		{"/users/{user:integer}/posts", "/users/020/posts", "/users/7/posts/5", false},
+	}
+	for _, tt := range tests {
+		synctest.Test(t, func(t *testing.T) {
+			var locks itemlock.Local
+			unlock, _ := locks.Lock(context.Background(), tt.held)
+			defer unlock()
+			f := newFake().put(tt.collection+"/5", map[string]any{"id": "5"})
+			f.collections[tt.collection] = true
+			p := mustPlan(t, newRequest("DELETE", tt.collection+"?ids=5", ""), declared(t, "resource "+tt.template), batchTimeout(30*time.Millisecond))
+			w := write(t, newSaga(p, Runtime{Send: f, Locks: &locks}, noBackoff).run(context.Background()))
+			if tt.locked {
+				equal(t, tt.template+" "+tt.collection+": status", w.Code, 409)
+				equal(t, "sent", len(f.sent()), 0)
+				if !strings.Contains(w.Detail, tt.held) {
+					t.Errorf("detail %q does not name the lock %s", w.Detail, tt.held)
+				}
+				return
+			}
+			equal(t, tt.template+" "+tt.collection+": status", w.Code, 200)
+			equalSlices(t, "sent", f.sent(), []string{"GET " + tt.collection + "/5", "DELETE " + tt.collection + "/5"})
+		})
+	}
+}

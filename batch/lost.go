@@ -162,7 +162,7 @@ func (sg *saga) undoOwnSince(ctx context.Context, proven time.Time) {
 	}
 	sg.selfUndo.Store(true)
 	for _, i := range own {
-		if key := writePath(sg.tgt(i), sg.items[i].ID); key != "" && sg.rt.Locks != nil {
+		if key := writeKey(sg.tgt(i), sg.items[i].ID); key != "" && sg.rt.Locks != nil {
 			sg.locks.drop(key)
 			lockCtx, cancel := context.WithTimeout(ctx, sg.budget(i))
 			unlock, err := sg.rt.Locks.Lock(lockCtx, key)

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+
+	"github.com/caddy-batch/caddy-batch/policy"
 )
 
 // notCarriedOut reports whether an answer says the request was not
@@ -17,11 +19,17 @@ func notCarriedOut(status int) bool {
 }
 
 // movedHint says how to declare the resource when the upstream redirected
-// req to its own path with a trailing slash added or removed (Django REST
-// framework's router redirects /api/authors/1 to /api/authors/1/): every
-// request of the resource would meet the same redirect. It records the
-// hint for the batch's WARN log line, and returns "" for any other
-// answer.
+// req to its own path with a trailing slash added or removed: every
+// request of the resource would meet the same redirect. Frameworks
+// disagree about the slash, and not always with themselves: Django REST
+// framework's router wants it on the collection and its items, FastAPI's
+// tutorials on the collection alone (/users/ beside /users/{id}). So the
+// advice changes only the side that redirected, the collection's path
+// for a request to the collection and item_path for one to an item, and
+// pins the other side as it is with item_path: followed, it never makes
+// the side that worked redirect (docs/legacy-apis.md, "Trailing
+// slashes"). It records the hint for the batch's WARN log line, and
+// returns "" for any other answer.
 func (sg *saga) movedHint(i int, req *SubRequest, resp *SubResponse) string {
 	if resp == nil || !notCarriedOut(resp.Status) {
 		return ""
@@ -31,18 +39,37 @@ func (sg *saga) movedHint(i int, req *SubRequest, resp *SubResponse) string {
 		return ""
 	}
 	to, from := loc.EscapedPath(), req.Path
-	res := sg.tgt(i).match.Resource
-	var hint string
+	var wanted func(string) string
+	var change string
 	switch {
 	case to == from+"/":
-		hint = fmt.Sprintf("the legacy API redirects %s to %s: declare the resource with a trailing slash, as %q (its items are then %q), so that the gateway sends the paths it serves",
-			from, to, res.Collection.String()+"/", strings.TrimSuffix(res.Item.String(), "/")+"/")
+		wanted, change = withSlash, "a trailing slash added"
 	case to+"/" == from:
-		hint = fmt.Sprintf("the legacy API redirects %s to %s: declare the resource without the trailing slash, as %q, so that the gateway sends the paths it serves",
-			from, to, strings.TrimSuffix(res.Collection.String(), "/"))
+		wanted, change = withoutSlash, "the trailing slash removed"
 	default:
 		return ""
 	}
+	t := sg.tgt(i)
+	coll, item := t.match.Resource.Collection.String(), t.match.Resource.Item.String()
+	if from == t.collectionPath {
+		coll = wanted(coll)
+	} else {
+		item = wanted(item)
+	}
+	hint := fmt.Sprintf("the legacy API redirects %s to %s (%s): declare the resource as `%s`, so that the gateway sends the paths it serves",
+		from, to, change, declaration(coll, item))
 	sg.warnOnce.Do(func() { sg.warning = hint })
 	return hint
+}
+
+func withSlash(template string) string    { return withoutSlash(template) + "/" }
+func withoutSlash(template string) string { return strings.TrimSuffix(template, "/") }
+
+// declaration is how the Caddyfile declares a resource of these two
+// templates: item_path only where it is not the collection's default.
+func declaration(collection, item string) string {
+	if item == policy.DefaultItemPath(collection) {
+		return "resource " + collection
+	}
+	return "resource " + collection + " { item_path " + item + " }"
 }

@@ -134,7 +134,7 @@ func (p *Plan) orderWrites() *problem.Details {
 	writer := map[string]int{}
 	for i := range p.Items {
 		it := &p.Items[i]
-		key := writePath(it.tgt, it.ID)
+		key := writeKey(it.tgt, it.ID)
 		if key == "" {
 			continue
 		}
@@ -149,14 +149,14 @@ func (p *Plan) orderWrites() *problem.Details {
 	return nil
 }
 
-// writePath is the path of item id that a request to t writes, as its
-// lock names it; "" when t does not write, or is not known yet, or the
-// item's id is not.
-func writePath(t *target, id string) string {
+// writeKey names item id that a request to t writes, as its lock names
+// it (policy.ItemPaths.Key); "" when t does not write, or is not known
+// yet, or the item's id is not.
+func writeKey(t *target, id string) string {
 	if t == nil || !t.kind.Writes() || id == "" {
 		return ""
 	}
-	return t.paths.Path(id)
+	return t.paths.Key(id)
 }
 
 // dependsOn reports whether operation i waits, directly or not, for

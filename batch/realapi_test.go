@@ -101,7 +101,8 @@ func TestCreateNamingAnExistingIDWritesNothing(t *testing.T) {
 
 // 301, 307 and 308 were not carried out at the URL: the item failed, and
 // a write is not unknown. A redirect to the same path with a trailing
-// slash says how to declare the resource.
+// slash says how to declare the resource (moved_test.go follows the
+// advice).
 func TestRedirectedItems(t *testing.T) {
 	t.Parallel()
 	for _, status := range []int{301, 307, 308} {
@@ -114,8 +115,9 @@ func TestRedirectedItems(t *testing.T) {
 		equalSlices(t, "outcomes", w.Outcomes(), []string{"not_attempted", "failed"})
 		equal(t, "status", w.Code, 502)
 		equal(t, "PATCHes sent", len(f.sentWith("PATCH")), 0)
-		if !strings.Contains(w.Items[1].Error, `"/widgets/"`) || !strings.Contains(res.Warning, `"/widgets/"`) {
-			t.Errorf("%d: item error %q, warning %q: want the resource declared with a slash", status, w.Items[1].Error, res.Warning)
+		const advice = "`resource /widgets { item_path /widgets/{id}/ }`"
+		if !strings.Contains(w.Items[1].Error, advice) || !strings.Contains(res.Warning, advice) {
+			t.Errorf("%d: item error %q, warning %q: want the items declared with a slash", status, w.Items[1].Error, res.Warning)
 		}
 	}
 	t.Run("a write answered 301 is failed, not unknown, and nothing is undone", func(t *testing.T) {

@@ -30,6 +30,10 @@ func (sg *saga) read(i int, id string) *SubRequest {
 // itemPath is the escaped path of id in item i's collection.
 func (sg *saga) itemPath(i int, id string) string { return sg.tgt(i).paths.Path(id) }
 
+// lockKey names the lock of id in item i's collection: its path with the
+// collection's variables canonical (policy.ItemPaths.Key).
+func (sg *saga) lockKey(i int, id string) string { return sg.tgt(i).paths.Key(id) }
+
 // clone copies a request so that a sender may change the copy's header.
 func (r *SubRequest) clone() *SubRequest {
 	c := *r

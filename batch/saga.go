@@ -183,7 +183,7 @@ func newSaga(p *Plan, rt Runtime, backoff func(int) time.Duration) *saga {
 		if eo := it.operation; eo != nil {
 			sg.items[i].OperationID, sg.items[i].Method, sg.items[i].URL = eo.id, eo.method, eo.sentURL(it.tgt, it.ID)
 		}
-		if key := writePath(it.tgt, it.ID); key != "" && it.operation != nil {
+		if key := writeKey(it.tgt, it.ID); key != "" && it.operation != nil {
 			sg.writers[key] = append(sg.writers[key], i)
 		}
 	}

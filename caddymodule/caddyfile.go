@@ -110,6 +110,13 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        # any option above, for this resource alone
 //	    }
 //	}
+//
+// A template is a path of literal segments and whole-segment variables,
+// {name}, each of which may say what its values are, {name:format}
+// (integer, uuid or any; {id}'s is id_format's): an item's lock names a
+// parent variable in its canonical spelling, so that /users/020/posts/5
+// and /users/20/posts/5 under {user:integer} are one lock. A variable
+// with no format is its text.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	at, err := h.unmarshal(d)
 	if err != nil {

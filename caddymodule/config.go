@@ -85,6 +85,7 @@ func (h *Handler) buildPolicy(handler options.Level, resources []resolved, lines
 				errors.New("max_in_flight bounds the sub-requests of every batch of the handler together, so a resource cannot have its own: set it in the batch block"))))
 		}
 		if r.doc != nil {
+			specs[i].Formats = r.doc.Formats
 			gaps = append(gaps, openapi.Derive(&specs[i], r.keepCollection)...)
 		}
 		if i < len(lines) {

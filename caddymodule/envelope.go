@@ -20,7 +20,8 @@ import (
 // counted, logged, keyed and journaled under, and holds what bounds it.
 type scope struct {
 	// resource is the resource label of the metrics and the log line,
-	// and of an Idempotency-Key record: the collection's template, or the
+	// and of an Idempotency-Key record: the collection's template
+	// without its variables' formats (Template.Plain), or the
 	// envelope's path.
 	resource string
 	// collection is the path an Idempotency-Key record is scoped to: the
@@ -42,7 +43,7 @@ type scope struct {
 func (h *Handler) collectionScope(m policy.Match) scope {
 	s := m.Resource.Settings
 	return scope{
-		resource:   m.Resource.Collection.String(),
+		resource:   m.Resource.Collection.Plain(),
 		collection: m.CollectionPath(),
 		settings:   s,
 		gateway:    m.Resource.Gateway,

@@ -82,13 +82,18 @@ type Handler struct {
 	storageLocks itemlock.Locker
 	idem         *idempotency
 	journals     *durable.Journals
+	// headless are the resources whose API answered HEAD 405.
+	headless *headless
 }
 
 // Resource is one collection of the legacy API and its items.
 type Resource struct {
 	// The collection's path template, e.g. "/api/users/{user}/posts":
-	// literal segments and whole-segment {name} variables. A request path
-	// matches with or without a trailing slash. Required.
+	// literal segments and whole-segment {name} variables. A variable may
+	// say what its values are, {user:integer} (integer, uuid or any), so
+	// that an item's lock names it in its canonical spelling; without a
+	// format a variable is its text. A request path matches with or
+	// without a trailing slash. Required.
 	Path string `json:"path"`
 
 	// The methods the collection supports, e.g. ["GET", "POST"]. HEAD is
@@ -159,6 +164,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("batch: %w", err)
 	}
 	h.config = cfg
+	h.headless = new(headless)
 	for _, g := range cfg.gaps {
 		h.logger.Warn(g.Warning(), zap.String("resource", g.Resource), zap.String("op", g.Op.String()))
 	}
@@ -210,6 +216,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	switch {
 	case r.Method == http.MethodOptions:
 		return answerOptions(w, r, next, m.Allow(), m.Methods().Has(policy.MethodPatch))
+	case r.Method == http.MethodHead:
+		return h.serveHead(w, r, m, next)
 	case m.Item:
 		return h.serveItem(w, r, m, next)
 	}

@@ -87,7 +87,7 @@ func isWrite(method string) bool {
 func (h *Handler) serveLockedWrite(w http.ResponseWriter, r *http.Request, m policy.Match, serve func() error) error {
 	key := m.ItemKey()
 	ctx, cancel := context.WithTimeout(r.Context(), m.Resource.Settings.ItemTimeout)
-	unlock, err := telemetry.ObserveLocks(h.lockerFor(m), serverName(r), m.Resource.Collection.String(), telemetry.LockBySingle).Lock(ctx, key)
+	unlock, err := telemetry.ObserveLocks(h.lockerFor(m), serverName(r), m.Resource.Collection.Plain(), telemetry.LockBySingle).Lock(ctx, key)
 	cancel()
 	if err != nil {
 		ref := batch.RefuseLock(key, err, batch.LockWait{Client: r.Context(), ItemTimeout: m.Resource.Settings.ItemTimeout})

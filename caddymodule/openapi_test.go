@@ -98,3 +98,36 @@ func TestOpenAPISlotsKeyCountsImportedResources(t *testing.T) {
 		t.Error("one document gets two keys")
 	}
 }
+
+// TestOpenAPIParentFormatsReachTheLocks: an imported parent parameter
+// of type integer names every spelling of the parent alike in the
+// items' locks, and the path sent keeps the client's spelling.
+func TestOpenAPIParentFormatsReachTheLocks(t *testing.T) {
+	t.Parallel()
+	const ok = "{responses: {'200': {description: ok}}}"
+	doc := fixture.WriteFile(t, t.TempDir(), "fastapi.yaml", `openapi: 3.1.0
+info: {title: x, version: '1'}
+paths:
+  /users/{user_id}/items/:
+    parameters: [{name: user_id, in: path, required: true, schema: {type: integer}}]
+    get: `+ok+`
+  /users/{user_id}/items/{item_id}:
+    parameters:
+      - {name: user_id, in: path, required: true, schema: {type: integer}}
+      - {name: item_id, in: path, required: true, schema: {type: integer}}
+    get: `+ok+`
+    patch: `+ok+`
+`)
+	h := &Handler{OpenAPI: &OpenAPIConfig{File: doc}}
+	cfg, err := h.resolve(nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, found := cfg.policy.Lookup("/users/020/items/")
+	if !found || m.Item {
+		t.Fatal("/users/020/items/ is not the imported collection")
+	}
+	if sent, key := m.ItemPaths().Path("5"), m.ItemPaths().Key("5"); sent != "/users/020/items/5" || key != "/users/20/items/5" {
+		t.Errorf("sent %s, locked %s; want /users/020/items/5 locked as /users/20/items/5", sent, key)
+	}
+}

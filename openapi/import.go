@@ -42,6 +42,10 @@ type Resource struct {
 	// IDFormat is what the item parameter's schema says the ids are:
 	// "integer", "uuid", or "" (any).
 	IDFormat string
+	// Formats are what the collection's parameters' schemas say their
+	// values are, by their names in Path (integer, uuid); a parameter of
+	// any other schema is not in it, and is its text.
+	Formats map[string]policy.IDFormat
 	// RestoreUpdated and RestoreDeleted name the way of undoing that the
 	// document's methods allow where the default (PUT on the item) is
 	// not declared: "patch" and "post", else "".
@@ -90,7 +94,7 @@ func Import(d *Document, opts Options) (*Imported, error) {
 	if len(paths) == 0 {
 		return nil, &Error{File: d.File, Pointer: "/paths", Msg: "no path to import: check include and exclude, or give a document with paths"}
 	}
-	im.Resources = pair(d, prefix, paths)
+	im.Resources = pair(prefix, paths)
 	return im, nil
 }
 
@@ -165,7 +169,7 @@ func pathLine(item *openapi3.PathItem) int {
 
 // pair makes the resources: each path with an item sibling is a
 // collection with its items; every other path stands alone.
-func pair(d *Document, prefix string, paths []docPath) []Resource {
+func pair(prefix string, paths []docPath) []Resource {
 	byShape := map[string]int{}
 	for i, p := range paths {
 		byShape[p.shape()] = i
@@ -193,12 +197,15 @@ func pair(d *Document, prefix string, paths []docPath) []Resource {
 		}
 		names := templateNames(p.vars, false)
 		r.Path = prefix + expandTemplate(p, names)
+		r.Formats = parentFormats(p, names)
 		if j := itemOf[i]; j >= 0 {
 			item := paths[j]
 			r.DocItemPath = item.key
 			r.Item = methodsOf(item.item)
 			r.ItemPath = prefix + expandTemplate(item, templateNames(item.vars, true))
-			r.IDFormat = idFormat(d, item)
+			if f := paramFormat(item.item, item.vars[len(item.vars)-1]); f != policy.IDAny {
+				r.IDFormat = f.String()
+			}
 			if !slices.Contains(r.Item, "PUT") && slices.Contains(r.Item, "PATCH") {
 				r.RestoreUpdated = policy.RestorePatch.String()
 			}
@@ -278,14 +285,25 @@ func methodsOf(item *openapi3.PathItem) []string {
 	return out
 }
 
-// idFormat reads the item parameter's schema: integer ids, UUIDs, or
-// any text. A 3.1 nullable ({type: [integer, null]}, anyOf with null)
-// reads as its other type.
-func idFormat(d *Document, item docPath) string {
-	name := item.vars[len(item.vars)-1]
-	s := pathParamSchema(item.item, name)
+// parentFormats reads the formats of a collection's parameters, by
+// their names in its template.
+func parentFormats(p docPath, names []string) map[string]policy.IDFormat {
+	out := map[string]policy.IDFormat{}
+	for i, v := range p.vars {
+		if f := paramFormat(p.item, v); f != policy.IDAny {
+			out[names[i]] = f
+		}
+	}
+	return out
+}
+
+// paramFormat reads a path parameter's schema: integers, UUIDs, or any
+// text. A 3.1 nullable ({type: [integer, null]}, anyOf with null) reads
+// as its other type.
+func paramFormat(item *openapi3.PathItem, name string) policy.IDFormat {
+	s := pathParamSchema(item, name)
 	if s == nil {
-		return ""
+		return policy.IDAny
 	}
 	if len(s.AnyOf) > 0 || len(s.OneOf) > 0 {
 		for _, alt := range slices.Concat(s.AnyOf, s.OneOf) {
@@ -298,11 +316,11 @@ func idFormat(d *Document, item docPath) string {
 	types := slices.DeleteFunc(slices.Clone(s.Type.Slice()), func(t string) bool { return t == "null" })
 	switch {
 	case len(types) == 1 && types[0] == "integer":
-		return policy.IDInteger.String()
+		return policy.IDInteger
 	case len(types) == 1 && types[0] == "string" && s.Format == "uuid":
-		return policy.IDUUID.String()
+		return policy.IDUUID
 	}
-	return ""
+	return policy.IDAny
 }
 
 // pathParamSchema finds the schema of the path parameter name: on the
@@ -389,7 +407,7 @@ func (r Resource) Spec(s policy.Settings, g policy.GatewaySettings) policy.Resou
 		s.RestoreDeleted = v
 	}
 	return policy.ResourceSpec{
-		Path: r.Path, ItemPath: r.ItemPath,
+		Path: r.Path, ItemPath: r.ItemPath, Formats: r.Formats,
 		CollectionMethods: r.Collection, ItemMethods: r.Item,
 		Settings: s, Gateway: g,
 	}

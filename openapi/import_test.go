@@ -201,3 +201,31 @@ func TestImportExpressSwaggerJSDoc(t *testing.T) {
 		t.Errorf("TRACE: %+v, want 501", d)
 	}
 }
+
+// A parent parameter's schema gives its variable a format, so that every
+// spelling of the parent names one item's lock; the path sent keeps the
+// client's spelling. A parameter of another schema is its text.
+func TestImportedParentsAreCanonical(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		file, collection, sent, key string
+	}{
+		{"fastapi.json", "/users/020/items/", "/users/020/items/5/", "/users/20/items/5/"},
+		{"express.yaml", "/api/v1/users/0F8FAD5BD9CB469FA16570867728950E/orders", "/api/v1/users/0F8FAD5BD9CB469FA16570867728950E/orders/5", "/api/v1/users/0f8fad5b-d9cb-469f-a165-70867728950e/orders/5"},
+		{"drf.yaml", "/api/authors/", "/api/authors/5/", "/api/authors/5/"},
+	}
+	for _, tt := range tests {
+		im, err := Import(load(t, tt.file), Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, _ := gateway(t, im)
+		m, ok := p.Lookup(tt.collection)
+		if !ok || m.Item {
+			t.Fatalf("%s: %s is no collection", tt.file, tt.collection)
+		}
+		if sent, key := m.ItemPaths().Path("5"), m.ItemPaths().Key("5"); sent != tt.sent || key != tt.key {
+			t.Errorf("%s: sent %s locked %s, want %s and %s", tt.file, sent, key, tt.sent, tt.key)
+		}
+	}
+}

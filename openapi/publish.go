@@ -153,13 +153,13 @@ func (p *publication) operationID(want string) string {
 // operations its map allows that the input lacks, and the batch ones.
 func (p *publication) addResource(s Served) {
 	r := s.Resource
-	collKey, ok := p.key(s.DocPath, r.Collection.String())
+	collKey, ok := p.key(s.DocPath, r.Collection.Plain())
 	if !ok {
 		return
 	}
 	name := p.resourceName(collKey)
 	coll := mapAt(p.paths, collKey)
-	itemKey, hasItem := p.key(s.DocItemPath, r.Item.String())
+	itemKey, hasItem := p.key(s.DocItemPath, r.Item.Plain())
 	hasItem = hasItem && (r.ItemMethods&^(policy.MethodHead|policy.MethodOptions) != 0)
 	var item map[string]any
 	if hasItem {

@@ -219,10 +219,11 @@ func TestPublishFastAPIKeeps31(t *testing.T) {
 }
 
 // TestPublishDeclaredOnly: without a document, the resources make one,
-// 3.0.3, with free-form bodies and every path parameter declared.
+// 3.0.3, with free-form bodies and every path parameter declared; a
+// variable's format is the gateway's, not part of the path's name.
 func TestPublishDeclaredOnly(t *testing.T) {
 	t.Parallel()
-	s := policy.ResourceSpec{Path: "/api/users/{user}/posts", CollectionMethods: []string{"GET", "POST", "DELETE"}, ItemMethods: []string{"GET", "PUT", "DELETE"},
+	s := policy.ResourceSpec{Path: "/api/users/{user:integer}/posts", CollectionMethods: []string{"GET", "POST", "DELETE"}, ItemMethods: []string{"GET", "PUT", "DELETE"},
 		Settings: policy.Defaults(), Gateway: policy.GatewayDefaults()}
 	p, err := policy.New([]policy.ResourceSpec{s})
 	if err != nil {

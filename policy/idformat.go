@@ -32,7 +32,11 @@ func (f IDFormat) String() string {
 }
 
 // ParseIDFormat parses id_format: any, integer or uuid.
-func ParseIDFormat(s string) (IDFormat, error) {
+func ParseIDFormat(s string) (IDFormat, error) { return parseFormat("id_format", s) }
+
+// parseFormat parses a format, of what (id_format, or a template's
+// variable: {user:integer}).
+func parseFormat(what, s string) (IDFormat, error) {
 	switch s {
 	case "any":
 		return IDAny, nil
@@ -41,7 +45,7 @@ func ParseIDFormat(s string) (IDFormat, error) {
 	case "uuid":
 		return IDUUID, nil
 	}
-	return 0, unknown("id_format", s, []string{"any", "integer", "uuid"})
+	return 0, unknown(what, s, []string{"any", "integer", "uuid"})
 }
 
 // Canonical returns the one text of id the gateway sends, locks, compares

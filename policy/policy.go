@@ -8,6 +8,7 @@ package policy
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/url"
 	"slices"
 	"strings"
@@ -24,6 +25,11 @@ type ResourceSpec struct {
 	// ItemPath is the item's path template; it must hold {id}. Empty
 	// means Path + "/{id}", or Path + "{id}/" when Path ends with a slash.
 	ItemPath string
+	// Formats are the formats of the path's variables that the
+	// templates do not write, by name: those of the imported OpenAPI
+	// document's parameters. A format written in a template,
+	// {user:integer}, wins.
+	Formats map[string]IDFormat
 	// Batch names the batch operations that are on; nil means every one
 	// the methods allow.
 	Batch []string
@@ -59,6 +65,9 @@ type Resource struct {
 	// API's LIST filter; nil when there is none.
 	List *ListFilter
 
+	// formats are the collection's variables' formats, by name; a
+	// variable not in it is its text (docs/configuration.md, "Templates").
+	formats                    map[string]IDFormat
 	batch                      [opCount]bool
 	collectionAllow, itemAllow string
 	index, line                int // where it is declared, for errors that name it
@@ -139,6 +148,10 @@ func newResource(i int, spec ResourceSpec) (*Resource, error) {
 	if err != nil {
 		return fail("item_path", "%v", err)
 	}
+	formats, err := variableFormats(spec.Formats, coll, item)
+	if err != nil {
+		return fail("item_path", "%v", err)
+	}
 	if len(spec.CollectionMethods) == 0 && len(spec.ItemMethods) == 0 {
 		return fail("", "no methods: declare the methods the API supports, with collection <METHOD...>, item <METHOD...> or both")
 	}
@@ -160,6 +173,7 @@ func newResource(i int, spec ResourceSpec) (*Resource, error) {
 		ItemMethods:       itemMethods.withImplied(),
 		Settings:          spec.Settings,
 		Gateway:           spec.Gateway,
+		formats:           formats,
 		index:             i,
 		line:              spec.Line,
 	}
@@ -176,18 +190,24 @@ func newResource(i int, spec ResourceSpec) (*Resource, error) {
 	return r, nil
 }
 
+// DefaultItemPath is the item_path of a collection that declares none:
+// collection + "/{id}", or + "{id}/" when the collection is written
+// with a trailing slash, as an API that wants one (Django's, for one) on
+// its collection wants it on its items too.
+func DefaultItemPath(collection string) string {
+	if strings.HasSuffix(collection, "/") {
+		return collection + "{" + idVariable + "}/"
+	}
+	return collection + "/{" + idVariable + "}"
+}
+
 // itemTemplate parses the item's template, or makes the default one, and
 // checks that every variable it uses gets a value: {id} from the id, the
 // others from the collection's path.
 func itemTemplate(spec ResourceSpec, coll Template) (Template, error) {
 	itemPath := spec.ItemPath
 	if itemPath == "" {
-		// A collection written with a trailing slash is of an API that
-		// wants one (Django's, for one) on its items too.
-		itemPath = spec.Path + "/{" + idVariable + "}"
-		if strings.HasSuffix(spec.Path, "/") {
-			itemPath = spec.Path + "{" + idVariable + "}/"
-		}
+		itemPath = DefaultItemPath(spec.Path)
 	}
 	item, err := ParseTemplate(itemPath)
 	if err != nil {
@@ -212,6 +232,54 @@ func itemTemplate(spec ResourceSpec, coll Template) (Template, error) {
 			itemPath, strangers[0], spec.Path, idVariable)
 	}
 	return item, nil
+}
+
+// variableFormats gathers the formats of a resource's variables: the
+// imported ones, then those its templates write, which win; the two
+// templates may not write two for one variable. itemTemplate checked
+// that the item's variables are the collection's and the id, and {id}
+// takes no format.
+func variableFormats(imported map[string]IDFormat, coll, item Template) (map[string]IDFormat, error) {
+	out := map[string]IDFormat{}
+	for name, f := range imported {
+		if name != idVariable && f != IDAny {
+			out[name] = f
+		}
+	}
+	written := coll.formats()
+	for name, f := range item.formats() {
+		if cf, ok := written[name]; ok && cf != f {
+			return nil, fmt.Errorf("item_path %s writes {%s:%s}, and the collection's path {%s:%s}: write the variable's format once", item, name, f, name, cf)
+		}
+		written[name] = f
+	}
+	maps.Copy(out, written)
+	return out, nil
+}
+
+// canonical returns vars with each variable that has a format in its
+// canonical spelling (a value not of the format kept as written, as an
+// id is), and whether any changed.
+func (r *Resource) canonical(vars map[string]string) (map[string]string, bool) {
+	var out map[string]string
+	for name, f := range r.formats {
+		v, ok := vars[name]
+		if !ok {
+			continue
+		}
+		c, err := f.Canonical(v)
+		if err != nil || c == v {
+			continue
+		}
+		if out == nil {
+			out = maps.Clone(vars)
+		}
+		out[name] = c
+	}
+	if out == nil {
+		return vars, false
+	}
+	return out, true
 }
 
 // enableBatch turns on the listed operations, or by default every one
@@ -523,21 +591,32 @@ func (m Match) CollectionPath() string {
 // matched collection: the collection's variables keep the values the
 // request gave them, and the id is escaped as one segment.
 func (m Match) ItemPath(id string) string {
-	return ItemPaths{match: &m}.Path(id)
+	return ItemPaths{item: m.Resource.Item, vars: m.variables()}.Path(id)
 }
 
 // ItemPaths binds the matched collection's variables once, so that a
 // batch builds each item's path by escaping its id alone.
 func (m Match) ItemPaths() ItemPaths {
 	vars := m.variables()
+	p := m.Resource.Item.paths(vars)
+	if canon, changed := m.Resource.canonical(vars); changed {
+		lock := m.Resource.Item.paths(canon)
+		p.lock = &lock
+	}
+	return p
+}
+
+// paths binds the item template's variables but the id.
+func (t Template) paths(vars map[string]string) ItemPaths {
 	const mark = "\x00id\x00" // cannot occur in an escaped path
-	vars[idVariable] = mark
-	path := m.Resource.Item.expand(vars)
+	withMark := maps.Clone(vars)
+	withMark[idVariable] = mark
+	path := t.expand(withMark)
 	escapedMark := url.PathEscape(mark)
 	if strings.Count(path, escapedMark) != 1 {
 		// A collection variable spelled like the mark: build each path
 		// whole.
-		return ItemPaths{match: &m}
+		return ItemPaths{item: t, vars: vars}
 	}
 	i := strings.Index(path, escapedMark)
 	return ItemPaths{prefix: path[:i], suffix: path[i+len(escapedMark):]}
@@ -546,17 +625,35 @@ func (m Match) ItemPaths() ItemPaths {
 // ItemPaths builds the paths of a collection's items.
 type ItemPaths struct {
 	prefix, suffix string
-	match          *Match // set when the paths must be built whole
+	// item and vars are set when the paths must be built whole.
+	item Template
+	vars map[string]string
+	// lock builds the items' lock names when the collection's variables
+	// were not spelled canonically; nil when they were.
+	lock *ItemPaths
 }
 
-// Path returns the escaped path of item id.
+// Path returns the escaped path of item id, as the upstream is sent it:
+// the collection's variables as the client spelled them.
 func (p ItemPaths) Path(id string) string {
-	if p.match != nil {
-		vars := p.match.variables()
+	if p.vars != nil {
+		vars := maps.Clone(p.vars)
 		vars[idVariable] = id
-		return p.match.Resource.Item.expand(vars)
+		return p.item.expand(vars)
 	}
 	return p.prefix + url.PathEscape(id) + p.suffix
+}
+
+// Key returns the name of item id's lock: its path with every variable
+// that has a format in its canonical spelling, so that /users/020/items/5
+// and /users/20/items/5 under {user:integer} are one lock. A path
+// already canonical is its own name, as before formats existed: a
+// cluster upgraded one instance at a time keeps excluding.
+func (p ItemPaths) Key(id string) string {
+	if p.lock != nil {
+		return p.lock.Path(id)
+	}
+	return p.Path(id)
 }
 
 // Path returns the escaped request path that was matched.
@@ -564,11 +661,11 @@ func (m Match) Path() string { return m.path }
 
 // ItemKey names the matched item (an item match) by its path rebuilt from
 // the template, so that every spelling of one item's path (escapes, a
-// trailing slash, dot segments, and under id_format its id's spellings)
-// names it alike: the key its lock is taken under, as a batch's lock on
-// the same item. An id that is not of the format is taken as written: a
-// single request passes through as it came, and its lock names what the
-// upstream is sent.
+// trailing slash, dot segments, and under id_format and the variables'
+// formats their spellings) names it alike: the key its lock is taken
+// under, as a batch's lock on the same item (ItemPaths.Key). A value
+// that is not of its format is taken as written: a single request passes
+// through as it came, and its lock names what the upstream is sent.
 func (m Match) ItemKey() string {
 	var buf [maxSegments]string
 	segs, _ := splitPath(m.path, buf[:0])
@@ -576,6 +673,7 @@ func (m Match) ItemKey() string {
 	if id, err := m.Resource.Settings.IDFormat.Canonical(vars[idVariable]); err == nil {
 		vars[idVariable] = id
 	}
+	vars, _ = m.Resource.canonical(vars)
 	return m.Resource.Item.expand(vars)
 }
 

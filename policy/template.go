@@ -8,10 +8,14 @@ import (
 )
 
 // Template is a path template such as /api/users/{user}/posts: literal
-// segments and whole-segment {name} variables.
+// segments and whole-segment {name} variables, each of which may say what
+// its values are, {user:integer}, so that every spelling of one parent
+// names one item's lock (docs/configuration.md, "Templates").
 type Template struct {
-	raw  string
-	segs []segment
+	raw string
+	// plain is raw without its variables' formats (Plain).
+	plain string
+	segs  []segment
 	// trailingSlash keeps the operator's trailing slash when a path is
 	// built from the template: some APIs (Django's, for one) answer only
 	// on /users/1/, and matching ignores it anyway.
@@ -21,6 +25,10 @@ type Template struct {
 type segment struct {
 	literal string // unescaped; empty for a variable
 	name    string // the variable's name; empty for a literal
+	// format is what the variable's values are, written {name:format}
+	// (formatted); IDAny (its text) when none is written.
+	format    IDFormat
+	formatted bool
 }
 
 // maxSegments bounds the depth of a template, and so the stack buffer a
@@ -62,15 +70,15 @@ func ParseTemplate(s string) (Template, error) {
 		case open != close || strings.Index(part, "}") < strings.Index(part, "{"):
 			return t, fmt.Errorf("template %q: segment %q has unbalanced braces: a variable is a whole segment, {name}", s, part)
 		case open == 1 && strings.HasPrefix(part, "{") && strings.HasSuffix(part, "}"):
-			name := part[1 : len(part)-1]
-			if !validName(name) {
-				return t, fmt.Errorf("template %q: variable %q must be named with letters, digits and underscores, not starting with a digit, e.g. {user_id}", s, part)
+			v, err := parseVariable(s, part)
+			if err != nil {
+				return t, err
 			}
-			if seen[name] {
-				return t, fmt.Errorf("template %q uses variable {%s} twice: give each variable its own name", s, name)
+			if seen[v.name] {
+				return t, fmt.Errorf("template %q uses variable {%s} twice: give each variable its own name", s, v.name)
 			}
-			seen[name] = true
-			t.segs = append(t.segs, segment{name: name})
+			seen[v.name] = true
+			t.segs = append(t.segs, v)
 		case open > 0:
 			return t, fmt.Errorf("template %q: segment %q mixes a variable with text: a variable is a whole segment, {name}", s, part)
 		default:
@@ -84,7 +92,29 @@ func ParseTemplate(s string) (Template, error) {
 	if len(t.segs) > maxSegments {
 		return t, fmt.Errorf("template %q has more than %d segments, the most a template may have", s, maxSegments)
 	}
+	t.plain = withoutFormats(s)
 	return t, nil
+}
+
+// parseVariable parses a variable segment, {name} or {name:format}. The
+// id's format is id_format's to say, for every resource alike, so {id}
+// takes none.
+func parseVariable(template, part string) (segment, error) {
+	name, format, hasFormat := strings.Cut(part[1:len(part)-1], ":")
+	if !validName(name) {
+		return segment{}, fmt.Errorf("template %q: variable %q must be named with letters, digits and underscores, not starting with a digit, e.g. {user_id}", template, part)
+	}
+	if !hasFormat {
+		return segment{name: name}, nil
+	}
+	if name == idVariable {
+		return segment{}, fmt.Errorf("template %q: variable %q: the id's format is id_format's to say: write {%s} and set id_format %s", template, part, idVariable, format)
+	}
+	f, err := parseFormat("format", format)
+	if err != nil {
+		return segment{}, fmt.Errorf("template %q: variable %q: %w", template, part, err)
+	}
+	return segment{name: name, format: f, formatted: true}, nil
 }
 
 func validName(s string) bool {
@@ -114,6 +144,38 @@ func (t Template) variables() []string {
 		}
 	}
 	return names
+}
+
+// formats returns the formats written for the template's variables, by
+// name, {user:any} included; a variable written without one is not in it.
+func (t Template) formats() map[string]IDFormat {
+	out := map[string]IDFormat{}
+	for _, s := range t.segs {
+		if s.formatted {
+			out[s.name] = s.format
+		}
+	}
+	return out
+}
+
+// Plain returns the template as written without its variables' formats:
+// {user:integer} is {user}, as an OpenAPI path names it. It is the
+// resource's name in metrics, logs and stored records, which adding a
+// format to a variable does not change.
+func (t Template) Plain() string { return t.plain }
+
+// withoutFormats drops the formats of a template's variables.
+func withoutFormats(template string) string {
+	if !strings.Contains(template, ":") {
+		return template
+	}
+	parts := strings.Split(template, "/")
+	for i, part := range parts {
+		if name, _, ok := strings.Cut(part, ":"); ok && strings.HasPrefix(part, "{") {
+			parts[i] = name + "}"
+		}
+	}
+	return strings.Join(parts, "/")
 }
 
 // bind matches segs (as splitPath returns them) against t and returns the

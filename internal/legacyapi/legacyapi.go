@@ -288,6 +288,21 @@ type Collection struct {
 	// ParentField and AnswerDelay it plays nested resources and a
 	// controller that answers late. Default false.
 	Rails bool
+	// FastAPI imitates an API written as FastAPI's tutorials write it
+	// (fastapi.go): the collection is routed at Path+"/" and its items
+	// at Path+"/<id>", and Starlette's redirect_slashes answers the
+	// other spelling of either (Path, Path+"/<id>/") 307 with the routed
+	// spelling in Location, query kept, whatever the method, nothing
+	// applied; a HEAD is answered 405 with an Allow that lacks HEAD (its
+	// routes declare GET alone); a POST create answers 200 with the
+	// record and no Location; the validation rule's failure is a 422
+	// with {"detail": [...]} as Pydantic's; and ids are int path
+	// parameters: an item's segment, and on a pattern every segment a
+	// "*" matched, is read as an integer ("020" and "+20" are "20", so
+	// /api/users/020/items is /api/users/20/items), and a segment that
+	// is none names no item (404; FastAPI's own answer would be a 422).
+	// Default false.
+	FastAPI bool
 	// ParentField, set on a pattern collection ("/api/users/*/posts"),
 	// imitates a nested controller's create (@user.posts.build): a POST
 	// stores the parent item's id from the path (the segment the last
@@ -617,6 +632,9 @@ func (a *API) collectionAt(p string) *collection {
 	for _, pat := range a.patterns {
 		if !matches(pat.Path, p) {
 			continue
+		}
+		if pat.FastAPI {
+			p = canonicalParents(pat.Path, p)
 		}
 		c := pat.concrete[p]
 		if c == nil {
@@ -1022,8 +1040,8 @@ func (a *API) process(r *http.Request, path string, body []byte) response {
 	if c == nil || !a.parentExists(c, r) {
 		return notFound(path)
 	}
-	if c.TrailingSlash && !slash {
-		return appendSlash(r, path)
+	if res, refused := c.misrouted(r, path, id != "", slash); refused {
+		return res
 	}
 	if c.APIKey != "" && r.URL.Query().Get("api_key") != c.APIKey {
 		res := htmlPage(http.StatusUnauthorized, "A valid api_key query parameter is required.")
@@ -1119,7 +1137,7 @@ func (a *API) route(path string) (c *collection, id string, slash bool) {
 	}
 	i := strings.LastIndexByte(trimmed, '/')
 	c = a.collectionAt(trimmed[:max(i, 0)])
-	if c == nil || (slash && !c.TrailingSlash) {
+	if c == nil || (slash && !c.TrailingSlash && !c.FastAPI) {
 		return nil, "", false
 	}
 	id, ok := c.itemID(trimmed[i+1:])
@@ -1139,6 +1157,8 @@ func (c *collection) itemID(seg string) (string, bool) {
 		id, ok = railsID(id)
 	case ok && c.LenientIDs:
 		id, ok = lenientID(id)
+	case ok && c.FastAPI:
+		id, ok = intParam(id)
 	}
 	return id, ok
 }
@@ -1150,26 +1170,42 @@ func lenientID(seg string) (string, bool) {
 	if n := len(seg) - len(".json"); n >= 0 && strings.EqualFold(seg[n:], ".json") {
 		seg = seg[:n]
 	}
-	seg = strings.TrimPrefix(seg, "+")
-	if !isDigits(seg) {
-		return "", false
+	return intParam(seg)
+}
+
+// misrouted is what a framework's router answers before any route runs
+// (TrailingSlash's APPEND_SLASH, FastAPI's redirect_slashes and its
+// missing HEAD); false when the route runs.
+func (c *collection) misrouted(r *http.Request, path string, item, slash bool) (response, bool) {
+	switch {
+	case c.TrailingSlash && !slash:
+		return appendSlash(r, path), true
+	case c.FastAPI && r.Method == http.MethodHead:
+		if res, moved := fastAPIRedirect(r, path, item, slash); moved {
+			return res, true
+		}
+		return fastAPINoHead(item), true
+	case c.FastAPI:
+		return fastAPIRedirect(r, path, item, slash)
 	}
-	if seg = strings.TrimLeft(seg, "0"); seg == "" {
-		return "0", true
-	}
-	return seg, true
+	return response{}, false
 }
 
 // appendSlash redirects a request to its path with a slash appended, as
 // Django's APPEND_SLASH does.
 func appendSlash(r *http.Request, path string) response {
-	loc := origin(r) + path + "/"
-	if r.URL.RawQuery != "" {
-		loc += "?" + r.URL.RawQuery
-	}
+	loc := sameQuery(r, origin(r)+path+"/")
 	res := htmlPage(http.StatusMovedPermanently, "The resource has moved to "+loc+".")
 	res.header.Set("Location", loc)
 	return res
+}
+
+// sameQuery is loc with the query of r, as a redirect keeps it.
+func sameQuery(r *http.Request, loc string) string {
+	if r.URL.RawQuery != "" {
+		loc += "?" + r.URL.RawQuery
+	}
+	return loc
 }
 
 // tenant is the tenant a request addresses.
@@ -1248,7 +1284,7 @@ func (a *API) create(c *collection, t *table, r *http.Request, body []byte) resp
 	if c.ParentField != "" {
 		rec[c.ParentField] = a.parentID(c)
 	}
-	if res, bad := checkName(rec); bad {
+	if res, bad := c.checkName(rec); bad {
 		return res
 	}
 	// A null id is what ORMs send for "not saved yet", so it means
@@ -1393,6 +1429,9 @@ func (a *API) created(c *collection, r *http.Request, key string, rec *record) r
 	case AnswerBare:
 		return response{status: http.StatusCreated, header: http.Header{}}
 	}
+	if c.FastAPI {
+		return c.recordAnswer(r, http.StatusOK, rec)
+	}
 	res := c.recordAnswer(r, http.StatusCreated, rec)
 	res.header.Set("Location", location(r, c, key))
 	return res
@@ -1445,7 +1484,7 @@ func (a *API) put(c *collection, t *table, id string, old *record, r *http.Reque
 		return plain(http.StatusBadRequest, "body must be a JSON object")
 	}
 	c.accept(rec, old)
-	if res, bad := checkName(rec); bad {
+	if res, bad := c.checkName(rec); bad {
 		return res
 	}
 	if old != nil {
@@ -1493,7 +1532,7 @@ func (a *API) patch(c *collection, t *table, id string, old *record, r *http.Req
 			merged[k] = v
 		}
 	}
-	if res, bad := checkName(merged); bad {
+	if res, bad := c.checkName(merged); bad {
 		return res
 	}
 	return c.recordAnswer(r, http.StatusOK, a.store(t, id, merged, c.stamps()))
@@ -1695,13 +1734,16 @@ func decodeObject(b []byte) (map[string]any, error) {
 }
 
 // checkName is the API's only validation rule, enough to provoke a 422.
-func checkName(rec map[string]any) (response, bool) {
+func (c *collection) checkName(rec map[string]any) (response, bool) {
 	v, has := rec["name"]
 	if !has {
 		return response{}, false
 	}
 	if s, ok := v.(string); ok && s != "" {
 		return response{}, false
+	}
+	if c.FastAPI {
+		return fastAPIInvalid(), true
 	}
 	return htmlPage(http.StatusUnprocessableEntity, "Validation failed: name must be a non-empty string."), true
 }
