@@ -29,8 +29,10 @@ var errFence = errors.New("the saga's lease does not let the write go")
 // knows, and learn how the instance that took the saga over ended it.
 type LostKeeper interface {
 	// KeepLost keeps snap, as the saga that lost its lease ended it
-	// (res), under a saga of its own linked to the lost one, and names it.
-	KeepLost(ctx context.Context, snap *Snapshot, res *Result) (saga string, err error)
+	// (res), under a saga of its own linked to the lost one (kept, if
+	// one was kept already; a new one when kept is empty), and names it;
+	// with nothing left behind in res, it forgets kept instead.
+	KeepLost(ctx context.Context, kept string, snap *Snapshot, res *Result) (saga string, err error)
 	// Saga names the saga.
 	Saga() string
 	// AwaitEnd waits, until ctx is done, for the instance that took the
@@ -91,33 +93,65 @@ func (sg *saga) checkLease(ctx context.Context) {
 	}
 }
 
-// endLost ends a saga that lost its lease, as the comment above says.
+// endLost ends a saga that lost its lease, as the comment above says. A
+// saga whose journal the storage forgot, and that no other instance
+// took over (orphaned), is this saga's alone to finish: it keeps what it
+// may have changed first, as a journal would, undoes all of it, and
+// keeps what is left (or forgets the kept copy, if nothing is).
 func (sg *saga) endLost(ctx, batchCtx context.Context, lost *LeaseLost) *Result {
-	sg.undoOwnSince(context.WithoutCancel(ctx), lost.Proven)
+	detached := context.WithoutCancel(ctx)
+	lk, _ := sg.rt.Journal.(LostKeeper)
+	var end lostEnd
+	since := lost.Proven
+	if lk != nil {
+		look, cancel := context.WithCancel(ctx)
+		cancel() // one look, now
+		_, _, _, end.orphaned = lk.AwaitEnd(look)
+	}
+	if end.orphaned {
+		since = time.Time{}
+		end.kept = sg.keepLost(detached, lk, "", sg.written(), nil)
+	}
+	sg.undoOwnSince(detached, since)
 	res := sg.report(ctx, batchCtx)
 	res.LeaseLost = true
-	lk, _ := sg.rt.Journal.(LostKeeper)
 	if lk == nil {
-		sg.answerLost(res, lost, lostEnd{})
+		sg.answerLost(res, lost, end)
 		return res
 	}
 	res.Saga = lk.Saga()
-	waitCtx, cancel := context.WithCancel(batchCtx)
-	defer cancel()
-	var end lostEnd
-	end.ended, end.outcome, end.left, end.orphaned = lk.AwaitEnd(waitCtx)
-	end.own = sg.ownLeftBehind(end.orphaned)
-	if len(end.own) > 0 {
-		own := *res
-		own.LeftBehind = end.own
-		var err error
-		if end.kept, err = lk.KeepLost(context.WithoutCancel(ctx), sg.snapshot(), &own); err != nil {
-			res.Errors = append(res.Errors, "keeping what the saga that lost its lease left behind: "+err.Error())
-		}
-		res.Kept = end.kept
+	if !end.orphaned {
+		waitCtx, cancel := context.WithCancel(batchCtx)
+		defer cancel()
+		end.ended, end.outcome, end.left, end.orphaned = lk.AwaitEnd(waitCtx)
 	}
+	end.own = sg.ownLeftBehind(end.orphaned)
+	if len(end.own) > 0 || end.kept != "" {
+		end.kept = sg.keepLost(detached, lk, end.kept, end.own, res)
+	}
+	res.Kept = end.kept
 	sg.answerLost(res, lost, end)
 	return res
+}
+
+// keepLost keeps (again, under kept when that is set) what a saga that
+// lost its lease left behind, left, as res says (the saga as it stands
+// when res is nil): a left-behind saga of its own, linked to the lost
+// one; nothing left forgets a copy kept before. It returns the kept
+// saga's id, empty when nothing is kept.
+func (sg *saga) keepLost(ctx context.Context, lk LostKeeper, kept string, left []string, res *Result) string {
+	if res == nil {
+		res = &Result{Op: sg.plan.Op, Atomicity: sg.plan.Atomicity, Outcome: RollbackFailed, Items: sg.items,
+			Detail: "this gateway lost the saga's lease: its journal is gone from storage, and no other instance took it over; the items it may have changed are kept here while it undoes them"}
+	}
+	own := *res
+	own.LeftBehind = left
+	id, err := lk.KeepLost(ctx, kept, sg.snapshot(), &own)
+	if err != nil {
+		res.Errors = append(res.Errors, "keeping what the saga that lost its lease left behind: "+err.Error())
+		return kept
+	}
+	return id
 }
 
 // lostEnd is what a saga that lost its lease learnt of its end: whether
@@ -129,6 +163,18 @@ type lostEnd struct {
 	outcome         Outcome
 	left, own       []string
 	kept            string
+}
+
+// written names the items whose writes took effect, or may have, and
+// are not undone yet.
+func (sg *saga) written() []string {
+	var out []string
+	for i, it := range sg.items {
+		if sg.state[i].applied && !sg.undone(i) {
+			out = append(out, it.describe()+": written by the batch, not undone yet")
+		}
+	}
+	return out
 }
 
 // ownLeftBehind names the items this saga could not undo of its own;
@@ -200,6 +246,9 @@ func (sg *saga) answerLost(res *Result, lost *LeaseLost, end lostEnd) {
 	}
 	left := append(slices.Clone(end.own), end.left...)
 	switch {
+	case end.orphaned && len(left) == 0:
+		res.Outcome, res.Status = RolledBack, http.StatusServiceUnavailable
+		res.Detail = why + "; its journal is gone from storage and no other instance took it over, so this gateway undid what the batch did: nothing of it stands"
 	case len(left) > 0 && (end.ended || end.kept != ""):
 		res.Outcome, res.Status, res.LeftBehind = RollbackFailed, http.StatusInternalServerError, left
 		res.Detail = why + "; items are left behind: " + strings.Join(left, "; ")

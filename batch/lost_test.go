@@ -3,6 +3,7 @@ package batch
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -20,9 +21,15 @@ type fencingJournal struct {
 	// lease answers the nth call of Fence (from 1).
 	lease func(n int) error
 	// end is how the new owner ended the saga; nil: it has not.
-	end    *Outcome
-	kept   *Snapshot
-	keptAs *Result
+	end *Outcome
+	// orphaned: the journal is gone, and no other instance took it over.
+	orphaned bool
+	kept     *Snapshot
+	keptAs   *Result
+	// keeps are how many items each KeepLost call kept, in order, with
+	// the writes the upstream had seen at that moment.
+	keeps []string
+	f     *fakeAPI
 }
 
 func (j *fencingJournal) Fence(context.Context) error {
@@ -37,16 +44,22 @@ func (j *fencingJournal) Fence(context.Context) error {
 
 func (j *fencingJournal) Saga() string { return "saga-1" }
 
-func (j *fencingJournal) KeepLost(_ context.Context, snap *Snapshot, res *Result) (string, error) {
+func (j *fencingJournal) KeepLost(_ context.Context, _ string, snap *Snapshot, res *Result) (string, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	if j.f != nil {
+		j.keeps = append(j.keeps, fmt.Sprintf("%d left after %d PUTs", len(res.LeftBehind), len(j.f.sentWith("PUT"))))
+	}
+	if len(res.LeftBehind) == 0 {
+		return "", nil
+	}
 	j.kept, j.keptAs = snap, res
 	return "saga-2", nil
 }
 
 func (j *fencingJournal) AwaitEnd(context.Context) (bool, Outcome, []string, bool) {
 	if j.end == nil {
-		return false, "", nil, false
+		return false, "", nil, j.orphaned
 	}
 	return true, *j.end, nil, false
 }
@@ -189,4 +202,23 @@ func TestUnprovenLeaseWaits(t *testing.T) {
 	w2 := write(t, newSaga(p2, Runtime{Send: f2, Journal: j2}, noBackoff).run(context.Background()))
 	equal(t, "PATCHes sent", len(f2.sentWith("PATCH")), 0)
 	equal(t, "status", w2.Code, http.StatusServiceUnavailable)
+}
+
+// A saga whose journal the storage forgot, and that no other instance
+// took over, is its own to finish: it keeps what it may have changed
+// before it undoes anything (a kill in the middle leaves it listed), then
+// undoes every write, those before its last proof too, forgets the kept
+// copy once nothing is left, and answers the rollback it did itself.
+func TestOrphanedSagaUndoesEverythingKeepingItFirst(t *testing.T) {
+	t.Parallel()
+	f := newFake().seed("1", "2", "3")
+	before := f.state()
+	j := &fencingJournal{lease: lostAfter(3, time.Now().Add(time.Hour)), orphaned: true, f: f}
+	p := mustPlan(t, newRequest("PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":1},{"id":"3","v":1}]`), concurrency(1))
+	w := write(t, newSaga(p, Runtime{Send: f, Journal: j}, noBackoff).run(context.Background()))
+	equal(t, "PATCHes sent", len(f.sentWith("PATCH")), 2)
+	equalSlices(t, "keeps", j.keeps, []string{"2 left after 0 PUTs", "0 left after 2 PUTs"})
+	f.checkUnchanged(t, before)
+	equal(t, "status", w.Code, http.StatusServiceUnavailable)
+	equal(t, "outcome", w.Outcome, string(RolledBack))
 }

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/caddy-batch/caddy-batch/batch"
 )
 
@@ -18,16 +20,30 @@ import (
 
 // KeepLost keeps snap, as the saga that lost its lease ended it (res),
 // as a left-behind saga of its own linked to the lost one (LostFrom), so
-// that a listing shows it and a retry can finish it.
-func (j *Journal) KeepLost(ctx context.Context, snap *batch.Snapshot, res *batch.Result) (string, error) {
+// that a listing shows it and a retry can finish it: under kept, if it
+// was kept already, else under a new id; an ERROR line names it. With
+// nothing left behind, the copy kept before is removed.
+func (j *Journal) KeepLost(ctx context.Context, kept string, snap *batch.Snapshot, res *batch.Result) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, StorageTimeout)
 	defer cancel()
-	saga := NewID()
+	if len(res.LeftBehind) == 0 {
+		if kept == "" {
+			return "", nil
+		}
+		return "", j.js.removeKept(ctx, kept)
+	}
+	saga := kept
+	if saga == "" {
+		saga = NewID()
+	}
 	k := keptOf(&storedSaga{intent: &intent{Saga: saga, Origin: j.origin, Started: j.began}, snap: snap}, res)
 	k.LostFrom = j.saga
 	if err := j.js.storeKept(ctx, k); err != nil {
-		return "", err
+		return kept, err
 	}
+	j.js.logger.Error("a saga that lost its lease kept what it left behind, or may have: retry or resolve it once the items are checked",
+		zap.String("saga", saga), zap.String("lost_from", j.saga), zap.Strings("left_behind", res.LeftBehind),
+		zap.String("command", "caddy batch saga "+saga))
 	return saga, nil
 }
 
