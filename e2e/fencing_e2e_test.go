@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -156,6 +157,17 @@ func journalSagas(t *testing.T, addr string) map[string][]string {
 		sagas[saga] = append(sagas[saga], key)
 	}
 	return sagas
+}
+
+// indexed reports whether the Redis module's folder index of the
+// journals names saga, as its List reads it.
+func indexed(t *testing.T, addr, saga string) bool {
+	t.Helper()
+	out, err := redisCommand(addr, "ZRANGE", fencingPrefix+"/batch/v1/journal", "0", "-1")
+	if err != nil {
+		t.Fatalf("reading the journals' folder index: %v", err)
+	}
+	return slices.Contains(strings.Fields(out), saga+"/")
 }
 
 // TestFencingFaults runs the batch on A and, once three of its items are
@@ -356,6 +368,16 @@ func (c *fencingCluster) checkNoJournalLeft(t *testing.T) {
 		}
 		left = nil
 		for saga, keys := range journalSagas(t, c.redis.addr) {
+			if !indexed(t, c.redis.addr, saga) {
+				// The Redis module stores a key as two commands, the folder
+				// index's ZADD and the SET: a Redis restarted between them
+				// keeps a key no listing shows, nobody reads, and nothing
+				// can find to delete (docs/durability.md, "What cannot
+				// survive"). What it recorded is in the saga the lost owner
+				// kept, which checkNotDeletedInSilence asks for.
+				t.Logf("saga %s: keys the Redis module never indexed, after the restart: %v", saga, keys)
+				continue
+			}
 			if st := listed[saga]; st != "stuck" && st != "left_behind" {
 				left = append(left, fmt.Sprintf("saga %s (listed %q) left its journal's keys in Redis: %v", saga, st, keys))
 			}
