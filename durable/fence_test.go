@@ -3,6 +3,7 @@ package durable
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -425,3 +426,31 @@ func raceRenewalAndClaim(t *testing.T, order string) {
 }
 
 type raceParty struct{}
+
+// A renewal costs three storage calls (docs/durability.md, "Cost"): its
+// own key read back (segment 0's age, the first time), written, and the
+// folder listed; a blind renewal was one write.
+func TestRenewalCost(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
+		s := newCounting(newMemStorage())
+		js := NewJournals(s, NewLeases(time.Minute), zap.NewNop())
+		j := js.New(Origin{})
+		if err := j.Begin(context.Background(), updatePlan(t, widgets(t), 1)); err != nil {
+			t.Fatal(err)
+		}
+		if err := j.Record(context.Background(), batch.Transition{Index: 0, Phase: batch.PhaseSending}); err != nil {
+			t.Fatal(err)
+		}
+		defer j.Abandon()
+		for _, want := range []map[string]int{
+			{"modified": 1, "store": 1, "list": 1},
+			{"load": 1, "store": 1, "list": 1},
+		} {
+			s.take()
+			j.renew()
+			if got := s.take(); fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("a renewal made %v, want %v", got, want)
+			}
+		}
+	})
+}

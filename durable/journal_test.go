@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/policy"
@@ -131,12 +133,15 @@ func TestJournalWriteAhead(t *testing.T) {
 }
 
 // TestJournalRefusesWhatItCannotRecord checks that a write whose record
-// cannot be stored is not sent: the batch fails with nothing changed.
+// cannot be stored is not sent: the batch fails with nothing changed,
+// 503 (the gateway's storage, not the legacy API), and no ERROR line
+// says that a journal never stored could not be removed.
 func TestJournalRefusesWhatItCannotRecord(t *testing.T) {
 	s := newMemStorage()
 	s.failStores(errors.New("the disk is full"))
 	pending := Pending()
-	j := NewJournals(s, NewLeases(time.Minute), zap.NewNop()).New(Origin{})
+	core, logs := observer.New(zapcore.ErrorLevel)
+	j := NewJournals(s, NewLeases(time.Minute), zap.New(core)).New(Origin{})
 	up := &upstream{check: func(sr *batch.SubRequest) { t.Errorf("%s %s sent with no journal", sr.Method, sr.Path) }}
 	res := batch.Run(context.Background(), updatePlan(t, widgets(t), 2), batch.Runtime{Send: up, Journal: j})
 	if res.Outcome != batch.Failed || res.Items[0].Status != http.StatusServiceUnavailable {
@@ -144,6 +149,12 @@ func TestJournalRefusesWhatItCannotRecord(t *testing.T) {
 	}
 	if owned.has(j.Saga()) || Pending() != pending {
 		t.Error("the saga is still counted as running")
+	}
+	if res.Status != http.StatusServiceUnavailable || res.RetryAfter == "" {
+		t.Errorf("status %d, Retry-After %q; want 503 with Retry-After", res.Status, res.RetryAfter)
+	}
+	if logs.Len() != 0 {
+		t.Errorf("logged at ERROR: %v", logs.All())
 	}
 }
 

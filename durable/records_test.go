@@ -2,6 +2,7 @@ package durable
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -134,4 +135,54 @@ func TestSettleRecovered(t *testing.T) {
 	if _, err := s.Load(ctx, "batch/v1/idem/none"); err == nil {
 		t.Error("a record was made for a key never claimed")
 	}
+}
+
+// A claim's renewal writes only over the record this process last wrote:
+// a key that another instance settled meanwhile (a recovery that ended
+// the saga) stays settled, the claim is lost, and its answer is not
+// written over the settled one. An answer the storage refused is stored
+// once it is back, and replayed.
+func TestClaimFenced(t *testing.T) {
+	t.Parallel()
+	bubble(t, func(t *testing.T) {
+		s := newMemStorage()
+		keys := NewKeys(s, NewLeases(30*time.Millisecond), zap.NewNop())
+		ctx := context.Background()
+		c := claimOf("fp")
+		d, err := keys.Claim(ctx, c)
+		if err != nil || d.Verdict != Proceed {
+			t.Fatalf("a new key: %v, %v", d.Verdict, err)
+		}
+		other := NewKeys(s, NewLeases(time.Minute), zap.NewNop())
+		if err := other.SettleRecovered(ctx, c.Record, &Answer{Status: 503}, "rolled_back", time.Hour, 1<<20); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(40 * time.Millisecond) // a renewal finds the record settled
+		if rec := stored(t, s, c.Record); rec.State != StateDone || rec.Outcome != "rolled_back" {
+			t.Errorf("a renewal wrote over the settled record: %+v", rec)
+		}
+		if !d.Held.Lost() {
+			t.Error("the claim is not lost")
+		}
+		if err := d.Held.Answered(ctx, &Answer{Status: 200}, "succeeded", time.Hour, 1<<20); !errors.Is(err, ErrClaimLost) {
+			t.Errorf("answering a lost claim: %v, want ErrClaimLost", err)
+		}
+		if rec := stored(t, s, c.Record); rec.Outcome != "rolled_back" {
+			t.Errorf("the lost claim's answer was stored: %+v", rec)
+		}
+
+		c2 := claimOf("fp2")
+		c2.Record, c2.Lock = IdempotencyRecord("k2", "", "/widgets", "/widgets", "update")
+		d2, _ := keys.Claim(ctx, c2)
+		s.failStores(errors.New("READONLY"))
+		if err := d2.Held.Answered(ctx, &Answer{Status: 200}, "succeeded", time.Hour, 1<<20); err == nil {
+			t.Fatal("an answer stored with the storage refusing stores")
+		}
+		d2.Held.AnsweredLater(&Answer{Status: 200}, "succeeded", time.Hour, 1<<20)
+		s.failStores(nil)
+		time.Sleep(2 * time.Second)
+		if d, _ := keys.Claim(ctx, c2); d.Verdict != Replay {
+			t.Errorf("the answer stored later: %v, want Replay", d.Verdict)
+		}
+	})
 }
