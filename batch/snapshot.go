@@ -37,22 +37,26 @@ type Snapshot struct {
 
 // ItemSnapshot is one item of a saga, with what the saga knows of it.
 type ItemSnapshot struct {
-	ID          string          `json:"id,omitempty"`
-	Element     json.RawMessage `json:"element,omitempty"`
-	Fields      []string        `json:"fields,omitempty"`
-	Phase       Phase           `json:"phase,omitempty"`
-	Outcome     Outcome         `json:"outcome,omitempty"`
-	Status      int             `json:"status,omitempty"`
-	Error       string          `json:"error,omitempty"`
-	Preimage    json.RawMessage `json:"preimage,omitempty"`
-	PreETag     string          `json:"pre_etag,omitempty"`
-	Applied     bool            `json:"applied,omitempty"`
-	Failure     bool            `json:"failure,omitempty"`
-	Settled     bool            `json:"settled,omitempty"`
-	Sent        *SubRequest     `json:"sent,omitempty"`
-	Undo        *Undo           `json:"undo,omitempty"`
-	NoUndo      string          `json:"no_undo,omitempty"`
-	CreatedFrom string          `json:"created_from,omitempty"`
+	ID       string          `json:"id,omitempty"`
+	Element  json.RawMessage `json:"element,omitempty"`
+	Fields   []string        `json:"fields,omitempty"`
+	Phase    Phase           `json:"phase,omitempty"`
+	Outcome  Outcome         `json:"outcome,omitempty"`
+	Status   int             `json:"status,omitempty"`
+	Error    string          `json:"error,omitempty"`
+	Preimage json.RawMessage `json:"preimage,omitempty"`
+	PreETag  string          `json:"pre_etag,omitempty"`
+	Applied  bool            `json:"applied,omitempty"`
+	Failure  bool            `json:"failure,omitempty"`
+	Settled  bool            `json:"settled,omitempty"`
+	Sent     *SubRequest     `json:"sent,omitempty"`
+	// SentTimeout is the item_timeout the write was sent under: a saga
+	// taken over resolves a write recorded in flight only once it is
+	// over (README, "Clusters").
+	SentTimeout time.Duration `json:"sent_timeout,omitempty"`
+	Undo        *Undo         `json:"undo,omitempty"`
+	NoUndo      string        `json:"no_undo,omitempty"`
+	CreatedFrom string        `json:"created_from,omitempty"`
 	// The rest are an envelope's: the operation's id (kept as "name"),
 	// method and url (as sent, once filled), the operations it depends
 	// on, and where its requests go, once its references are filled.
@@ -118,6 +122,9 @@ func (sg *saga) snapshotItem(i int) ItemSnapshot {
 		ID: it.ID, Element: st.body, Fields: planned.fields, Phase: st.phase, Outcome: it.Outcome, Status: it.Status, Error: it.Error,
 		Preimage: st.preimage, PreETag: st.preETag, Applied: st.applied, Failure: st.failure, Settled: st.settled,
 		Sent: st.sent, Undo: st.undo, NoUndo: st.noUndo, CreatedFrom: st.createdFrom,
+	}
+	if st.sent != nil {
+		snap.SentTimeout = sg.settings(i).ItemTimeout
 	}
 	snapshotOperation(&snap, planned.operation, st.tgt, it.ID)
 	return snap
@@ -260,10 +267,10 @@ func (sg *saga) resumeItem(i int, it ItemSnapshot) {
 		sg.items[i].Error = "the gateway that sent it stopped before its answer was recorded"
 		sg.state[i].applied, sg.state[i].failure = true, true
 		// The write may still be inside the old owner's next (a paused
-		// process, a partition): it is over, one way or the other, an
-		// item_timeout after this process took the saga over, by this
-		// process's clock (README, "Clusters").
-		sg.state[i].inFlightUntil = time.Now().Add(sg.settings(i).ItemTimeout)
+		// process, a partition): it is over, one way or the other, the
+		// item_timeout it was sent under after this process took the
+		// saga over, by this process's clock (README, "Clusters").
+		sg.state[i].inFlightUntil = time.Now().Add(max(it.SentTimeout, sg.settings(i).ItemTimeout))
 	case PhaseUndoing:
 		// An undo may have been sent. An item still unknown was being
 		// resent (idempotent_upstream) instead: it is resolved again.

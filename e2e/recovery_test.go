@@ -68,6 +68,7 @@ type deadSagaCase struct {
 func (tc deadSagaCase) directive() string {
 	return `batch {
 		concurrency 1
+		item_timeout 2s
 		` + tc.options + `
 		resource /api/widgets {` + resourceMethods + `
 		}
@@ -271,7 +272,7 @@ func TestRecoverNotOnValidate(t *testing.T) {
 		t.Errorf("caddy validate changed the upstream:\n got %v\nwant %v", after, dead)
 	}
 
-	startJournalGatewayAt(t, api, upstream, addr, dir, "recovery_interval 100ms", tc.recoverySite())
+	startJournalGatewayAt(t, api, upstream, addr, dir, "lease 1s\n\t\trecovery_interval 100ms", tc.recoverySite())
 	waitRecovered(t, api, tc.collection, before, dir, 10*time.Second)
 }
 

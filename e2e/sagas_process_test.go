@@ -98,7 +98,7 @@ func TestSagaStuckAndRecoveredKept(t *testing.T) {
 	time.Sleep(2500 * time.Millisecond) // A's lease lapses; B takes the saga over at start
 
 	addrB, adminB := freeAddr(t), freeAddr(t)
-	b := startCaddyProcess(t, bin, operatedConfig(addrB, adminB, upstream, dir, "30s", gadgets), addrB)
+	b := startCaddyProcess(t, bin, operatedConfig(addrB, adminB, upstream, dir, "2s", gadgets), addrB)
 	g := processAdmin(adminB)
 	var stuck []summaryJSON
 	eventually(t, 30*time.Second, "the saga listed stuck", func() bool {
