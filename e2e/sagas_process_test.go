@@ -122,8 +122,10 @@ func TestSagaStuckAndRecoveredKept(t *testing.T) {
 		t.Errorf("sagas left: %+v", got)
 	}
 
-	// A saga recovered after kill -9 that leaves an item behind is kept.
-	loadConfig(t, g, operatedConfig(addrB, adminB, upstream, dir, "30s", widgetsResource("put")))
+	// A saga recovered after kill -9 that leaves an item behind is kept
+	// (B takes it over once it saw its lease unchanged for one of its
+	// own: 2s).
+	loadConfig(t, g, operatedConfig(addrB, adminB, upstream, dir, "2s", widgetsResource("put")))
 	addrC := freeAddr(t)
 	c := startCaddyProcess(t, bin, operatedConfig(addrC, "off", upstream, dir, "2s", widgetsResource("put")), addrC)
 	release2 := killMidDelete(t, c, addrC, api, "3", "4")
