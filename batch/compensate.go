@@ -145,6 +145,12 @@ func (sg *saga) proved(ctx context.Context, i int, proof *Proof) bool {
 		return true
 	case proof.GoneIsUndone && gone(resp.Status):
 		sg.settle(ctx, i, RolledBack, "the created item was already deleted by someone else", nil)
+	case sg.tgt(i).kind != policy.OpCreate && is2xx(resp.Status) && sg.same(i, resp.Body, sg.state[i].preimage):
+		// Put back already: by the instance of a cluster that took the
+		// saga over, or by this one before it lost its lease, racing
+		// for the same item (docs/durability.md, "A saga never writes
+		// after it lost its lease"). Nothing of the batch is left on it.
+		sg.settle(ctx, i, RolledBack, "the item was already as it was before the batch (put back by another instance finishing the saga, or another writer)", nil)
 	default:
 		sg.settle(ctx, i, RollbackFailed, reason, resp)
 	}

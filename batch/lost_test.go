@@ -222,3 +222,20 @@ func TestOrphanedSagaUndoesEverythingKeepingItFirst(t *testing.T) {
 	equal(t, "status", w.Code, http.StatusServiceUnavailable)
 	equal(t, "outcome", w.Outcome, string(RolledBack))
 }
+
+// An undo whose proof finds the item already as it was before the batch
+// (the instance that took the saga over put it back, or this one before
+// it lost its lease: both undo the same item) sends nothing and counts
+// it rolled back: no false rollback_failed for a race of two undoers.
+func TestUndoFindsTheItemPutBack(t *testing.T) {
+	t.Parallel()
+	f := newFake().seed("1", "2")
+	before := f.state()
+	f.on("PATCH", "/widgets/2", reply(500, ``))
+	f.on("GET", "/widgets/1", answer{}, reply(200, before["/widgets/1"]))
+	p := mustPlan(t, newRequest("PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":1}]`), concurrency(1))
+	w := write(t, newSaga(p, Runtime{Send: f}, noBackoff).run(context.Background()))
+	equal(t, "PUTs sent", len(f.sentWith("PUT")), 0)
+	equal(t, "item 0", w.Items[0].Outcome, string(RolledBack))
+	equal(t, "outcome", w.Outcome, string(RolledBack))
+}

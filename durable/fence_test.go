@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/itemlock"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
@@ -452,5 +453,74 @@ func TestRenewalCost(t *testing.T) {
 				t.Errorf("a renewal made %v, want %v", got, want)
 			}
 		}
+	})
+}
+
+// items is a legacy API of widgets that keeps what it is sent: a PATCH
+// merges the name, a PUT replaces the widget, a GET reads it; each write
+// takes d.
+type items struct {
+	d    time.Duration
+	mu   sync.Mutex
+	body map[string]string
+}
+
+func (u *items) Send(_ context.Context, sr *batch.SubRequest) (*batch.SubResponse, error) {
+	if sr.Method != http.MethodGet {
+		time.Sleep(u.d)
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	switch sr.Method {
+	case http.MethodPatch:
+		id := sr.Path[strings.LastIndex(sr.Path, "/")+1:]
+		u.body[sr.Path] = `{"id":` + id + `,"name":"new"}`
+	case http.MethodPut:
+		u.body[sr.Path] = string(sr.Body)
+	}
+	return &batch.SubResponse{Status: 200, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(u.body[sr.Path])}, nil
+}
+
+// A saga that lost its lease undoes its own write while the instance
+// that took it over finishes the same saga: under one item lock table
+// they take turns, the widget ends as it was, and neither tells of an
+// item left behind (the second finds it put back already).
+func TestLostOwnerAndNewOwnerUndoOneItem(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
+		s := newFaulty()
+		s.setHook(func(_ context.Context, op, key string) error {
+			if op == "store" && strings.HasSuffix(key, "/"+leaseName) {
+				return errors.New("READONLY") // A's renewals fail: its lease lapses
+			}
+			return nil
+		})
+		api := &items{d: fenceLease * 6 / 5, body: map[string]string{"/widgets/1": `{"id":1,"name":"old"}`}}
+		locks := new(itemlock.Local)
+		a := NewJournals(s, NewLeases(fenceLease), zap.NewNop())
+		j := a.New(Origin{})
+		done := make(chan *batch.Result)
+		go func() {
+			done <- batch.Run(context.Background(), oneAtATime(t, 1), batch.Runtime{Send: api, Journal: j, Locks: locks})
+		}()
+		time.Sleep(time.Millisecond)
+		owned.forget(j.Saga()) // the other instance is another process
+		b := NewJournals(&faulty{memStorage: s.memStorage}, NewLeases(fenceLease), zap.NewNop())
+		finished := make(chan *batch.Result, 1)
+		finish := func(r *Recovered) error {
+			res, err := batch.Resume(context.Background(), r.Snapshot, widgets(t).Lookup, nil, batch.Runtime{Send: api, Journal: r.Journal, Locks: locks})
+			finished <- res
+			return err
+		}
+		scanAfterLease(t, b, finish, func(saga, doing string, err error) { t.Errorf("%s: %s: %v", saga, doing, err) })
+		lost, recovered := <-done, <-finished
+		if got := api.body["/widgets/1"]; got != `{"id":1,"name":"old"}` {
+			t.Errorf("widget 1 is %s, want it as it was", got)
+		}
+		for who, res := range map[string]*batch.Result{"the lost owner": lost, "the new owner": recovered} {
+			if res.Outcome == batch.RollbackFailed || res.Outcome == batch.Succeeded {
+				t.Errorf("%s ended %s: %s", who, res.Outcome, res.Detail)
+			}
+		}
+		checkNeverSucceededAfterLoss(t, lost)
 	})
 }
