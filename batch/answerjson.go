@@ -17,7 +17,7 @@ type answerHead struct {
 	Succeeded int     `json:"succeeded"`
 	Failed    int     `json:"failed"`
 	// Saga names the saga whose lease this gateway lost, so that its
-	// client can look its outcome up (README, "Clusters").
+	// client can look its outcome up (docs/durability.md, "A saga never writes after it lost its lease").
 	Saga string `json:"saga,omitempty"`
 }
 

@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-// A saga that lost its lease (README, "Clusters"; docs/durability.md, "A
+// A saga that lost its lease (docs/durability.md, "A
 // saga never writes after it lost its lease") sends no new write: another
 // instance may be finishing it already. It undoes only what that
 // instance may not know of — the writes answered after the last moment

@@ -378,7 +378,7 @@ func TestJournalFailureStopsTheWrite(t *testing.T) {
 	equal(t, "PATCHes sent", len(f.sentWith("PATCH")), 0)
 	equalSlices(t, "statuses", w.Statuses(), []int{503})
 	// The gateway's own storage failed, not the legacy API: 503, and
-	// when to try again (README, "Status codes").
+	// when to try again (docs/wire-format.md, "Batch requests and responses").
 	equal(t, "status", w.Code, 503)
 	equal(t, "Retry-After", w.Header.Get("Retry-After"), gatewayRetryAfter)
 	f.checkUnchanged(t, before)

@@ -131,7 +131,7 @@ type Result struct {
 	Warning           string
 	PreferenceApplied string
 	RetryAfter        string
-	// LeaseLost marks a saga that lost its lease (README, "Clusters"):
+	// LeaseLost marks a saga that lost its lease (docs/durability.md, "A saga never writes after it lost its lease"):
 	// whoever ends the saga settles its Idempotency-Key, not this
 	// answer. Saga names it, in the answer, and Kept the saga of its own
 	// it kept what it left behind under, if any.

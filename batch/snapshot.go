@@ -52,7 +52,7 @@ type ItemSnapshot struct {
 	Sent     *SubRequest     `json:"sent,omitempty"`
 	// SentTimeout is the item_timeout the write was sent under: a saga
 	// taken over resolves a write recorded in flight only once it is
-	// over (README, "Clusters").
+	// over (docs/durability.md, "A saga never writes after it lost its lease").
 	SentTimeout time.Duration `json:"sent_timeout,omitempty"`
 	Undo        *Undo         `json:"undo,omitempty"`
 	NoUndo      string        `json:"no_undo,omitempty"`
@@ -269,7 +269,7 @@ func (sg *saga) resumeItem(i int, it ItemSnapshot) {
 		// The write may still be inside the old owner's next (a paused
 		// process, a partition): it is over, one way or the other, the
 		// item_timeout it was sent under after this process took the
-		// saga over, by this process's clock (README, "Clusters").
+		// saga over, by this process's clock (docs/durability.md, "A saga never writes after it lost its lease").
 		sg.state[i].inFlightUntil = time.Now().Add(max(it.SentTimeout, sg.settings(i).ItemTimeout))
 	case PhaseUndoing:
 		// An undo may have been sent. An item still unknown was being

@@ -24,7 +24,7 @@ type Journal interface {
 	// with time to spare. It waits while the lease is unproven (a storage
 	// call failed or hangs), returns an error wrapping ErrLeaseUnproven
 	// when ctx ends first, and a *LeaseLost once another instance may
-	// act on the saga (README, "Clusters").
+	// act on the saga (docs/durability.md, "A saga never writes after it lost its lease").
 	Fence(ctx context.Context) error
 }
 

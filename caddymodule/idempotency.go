@@ -200,7 +200,7 @@ func (k *keyedBatch) write(w http.ResponseWriter, res *batch.Result) error {
 		return rec.Answer().Write(w)
 	}
 	if res.LeaseLost {
-		// Whoever ends the saga settles the key (README, "Clusters"):
+		// Whoever ends the saga settles the key (docs/durability.md, "A saga never writes after it lost its lease"):
 		// this answer is not the saga's end, and must not replay as it.
 		k.held.Release()
 		return rec.Answer().Write(w)
