@@ -62,8 +62,8 @@ func (sg *saga) send(i int, req *SubRequest, o sendOpts) (*SubResponse, error) {
 				return nil, errors.Join(errJournal, err)
 			}
 		}
-		// The last look at the lease, after every wait (README,
-		// "Clusters"): no write leaves for a saga another instance may
+		// The last look at the lease, after every wait
+		// (docs/durability.md, "Clusters"): no write leaves for a saga another instance may
 		// be finishing.
 		if sg.fences(req) {
 			if err := sg.rt.Journal.Fence(o.wait); err != nil {

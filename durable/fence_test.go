@@ -428,7 +428,7 @@ func raceRenewalAndClaim(t *testing.T, order string) {
 
 type raceParty struct{}
 
-// A renewal costs three storage calls (docs/durability.md, "Cost"): its
+// A renewal costs three storage calls (docs/durability.md, "Each fault, and what an operator sees": Cost): its
 // own key read back (segment 0's age, the first time), written, and the
 // folder listed; a blind renewal was one write.
 func TestRenewalCost(t *testing.T) {

@@ -372,8 +372,8 @@ func (c *fencingCluster) checkNoJournalLeft(t *testing.T) {
 				// The Redis module stores a key as two commands, the folder
 				// index's ZADD and the SET: a Redis restarted between them
 				// keeps a key no listing shows, nobody reads, and nothing
-				// can find to delete (docs/durability.md, "What cannot
-				// survive"). What it recorded is in the saga the lost owner
+				// can find to delete (docs/durability.md, "Durability:
+				// the saga journal": what cannot survive). What it recorded is in the saga the lost owner
 				// kept, which checkNotDeletedInSilence asks for.
 				t.Logf("saga %s: keys the Redis module never indexed, after the restart: %v", saga, keys)
 				continue

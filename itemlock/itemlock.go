@@ -1,4 +1,4 @@
-// Package itemlock is the item locks (docs/all-or-nothing.md, "Locks"):
+// Package itemlock is the item locks (docs/all-or-nothing.md, its Locks paragraph):
 // what a lock of an item is, the one error of a lock another writer
 // held, and the table of local locks of a process. Storage item locks,
 // which take a local lock first, are durable's (durable.ItemLocks).
