@@ -21,8 +21,8 @@ func init() {
 	caddy.RegisterModule(adminSagas{})
 }
 
-// adminSagas serves the sagas on Caddy's admin endpoint (README,
-// "Operations"), from the shared storage, so that any instance of a
+// adminSagas serves the sagas on Caddy's admin endpoint (docs/operations.md,
+// "Sagas left behind"), from the shared storage, so that any instance of a
 // cluster sees and acts on every saga:
 //
 //	GET  /batch/sagas[?state=S][&limit=N][&after=ID]

@@ -3,7 +3,8 @@
 // sweep for a config and finishes a taken-over saga through the
 // server's routes, the certmagic adapter of durable's storage, and the
 // operator's surface over the app's journals (the admin.api.batch
-// module and the caddy batch subcommands; README, "Operations"). The
+// module and the caddy batch subcommands; docs/operations.md, "Sagas
+// left behind"). The
 // batch handler joins the app as it is provisioned (Register) and
 // finishes the sagas the app sends it (RecoveryOf).
 package batchapp

@@ -20,7 +20,7 @@ import (
 	"github.com/caddy-batch/caddy-batch/durable"
 )
 
-// The operator's commands (README, "Operations"): caddy batch sagas,
+// The operator's commands (docs/operations.md, "Sagas left behind"): caddy batch sagas,
 // saga, retry and resolve, each a request to the admin endpoint of a
 // running Caddy, found as caddy reload finds it.
 func init() {

@@ -16,7 +16,7 @@ import (
 	"github.com/caddy-batch/caddy-batch/telemetry"
 )
 
-// Operating the sagas (README, "Operations"): what the admin API's
+// Operating the sagas (docs/operations.md, "Sagas left behind"): what the admin API's
 // retry and resolve do, through the running config's batch app, whose
 // servers a retry's requests go through as a recovery's do.
 

@@ -19,7 +19,7 @@ import (
 	"github.com/caddy-batch/caddy-batch/telemetry"
 )
 
-// observation is what the gateway records of one batch request (README,
+// observation is what the gateway records of one batch request (docs/operations.md,
 // "Operations"): the placeholders for access logs, the batch's one log line,
 // and its metrics.
 type observation struct {

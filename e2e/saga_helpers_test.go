@@ -198,8 +198,8 @@ func checkLeftBehind(t testing.TB, r response, i int, why string) batchAnswer {
 	return b
 }
 
-// checkRepairLog checks the batch's ERROR log line (README, "The log
-// line"): it names item i as left behind, and the kept saga, which gives
+// checkRepairLog checks the batch's ERROR log line (docs/operations.md,
+// "The log line"): it names item i as left behind, and the kept saga, which gives
 // its pre-image, so that an operator can repair it by hand; the line
 // itself holds no pre-image.
 func checkRepairLog(t testing.TB, g *gateway, i int, preimage map[string]any) {

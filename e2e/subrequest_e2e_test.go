@@ -146,7 +146,7 @@ func TestBatchSubRequestHeaders(t *testing.T) {
 	}
 }
 
-// TestBatchSubRequestIsolation (README, "Sub-requests and reloads"): a sub-request sees what
+// TestBatchSubRequestIsolation (docs/operations.md, "Sub-requests and reloads"): a sub-request sees what
 // a single-item request would: the batch request's vars, its request
 // UUID, and the same route groups.
 func TestBatchSubRequestIsolation(t *testing.T) {

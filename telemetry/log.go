@@ -12,7 +12,7 @@ import (
 // pre-images, personal data as likely as not, are in the kept saga
 // (named, with the command that shows it) when the batch keeps a
 // journal, and only without one in the line itself: there is nowhere
-// else to keep them (README, "Operations").
+// else to keep them (docs/operations.md, "The log line").
 func OutcomeFields(res *batch.Result, saga string) []zap.Field {
 	var fields []zap.Field
 	if res.Detail != "" {

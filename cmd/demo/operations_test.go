@@ -13,9 +13,9 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// demo is the running demo of the README session: where its gateway and
+// demo is the running demo of the documents' session: where its gateway and
 // admin endpoint listen, its config file, and the saga id the last caddy
-// batch command showed (the README writes <saga> for it).
+// batch command showed (docs/operations.md writes <saga> for it).
 type demo struct {
 	gateway, admin, config string
 	saga                   string
@@ -27,11 +27,11 @@ var (
 	blanks    = regexp.MustCompile(`[ \t]+`)
 )
 
-// caddy runs a step of the README's Operations section: caddy reload
-// (after the edit the README asks for: uncommenting the users'
+// caddy runs a step of docs/operations.md's worked example: caddy
+// reload (after the edit it asks for: uncommenting the users'
 // restore_deleted post), or a caddy batch command, in this process,
 // against the demo's admin endpoint; its output is compared with the
-// README's, saga ids and times written <saga> and <time>, and runs of
+// document's, saga ids and times written <saga> and <time>, and runs of
 // blanks as one.
 func (d *demo) caddy(t *testing.T, s step) {
 	args := shellWords(t, s.command)
@@ -40,7 +40,7 @@ func (d *demo) caddy(t *testing.T, s step) {
 		d.reload(t)
 		return
 	case len(args) < 3 || args[1] != "batch":
-		t.Fatalf("the README test runs caddy reload --config Caddyfile.example and caddy batch ..., not %q", s.command)
+		t.Fatalf("the session runs caddy reload --config Caddyfile.example and caddy batch ..., not %q", s.command)
 	}
 	for i, a := range args {
 		if a == "<saga>" {
@@ -64,7 +64,7 @@ func (d *demo) caddy(t *testing.T, s step) {
 	}
 	got := normalize(dateTimes.ReplaceAllString(sagaIDs.ReplaceAllString(out.String(), "<saga>"), "<time>"))
 	if want := normalize(s.output); got != want {
-		t.Errorf("%s printed\n%s\nthe README shows\n%s", s.command, got, want)
+		t.Errorf("%s printed\n%s\ndocs/operations.md shows\n%s", s.command, got, want)
 	}
 }
 
@@ -76,8 +76,8 @@ func normalize(s string) string {
 	return strings.Join(lines, "\n")
 }
 
-// reload makes the edit the README asks for and loads the config, as
-// caddy reload does.
+// reload makes the edit docs/operations.md asks for and loads the
+// config, as caddy reload does.
 func (d *demo) reload(t *testing.T) {
 	raw, err := os.ReadFile(d.config)
 	if err != nil {
@@ -85,7 +85,7 @@ func (d *demo) reload(t *testing.T) {
 	}
 	const commented = "\t\t\t# restore_deleted post\n"
 	if bytes.Count(raw, []byte(commented)) != 1 {
-		t.Fatal("Caddyfile.example no longer has the users' restore_deleted post commented out, as the README's Operations section says")
+		t.Fatal("Caddyfile.example no longer has the users' restore_deleted post commented out, as docs/operations.md says")
 	}
 	raw = bytes.Replace(raw, []byte(commented), []byte("\t\t\trestore_deleted post\n"), 1)
 	if err := os.WriteFile(d.config, raw, 0o644); err != nil {

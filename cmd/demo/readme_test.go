@@ -18,15 +18,24 @@ import (
 	"github.com/caddyserver/caddy/v2"
 )
 
-// TestReadmeSession runs every curl command of the README's console
-// blocks, in order, against the demo (Caddyfile.example in front of the
-// demo legacy API), and checks that the answer is the one the README
-// shows: the status line and headers shown for curl -i, and the body,
-// compared as JSON. The README's demo cannot drift from what it does.
+// sessionDocs are the documents whose console blocks make the demo's
+// session, in the order it runs them: the README's worked example, the
+// tour, and the worked example of the sagas left behind.
+var sessionDocs = []string{"../../README.md", "../../docs/tour.md", "../../docs/operations.md"}
+
+// TestReadmeSession runs every curl command of the console blocks of the
+// README, docs/tour.md and docs/operations.md, in order, against the demo
+// (Caddyfile.example in front of the demo legacy API), and checks that
+// the answer is the one the document shows: the status line and headers
+// shown for curl -i, and the body, compared as JSON. The documents' demo
+// cannot drift from what it does.
 func TestReadmeSession(t *testing.T) {
-	steps := readmeSession(t, "../../README.md")
+	var steps []step
+	for _, path := range sessionDocs {
+		steps = append(steps, readmeSession(t, path)...)
+	}
 	if len(steps) < 10 {
-		t.Fatalf("found %d curl steps in the README; its demo session is missing", len(steps))
+		t.Fatalf("found %d curl steps in %v; the demo session is missing", len(steps), sessionDocs)
 	}
 	d := startDemo(t)
 	gateway := d.gateway
@@ -66,7 +75,7 @@ func startDemo(t testing.TB) *demo {
 		t.Fatal("Caddyfile.example no longer serves :8080, as the README says")
 	}
 	if !bytes.Contains(raw, []byte("\tadmin localhost:2019\n")) {
-		t.Fatal("Caddyfile.example no longer turns the admin endpoint on at localhost:2019, as the README's Operations section says")
+		t.Fatal("Caddyfile.example no longer turns the admin endpoint on at localhost:2019, as docs/operations.md says")
 	}
 	dir := t.TempDir()
 	d := &demo{gateway: gateway, admin: freeAddr(t), config: filepath.Join(dir, "Caddyfile")}
@@ -105,13 +114,14 @@ func freeAddr(t testing.TB) string {
 	return l.Addr().String()
 }
 
-// step is one "$ curl ..." of the README and the output it shows.
+// step is one "$ curl ..." of a document and the output it shows.
 type step struct {
 	command string
 	output  string
 }
 
-// readmeSession collects the steps of every ```console block.
+// readmeSession collects the steps of every ```console block of the
+// document at path.
 func readmeSession(t *testing.T, path string) []step {
 	f, err := os.Open(path)
 	if err != nil {
@@ -136,7 +146,7 @@ func readmeSession(t *testing.T, path string) []step {
 			steps = append(steps, step{command: strings.TrimSuffix(line[2:], `\`)})
 			continued = strings.HasSuffix(line, `\`)
 		case len(steps) == 0:
-			t.Fatalf("README: output before any command in a console block: %q", line)
+			t.Fatalf("%s: output before any command in a console block: %q", path, line)
 		default:
 			steps[len(steps)-1].output += line + "\n"
 		}
@@ -146,12 +156,12 @@ func readmeSession(t *testing.T, path string) []step {
 
 // request builds the request a step's curl command sends, to the gateway
 // in place of localhost:8080 (the Host header stays localhost:8080, so
-// absolute Location headers read as in the README).
+// absolute Location headers read as in the documents).
 func (s step) request(t *testing.T, gateway string) *http.Request {
 	command, _ := s.piped()
 	args := shellWords(t, command)
 	if len(args) == 0 || args[0] != "curl" {
-		t.Fatalf("README console blocks hold only curl and caddy commands, not %q", s.command)
+		t.Fatalf("the console blocks hold only curl and caddy commands, not %q", s.command)
 	}
 	method, target, data := "", "", ""
 	var header []string
@@ -175,7 +185,7 @@ func (s step) request(t *testing.T, gateway string) *http.Request {
 			}
 		default:
 			if strings.HasPrefix(a, "-") || target != "" {
-				t.Fatalf("the README test does not know the curl argument %q", a)
+				t.Fatalf("the session does not know the curl argument %q", a)
 			}
 			target = a
 		}
@@ -218,12 +228,12 @@ func (s step) check(t *testing.T, resp *http.Response, body []byte) {
 		lines := strings.Split(head, "\n")
 		fields := strings.Fields(lines[0])
 		if len(fields) < 2 || fields[1] != strconv.Itoa(resp.StatusCode) {
-			t.Errorf("status %d, the README shows %q", resp.StatusCode, lines[0])
+			t.Errorf("status %d, the document shows %q", resp.StatusCode, lines[0])
 		}
 		for _, l := range lines[1:] {
 			name, value, _ := strings.Cut(l, ":")
 			if got := resp.Header.Get(name); got != strings.TrimSpace(value) {
-				t.Errorf("header %s: %q, the README shows %q", name, got, strings.TrimSpace(value))
+				t.Errorf("header %s: %q, the document shows %q", name, got, strings.TrimSpace(value))
 			}
 		}
 		want = rest
@@ -231,34 +241,34 @@ func (s step) check(t *testing.T, resp *http.Response, body []byte) {
 	want = strings.TrimSpace(want)
 	if want == "" {
 		if len(body) != 0 {
-			t.Errorf("body %s, the README shows none", body)
+			t.Errorf("body %s, the document shows none", body)
 		}
 		return
 	}
 	if _, jq := s.piped(); jq {
-		// What jq prints, byte for byte: the README shows what a reader
+		// What jq prints, byte for byte: the document shows what a reader
 		// sees.
 		var pretty bytes.Buffer
 		if err := json.Indent(&pretty, body, "", "  "); err != nil {
 			t.Fatalf("the command pipes through jq, but the body is not JSON: %v\n%s", err, body)
 		}
 		if got := strings.TrimSpace(pretty.String()); got != want {
-			t.Errorf("jq would print\n%s\nthe README shows\n%s", got, want)
+			t.Errorf("jq would print\n%s\nthe document shows\n%s", got, want)
 		}
 		return
 	}
 	if strings.HasPrefix(want, "{\n") || strings.HasPrefix(want, "[\n") {
-		t.Errorf("the README shows indented JSON, which curl does not print: pipe the command through jq")
+		t.Errorf("the document shows indented JSON, which curl does not print: pipe the command through jq")
 	}
 	var gotJSON, wantJSON any
 	if err := decode([]byte(want), &wantJSON); err != nil {
 		if got := strings.TrimSpace(string(body)); got != want {
-			t.Errorf("body\n%s\nthe README shows\n%s", got, want)
+			t.Errorf("body\n%s\nthe document shows\n%s", got, want)
 		}
 		return
 	}
 	if err := decode(body, &gotJSON); err != nil || !reflect.DeepEqual(gotJSON, wantJSON) {
-		t.Errorf("body\n%s\nthe README shows\n%s", body, want)
+		t.Errorf("body\n%s\nthe document shows\n%s", body, want)
 	}
 }
 
