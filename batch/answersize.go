@@ -7,7 +7,7 @@ import (
 
 // keepBody counts item i's body, as just answered, toward the batch's
 // answer, and leaves it out if the answer would then pass
-// max_response_size (README, "Sizing the limits"). It reports false when that made
+// max_response_size (docs/security.md, "Sizing the limits"). It reports false when that made
 // the item a failure. The bodies are what a batch holds
 // until it answers, and what its answer is made of, so counting them as
 // they come bounds both before the memory runs out; the answer's own

@@ -9,7 +9,7 @@ import (
 	"github.com/caddy-batch/caddy-batch/problem"
 )
 
-// README, "Sizing the limits": max_response_size bounds the whole batch answer. An item
+// docs/security.md, "Sizing the limits": max_response_size bounds the whole batch answer. An item
 // whose body would take the answer past it is left out, says why, and
 // fails: an all-or-nothing batch fails (502), a partial one answers 207,
 // a write batch is undone.

@@ -36,7 +36,7 @@ var errJournal = errors.New("the saga's journal could not record the write")
 // (429, or 503 with Retry-After) was not processed: the request gives up
 // its slot, waits as long as the upstream asked, and is sent again, as
 // long as the wait is within max_throttle_wait and wait's deadline
-// (README, "Throttling"). The journal and the saga see one request and
+// (docs/security.md, "Throttling"). The journal and the saga see one request and
 // its last answer.
 //
 // A request not sent at all returns a nil answer and slots.ErrNoSlot,

@@ -17,7 +17,7 @@ import (
 // client's other new sub-requests to that resource, across every batch
 // of a handler, instead of letting each one find the same answer. A
 // client is the hash of its credentials, so one client's throttle never
-// stalls another's batches (README, "Throttling").
+// stalls another's batches (docs/security.md, "Throttling").
 //
 // The zero value is not usable; use NewThrottles.
 type Throttles struct {

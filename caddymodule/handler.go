@@ -67,7 +67,7 @@ type Handler struct {
 	Envelope string `json:"envelope,omitempty"`
 
 	// The legacy API's OpenAPI document, imported as resources, and the
-	// document the gateway publishes (README, "From OpenAPI").
+	// document the gateway publishes (docs/openapi.md, "From OpenAPI").
 	// Default: none.
 	OpenAPI *OpenAPIConfig `json:"openapi,omitempty"`
 

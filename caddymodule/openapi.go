@@ -16,7 +16,7 @@ import (
 )
 
 // OpenAPIConfig is the legacy API's OpenAPI document in, and the
-// document the gateway serves out (README, "From OpenAPI";
+// document the gateway serves out (docs/openapi.md, "From OpenAPI";
 // docs/configuration.md, "openapi").
 type OpenAPIConfig struct {
 	// The legacy API's OpenAPI 3.0 or 3.1 document, YAML or JSON, read
@@ -40,7 +40,7 @@ type OpenAPIConfig struct {
 
 	// The path where GET and HEAD answer the document as the gateway
 	// serves it, batch operations added. It is answered before
-	// authentication (README, Security). Default: none (not published).
+	// authentication (docs/security.md, "Security"). Default: none (not published).
 	Publish string `json:"publish,omitempty"`
 
 	// Patterns of the document's paths to import, * standing for any

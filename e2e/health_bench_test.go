@@ -17,7 +17,7 @@ import (
 )
 
 // BenchmarkHealthProcess measures how the gateway keeps a legacy API
-// healthy (README, "Sizing the limits"), with Caddy as a process of its
+// healthy (docs/security.md, "Sizing the limits"), with Caddy as a process of its
 // own as BenchmarkGet100Process runs it, the API and the clients in the
 // test process:
 //

@@ -211,7 +211,7 @@ func TestOpenAPIReload(t *testing.T) {
 	}
 }
 
-// TestOpenAPIPublishBehindAuth: the README's way to keep the published
+// TestOpenAPIPublishBehindAuth: docs/security.md's way to keep the published
 // document private (basic_auth before batch in a route) asks for
 // credentials there, and lets batches through as before.
 func TestOpenAPIPublishBehindAuth(t *testing.T) {

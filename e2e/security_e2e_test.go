@@ -14,7 +14,7 @@ import (
 )
 
 // The end-to-end tests of "a batch gets no more rights than its single
-// requests" (README, "Security"): in Caddy's default directive
+// requests" (docs/security.md, "Security"): in Caddy's default directive
 // order, the authentication after batch is asked about every item, and
 // the batch answer relays what an item's status needs and stays JSON.
 // Method overrides are in override_e2e_test.go.

@@ -43,8 +43,8 @@ func (g Gap) Warning() string {
 }
 
 // Derive turns on, for an imported resource whose settings are resolved,
-// the batch operations whose single methods its map allows (section
-// "From OpenAPI" of the README), and the collection's PATCH and DELETE
+// the batch operations whose single methods its map allows (docs/openapi.md,
+// "From OpenAPI"), and the collection's PATCH and DELETE
 // that batch update and delete are served on. An operation whose
 // all-or-nothing undo needs a method the map lacks stays off, and is
 // returned as a Gap. spec.Batch set by the operator is kept as written;

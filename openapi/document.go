@@ -3,7 +3,7 @@
 // gateway serves it, batch operations added (Publish). It knows nothing
 // of Caddy: the Caddy module reads the file and hands over its bytes.
 //
-// The parser is github.com/getkin/kin-openapi (README, "From OpenAPI"):
+// The parser is github.com/getkin/kin-openapi (docs/openapi.md, "From OpenAPI"):
 // maintained, it reads OpenAPI 3.0 and 3.1, brings three small modules,
 // and records the line of every element, so an error names the line as
 // well as the JSON pointer.

@@ -38,7 +38,7 @@ const DefaultVersion = "3.0.3"
 // Publish writes the document as the gateway serves it: the input's
 // paths the map serves (im nil: a document built from the resources,
 // with free-form item schemas) and the operations the gateway adds
-// (README, "From OpenAPI"). Its servers are the gateway's, a relative
+// (docs/openapi.md, "From OpenAPI"). Its servers are the gateway's, a relative
 // url, so no internal host name is published.
 func Publish(im *Imported, served []Served, g Gateway) ([]byte, error) {
 	p := &publication{doc: map[string]any{}, gateway: g, names: map[string]bool{}, opIDs: map[string]bool{}}

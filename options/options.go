@@ -163,7 +163,7 @@ type Options struct {
 	// Makes the handler's bound on sub-requests in flight follow the
 	// legacy API instead of max_in_flight: it grows while sub-requests'
 	// latency stays near the lowest recently seen, and shrinks when it
-	// rises or the API throttles (README, "Sizing the limits"). It is
+	// rises or the API throttles (docs/security.md, "Sizing the limits"). It is
 	// the handler's alone, kept across reloads as max_in_flight is, and
 	// cannot be set with max_in_flight. Default: off (a fixed
 	// max_in_flight).
@@ -173,7 +173,7 @@ type Options struct {
 	// 503 with Retry-After) may ask for and still be waited out: the
 	// sub-request is sent again after it, if the batch's deadline allows,
 	// and the same client's other sub-requests to the resource wait
-	// with it (README, "Throttling"). A longer pause fails the item at
+	// with it (docs/security.md, "Throttling"). A longer pause fails the item at
 	// once with the API's status and Retry-After; 0 waits out none.
 	// Default: 5s.
 	MaxThrottleWait *caddy.Duration `json:"max_throttle_wait,omitempty"`

@@ -203,7 +203,7 @@ type Settings struct {
 	StampedFields []string
 	// MaxThrottleWait is the longest delay a throttling answer (429, or
 	// 503 with Retry-After) may ask for and still be waited out and sent
-	// again; 0 waits out none (README, "Throttling").
+	// again; 0 waits out none (docs/security.md, "Throttling").
 	MaxThrottleWait time.Duration
 }
 

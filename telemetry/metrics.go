@@ -112,7 +112,7 @@ func newBatchMetrics() *BatchMetrics {
 			`LISTs sent through a resource's list_filter that answered nothing usable, so that their ids were read one by one, by reason: "no_answer", "status" (not 2xx), or "body" (not JSON, or no array where items points).`,
 			[]string{"server", "resource", "reason"}),
 		Throttled: counter("throttled_total",
-			"Sub-requests the legacy API throttled (429, or 503 with Retry-After) that waited the pause it asked for and were sent again (README, \"Throttling\").",
+			"Sub-requests the legacy API throttled (429, or 503 with Retry-After) that waited the pause it asked for and were sent again (docs/security.md, \"Throttling\").",
 			[]string{"resource"}),
 		pending: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Namespace: metricsNamespace, Subsystem: metricsSubsystem,
