@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"net/http"
 
+	"github.com/caddy-batch/caddy-batch/internal/problem"
 	"github.com/caddy-batch/caddy-batch/policy"
-	"github.com/caddy-batch/caddy-batch/problem"
 )
 
 // Admit is the one front door of a batch. For a request to the collection

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/caddy-batch/caddy-batch/internal/problem"
 	"github.com/caddy-batch/caddy-batch/policy"
-	"github.com/caddy-batch/caddy-batch/problem"
 )
 
 // marshalled is the answer as the gateway wrote it before it streamed

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/caddy-batch/caddy-batch/problem"
+	"github.com/caddy-batch/caddy-batch/internal/problem"
 )
 
 // docs/security.md, "Sizing the limits": max_response_size bounds the whole batch answer. An item

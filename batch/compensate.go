@@ -10,9 +10,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/caddy-batch/caddy-batch/jsonvalue"
+	"github.com/caddy-batch/caddy-batch/internal/jsonvalue"
+	"github.com/caddy-batch/caddy-batch/internal/slots"
 	"github.com/caddy-batch/caddy-batch/policy"
-	"github.com/caddy-batch/caddy-batch/slots"
 )
 
 // compensate is the saga's fifth step: it undoes every item whose write

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"net/http"
 
-	"github.com/caddy-batch/caddy-batch/jsonvalue"
+	"github.com/caddy-batch/caddy-batch/internal/jsonvalue"
 )
 
 // nameCreated finds the id of a created item (docs/all-or-nothing.md): see

@@ -14,7 +14,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/caddy-batch/caddy-batch/itemlock"
+	"github.com/caddy-batch/caddy-batch/internal/itemlock"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 

@@ -9,8 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/caddy-batch/caddy-batch/internal/slots"
 	"github.com/caddy-batch/caddy-batch/policy"
-	"github.com/caddy-batch/caddy-batch/slots"
 )
 
 // execute is the saga's fourth step, and all of a batch that is not a

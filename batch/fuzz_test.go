@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/caddy-batch/caddy-batch/jsonvalue"
+	"github.com/caddy-batch/caddy-batch/internal/jsonvalue"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 

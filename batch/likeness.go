@@ -7,7 +7,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/caddy-batch/caddy-batch/jsonvalue"
+	"github.com/caddy-batch/caddy-batch/internal/jsonvalue"
 )
 
 // What a proof compares: a read of an item against an image the saga

@@ -7,7 +7,7 @@ import (
 	"net/http"
 	"sync"
 
-	"github.com/caddy-batch/caddy-batch/jsonvalue"
+	"github.com/caddy-batch/caddy-batch/internal/jsonvalue"
 )
 
 // maxListTarget bounds a LIST's request target (path and query): servers

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/caddy-batch/caddy-batch/itemlock"
+	"github.com/caddy-batch/caddy-batch/internal/itemlock"
 )
 
 // heldLocks are the locks a saga holds until its last undo or check.

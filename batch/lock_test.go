@@ -11,7 +11,7 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/caddy-batch/caddy-batch/itemlock"
+	"github.com/caddy-batch/caddy-batch/internal/itemlock"
 )
 
 // A batch that cannot get its locks within batch_timeout is refused with

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddy-batch/caddy-batch/itemlock"
+	"github.com/caddy-batch/caddy-batch/internal/itemlock"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 

@@ -10,9 +10,9 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/caddy-batch/caddy-batch/jsonvalue"
+	"github.com/caddy-batch/caddy-batch/internal/jsonvalue"
+	"github.com/caddy-batch/caddy-batch/internal/problem"
 	"github.com/caddy-batch/caddy-batch/policy"
-	"github.com/caddy-batch/caddy-batch/problem"
 )
 
 // Envelope is a handler's batch across resources (docs/envelope.md): a

@@ -15,9 +15,9 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/caddy-batch/caddy-batch/jsonvalue"
+	"github.com/caddy-batch/caddy-batch/internal/jsonvalue"
+	"github.com/caddy-batch/caddy-batch/internal/problem"
 	"github.com/caddy-batch/caddy-batch/policy"
-	"github.com/caddy-batch/caddy-batch/problem"
 )
 
 // Plan is a batch that passed every input rule, ready to run: nothing in

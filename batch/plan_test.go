@@ -8,7 +8,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/caddy-batch/caddy-batch/itemlock"
+	"github.com/caddy-batch/caddy-batch/internal/itemlock"
 )
 
 // userAndItsPosts references the created user from a url alone (g, m), a

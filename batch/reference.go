@@ -7,7 +7,7 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/caddy-batch/caddy-batch/jsonvalue"
+	"github.com/caddy-batch/caddy-batch/internal/jsonvalue"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 

@@ -12,9 +12,9 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/caddy-batch/caddy-batch/jsonvalue"
+	"github.com/caddy-batch/caddy-batch/internal/jsonvalue"
+	"github.com/caddy-batch/caddy-batch/internal/problem"
 	"github.com/caddy-batch/caddy-batch/policy"
-	"github.com/caddy-batch/caddy-batch/problem"
 )
 
 // Outcome is what became of one item, or of a whole batch.

@@ -10,8 +10,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/caddy-batch/caddy-batch/internal/slots"
 	"github.com/caddy-batch/caddy-batch/policy"
-	"github.com/caddy-batch/caddy-batch/slots"
 )
 
 // sendTimes keeps when each sub-request reached the fake, by "METHOD

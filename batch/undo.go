@@ -6,7 +6,7 @@ import (
 	"net/http"
 	"slices"
 
-	"github.com/caddy-batch/caddy-batch/jsonvalue"
+	"github.com/caddy-batch/caddy-batch/internal/jsonvalue"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 

@@ -13,8 +13,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/caddy-batch/caddy-batch/durable"
-	"github.com/caddy-batch/caddy-batch/problem"
-	"github.com/caddy-batch/caddy-batch/telemetry"
+	"github.com/caddy-batch/caddy-batch/internal/problem"
+	"github.com/caddy-batch/caddy-batch/internal/telemetry"
 )
 
 func init() {

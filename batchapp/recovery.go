@@ -16,8 +16,8 @@ import (
 
 	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/durable"
-	"github.com/caddy-batch/caddy-batch/recorder"
-	"github.com/caddy-batch/caddy-batch/telemetry"
+	"github.com/caddy-batch/caddy-batch/internal/recorder"
+	"github.com/caddy-batch/caddy-batch/internal/telemetry"
 )
 
 // scan looks for journals to finish (durable's Scan), once, and counts

@@ -13,7 +13,7 @@ import (
 
 	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/durable"
-	"github.com/caddy-batch/caddy-batch/telemetry"
+	"github.com/caddy-batch/caddy-batch/internal/telemetry"
 )
 
 // Operating the sagas (docs/operations.md, "Sagas left behind"): what the admin API's

@@ -10,7 +10,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
-	"github.com/caddy-batch/caddy-batch/options"
+	"github.com/caddy-batch/caddy-batch/internal/options"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 

@@ -5,8 +5,8 @@ import (
 	"slices"
 
 	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/internal/options"
 	"github.com/caddy-batch/caddy-batch/openapi"
-	"github.com/caddy-batch/caddy-batch/options"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 

@@ -9,10 +9,10 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-batch/caddy-batch/batch"
-	"github.com/caddy-batch/caddy-batch/itemlock"
-	"github.com/caddy-batch/caddy-batch/options"
+	"github.com/caddy-batch/caddy-batch/internal/itemlock"
+	"github.com/caddy-batch/caddy-batch/internal/options"
+	"github.com/caddy-batch/caddy-batch/internal/problem"
 	"github.com/caddy-batch/caddy-batch/policy"
-	"github.com/caddy-batch/caddy-batch/problem"
 )
 
 // scope is what a batch request runs under: one resource's collection, or

@@ -17,9 +17,9 @@ import (
 	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/batchapp"
 	"github.com/caddy-batch/caddy-batch/durable"
+	"github.com/caddy-batch/caddy-batch/internal/problem"
+	"github.com/caddy-batch/caddy-batch/internal/telemetry"
 	"github.com/caddy-batch/caddy-batch/policy"
-	"github.com/caddy-batch/caddy-batch/problem"
-	"github.com/caddy-batch/caddy-batch/telemetry"
 )
 
 // Idempotency-Key replay (docs/durability.md, "Idempotency-Key replay")

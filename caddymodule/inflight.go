@@ -9,11 +9,11 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
-	"github.com/caddy-batch/caddy-batch/adaptive"
 	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/internal/adaptive"
+	"github.com/caddy-batch/caddy-batch/internal/slots"
+	"github.com/caddy-batch/caddy-batch/internal/telemetry"
 	"github.com/caddy-batch/caddy-batch/policy"
-	"github.com/caddy-batch/caddy-batch/slots"
-	"github.com/caddy-batch/caddy-batch/telemetry"
 )
 
 // pooledSlots are one handler's max_in_flight slots, kept in pools so

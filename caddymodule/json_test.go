@@ -8,7 +8,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
-	"github.com/caddy-batch/caddy-batch/options"
+	"github.com/caddy-batch/caddy-batch/internal/options"
 )
 
 // everyOption sets every option, as the handler's or a resource's.

@@ -12,10 +12,10 @@ import (
 
 	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/durable"
-	"github.com/caddy-batch/caddy-batch/itemlock"
+	"github.com/caddy-batch/caddy-batch/internal/itemlock"
+	"github.com/caddy-batch/caddy-batch/internal/problem"
+	"github.com/caddy-batch/caddy-batch/internal/telemetry"
 	"github.com/caddy-batch/caddy-batch/policy"
-	"github.com/caddy-batch/caddy-batch/problem"
-	"github.com/caddy-batch/caddy-batch/telemetry"
 )
 
 // pools keep what must outlive one config: a reload provisions the new

@@ -13,10 +13,10 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/caddy-batch/caddy-batch/batch"
-	"github.com/caddy-batch/caddy-batch/itemlock"
+	"github.com/caddy-batch/caddy-batch/internal/itemlock"
+	"github.com/caddy-batch/caddy-batch/internal/recorder"
+	"github.com/caddy-batch/caddy-batch/internal/telemetry"
 	"github.com/caddy-batch/caddy-batch/policy"
-	"github.com/caddy-batch/caddy-batch/recorder"
-	"github.com/caddy-batch/caddy-batch/telemetry"
 )
 
 // observation is what the gateway records of one batch request (docs/operations.md,

@@ -10,9 +10,9 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/caddy-batch/caddy-batch/internal/problem"
 	"github.com/caddy-batch/caddy-batch/openapi"
 	"github.com/caddy-batch/caddy-batch/policy"
-	"github.com/caddy-batch/caddy-batch/problem"
 )
 
 // OpenAPIConfig is the legacy API's OpenAPI document in, and the

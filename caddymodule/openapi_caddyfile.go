@@ -10,7 +10,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
-	"github.com/caddy-batch/caddy-batch/options"
+	"github.com/caddy-batch/caddy-batch/internal/options"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 

@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/caddy-batch/caddy-batch/batch"
-	"github.com/caddy-batch/caddy-batch/recorder"
+	"github.com/caddy-batch/caddy-batch/internal/recorder"
 )
 
 // A sub-request's answer is held until the batch answers, so its buffer

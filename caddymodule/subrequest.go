@@ -17,7 +17,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
 	"github.com/caddy-batch/caddy-batch/batch"
-	"github.com/caddy-batch/caddy-batch/recorder"
+	"github.com/caddy-batch/caddy-batch/internal/recorder"
 )
 
 // routeGroupCtxKey is caddyhttp's own (unexported) key for the route

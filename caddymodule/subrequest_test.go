@@ -11,7 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
 	"github.com/caddy-batch/caddy-batch/batch"
-	"github.com/caddy-batch/caddy-batch/recorder"
+	"github.com/caddy-batch/caddy-batch/internal/recorder"
 )
 
 // answer turns what the chain did with a sub-request into its answer: an

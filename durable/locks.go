@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/caddy-batch/caddy-batch/itemlock"
+	"github.com/caddy-batch/caddy-batch/internal/itemlock"
 )
 
 // UnlockTimeout bounds the release of a storage lock, which may need the

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddy-batch/caddy-batch/itemlock"
+	"github.com/caddy-batch/caddy-batch/internal/itemlock"
 )
 
 // memLocks is an in-memory storage's locks, as several instances sharing

@@ -13,7 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/caddy-batch/caddy-batch/internal/batchwire"
-	"github.com/caddy-batch/caddy-batch/problem"
+	"github.com/caddy-batch/caddy-batch/internal/problem"
 )
 
 // TestMaxResponseSizeThroughCaddy: the Caddyfile's max_response_size

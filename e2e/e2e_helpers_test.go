@@ -16,7 +16,7 @@ import (
 
 	"github.com/caddy-batch/caddy-batch/internal/batchwire"
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
-	"github.com/caddy-batch/caddy-batch/problem"
+	"github.com/caddy-batch/caddy-batch/internal/problem"
 )
 
 // The end-to-end tests of batch operations: a real Caddy, a real

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
-	"github.com/caddy-batch/caddy-batch/problem"
+	"github.com/caddy-batch/caddy-batch/internal/problem"
 )
 
 // TestBatchRefusedByTheGateway: every batch the gateway refuses is

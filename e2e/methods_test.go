@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
-	"github.com/caddy-batch/caddy-batch/problem"
+	"github.com/caddy-batch/caddy-batch/internal/problem"
 )
 
 func newLegacyAPI() *legacyapi.API {

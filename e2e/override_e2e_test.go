@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/caddy-batch/caddy-batch/problem"
+	"github.com/caddy-batch/caddy-batch/internal/problem"
 )
 
 // The end-to-end tests of method overrides (docs/wire-format.md, "Method

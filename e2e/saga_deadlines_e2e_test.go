@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
-	"github.com/caddy-batch/caddy-batch/problem"
+	"github.com/caddy-batch/caddy-batch/internal/problem"
 )
 
 // TestSagaBatchTimeoutLetsWritesFinish (case 8): batch_timeout stops new

@@ -10,8 +10,8 @@ import (
 	"github.com/caddyserver/certmagic"
 
 	"github.com/caddy-batch/caddy-batch/durable"
+	"github.com/caddy-batch/caddy-batch/internal/itemlock"
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
-	"github.com/caddy-batch/caddy-batch/itemlock"
 )
 
 // Storage item locks (item_locks storage) are tested as two instances of

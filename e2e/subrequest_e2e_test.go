@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
-	"github.com/caddy-batch/caddy-batch/problem"
+	"github.com/caddy-batch/caddy-batch/internal/problem"
 )
 
 // TestBatchSubRequestHeaders: the client's credentials and tracing reach

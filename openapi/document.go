@@ -19,7 +19,7 @@ import (
 	"github.com/getkin/kin-openapi/openapi3"
 	"go.yaml.in/yaml/v4"
 
-	"github.com/caddy-batch/caddy-batch/jsonvalue"
+	"github.com/caddy-batch/caddy-batch/internal/jsonvalue"
 )
 
 // Document is a parsed input document.

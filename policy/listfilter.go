@@ -6,7 +6,7 @@ import (
 	"net/url"
 	"strings"
 
-	"github.com/caddy-batch/caddy-batch/jsonvalue"
+	"github.com/caddy-batch/caddy-batch/internal/jsonvalue"
 )
 
 // ListFilterSpec is a resource's list_filter block as configured: how the
