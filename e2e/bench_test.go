@@ -81,10 +81,12 @@ func (u countedUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // get100Sites is the Caddyfile of the Get100 benchmarks' three sites in
 // front of upstream: the batch handler fanning out one GET per id, the
 // batch handler reading through the upstream's list filter, and a plain
-// reverse_proxy.
+// reverse_proxy. max_in_flight is pinned, so that a change of its
+// default does not move what builds compared by these benchmarks show.
 func get100Sites(a get100Addrs, upstream string) string {
 	return fmt.Sprintf(`http://%[1]s {
 	batch {
+		max_in_flight 32
 		resource /api/widgets {
 			collection GET
 			item GET
@@ -94,6 +96,7 @@ func get100Sites(a get100Addrs, upstream string) string {
 }
 http://%[2]s {
 	batch {
+		max_in_flight 32
 		resource /api/widgets {
 			collection GET
 			item GET
