@@ -58,8 +58,9 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens, and
 // refuses a configuration that cannot work with the error Provision
-// would give, at the line that holds the mistake. Syntax (the options'
-// lines are optionTable's rows, in its order):
+// would give, at the line that holds the mistake. Syntax (written by go
+// generate from package options: the options' lines are its table's
+// forms, in its order):
 //
 //	batch [<matcher>] {
 //	    atomicity            all_or_nothing|partial

@@ -3,8 +3,10 @@
 // reference), one row of optionTable per option that drives its
 // Caddyfile line, the "did you mean" suggestions and how it is laid over
 // the settings, and the readers of the values a Caddyfile line gives.
-// Adding an option is its field here and its row in optionTable (and
-// its line in the directive's syntax, caddymodule's UnmarshalCaddyfile).
+// Adding an option is its field here, with its doc comment, and its row
+// in optionTable; go generate ./... then writes the directive's syntax
+// (README.md and caddymodule's UnmarshalCaddyfile) and the README's
+// options table from them (package gen).
 package options
 
 import (
@@ -25,33 +27,35 @@ import (
 // apply to every resource; set on a resource, they override the
 // handler's for that resource alone. An option left out (zero) inherits.
 type Options struct {
-	// What a batch promises when one of its items fails: "all_or_nothing"
-	// undoes what the batch already did; "partial" lets every item stand
+	// What a batch promises when one of its items fails: `all_or_nothing`
+	// undoes what the batch already did; `partial` lets every item stand
 	// on its own. Default: all_or_nothing.
 	Atomicity string `json:"atomicity,omitempty"`
 
-	// Atomicity for single operations, keyed by "get", "create", "update"
-	// or "delete"; it wins over Atomicity. Default: none.
+	// The mode of single operations, keyed by `get`, `create`, `update` or
+	// `delete` (e.g. `{"create": "partial"}`); it wins over `atomicity`.
+	// Default: none.
 	OperationAtomicity map[string]string `json:"operation_atomicity,omitempty"`
 
 	// Whether a client may choose the atomicity of its batch with
-	// "Prefer: atomicity=partial" or "atomicity=all-or-nothing"; the
-	// answer then carries Preference-Applied. Default: false.
+	// `Prefer: atomicity=partial` or `atomicity=all-or-nothing`; the
+	// answer then carries `Preference-Applied`. Default: false.
 	AllowOverride *bool `json:"allow_override,omitempty"`
 
-	// The most ids or elements one batch may hold; more is answered 413.
+	// The most ids or elements one batch may hold; more is answered `413`.
 	// Default: 100.
 	MaxItems int `json:"max_items,omitempty"`
 
-	// The largest batch body, in bytes; larger is answered 413. It also
-	// bounds each item's answer from the upstream. Default: 1048576 (1MiB).
+	// The largest batch body, in bytes; larger is answered `413`. It also
+	// bounds each item's answer from the upstream kept for the response.
+	// Default: 1MiB (1048576).
 	MaxBodySize int64 `json:"max_body_size,omitempty"`
 
 	// How many sub-requests of one batch may be in flight at once.
 	// Default: 8.
 	Concurrency int `json:"concurrency,omitempty"`
 
-	// How long one sub-request may take before its item fails with 504.
+	// How long one sub-request may take before its item fails with `504`.
 	// Default: 10s.
 	ItemTimeout caddy.Duration `json:"item_timeout,omitempty"`
 
@@ -60,29 +64,29 @@ type Options struct {
 	// Default: 30s.
 	BatchTimeout caddy.Duration `json:"batch_timeout,omitempty"`
 
-	// The query parameter that carries the ids of a batch GET or DELETE.
-	// Default: ids.
+	// The query parameter that carries the ids of a batch `GET` or
+	// `DELETE`. Default: ids.
 	IDsParam string `json:"ids_param,omitempty"`
 
 	// The member of an element that holds its id (batch update), and of
 	// an upstream answer that holds a created item's id when there is no
-	// Location header. Default: id.
+	// `Location` header. Default: id.
 	IDField string `json:"id_field,omitempty"`
 
-	// What a DELETE of a missing item means: "imperative" lets the
-	// upstream's 404 stand; "declarative" ("the item must not exist")
-	// answers 204 for a single DELETE and counts a batch item as
-	// succeeded. Default: imperative.
+	// What a `DELETE` of a missing item means: `imperative` lets the
+	// upstream's `404` stand (the item fails); `declarative` ("the item
+	// must not exist") answers `204` for a single `DELETE` and counts a
+	// batch item as succeeded. Default: imperative.
 	DeleteSemantics string `json:"delete_semantics,omitempty"`
 
-	// How a compensation re-creates an item a failed batch deleted: "put"
-	// sends PUT <item path> with the pre-image; "post" sends POST
-	// <collection> with the pre-image, id included, for APIs whose PUT
-	// cannot create. Default: put.
+	// How a compensation re-creates an item a failed batch deleted: `put`
+	// sends `PUT <item path>` with the pre-image; `post` sends
+	// `POST <collection>` with the pre-image, id included, for APIs whose
+	// `PUT` cannot create. Default: put.
 	RestoreDeleted string `json:"restore_deleted,omitempty"`
 
-	// How a compensation puts back an item a failed batch updated: "put"
-	// sends the whole pre-image; "patch" sends the changed fields' old
+	// How a compensation puts back an item a failed batch updated: `put`
+	// sends the whole pre-image; `patch` sends the changed fields' old
 	// values. Default: put.
 	RestoreUpdated string `json:"restore_updated,omitempty"`
 
@@ -93,102 +97,119 @@ type Options struct {
 	// How long one compensation attempt may take. Default: 30s.
 	CompensationTimeout caddy.Duration `json:"compensation_timeout,omitempty"`
 
-	// Whether the upstream honours Idempotency-Key: a write whose outcome
-	// is unknown (sent, and no answer said what it did) is then sent again
-	// with the same key to learn what it did, before it is undone.
-	// Default: false.
+	// Whether the upstream honours `Idempotency-Key`: a write whose
+	// outcome is unknown (sent, and no answer said what it did) is then
+	// sent again with the same key to learn what it did, before it is
+	// undone. Default: false.
 	IdempotentUpstream *bool `json:"idempotent_upstream,omitempty"`
 
-	// Whether the upstream enforces If-Match / If-None-Match on writes:
-	// an undo's condition (a strong ETag, If-None-Match: *) then replaces
-	// the read that proves the item is as the batch left it. Without it
-	// every undo is proved by a read, and the conditions are still sent:
-	// many frameworks put strong ETags on GETs and ignore If-Match on
-	// writes (Django's ConditionalGetMiddleware, Spring's
-	// ShallowEtagHeaderFilter). Default: false.
+	// Whether the upstream enforces `If-Match` / `If-None-Match` on
+	// writes: an undo's condition (a strong `ETag`, `If-None-Match: *`)
+	// then replaces the read that proves the item is as the batch left
+	// it. Without it every undo is proved by a read, and the conditions
+	// are still sent: many frameworks put strong `ETag`s on `GET`s and
+	// ignore `If-Match` on writes (Django's `ConditionalGetMiddleware`,
+	// Spring's `ShallowEtagHeaderFilter`). Default: false.
 	ConditionalWrites *bool `json:"conditional_writes,omitempty"`
 
 	// The query parameters that scope or authenticate a request (a
-	// tenant, an API key), e.g. ["tenant", "api_key"]. An all-or-nothing
-	// write batch reads and undoes items for its own purposes, so it
-	// sends these on every request it makes, and refuses with 400 a
-	// client query that holds any other parameter: one that shapes the
-	// representation ($select, fields, include) would make it read a
-	// partial item and put back only that. A batch GET and a partial
-	// batch keep the whole query. The ids parameter and _method cannot
-	// be named. A resource's list replaces the handler's. Default: none.
+	// tenant, an API key), e.g. `["tenant", "api_key"]`: the only ones an
+	// all-or-nothing write batch accepts (a client query that holds any
+	// other is refused with `400`: one that shapes the representation,
+	// such as `fields`, would make it read a partial item and put back
+	// only that), and it sends them on every request it makes. A batch
+	// `GET` and a partial batch keep the whole query. The ids parameter
+	// and `_method` cannot be named. A resource's list replaces the
+	// handler's ([details](docs/configuration.md#scope_query)).
+	// Default: none.
 	ScopeQuery []string `json:"scope_query,omitempty"`
 
 	// What the upstream's ids are, so that two spellings of one item are
-	// one item: "integer" takes 03, +3 and 3 as the id 3 (sent, locked,
-	// compared for duplicates and reported as 3) and refuses an id that
-	// is not a decimal integer; "uuid" takes ids in lower case with
-	// hyphens and refuses one that is not a UUID; "any" takes an id as
-	// its text. Default: any.
+	// one item: under `integer`, `03`, `+3` and `3` are the id `3`
+	// (leading zeros and sign dropped; the canonical text is what is
+	// sent, locked, compared for duplicates and reported), and an id that
+	// is not a decimal integer is refused; under `uuid`, ids are compared
+	// and sent in lower case with hyphens, and one that is not a UUID is
+	// refused; under `any` an id is its text
+	// ([details](docs/configuration.md#id_format)). Default: any.
 	IDFormat string `json:"id_format,omitempty"`
 
-	// The members the upstream stamps on every save, e.g. ["updated_at"]
-	// (Rails' timestamps, Django's auto_now): every comparison an undo's
+	// The members the upstream stamps on every save, e.g. `["updated_at"]`
+	// (Rails' timestamps, Django's `auto_now`): every comparison an undo's
 	// proof makes (the read that learns what an unanswered write did,
 	// the read before an undo, the write's answer it is compared with)
 	// leaves them out, so that an update the upstream stamped can still
 	// be proved the batch's and undone. They are still sent back with
-	// the pre-image where an undo sends it. Not for an optimistic-lock
-	// counter (lock_version), which an undo must not send back stale. The
-	// id field cannot be named. A resource's list replaces the handler's.
-	// Default: none.
+	// the pre-image where an undo sends it. Not the id field, nor an
+	// optimistic-lock counter such as `lock_version`, which an undo must
+	// not send back stale. A resource's list replaces the handler's
+	// ([details](docs/configuration.md#stamped_fields)). Default: none.
 	StampedFields []string `json:"stamped_fields,omitempty"`
 
 	// Where the locks an all-or-nothing batch takes on the items it
-	// writes live: "local" locks within this Caddy process; "storage"
-	// through Caddy's storage, across the instances that share it.
-	// Single-item writes through the gateway take the same locks.
-	// Default: local.
+	// writes live: `local` within this Caddy process; `storage` in Caddy's
+	// storage, shared by every instance of a
+	// [cluster](docs/durability.md#clusters). Single-item writes through
+	// the gateway take the same locks. Default: local.
 	ItemLocks string `json:"item_locks,omitempty"`
 
-	// The largest whole batch answer, in bytes; items whose answers would
-	// pass it are left out, and the batch fails. Default: 16777216 (16MiB).
+	// The largest whole batch answer, in bytes, with the item bodies it
+	// carries; items whose answers would pass it are left out, and the
+	// batch fails. Default: 16MiB (16777216).
 	MaxResponseSize int64 `json:"max_response_size,omitempty"`
 
 	// How many sub-requests of all the batches of this handler may be in
 	// flight at once; batches wait, in turn, for a free slot (the wait
-	// counts against batch_timeout), and compensations go before every
+	// counts against `batch_timeout`), and compensations go before every
 	// batch that waits. It is the handler's alone: set in a resource, it
 	// is refused. The slots are kept across config reloads that leave
 	// this value and the resources' paths as they were. Size it with
-	// reverse_proxy's keepalive_idle_conns_per_host (32 by default), so
-	// that batches reuse kept-alive connections. Default: 32.
+	// `reverse_proxy`'s `keepalive_idle_conns_per_host` (32 by default),
+	// so that batches reuse kept-alive connections
+	// ([Sizing the limits](docs/security.md#sizing-the-limits)).
+	// Default: 32.
 	MaxInFlight int `json:"max_in_flight,omitempty"`
 
 	// Makes the handler's bound on sub-requests in flight follow the
-	// legacy API instead of max_in_flight: it grows while sub-requests'
+	// legacy API instead of `max_in_flight`: it grows while sub-requests'
 	// latency stays near the lowest recently seen, and shrinks when it
-	// rises or the API throttles (docs/security.md, "Sizing the limits"). It is
-	// the handler's alone, kept across reloads as max_in_flight is, and
-	// cannot be set with max_in_flight. Default: off (a fixed
-	// max_in_flight).
+	// rises or the API throttles, between `min` (default `4`) and `max`
+	// (default `32`), e.g. `{"min": 4, "max": 32}`
+	// ([Sizing the limits](docs/security.md#sizing-the-limits)). It is the
+	// handler's alone, kept across reloads as `max_in_flight` is, and
+	// cannot be set with `max_in_flight`. Default: off (a fixed
+	// `max_in_flight`).
 	MaxInFlightAuto *AutoInFlight `json:"max_in_flight_auto,omitempty"`
 
-	// The longest pause a throttling answer of the legacy API (429, or
-	// 503 with Retry-After) may ask for and still be waited out: the
+	// The longest pause a throttling answer of the legacy API (`429`, or
+	// `503` with `Retry-After`) may ask for and still be waited out: the
 	// sub-request is sent again after it, if the batch's deadline allows,
-	// and the same client's other sub-requests to the resource wait
-	// with it (docs/security.md, "Throttling"). A longer pause fails the item at
-	// once with the API's status and Retry-After; 0 waits out none.
-	// Default: 5s.
+	// and the same client's other sub-requests to the resource wait with
+	// it ([Throttling](docs/security.md#throttling)). A longer pause fails
+	// the item at once with the API's status and `Retry-After`; `0` waits
+	// out none. Default: 5s.
 	MaxThrottleWait *caddy.Duration `json:"max_throttle_wait,omitempty"`
 
 	// How long the answer of a batch write (create, update, delete) that
-	// carried an Idempotency-Key is kept in Caddy's storage, so that the
-	// same request again is answered with it instead of running again.
+	// carried an `Idempotency-Key` is kept in Caddy's storage, so that the
+	// same request again is answered with it instead of running again
+	// ([Idempotency-Key replay](docs/durability.md#idempotency-key-replay)).
 	// Default: 24h.
 	IdempotencyTTL caddy.Duration `json:"idempotency_ttl,omitempty"`
+
 	// Whether an all-or-nothing write batch keeps its saga in Caddy's
-	// storage (a journal), so that if this process dies mid-batch, it or
-	// another instance sharing the storage finishes the saga: undoes
-	// what the batch did, with the same proofs. The journal holds the
-	// batch's forwarded headers (Authorization included) until the saga
-	// ends. Default: true.
+	// storage (a journal) while it runs, so that a batch cut short by a
+	// crash is finished by this or another instance sharing the storage,
+	// with the same proofs
+	// ([Durability](docs/durability.md#durability-the-saga-journal)). The
+	// journal holds the client's forwarded headers, `Authorization`
+	// included, until the saga ends. A saga that leaves items behind is
+	// kept after it ends, without any header value but harmless ones,
+	// until an operator retries or resolves it
+	// ([Sagas left behind](docs/operations.md#sagas-left-behind)). Off,
+	// nothing is kept: a batch cut short stays half done, and the `ERROR`
+	// line of a batch that left items behind carries their pre-images.
+	// Default: true.
 	Journal *bool `json:"journal,omitempty"`
 }
 
@@ -223,10 +244,10 @@ func Defaults() Level {
 // besides its field in Options.
 type option struct {
 	name string
-	// forms are what may follow the name in a Caddyfile, one per form,
-	// as UnmarshalCaddyfile's doc comment writes them
-	// (TestOptionsTableIsDocumented holds the two together).
-	forms []string
+	// forms are the ways the option is written in a Caddyfile, each a
+	// line of the directive's syntax and a row of the README's options
+	// table (go generate writes both from them).
+	forms []form
 	// example is a value that sets the option, for the errors that say
 	// how to write it.
 	example string
@@ -242,13 +263,21 @@ type option struct {
 	apply func(o *Options, l *Level) error
 }
 
-// optionTable is every option, in the order the Caddyfile's syntax and
-// the errors list them. Adding an option is its field in Options and
-// its row here.
+// form is one way of writing an option in a Caddyfile: what follows
+// its name, and the JSON name of the field of Options it sets, whose
+// doc comment says what it does and its default.
+type form struct{ args, field string }
+
+// optionTable is every option, in the order the Caddyfile's syntax, the
+// README's options table and the errors list them. Adding an option is
+// its field in Options and its row here, then go generate ./..., which
+// writes the syntax and the table from them.
+//
+//go:generate go run ./gen -root ../..
 var optionTable = []option{
 	{
 		name:    "atomicity",
-		forms:   []string{"all_or_nothing|partial", "get|create|update|delete all_or_nothing|partial"},
+		forms:   []form{{"all_or_nothing|partial", "atomicity"}, {"get|create|update|delete all_or_nothing|partial", "operation_atomicity"}},
 		example: "partial",
 		key:     atomicityKey,
 		read:    readAtomicity,
@@ -267,7 +296,7 @@ var optionTable = []option{
 	{
 		// A count, or auto with its bounds.
 		name:    "max_in_flight",
-		forms:   []string{"<n>", "auto [<min> <max>]"},
+		forms:   []form{{"<n>", "max_in_flight"}, {"auto [<min> <max>]", "max_in_flight_auto"}},
 		example: "32",
 		read:    readMaxInFlight,
 		apply:   applyMaxInFlight,
@@ -275,7 +304,7 @@ var optionTable = []option{
 	{
 		// A duration that may be zero: "wait out no throttle".
 		name:    "max_throttle_wait",
-		forms:   []string{"<duration>"},
+		forms:   []form{{"<duration>", "max_throttle_wait"}},
 		example: "5s",
 		read:    func(o *Options, a optionArgs) error { return a.pause(&o.MaxThrottleWait) },
 		apply: func(o *Options, l *Level) error {
@@ -304,7 +333,7 @@ var optionTable = []option{
 	{
 		// A count that may be zero: "no retry".
 		name:    "compensation_retries",
-		forms:   []string{"<n>"},
+		forms:   []form{{"<n>", "compensation_retries"}},
 		example: "3",
 		read: func(o *Options, a optionArgs) error {
 			o.CompensationRetries = new(int)
@@ -336,6 +365,22 @@ var optionTable = []option{
 		func(o *Options, l *Level) (*[]string, *[]string) { return &o.StampedFields, &l.StampedFields }),
 }
 
+// Form is one way of writing an option in a Caddyfile, for the
+// generator of its documentation: the option's name, what follows it,
+// and the JSON name of the field of Options it sets.
+type Form struct{ Option, Args, Field string }
+
+// Forms is every option's forms, in optionTable's order.
+func Forms() []Form {
+	var all []Form
+	for _, o := range optionTable {
+		for _, f := range o.forms {
+			all = append(all, Form{Option: o.name, Args: f.args, Field: f.field})
+		}
+	}
+	return all
+}
+
 // Apply lays the options that are set over l, in the table's order.
 func (o *Options) Apply(l *Level) error {
 	var errs []error
@@ -360,8 +405,8 @@ func (b binding[O, S]) field(o *Options) *O {
 // Options; a negative limit is set, for policy.Validate to refuse.
 
 // plain is an option whose value is its setting, laid over it when set.
-func plain[T comparable](name, form, example string, read func(optionArgs, *T) error, b binding[T, T]) option {
-	return option{name: name, forms: []string{form}, example: example,
+func plain[T comparable](name, args, example string, read func(optionArgs, *T) error, b binding[T, T]) option {
+	return option{name: name, forms: []form{{args, name}}, example: example,
 		read:  func(o *Options, a optionArgs) error { return read(a, b.field(o)) },
 		apply: func(o *Options, l *Level) error { f, s := b(o, l); setNonZero(s, *f); return nil },
 	}
@@ -384,16 +429,16 @@ func text(name, example string, b binding[string, string]) option {
 
 // duration is an option that takes a duration (10s, 1m30s).
 func duration(name, example string, b binding[caddy.Duration, time.Duration]) option {
-	return option{name: name, forms: []string{"<duration>"}, example: example,
+	return option{name: name, forms: []form{{"<duration>", name}}, example: example,
 		read:  func(o *Options, a optionArgs) error { return a.duration(b.field(o)) },
 		apply: func(o *Options, l *Level) error { f, s := b(o, l); setNonZero(s, time.Duration(*f)); return nil },
 	}
 }
 
-// word is an option that takes one of the words form lists, which
+// word is an option that takes one of the words args lists, which
 // parse knows.
-func word[T any](name, form, example string, parse func(string) (T, error), b binding[string, T]) option {
-	return option{name: name, forms: []string{form}, example: example,
+func word[T any](name, args, example string, parse func(string) (T, error), b binding[string, T]) option {
+	return option{name: name, forms: []form{{args, name}}, example: example,
 		read: func(o *Options, a optionArgs) error { return a.text(b.field(o)) },
 		apply: func(o *Options, l *Level) error {
 			f, s := b(o, l)
@@ -412,7 +457,7 @@ func word[T any](name, form, example string, parse func(string) (T, error), b bi
 
 // toggle is an option that is on when named alone, or set on or off.
 func toggle(name string, b binding[*bool, bool]) option {
-	return option{name: name, forms: []string{"[on|off]"},
+	return option{name: name, forms: []form{{"[on|off]", name}},
 		read:  func(o *Options, a optionArgs) error { return a.flag(b.field(o)) },
 		apply: func(o *Options, l *Level) error { f, s := b(o, l); setNonNil(s, *f); return nil },
 	}
@@ -420,8 +465,8 @@ func toggle(name string, b binding[*bool, bool]) option {
 
 // list is an option that takes one or more words, each what says; a
 // resource's list replaces the handler's.
-func list(name, form, what, example string, b binding[[]string, []string]) option {
-	return option{name: name, forms: []string{form}, example: example,
+func list(name, args, what, example string, b binding[[]string, []string]) option {
+	return option{name: name, forms: []form{{args, name}}, example: example,
 		read: func(o *Options, a optionArgs) error {
 			if len(a.args) == 0 {
 				return a.d.Errf("%s takes one or more %s, e.g. %s", a.opt.name, what, a.example())

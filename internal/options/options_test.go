@@ -1,9 +1,6 @@
 package options
 
 import (
-	"go/ast"
-	"go/parser"
-	"go/token"
 	"slices"
 	"strings"
 	"testing"
@@ -11,57 +8,17 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 )
 
-// TestOptionsTableIsDocumented holds UnmarshalCaddyfile's syntax (in
-// caddymodule, with the rest of the directive) to the
-// options table: each option's line there, in the table's order, with
-// each of its forms, and no option the table does not have.
-func TestOptionsTableIsDocumented(t *testing.T) {
-	f, err := parser.ParseFile(token.NewFileSet(), "../caddymodule/caddyfile.go", nil, parser.ParseComments)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var doc string
-	for _, d := range f.Decls {
-		if fn, ok := d.(*ast.FuncDecl); ok && fn.Name.Name == "UnmarshalCaddyfile" {
-			doc = fn.Doc.Text()
-		}
-	}
-	// The batch block's own lines are indented by four spaces; the
-	// resource's and list_filter's are deeper.
-	var got []string
-	for _, line := range strings.Split(doc, "\n") {
-		line, ok := strings.CutPrefix(line, "\t    ")
-		if !ok || line == "" || line[0] == ' ' {
-			continue
-		}
-		words := strings.Fields(line)
-		if slices.Contains([]string{"resource", "envelope", "openapi", "}"}, words[0]) {
-			continue
-		}
-		got = append(got, strings.Join(words, " "))
-	}
-	var want []string
-	for _, o := range optionTable {
-		for _, form := range o.forms {
-			want = append(want, o.name+" "+form)
-		}
-	}
-	if !slices.Equal(got, want) {
-		t.Errorf("UnmarshalCaddyfile's syntax lists the options\n%s\nand the table\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
-	}
-}
-
 // TestOptionsTableTakesEveryShape: a row can read an option with a
 // block, and one whose first word selects its form, and the block
-// reads on after them as before. The rows are the test's own, for the
-// options issues will add (openapi <file> { ... }, max_in_flight auto
-// [<min> <max>]); the table is restored after it.
+// reads on after them as before. The rows are the test's own, of the
+// shapes openapi <file> { ... } and max_in_flight auto [<min> <max>]
+// have; the table is restored after it.
 func TestOptionsTableTakesEveryShape(t *testing.T) {
 	saved := optionTable
 	t.Cleanup(func() { optionTable = saved })
 	var block, forms []string
 	optionTable = append(slices.Clone(saved),
-		option{name: "with_block", forms: []string{"<file> { ... }"},
+		option{name: "with_block", forms: []form{{"<file> { ... }", "with_block"}},
 			read: func(o *Options, a optionArgs) error {
 				block = append(block, a.args...)
 				for n := a.d.Nesting(); a.d.NextBlock(n); {
@@ -70,7 +27,7 @@ func TestOptionsTableTakesEveryShape(t *testing.T) {
 				return nil
 			},
 			apply: func(*Options, *Level) error { return nil }},
-		option{name: "with_forms", forms: []string{"<n>", "auto [<min> <max>]"},
+		option{name: "with_forms", forms: []form{{"<n>", "with_forms"}, {"auto [<min> <max>]", "with_forms_auto"}},
 			read: func(o *Options, a optionArgs) error {
 				if len(a.args) > 0 && a.args[0] == "auto" {
 					forms = append(forms, "auto "+strings.Join(a.args[1:], " "))
