@@ -83,7 +83,8 @@ type saga struct {
 	// batchSettings are the batch's own (Plan.settings); each item's
 	// requests follow settings(i).
 	batchSettings policy.Settings
-	rt            Runtime
+	rt            Runtime // its Journal and Locks; sender sends
+	sender        *sender
 	backoff       func(attempt int) time.Duration
 
 	// mu guards the items' state: items run on their own goroutines.
@@ -163,13 +164,11 @@ func newSaga(p *Plan, rt Runtime, backoff func(int) time.Duration) *saga {
 	if rt.Journal == nil {
 		rt.Journal = NoJournal{}
 	}
-	if rt.Throttles == nil {
-		rt.Throttles = NewThrottles(nil)
-	}
 	sg := &saga{
 		plan:          p,
 		batchSettings: p.settings,
 		rt:            rt,
+		sender:        newSender(rt, p.settings.BatchTimeout),
 		backoff:       backoff,
 		items:         make([]ItemResult, len(p.Items)),
 		state:         make([]itemState, len(p.Items)),
