@@ -34,6 +34,10 @@ type Runtime struct {
 	// Slots bound the sub-requests in flight across batches
 	// (max_in_flight); nil bounds nothing beyond Concurrency.
 	Slots Slots
+	// Observer is told what every sub-request's answer showed, so that
+	// slots whose number follows the upstream (max_in_flight auto) move;
+	// nil observes nothing.
+	Observer Observer
 	// Throttles hold a client's sub-requests to a resource while the
 	// upstream asked it to wait, across the batches that share them;
 	// nil keeps the batch's own.

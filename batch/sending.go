@@ -36,12 +36,11 @@ type sender struct {
 func newSender(rt Runtime, batchTimeout time.Duration) *sender {
 	s := &sender{
 		upstream: rt.Send, slots: rt.Slots, throttles: rt.Throttles, client: rt.Client,
-		batchTimeout: limit{"batch_timeout", batchTimeout},
+		observer: rt.Observer, batchTimeout: limit{"batch_timeout", batchTimeout},
 	}
 	if s.throttles == nil {
 		s.throttles = NewThrottles(nil)
 	}
-	s.observer, _ = rt.Slots.(Observer)
 	return s
 }
 
@@ -208,15 +207,15 @@ func (s *sender) within(parent context.Context, timeout, parentLimit limit, req 
 	return nil, na
 }
 
-// Observer is what Slots whose number follows the upstream implement:
-// each sub-request's answer is told to it — how long it took, and
-// whether the upstream pushed back (throttled it, or did not answer in
-// time).
+// Observer is told each sub-request's answer (Runtime.Observer): how
+// long it took, and whether the upstream pushed back (throttled it, or
+// did not answer in time). Slots whose number follows the upstream are
+// one.
 type Observer interface {
 	Observe(latency time.Duration, overloaded bool)
 }
 
-// observe tells adaptive slots what one attempt showed.
+// observe tells the run's observer what one attempt showed.
 func (s *sender) observe(latency time.Duration, resp *SubResponse, err error) {
 	if s.observer == nil {
 		return
