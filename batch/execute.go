@@ -164,17 +164,16 @@ var errJournal = errors.New("the saga's journal could not record the write")
 // look at its lease after every wait (docs/durability.md, "Clusters"): no
 // write leaves for a saga another instance may be finishing.
 func (sg *saga) send(i int, req *SubRequest, o sendOpts) (*SubResponse, error) {
-	wait := o.wait
-	o.beforeSend = func() error {
+	fence := func() error {
 		if !sg.fences(req) {
 			return nil
 		}
-		if err := sg.rt.Journal.Fence(wait); err != nil {
+		if err := sg.rt.Journal.Fence(o.wait); err != nil {
 			return errors.Join(errFence, err)
 		}
 		return nil
 	}
-	return sg.sender.send(sg.tgt(i), req, o)
+	return sg.sender.send(sg.tgt(i), req, o, fence)
 }
 
 // fences reports whether req waits for the saga's lease to be proven

@@ -62,32 +62,19 @@ type sendOpts struct {
 	// the request first leaves (the journal's record of a write); its
 	// error sends nothing.
 	sending func() error
-	// beforeSend, if set, runs before every attempt, after every wait and
-	// holding the slot, as the last thing before the request leaves (a
-	// saga's look at its lease); its error sends nothing.
-	beforeSend func() error
-}
-
-// leaving runs the hooks due just before attempt leaves.
-func (o *sendOpts) leaving(attempt int) error {
-	if attempt == 0 && o.sending != nil {
-		if err := o.sending(); err != nil {
-			return err
-		}
-	}
-	if o.beforeSend != nil {
-		return o.beforeSend()
-	}
-	return nil
 }
 
 // send sends req to to's resource as the comment on sender says. The
-// caller sees one request and its last answer.
+// caller sees one request and its last answer. beforeSend, if set, runs
+// before every attempt, after every wait and holding the slot, as the
+// last thing before the request leaves (a saga's look at its lease); its
+// error sends nothing. It is a parameter, not a field of o, so that the
+// closure stays on the caller's stack: o's contexts outlive the call.
 //
 // A request not sent at all returns a nil answer and slots.ErrNoSlot,
 // ErrThrottleWait or a hook's error; one the upstream's throttle holds
 // past the deadline returns the answer that throttled it and a *HeldBack.
-func (s *sender) send(to *target, req *SubRequest, o sendOpts) (*SubResponse, error) {
+func (s *sender) send(to *target, req *SubRequest, o sendOpts, beforeSend func() error) (*SubResponse, error) {
 	resource := to.match.Resource.Collection.Plain()
 	var last *SubResponse // the last throttling answer, which a resend that cannot go stands on
 	for attempt := 0; ; attempt++ {
@@ -101,7 +88,7 @@ func (s *sender) send(to *target, req *SubRequest, o sendOpts) (*SubResponse, er
 		case err != nil:
 			return nil, err
 		}
-		if err := o.leaving(attempt); err != nil {
+		if err := leaving(attempt, o.sending, beforeSend); err != nil {
 			release()
 			return nil, err
 		}
@@ -137,12 +124,25 @@ func (s *sender) send(to *target, req *SubRequest, o sendOpts) (*SubResponse, er
 	}
 }
 
+// leaving runs the hooks due just before attempt leaves.
+func leaving(attempt int, sending, beforeSend func() error) error {
+	if attempt == 0 && sending != nil {
+		if err := sending(); err != nil {
+			return err
+		}
+	}
+	if beforeSend != nil {
+		return beforeSend()
+	}
+	return nil
+}
+
 // read sends a read of the batch under item_timeout, within the batch's
 // deadline (ctx), its wait for a slot included. A read that could not
 // start in time got no answer. No read waits for a saga's lease: only
 // writes are fenced.
 func (s *sender) read(ctx context.Context, to *target, req *SubRequest) (*SubResponse, error) {
-	resp, err := s.send(to, req, sendOpts{wait: ctx, ctx: ctx, timeout: limit{"item_timeout", to.settings.ItemTimeout}, parent: s.batchTimeout})
+	resp, err := s.send(to, req, sendOpts{wait: ctx, ctx: ctx, timeout: limit{"item_timeout", to.settings.ItemTimeout}, parent: s.batchTimeout}, nil)
 	if resp == nil && (errors.Is(err, slots.ErrNoSlot) || errors.Is(err, ErrThrottleWait)) {
 		reason := "no slot of max_in_flight came free within " + s.batchTimeout.String()
 		if errors.Is(err, ErrThrottleWait) {
