@@ -128,11 +128,15 @@ func (sg *saga) executeItem(clientCtx, batchCtx context.Context, i int) bool {
 		}
 		defer unlock()
 	}
-	o := sendOpts{wait: batchCtx, ctx: ctx, timeout: limit{"item_timeout", t.settings.ItemTimeout}, parent: sg.batchLimit()}
+	o := sendOpts{wait: batchCtx, ctx: ctx, timeout: limit{"item_timeout", t.settings.ItemTimeout}, parent: sg.sender.batchTimeout}
 	if t.kind.Writes() {
 		// req stays as it was sent, for a resend.
 		o.sending = func() error {
-			return sg.transition(ctx, i, PhaseSending, req, func(_ *ItemResult, st *itemState) { st.sent = req })
+			err := sg.transition(ctx, i, PhaseSending, req, func(_ *ItemResult, st *itemState) { st.sent = req })
+			if err != nil {
+				return errors.Join(errJournal, err)
+			}
+			return nil
 		}
 	}
 	resp, err := sg.send(i, req, o)
@@ -152,12 +156,31 @@ func (sg *saga) executeItem(clientCtx, batchCtx context.Context, i int) bool {
 	return sg.answered(ctx, i, req, resp, err)
 }
 
-// slot waits for a slot of max_in_flight, if the runtime bounds them.
-func (sg *saga) slot(ctx context.Context, urgent bool) (func(), error) {
-	if sg.rt.Slots == nil {
-		return func() {}, nil
+// errJournal wraps the error of a write's record in the journal, which
+// sends nothing.
+var errJournal = errors.New("the saga's journal could not record the write")
+
+// send sends item i's req through the run's sender, with the saga's last
+// look at its lease after every wait (docs/durability.md, "Clusters"): no
+// write leaves for a saga another instance may be finishing.
+func (sg *saga) send(i int, req *SubRequest, o sendOpts) (*SubResponse, error) {
+	fence := func() error {
+		if !sg.fences(req) {
+			return nil
+		}
+		if err := sg.rt.Journal.Fence(o.wait); err != nil {
+			return errors.Join(errFence, err)
+		}
+		return nil
 	}
-	return sg.rt.Slots.Acquire(ctx, urgent)
+	return sg.sender.send(sg.tgt(i), req, o, fence)
+}
+
+// fences reports whether req waits for the saga's lease to be proven
+// before it goes: every write of a saga, but the undos of a saga that
+// lost its lease (lost.go).
+func (sg *saga) fences(req *SubRequest) bool {
+	return sg.isSaga() && req.Method != http.MethodGet && req.Method != http.MethodHead && !sg.selfUndo.Load()
 }
 
 // fail settles item i as failed by the gateway, with nothing sent.
@@ -297,81 +320,4 @@ func recordNoAnswer(it *ItemResult, st *itemState, err error, write bool) {
 	if write && !errors.Is(err, ErrNotSent) {
 		it.Outcome, st.applied = Unknown, true
 	}
-}
-
-// noAnswer is a sub-request that got no answer. The client is told the
-// status and the reason, which name no internal address; the underlying
-// error goes only to the log.
-type noAnswer struct {
-	status int
-	reason string
-	err    error
-}
-
-func (e *noAnswer) Error() string { return e.reason + ": " + e.err.Error() }
-func (e *noAnswer) Unwrap() error { return e.err }
-
-func asNoAnswer(err error) *noAnswer {
-	var na *noAnswer
-	if errors.As(err, &na) {
-		return na
-	}
-	return silent(err)
-}
-
-// silent is the plainest no-answer: sent, and nothing came back.
-func silent(err error) *noAnswer {
-	return &noAnswer{http.StatusBadGateway, "the upstream did not answer", err}
-}
-
-// sendItem sends a read of the batch under item_timeout, within the
-// batch's deadline (ctx), its wait for a slot included.
-func (sg *saga) sendItem(ctx context.Context, i int, req *SubRequest) (*SubResponse, error) {
-	resp, err := sg.send(i, req, sendOpts{wait: ctx, ctx: ctx, timeout: limit{"item_timeout", sg.settings(i).ItemTimeout}, parent: sg.batchLimit()})
-	if resp == nil && (errors.Is(err, slots.ErrNoSlot) || errors.Is(err, ErrThrottleWait)) {
-		reason := "no slot of max_in_flight came free within " + sg.batchLimit().String()
-		if errors.Is(err, ErrThrottleWait) {
-			reason = "the upstream held this client off the resource (it throttled it) past " + sg.batchLimit().String()
-		}
-		return nil, &noAnswer{http.StatusGatewayTimeout, reason, err}
-	}
-	return resp, err
-}
-
-func (sg *saga) batchLimit() limit { return limit{"batch_timeout", sg.batchSettings.BatchTimeout} }
-
-// limit is a deadline a request is sent under, named for the client: it
-// is spelled out only when a request runs into it.
-type limit struct {
-	name string
-	d    time.Duration
-}
-
-func (l limit) String() string { return fmt.Sprintf("%s (%s)", l.name, l.d) }
-
-// sendWithin sends req, giving up after timeout (the option named
-// timeoutOption) or at parent's deadline (described by parentLimit). A
-// nil response comes with a *noAnswer.
-func (sg *saga) sendWithin(parent context.Context, timeout time.Duration, timeoutOption string, parentLimit limit, req *SubRequest) (*SubResponse, error) {
-	ctx, cancel := context.WithTimeout(parent, timeout)
-	defer cancel()
-	resp, err := sg.rt.Send.Send(ctx, req)
-	if resp != nil && resp.Status != 0 {
-		return resp, err
-	}
-	if err == nil {
-		err = errors.New("the handler chain wrote no response")
-	}
-	na := silent(err)
-	switch {
-	case errors.Is(parent.Err(), context.DeadlineExceeded):
-		na.status, na.reason = http.StatusGatewayTimeout, "no answer within "+parentLimit.String()
-	case parent.Err() != nil:
-		na.reason = "the client went away before the answer came"
-	case errors.Is(ctx.Err(), context.DeadlineExceeded), errors.Is(err, context.DeadlineExceeded):
-		na.status, na.reason = http.StatusGatewayTimeout, fmt.Sprintf("no answer within %s (%s)", timeoutOption, timeout)
-	case errors.Is(err, ErrNotSent):
-		na.reason = "the upstream could not be reached"
-	}
-	return nil, na
 }

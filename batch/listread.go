@@ -114,7 +114,7 @@ func (c *listClaims) take(i int) bool {
 // list sends one LIST and returns the elements of its answer's array, or
 // why there are none to use.
 func (sg *saga) list(ctx context.Context, first int, req *SubRequest) ([]json.RawMessage, *ListFailure) {
-	resp, err := sg.sendItem(ctx, first, req)
+	resp, err := sg.sender.read(ctx, sg.tgt(first), req)
 	switch {
 	case resp == nil:
 		return nil, &ListFailure{Reason: "no_answer", Detail: asNoAnswer(err).reason}

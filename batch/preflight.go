@@ -67,7 +67,7 @@ func (sg *saga) preflightRead(i int) func(ctx context.Context, i int) bool {
 
 func (sg *saga) readPreimage(ctx context.Context, i int) bool {
 	req := sg.read(i, sg.items[i].ID)
-	resp, err := sg.sendItem(ctx, i, req)
+	resp, err := sg.sender.read(ctx, sg.tgt(i), req)
 	t := sg.tgt(i)
 	declarative := t.kind == policy.OpDelete && t.settings.DeleteSemantics == policy.Declarative
 	ok := true
@@ -116,7 +116,7 @@ func (sg *saga) listedPreimage(ctx context.Context, i int, elem json.RawMessage)
 func (sg *saga) checkFree(ctx context.Context, i int) bool {
 	id := sg.items[i].ID
 	req := sg.read(i, id)
-	resp, err := sg.sendItem(ctx, i, req)
+	resp, err := sg.sender.read(ctx, sg.tgt(i), req)
 	if resp != nil && gone(resp.Status) {
 		return true
 	}

@@ -34,6 +34,10 @@ type Runtime struct {
 	// Slots bound the sub-requests in flight across batches
 	// (max_in_flight); nil bounds nothing beyond Concurrency.
 	Slots Slots
+	// Observer is told what every sub-request's answer showed, so that
+	// slots whose number follows the upstream (max_in_flight auto) move;
+	// nil observes nothing.
+	Observer Observer
 	// Throttles hold a client's sub-requests to a resource while the
 	// upstream asked it to wait, across the batches that share them;
 	// nil keeps the batch's own.
@@ -83,7 +87,8 @@ type saga struct {
 	// batchSettings are the batch's own (Plan.settings); each item's
 	// requests follow settings(i).
 	batchSettings policy.Settings
-	rt            Runtime
+	rt            Runtime // its Journal and Locks; sender sends
+	sender        *sender
 	backoff       func(attempt int) time.Duration
 
 	// mu guards the items' state: items run on their own goroutines.
@@ -163,13 +168,11 @@ func newSaga(p *Plan, rt Runtime, backoff func(int) time.Duration) *saga {
 	if rt.Journal == nil {
 		rt.Journal = NoJournal{}
 	}
-	if rt.Throttles == nil {
-		rt.Throttles = NewThrottles(nil)
-	}
 	sg := &saga{
 		plan:          p,
 		batchSettings: p.settings,
 		rt:            rt,
+		sender:        newSender(rt, p.settings.BatchTimeout),
 		backoff:       backoff,
 		items:         make([]ItemResult, len(p.Items)),
 		state:         make([]itemState, len(p.Items)),

@@ -346,3 +346,30 @@ func TestThrottleHoldsARequestWaitingForASlot(t *testing.T) {
 		}
 	})
 }
+
+// observations are what a Runtime's Observer was told, in order: whether
+// each attempt showed the upstream pushing back.
+type observations struct {
+	mu         sync.Mutex
+	overloaded []bool
+}
+
+func (o *observations) Observe(_ time.Duration, overloaded bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.overloaded = append(o.overloaded, overloaded)
+}
+
+// The Runtime's Observer is told every attempt, a throttled one as the
+// upstream pushing back, and the one sent again after it as not.
+func TestObserverToldEveryAttempt(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		f := newFake().seed("1")
+		f.on("GET", "/widgets/1", throttle(), answer{})
+		o := &observations{}
+		res := runWith(context.Background(), t, newRequest("GET", "/widgets?ids=1", ""), Runtime{Send: f, Observer: o})
+		equal(t, "item 0 status", write(t, res).Items[0].Status, 200)
+		equalSlices(t, "overloaded, by attempt", o.overloaded, []bool{true, false})
+	})
+}

@@ -335,8 +335,8 @@ func (h *Handler) serveBatch(w http.ResponseWriter, r *http.Request, a admission
 	}
 	obs.saga = sagaOf(journal)
 	result := batch.Run(r.Context(), plan, batch.Runtime{
-		Send: send, Locks: obs.locks(sc.locks), Slots: h.slots, Journal: journal,
-		Throttles: h.slots.throttles, Client: durable.Credentials(r.Header),
+		Send: send, Locks: obs.locks(sc.locks), Slots: h.slots, Observer: h.slots.observer(),
+		Journal: journal, Throttles: h.slots.throttles, Client: durable.Credentials(r.Header),
 	})
 	obs.finished(plan, result)
 	return keyed.write(w, result)

@@ -26,7 +26,7 @@ import (
 // asked for: both send to the same API.
 //
 // Under max_in_flight auto, the number of slots follows limit, which
-// every sub-request's answer is told to (Observe).
+// every sub-request's answer is told to (observer).
 type pooledSlots struct {
 	*slots.FIFO
 	key       string
@@ -34,12 +34,19 @@ type pooledSlots struct {
 	limit     *adaptive.Limit // nil: a fixed max_in_flight
 }
 
-// Observe tells an adaptive limit what one sub-request's answer showed,
-// and moves the slots where it goes.
-func (p *pooledSlots) Observe(latency time.Duration, overloaded bool) {
+// observer is what a batch's Runtime tells each sub-request's answer
+// to: the slots under max_in_flight auto, and nothing under a fixed
+// max_in_flight, whose slots do not move.
+func (p *pooledSlots) observer() batch.Observer {
 	if p.limit == nil {
-		return
+		return nil
 	}
+	return p
+}
+
+// Observe tells the adaptive limit what one sub-request's answer
+// showed, and moves the slots where it goes.
+func (p *pooledSlots) Observe(latency time.Duration, overloaded bool) {
 	if n, changed := p.limit.Observe(latency, p.InFlight(), overloaded); changed {
 		p.SetCap(n)
 	}

@@ -25,10 +25,11 @@ func (h *Handler) resume(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	}
 	job.Reached = true
 	rt := batch.Runtime{
-		Send:    newSubrequests(r, next, sc.settings.MaxBodySize),
-		Locks:   sc.locks,
-		Journal: job.Journal,
-		Slots:   h.slots,
+		Send:     newSubrequests(r, next, sc.settings.MaxBodySize),
+		Locks:    sc.locks,
+		Journal:  job.Journal,
+		Slots:    h.slots,
+		Observer: h.slots.observer(),
 		// Undos wait out the upstream's throttle of the client they
 		// undo for, as that client's batches do.
 		Throttles: h.slots.throttles,
