@@ -204,9 +204,8 @@ func (sg *saga) answered(ctx context.Context, i int, req *SubRequest, resp *SubR
 		ans = answerOf(resp)
 	}
 	hint := sg.movedHint(i, req, resp)
-	answeredAt := time.Now()
 	_ = sg.transition(ctx, i, PhaseAnswered, nil, func(it *ItemResult, st *itemState) {
-		st.answeredAt = answeredAt
+		st.answeredAt = time.Now()
 		if resp == nil {
 			recordNoAnswer(it, st, err, write)
 			return
