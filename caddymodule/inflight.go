@@ -16,6 +16,11 @@ import (
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
+// pools keep what must outlive one config: a reload provisions the new
+// handlers before the old ones are cleaned up, so a batch running on the
+// old config and one arriving on the new share the max_in_flight slots.
+var pools = caddy.NewUsagePool()
+
 // pooledSlots are one handler's max_in_flight slots, kept in pools so
 // that a reload does not reset them: the new config is provisioned
 // before the old one is cleaned up, and the old config's batches run on
@@ -98,4 +103,14 @@ func slotsKey(resources []resolved, g policy.GatewaySettings) string {
 	}{paths, g.MaxInFlight, g.AutoInFlight, g.MinInFlight})
 	sum := sha256.Sum256(id)
 	return "batch.max_in_flight." + hex.EncodeToString(sum[:12])
+}
+
+// Cleanup lets go of the handler's share of what the pools keep.
+func (h *Handler) Cleanup() error {
+	if h.slots == nil {
+		return nil
+	}
+	h.untrackSlots()
+	_, err := pools.Delete(h.slots.key)
+	return err
 }

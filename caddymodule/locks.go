@@ -5,7 +5,6 @@ import (
 	"errors"
 	"net/http"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap"
@@ -17,11 +16,6 @@ import (
 	"github.com/caddy-batch/caddy-batch/internal/telemetry"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
-
-// pools keep what must outlive one config: a reload provisions the new
-// handlers before the old ones are cleaned up, so a batch running on the
-// old config and one arriving on the new share the max_in_flight slots.
-var pools = caddy.NewUsagePool()
 
 // localLocks is the one table of local item locks of the process. It
 // lives as long as the process, not as long as some handler: a saga
@@ -63,16 +57,6 @@ func unlockFailed(logger *zap.Logger, name string) func(error) {
 	return func(err error) {
 		logger.Error("releasing a storage lock", zap.String("lock", name), zap.Error(err))
 	}
-}
-
-// Cleanup lets go of the handler's share of what the pools keep.
-func (h *Handler) Cleanup() error {
-	if h.slots == nil {
-		return nil
-	}
-	h.untrackSlots()
-	_, err := pools.Delete(h.slots.key)
-	return err
 }
 
 // isWrite reports whether a single-item request changes the item, and so
