@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -283,4 +284,77 @@ func outranks(names []string, epoch int, mine string) error {
 func leaseRecord(epoch int, until time.Time, n int) []byte {
 	b, _ := json.Marshal(Lease{Owner: Owner(), Epoch: epoch, Expires: until, Renewal: n})
 	return b
+}
+
+// leaseView is a saga's lease as found in storage: the names in its
+// journal's folder, the key of its highest epoch and what is stored
+// there (no key: the lease is the intent's).
+type leaseView struct {
+	names []string
+	epoch int
+	key   string
+	raw   []byte
+}
+
+// readLease lists saga's journal folder and reads its highest lease key.
+// A key listed and not there is being written (the Redis module lists a
+// key before it sets it), and read as empty.
+func (js *Journals) readLease(ctx context.Context, saga string) (leaseView, error) {
+	names, err := listNames(ctx, js.storage, journalDir(saga))
+	if err != nil {
+		return leaseView{}, err
+	}
+	v := leaseView{names: names}
+	epoch, keys := topLeases(names)
+	if len(keys) == 0 {
+		return v, nil
+	}
+	slices.Sort(keys)
+	v.epoch, v.key = epoch, path.Join(journalDir(saga), keys[0])
+	v.raw, err = js.storage.Load(ctx, v.key)
+	if errors.Is(err, fs.ErrNotExist) {
+		err = nil
+	}
+	return v, err
+}
+
+// record is what a takeover watches of the lease (fence.go): its key's
+// name and bytes, unchanged for as long as nobody renews it.
+func (v leaseView) record() string { return v.key + "\x00" + string(v.raw) }
+
+// lease decodes the view's lease; with no lease key, it is the one the
+// intent was stored with.
+func (v leaseView) lease(in *intent) Lease {
+	var l Lease
+	if v.raw != nil && json.Unmarshal(v.raw, &l) == nil {
+		l.Epoch = v.epoch
+	}
+	if in != nil && v.epoch <= 0 {
+		return in.heldBy(l)
+	}
+	return l
+}
+
+// leaseOf returns who holds saga and until when (by the holder's clock,
+// for a listing): its highest lease key, else the intent's.
+func (js *Journals) leaseOf(ctx context.Context, saga string) (Lease, error) {
+	v, err := js.readLease(ctx, saga)
+	if err != nil {
+		return Lease{}, err
+	}
+	in, err := js.loadIntent(ctx, saga)
+	if err != nil {
+		return Lease{}, err
+	}
+	return v.lease(in), nil
+}
+
+// heldBy is who holds the saga whose epoch-0 lease key holds l: l while
+// it stands, else the later of it and the lease the intent was stored
+// with.
+func (in *intent) heldBy(l Lease) Lease {
+	if now().Before(l.Expires) || !in.Expires.After(l.Expires) {
+		return l
+	}
+	return Lease{Owner: in.Owner, Expires: in.Expires}
 }
