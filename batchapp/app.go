@@ -6,7 +6,7 @@
 // module and the caddy batch subcommands; docs/operations.md, "Sagas
 // left behind"). The
 // batch handler joins the app as it is provisioned (Register) and
-// finishes the sagas the app sends it (RecoveryOf).
+// offers a Finisher for each saga the app sends it (RecoveryOf).
 package batchapp
 
 import (

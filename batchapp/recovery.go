@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -51,15 +52,11 @@ func (a *App) sweepIdempotency(ctx context.Context) {
 // were left behind. An error is durable's to log and give the saga back.
 func (a *App) finish(r *durable.Recovered) error {
 	start := time.Now()
-	job := &Recovery{Snap: r.Snapshot, Journal: r.Journal}
-	err := a.probe(r.Origin, job)
-	if err == nil {
-		err = job.Err
-	}
+	res, err := a.finishThrough(r.Origin, Job{Snap: r.Snapshot, Journal: r.Journal})
 	if err != nil {
 		return err
 	}
-	a.logRecovered(r, job.Res, time.Since(start))
+	a.logRecovered(r, res, time.Since(start))
 	return nil
 }
 
@@ -107,20 +104,47 @@ func (a *App) failedOnce(saga, doing string, err error) {
 	}
 }
 
-// Recovery is a saga to finish, carried to the batch handler by a request
-// through the server's routes (see probe): the handler that serves the
-// saga's resource sets Reached and finishes it, with Res and Err.
-type Recovery struct {
+// Job is a saga to finish from its journal.
+type Job struct {
 	Snap    *batch.Snapshot
 	Journal batch.Journal
 	// Retry is an operator's (batch.Retry: undos under the current
 	// config); Prev, for a kept saga, are its items as the saga answered
 	// them, whose Idempotency-Key answer stays the first.
-	Prev    []batch.ItemResult
-	Retry   bool
-	Reached bool // a batch handler serving the saga's resource took it
-	Res     *batch.Result
-	Err     error
+	Prev  []batch.ItemResult
+	Retry bool
+}
+
+// A Finisher runs a Job to its end and answers what became of the
+// saga. The batch handler that serves the saga's resource makes one over
+// the recovery's request and the handler chain after it.
+type Finisher func() (*batch.Result, error)
+
+// A Recovery is what the request by which the app finishes a saga
+// carries through the server's routes (see finishThrough): the Job, and
+// the call that the batch handler serving the saga's resource offers its
+// Finisher to.
+type Recovery struct {
+	job   Job
+	taken atomic.Bool
+	call  func(Finisher)
+}
+
+// Job is the saga the recovery's request carries.
+func (rc *Recovery) Job() Job { return rc.job }
+
+// Offer gives the recovery the handler's Finisher, which it calls at
+// once, before Offer returns: the handler chain the saga runs through is
+// the offering handler's to call only while it serves the request. The
+// first offer is taken; a later one, from a batch handler the saga's own
+// sub-requests reach, is refused (false), and that handler passes the
+// request on.
+func (rc *Recovery) Offer(finish Finisher) bool {
+	if !rc.taken.CompareAndSwap(false, true) {
+		return false
+	}
+	rc.call(finish)
+	return true
 }
 
 type recoveryCtxKeyType struct{}
@@ -128,30 +152,61 @@ type recoveryCtxKeyType struct{}
 var recoveryCtxKey recoveryCtxKeyType
 
 // RecoveryOf is the saga a request made by the recovery carries, if it
-// is one: the batch handler finishes it instead of serving a client.
+// is one: the batch handler offers to finish it instead of serving a
+// client.
 func RecoveryOf(ctx context.Context) (*Recovery, bool) {
-	job, ok := ctx.Value(recoveryCtxKey).(*Recovery)
-	return job, ok
+	rc, ok := ctx.Value(recoveryCtxKey).(*Recovery)
+	return rc, ok
 }
 
-// probe sends the client's request again, bodiless and marked as a
-// recovery, through the routes of the server the batch came in on. It
-// takes the route the batch took (host, path and other matchers, rewrites
-// before the batch handler), and the batch handler it reaches finishes
-// the saga with the handler chain after it, as its own sub-requests go:
-// authentication, load balancing and TLS apply as they did for the batch.
-// No access log is written, and no error route runs: nothing is answered
-// to anyone.
-func (a *App) probe(in durable.Origin, job *Recovery) error {
+// finishThrough sends the client's request again, bodiless and marked
+// as a recovery of job, through the routes of the server the batch came
+// in on, and answers what the Finisher offered by the batch handler it
+// reaches returned. The request takes the route the batch took (host,
+// path and other matchers, rewrites before the batch handler), and the
+// saga runs through the handler chain after that handler, as its own
+// sub-requests go: authentication, load balancing and TLS apply as they
+// did for the batch. No access log is written, and no error route runs:
+// nothing is answered to anyone.
+func (a *App) finishThrough(in durable.Origin, job Job) (*batch.Result, error) {
 	srv, err := a.server(in.Server)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	req, err := originRequest(in, job.Snap.Header)
+	if err != nil {
+		return nil, err
+	}
+	var (
+		res       *batch.Result
+		finishErr error
+	)
+	rc := &Recovery{job: job, call: func(finish Finisher) { res, finishErr = finish() }}
+	// Not the config's context: a saga being finished must not be cut
+	// by a config reload, as a client's batch is not.
+	ctx := context.WithValue(context.Background(), recoveryCtxKey, rc)
+	rec := recorder.New(0)
+	req = caddyhttp.PrepareRequest(req.WithContext(ctx), caddy.NewReplacer(), rec, srv)
+	end := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })
+	routed := srv.Routes.Compile(end).ServeHTTP(rec, req)
+	if !rc.taken.Load() {
+		why := "it reached no batch handler that serves " + job.Snap.Path
+		if routed != nil {
+			why += " (" + routed.Error() + ")"
+		}
+		return nil, fmt.Errorf("the batch's request (%s %s, host %s) through server %s: %s", in.Method, in.URI, in.Host, in.Server, why)
+	}
+	return res, finishErr
+}
+
+// originRequest is the request a journal's origin describes, with the
+// batch's header and no body.
+func originRequest(in durable.Origin, header http.Header) (*http.Request, error) {
 	u, err := url.ParseRequestURI(in.URI)
 	if err != nil {
-		return fmt.Errorf("the journal's request URI %q: %w", in.URI, err)
+		return nil, fmt.Errorf("the journal's request URI %q: %w", in.URI, err)
 	}
-	header := job.Snap.Header.Clone()
+	header = header.Clone()
 	if header == nil {
 		header = http.Header{}
 	}
@@ -176,21 +231,7 @@ func (a *App) probe(in durable.Origin, job *Recovery) error {
 		}
 		req.TLS = &tls.ConnectionState{HandshakeComplete: true, ServerName: host}
 	}
-	// Not the config's context: a saga being finished must not be cut
-	// by a config reload, as a client's batch is not.
-	ctx := context.WithValue(context.Background(), recoveryCtxKey, job)
-	rec := recorder.New(0)
-	req = caddyhttp.PrepareRequest(req.WithContext(ctx), caddy.NewReplacer(), rec, srv)
-	end := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })
-	err = srv.Routes.Compile(end).ServeHTTP(rec, req)
-	if !job.Reached {
-		why := "it reached no batch handler that serves " + job.Snap.Path
-		if err != nil {
-			why += " (" + err.Error() + ")"
-		}
-		return fmt.Errorf("the batch's request (%s %s, host %s) through server %s: %s", in.Method, in.URI, in.Host, in.Server, why)
-	}
-	return nil
+	return req, nil
 }
 
 // server finds the Caddy server named in a journal.

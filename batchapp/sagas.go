@@ -62,21 +62,17 @@ func (a *App) retrySaga(ctx context.Context, saga string, header http.Header, ca
 	if err != nil {
 		return nil, err
 	}
-	job := &Recovery{Snap: rv.Snapshot, Journal: rv.Journal, Prev: rv.Prev, Retry: true}
-	err = a.probe(rv.Origin, job)
-	if err == nil {
-		err = job.Err
-	}
+	res, err := a.finishThrough(rv.Origin, Job{Snap: rv.Snapshot, Journal: rv.Journal, Prev: rv.Prev, Retry: true})
 	if err != nil {
 		rv.GiveUp(context.WithoutCancel(ctx), err.Error())
 		return nil, fmt.Errorf("%w: %v", errCannotRun, err)
 	}
 	defer a.countSagas(context.WithoutCancel(ctx))
-	a.logAction("retry", saga, caller, job.Res.LeftBehind, zap.String("outcome", string(job.Res.Outcome)), zap.Int("compensations", job.Res.Compensations))
-	if job.Res.Outcome == batch.RollbackFailed {
+	a.logAction("retry", saga, caller, res.LeftBehind, zap.String("outcome", string(res.Outcome)), zap.Int("compensations", res.Compensations))
+	if res.Outcome == batch.RollbackFailed {
 		return a.journals.Saga(ctx, saga)
 	}
-	return resolvedView(before, job.Res), nil
+	return resolvedView(before, res), nil
 }
 
 // resolvedView is a saga as it was before a retry that undid the rest.

@@ -192,8 +192,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	// A request made by the recovery (the batch app's) carries a dead
 	// saga to finish through this route, not a client's request.
-	if job, ok := batchapp.RecoveryOf(r.Context()); ok {
-		return h.resume(w, r, next, job)
+	if rc, ok := batchapp.RecoveryOf(r.Context()); ok {
+		return h.offer(w, r, next, rc)
 	}
 	if h.published != nil && r.URL.EscapedPath() == h.published.path {
 		return h.servePublished(w, r)

@@ -13,17 +13,28 @@ import (
 
 // A saga whose gateway died is found and taken over by the batch app
 // (package batchapp), which sends the batch's request again through the
-// server's routes; the handler it reaches finishes it here.
+// server's routes; the handler it reaches offers it the Finisher that
+// runs the saga through the handler chain after it, and the app calls
+// it.
 
-// resume is ServeHTTP for a recovery's request: the handler that serves
-// the saga's resource, or its envelope, finishes it through next; any
-// other passes it on.
-func (h *Handler) resume(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, job *batchapp.Recovery) error {
+// offer is ServeHTTP for a recovery's request: the handler that serves
+// the saga's resource, or its envelope, offers the recovery its
+// Finisher, which the recovery calls before Offer returns, while next is
+// still this handler's to call; any other handler, or this one reached
+// again by the saga's own sub-requests, passes the request on.
+func (h *Handler) offer(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, rc *batchapp.Recovery) error {
+	job := rc.Job()
 	sc, ok := h.scopeOf(job.Snap)
-	if !ok || job.Reached {
+	if !ok || !rc.Offer(func() (*batch.Result, error) { return h.finish(r, next, sc, job) }) {
 		return next.ServeHTTP(w, r)
 	}
-	job.Reached = true
+	return nil
+}
+
+// finish runs a taken-over saga to its end under sc, its sub-requests
+// sent through next as r's own would be, and answers what became of it.
+func (h *Handler) finish(r *http.Request, next caddyhttp.Handler, sc scope, job batchapp.Job) (*batch.Result, error) {
+	ctx := r.Context()
 	rt := batch.Runtime{
 		Send:     newSubrequests(r, next, sc.settings.MaxBodySize),
 		Locks:    sc.locks,
@@ -35,15 +46,19 @@ func (h *Handler) resume(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		Throttles: h.slots.throttles,
 		Client:    durable.Credentials(job.Snap.Header),
 	}
+	var (
+		res *batch.Result
+		err error
+	)
 	if job.Retry {
-		job.Res, job.Err = batch.Retry(r.Context(), job.Snap, job.Prev, h.policy.Lookup, h.envelope, rt)
+		res, err = batch.Retry(ctx, job.Snap, job.Prev, h.policy.Lookup, h.envelope, rt)
 	} else {
-		job.Res, job.Err = batch.Resume(r.Context(), job.Snap, h.policy.Lookup, h.envelope, rt)
+		res, err = batch.Resume(ctx, job.Snap, h.policy.Lookup, h.envelope, rt)
 	}
-	if job.Err == nil && job.Prev == nil && !job.Res.LeaseLost {
-		h.idem.settleRecovered(r.Context(), sc, job.Snap, job.Res)
+	if err == nil && job.Prev == nil && !res.LeaseLost {
+		h.idem.settleRecovered(ctx, sc, job.Snap, res)
 	}
-	return nil
+	return res, err
 }
 
 // scopeOf is the scope a saga from a journal ran under, if this handler
