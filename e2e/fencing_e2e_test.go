@@ -361,7 +361,7 @@ func (c *fencingCluster) checkAnswerBacked(t *testing.T, answer response, saga s
 func (c *fencingCluster) checkNoJournalLeft(t *testing.T) {
 	t.Helper()
 	var left []string
-	for deadline := time.Now().Add(2*fencingLease + time.Second); ; time.Sleep(100 * time.Millisecond) {
+	for deadline := time.Now().Add(3*fencingLease + 2*time.Second); ; time.Sleep(100 * time.Millisecond) {
 		listed := map[string]string{}
 		for _, s := range listSagas(t, c.adminB, "") {
 			listed[s.ID] = s.State
