@@ -366,13 +366,7 @@ func interleavings(a, b int) []string {
 func raceRenewalAndClaim(t *testing.T, order string) {
 	s := newFaulty()
 	owner := NewJournals(s, NewLeases(time.Minute), zap.NewNop())
-	j := owner.New(Origin{})
-	if err := j.Begin(context.Background(), updatePlan(t, widgets(t), 1)); err != nil {
-		t.Fatal(err)
-	}
-	if err := j.Record(context.Background(), batch.Transition{Index: 0, Phase: batch.PhaseSending}); err != nil {
-		t.Fatal(err)
-	}
+	j := firstWriteRecorded(t, owner)
 	j.renew() // the lease key, as the owner last wrote it
 	defer j.stopRenewal()
 	owned.forget(j.Saga()) // so that the claim is not refused as this process's own
@@ -434,14 +428,7 @@ type raceParty struct{}
 func TestRenewalCost(t *testing.T) {
 	inBubble(t, func(t *testing.T) {
 		s := newCounting(newMemStorage())
-		js := NewJournals(s, NewLeases(time.Minute), zap.NewNop())
-		j := js.New(Origin{})
-		if err := j.Begin(context.Background(), updatePlan(t, widgets(t), 1)); err != nil {
-			t.Fatal(err)
-		}
-		if err := j.Record(context.Background(), batch.Transition{Index: 0, Phase: batch.PhaseSending}); err != nil {
-			t.Fatal(err)
-		}
+		j := firstWriteRecorded(t, NewJournals(s, NewLeases(time.Minute), zap.NewNop()))
 		defer j.Abandon()
 		for _, want := range []map[string]int{
 			{"modified": 1, "store": 1, "list": 1},
@@ -523,4 +510,18 @@ func TestLostOwnerAndNewOwnerUndoOneItem(t *testing.T) {
 		}
 		checkNeverSucceededAfterLoss(t, lost)
 	})
+}
+
+// firstWriteRecorded is a saga's journal in js that recorded its first
+// write about to be sent: its intent is stored, and its lease proven.
+func firstWriteRecorded(t *testing.T, js *Journals) *Journal {
+	t.Helper()
+	j := js.New(Origin{})
+	if err := j.Begin(context.Background(), updatePlan(t, widgets(t), 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Record(context.Background(), batch.Transition{Index: 0, Phase: batch.PhaseSending}); err != nil {
+		t.Fatal(err)
+	}
+	return j
 }

@@ -15,6 +15,16 @@ func claimOf(fingerprint string) Claim {
 		Wait: 20 * time.Millisecond, TTL: time.Hour, MaxRun: time.Minute}
 }
 
+// proceeds claims c's key, which must be new.
+func proceeds(t *testing.T, keys *Keys, c Claim) Decision {
+	t.Helper()
+	d, err := keys.Claim(context.Background(), c)
+	if err != nil || d.Verdict != Proceed {
+		t.Fatalf("a new key: %v, %v", d.Verdict, err)
+	}
+	return d
+}
+
 func stored(t *testing.T, s Storage, key string) *Record {
 	t.Helper()
 	rec, err := loadRecord(context.Background(), s, key)
@@ -37,10 +47,7 @@ func TestClaim(t *testing.T) {
 		ctx := context.Background()
 		c := claimOf("fp")
 
-		d, err := keys.Claim(ctx, c)
-		if err != nil || d.Verdict != Proceed {
-			t.Fatalf("a new key: %v, %v", d.Verdict, err)
-		}
+		d := proceeds(t, keys, c)
 		first := stored(t, s, c.Record).LeaseUntil
 		time.Sleep(40 * time.Millisecond)
 		if rec := stored(t, s, c.Record); rec.State != StateInFlight || !rec.LeaseUntil.After(first) || rec.Owner != Owner() {
@@ -149,10 +156,7 @@ func TestClaimFenced(t *testing.T) {
 		keys := NewKeys(s, NewLeases(30*time.Millisecond), zap.NewNop())
 		ctx := context.Background()
 		c := claimOf("fp")
-		d, err := keys.Claim(ctx, c)
-		if err != nil || d.Verdict != Proceed {
-			t.Fatalf("a new key: %v, %v", d.Verdict, err)
-		}
+		d := proceeds(t, keys, c)
 		other := NewKeys(s, NewLeases(time.Minute), zap.NewNop())
 		if err := other.SettleRecovered(ctx, c.Record, &Answer{Status: 503}, "rolled_back", time.Hour, 1<<20); err != nil {
 			t.Fatal(err)
