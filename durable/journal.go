@@ -547,18 +547,29 @@ func (j *Journal) renew() {
 	case errors.As(err, &lost):
 		j.lease.lose(lost.why)
 		j.takenOver.Store(lost.takenOver)
-		j.js.logger.Error("a saga's lease is lost: it sends nothing more, and another instance finishes it",
-			zap.String("saga", j.saga), zap.Int("epoch", j.epoch), zap.String("why", lost.why))
+		j.logLost(lost.why)
 	case err != nil:
 		j.js.logger.Warn("renewing a saga's lease in storage; it sends nothing until a renewal proves it", zap.String("saga", j.saga), zap.Error(err))
 	default:
 		j.mu.Lock()
 		j.leaseBytes = next
 		j.mu.Unlock()
-		if !j.lease.prove(start) {
-			j.js.logger.Warn("a renewal of a saga's lease took longer than a third of it, and proves nothing", zap.String("saga", j.saga), zap.Duration("took", now().Sub(start)))
+		if j.lease.prove(start) {
+			return
 		}
+		if lost := j.lostErr(); lost != nil {
+			j.logLost(lost.Why) // it lapsed while the renewal ran
+			return
+		}
+		j.js.logger.Warn("a renewal of a saga's lease took longer than a third of it, and proves nothing", zap.String("saga", j.saga), zap.Duration("took", now().Sub(start)))
 	}
+}
+
+// logLost tells the operator, once a renewal finds it, that the saga's
+// lease is lost.
+func (j *Journal) logLost(why string) {
+	j.js.logger.Error("a saga's lease is lost: it sends nothing more, and another instance finishes it",
+		zap.String("saga", j.saga), zap.Int("epoch", j.epoch), zap.String("why", why))
 }
 
 // storedSaga is a journal as read back from storage.
