@@ -237,8 +237,8 @@ func dieMidWrite(t *testing.T, s Storage, p *policy.Policy, n int) (j *Journal, 
 		select {
 		case <-died:
 		default:
+			j.Abandon() // dead before anyone hears of it: a scan must not find it owned
 			close(died)
-			j.Abandon()
 			<-gone // the gateway died mid-write
 		}
 	}}
