@@ -142,10 +142,7 @@ func (sg *saga) executeItem(clientCtx, batchCtx context.Context, i int) bool {
 	resp, err := sg.send(i, req, o)
 	switch {
 	case errors.Is(err, errJournal):
-		sg.fail(ctx, i, http.StatusServiceUnavailable, "the saga's journal could not record the write, so it was not sent", err)
-		sg.mu.Lock()
-		sg.state[i].byGateway = true
-		sg.mu.Unlock()
+		sg.failByGateway(ctx, i, "the saga's journal could not record the write, so it was not sent", err)
 		return false
 	case errors.Is(err, errFence):
 		sg.fenced(ctx, i, err)
@@ -190,6 +187,16 @@ func (sg *saga) fail(ctx context.Context, i, status int, reason string, cause er
 		it.Status, it.Error, it.cause = status, reason, cause
 		it.Outcome, st.failure = Failed, true
 	})
+}
+
+// failByGateway settles item i as failed by the gateway's own storage
+// (its journal, its lease), with nothing sent: 503, which the batch
+// answers as it is, never as the upstream's 502 (failureStatus).
+func (sg *saga) failByGateway(ctx context.Context, i int, reason string, cause error) {
+	sg.fail(ctx, i, http.StatusServiceUnavailable, reason, cause)
+	sg.mu.Lock()
+	defer sg.mu.Unlock()
+	sg.state[i].byGateway = true
 }
 
 // answered records the answer to item i's own request (req), and for a

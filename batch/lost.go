@@ -72,10 +72,7 @@ func (sg *saga) fenced(ctx context.Context, i int, err error) {
 	if sg.leaseLost(err) {
 		reason = "the saga's lease was lost (" + sg.lostLease().Why + "): another instance finishes the saga, so the write was not sent"
 	}
-	sg.fail(ctx, i, http.StatusServiceUnavailable, reason, err)
-	sg.mu.Lock()
-	sg.state[i].byGateway = true
-	sg.mu.Unlock()
+	sg.failByGateway(ctx, i, reason, err)
 }
 
 // checkLease is the last look at the lease before a saga that did not

@@ -449,12 +449,7 @@ func (j *Journal) End(ctx context.Context, res *batch.Result) {
 	stored, landed := j.stored, j.landed
 	j.mu.Unlock()
 	defer owned.done()
-	if !stored || j.lostErr() != nil {
-		j.stopRenewal()
-		owned.forget(j.saga)
-		return
-	}
-	if err := j.fenceEnd(ctx); err != nil {
+	if !stored || j.lostErr() != nil || j.fenceEnd(ctx) != nil {
 		j.stopRenewal()
 		owned.forget(j.saga)
 		return
