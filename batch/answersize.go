@@ -3,9 +3,17 @@ package batch
 import (
 	"fmt"
 	"strconv"
+	"sync/atomic"
 )
 
-// keepBody counts item i's body, as just answered, toward the batch's
+// answerBudget holds the item bodies a batch's answer will carry to
+// max_response_size.
+type answerBudget struct {
+	max  int64
+	held atomic.Int64
+}
+
+// keep counts an item's body, as just answered, toward the batch's
 // answer, and leaves it out if the answer would then pass
 // max_response_size (docs/security.md, "Sizing the limits"). It reports false when that made
 // the item a failure. The bodies are what a batch holds
@@ -17,15 +25,14 @@ import (
 // write batch is undone; except a partial batch's write that took
 // effect: calling it failed would tell the client that a write which
 // happened did not, and invite it to send it again.
-func (sg *saga) keepBody(it *ItemResult, st *itemState, i int) bool {
+func (b *answerBudget) keep(it *ItemResult, st *itemState, copies int, allOrNothing bool) bool {
 	size := int64(len(it.Body) + len(it.BodyText))
 	if size == 0 {
 		return true
 	}
 	// A repeated id's body is held once, but written once for each time
-	// the batch names it.
-	copies := sg.copies(i)
-	if sg.reserveAnswer(size * int64(copies)) {
+	// the batch names it (copies).
+	if b.reserve(size * int64(copies)) {
 		return true
 	}
 	it.Body, it.BodyText = nil, ""
@@ -35,8 +42,8 @@ func (sg *saga) keepBody(it *ItemResult, st *itemState, i int) bool {
 	}
 	it.Error = joinReasons(it.Error, fmt.Sprintf(
 		"the batch's answer would pass max_response_size (%d bytes) with this item's body (%s), so the body is left out",
-		sg.batchSettings.MaxResponseSize, what))
-	if it.Outcome == Succeeded && sg.tgt(i).kind.Writes() && !sg.allOrNothing() {
+		b.max, what))
+	if it.Outcome == Succeeded && st.tgt.kind.Writes() && !allOrNothing {
 		return true
 	}
 	if it.Outcome == Succeeded {
@@ -48,25 +55,25 @@ func (sg *saga) keepBody(it *ItemResult, st *itemState, i int) bool {
 
 // copies counts the items of the batch that share item i's answer: i
 // itself and the later items of a batch GET that name its id again.
-func (sg *saga) copies(i int) int {
+func (p *Plan) copies(i int) int {
 	n := 1
-	for j := i + 1; j < len(sg.plan.Items); j++ {
-		if sg.plan.Items[j].firstWithID == i {
+	for j := i + 1; j < len(p.Items); j++ {
+		if p.Items[j].firstWithID == i {
 			n++
 		}
 	}
 	return n
 }
 
-// reserveAnswer adds n bytes to the batch's answer, unless they would
-// take it past max_response_size.
-func (sg *saga) reserveAnswer(n int64) bool {
+// reserve adds n bytes to the batch's answer, unless they would take it
+// past max_response_size.
+func (b *answerBudget) reserve(n int64) bool {
 	for {
-		held := sg.answerBytes.Load()
-		if held+n > sg.batchSettings.MaxResponseSize {
+		held := b.held.Load()
+		if held+n > b.max {
 			return false
 		}
-		if sg.answerBytes.CompareAndSwap(held, held+n) {
+		if b.held.CompareAndSwap(held, held+n) {
 			return true
 		}
 	}

@@ -15,9 +15,9 @@ func TestCompensationBudgetIsTheSagas(t *testing.T) {
 	t.Parallel()
 	for _, retries := range []int{0, 1, 3, 8} {
 		p := mustPlan(t, newRequest("DELETE", "/widgets?ids=1", ""), compensationRetries(retries))
-		sg := newSaga(p, Runtime{}, compensationBackoff)
-		got := CompensationBudget(*sg.settings(0))
-		if want := sg.budget(0); got != want {
+		run := newBatchRun(p, Runtime{}, compensationBackoff)
+		got := CompensationBudget(*run.state[0].tgt.settings)
+		if want := run.budget(0); got != want {
 			t.Errorf("compensation_retries %d: CompensationBudget %s, the saga's budget %s", retries, got, want)
 		}
 	}

@@ -13,10 +13,10 @@ import (
 // proved free before the create. An id that could not be safely put in a
 // path is not used: the item then cannot be undone, which the report
 // says.
-func (sg *saga) nameCreated(it *ItemResult, i int, resp *SubResponse) {
-	id, from := sg.createdID(i, resp)
+func (st *itemState) nameCreated(it *ItemResult, resp *SubResponse) {
+	id, from := st.tgt.createdID(resp)
 	if id == "" {
-		id, from = sg.state[i].elementID, "element"
+		id, from = st.elementID, "element"
 	}
 	if reason := badID(id); reason != "" {
 		if id != "" {
@@ -25,14 +25,13 @@ func (sg *saga) nameCreated(it *ItemResult, i int, resp *SubResponse) {
 		id, from = "", ""
 	}
 	it.ID = id
-	sg.state[i].createdFrom = from
+	st.createdFrom = from
 }
 
 // createdID names the item a create's answer made: its Location when that
 // names an item of the same collection, else the answer body's id field
 // (not a 202's: that body describes the pending request, not the item).
-func (sg *saga) createdID(i int, resp *SubResponse) (id, from string) {
-	t := sg.tgt(i)
+func (t *target) createdID(resp *SubResponse) (id, from string) {
 	if v, ok := t.match.IDFromLocation(resp.Header.Get("Location")); ok {
 		return v, "location"
 	}

@@ -19,37 +19,37 @@ import (
 // passed (batchCtx), or, in an all-or-nothing batch, an item failed. A
 // write already sent is never cut by either: its outcome would be
 // unknown. It runs to its own item_timeout.
-func (sg *saga) execute(clientCtx, batchCtx context.Context) {
+func (run *batchRun) execute(clientCtx, batchCtx context.Context) {
 	stop := make(chan struct{})
 	halt := sync.OnceFunc(func() { close(stop) })
 	defer context.AfterFunc(clientCtx, halt)()
-	if sg.plan.envelope() {
-		sg.executeGraph(clientCtx, batchCtx)
+	if run.plan.envelope() {
+		run.executeGraph(clientCtx, batchCtx)
 		return
 	}
-	pending := sg.pending()
-	if sg.plan.Op == policy.OpGet && sg.plan.Match.Resource.List != nil {
-		pending = sg.listRead(batchCtx, pending, stop, func(ctx context.Context, i int, elem json.RawMessage) {
-			if !sg.answered(ctx, i, nil, &SubResponse{Status: http.StatusOK, Body: elem}, nil) && sg.allOrNothing() {
+	pending := run.pending()
+	if run.plan.Op == policy.OpGet && run.plan.Match.Resource.List != nil && len(pending) > 0 {
+		pending = run.lists.read(batchCtx, run.state[pending[0]].tgt, pending, idsOf(run.items, pending), stop, func(ctx context.Context, i int, elem json.RawMessage) {
+			if !run.answered(ctx, i, nil, &SubResponse{Status: http.StatusOK, Body: elem}, nil) && run.allOrNothing() {
 				halt() // an answer too large to keep
 			}
 		})
 	}
-	sg.started = sg.fanOut(batchCtx, pending, stop, func(batchCtx context.Context, i int) {
-		if !sg.executeItem(clientCtx, batchCtx, i) && sg.allOrNothing() {
+	run.started = fanOut(batchCtx, run.batchSettings.Concurrency, pending, stop, func(batchCtx context.Context, i int) {
+		if !run.executeItem(clientCtx, batchCtx, i) && run.allOrNothing() {
 			halt()
 		}
 	})
-	for i, it := range sg.plan.Items {
+	for i, it := range run.plan.Items {
 		if it.firstWithID != i {
-			first := sg.items[it.firstWithID]
+			first := run.items[it.firstWithID]
 			first.Index = i
-			sg.items[i], sg.state[i] = first, sg.state[it.firstWithID]
+			run.items[i], run.state[i] = first, run.state[it.firstWithID]
 		}
 	}
 }
 
-// fanOut runs work on each index in order, at most Concurrency at once.
+// fanOut runs work on each index in order, at most concurrency at once.
 // Once stop is closed or ctx is done it starts nothing new, and lets
 // what is in flight finish. It returns the indices in start order.
 //
@@ -57,7 +57,7 @@ func (sg *saga) execute(clientCtx, batchCtx context.Context) {
 // under one shared parent (an item's deadline, for each sub-request)
 // would all take that parent's lock, and Concurrency workers contend for
 // one lock where each could have its own.
-func (sg *saga) fanOut(ctx context.Context, indices []int, stop <-chan struct{}, work func(ctx context.Context, i int)) []int {
+func fanOut(ctx context.Context, concurrency int, indices []int, stop <-chan struct{}, work func(ctx context.Context, i int)) []int {
 	var mu sync.Mutex
 	var started []int
 	take := func() (int, bool) {
@@ -78,7 +78,7 @@ func (sg *saga) fanOut(ctx context.Context, indices []int, stop <-chan struct{},
 		return i, true
 	}
 	var wg sync.WaitGroup
-	for range min(sg.batchSettings.Concurrency, len(indices)) {
+	for range min(concurrency, len(indices)) {
 		wg.Go(func() {
 			workerCtx, cancel := context.WithCancel(ctx)
 			defer cancel()
@@ -93,10 +93,10 @@ func (sg *saga) fanOut(ctx context.Context, indices []int, stop <-chan struct{},
 
 // pending lists the items still to send: not settled, and not a repeat of
 // an earlier id (a batch GET fetches each id once).
-func (sg *saga) pending() []int {
+func (run *batchRun) pending() []int {
 	var out []int
-	for i, it := range sg.plan.Items {
-		if it.firstWithID == i && !sg.state[i].settled {
+	for i, it := range run.plan.Items {
+		if it.firstWithID == i && !run.state[i].settled {
 			out = append(out, i)
 		}
 	}
@@ -107,50 +107,50 @@ func (sg *saga) pending() []int {
 // reports whether the item succeeded. Waiting (for a lock or a slot)
 // counts against the batch (batchCtx); once sent, a write runs to its
 // own item_timeout, whether or not its client (clientCtx) stays.
-func (sg *saga) executeItem(clientCtx, batchCtx context.Context, i int) bool {
-	t, id := sg.tgt(i), sg.items[i].ID
+func (run *batchRun) executeItem(clientCtx, batchCtx context.Context, i int) bool {
+	t, id := run.state[i].tgt, run.items[i].ID
 	ctx := context.WithoutCancel(clientCtx)
 	if !t.kind.Writes() {
 		ctx = batchCtx // a read is cut by the batch's deadline and its client
 	}
-	req := sg.itemRequest(i)
-	if etag := sg.state[i].preETag; etag != "" {
+	req := t.itemRequest(run.plan.header, id, run.state[i].body, run.plan.key.forItem(i, ""))
+	if etag := run.state[i].preETag; etag != "" {
 		// Whoever changed the item since the preflight read it, the write
 		// must not land on their change: 412 is this item's failure.
 		req.Header.Set("If-Match", etag)
 	}
-	if t.kind.Writes() && !sg.isSaga() {
+	if t.kind.Writes() && !run.isSaga() {
 		// A partial batch's write locks its item only while in flight,
 		// as a single write through the gateway does.
-		unlock, ok := sg.lockOne(clientCtx, batchCtx, i, id)
+		unlock, ok := run.lockOne(clientCtx, batchCtx, i, id)
 		if !ok {
 			return false
 		}
 		defer unlock()
 	}
-	o := sendOpts{wait: batchCtx, ctx: ctx, timeout: limit{"item_timeout", t.settings.ItemTimeout}, parent: sg.sender.batchTimeout}
+	o := sendOpts{wait: batchCtx, ctx: ctx, timeout: limit{"item_timeout", t.settings.ItemTimeout}, parent: run.sender.batchTimeout}
 	if t.kind.Writes() {
 		// req stays as it was sent, for a resend.
 		o.sending = func() error {
-			err := sg.transition(ctx, i, PhaseSending, req, func(_ *ItemResult, st *itemState) { st.sent = req })
+			err := run.transition(ctx, i, PhaseSending, req, func(_ *ItemResult, st *itemState) { st.sent = req })
 			if err != nil {
 				return errors.Join(errJournal, err)
 			}
 			return nil
 		}
 	}
-	resp, err := sg.send(i, req, o)
+	resp, err := run.send(i, req, o)
 	switch {
 	case errors.Is(err, errJournal):
-		sg.failByGateway(ctx, i, "the saga's journal could not record the write, so it was not sent", err)
+		run.failByGateway(ctx, i, "the saga's journal could not record the write, so it was not sent", err)
 		return false
 	case errors.Is(err, errFence):
-		sg.fenced(ctx, i, err)
+		run.fenced(ctx, i, err)
 		return false
 	case resp == nil && (errors.Is(err, slots.ErrNoSlot) || errors.Is(err, ErrThrottleWait)):
 		return false // the batch ran out of time before the item could start
 	}
-	return sg.answered(ctx, i, req, resp, err)
+	return run.answered(ctx, i, req, resp, err)
 }
 
 // errJournal wraps the error of a write's record in the journal, which
@@ -160,29 +160,29 @@ var errJournal = errors.New("the saga's journal could not record the write")
 // send sends item i's req through the run's sender, with the saga's last
 // look at its lease after every wait (docs/durability.md, "Clusters"): no
 // write leaves for a saga another instance may be finishing.
-func (sg *saga) send(i int, req *SubRequest, o sendOpts) (*SubResponse, error) {
+func (run *batchRun) send(i int, req *SubRequest, o sendOpts) (*SubResponse, error) {
 	fence := func() error {
-		if !sg.fences(req) {
+		if !run.fences(req) {
 			return nil
 		}
-		if err := sg.rt.Journal.Fence(o.wait); err != nil {
+		if err := run.rt.Journal.Fence(o.wait); err != nil {
 			return errors.Join(errFence, err)
 		}
 		return nil
 	}
-	return sg.sender.send(sg.tgt(i), req, o, fence)
+	return run.sender.send(run.state[i].tgt, req, o, fence)
 }
 
 // fences reports whether req waits for the saga's lease to be proven
 // before it goes: every write of a saga, but the undos of a saga that
 // lost its lease (lost.go).
-func (sg *saga) fences(req *SubRequest) bool {
-	return sg.isSaga() && req.Method != http.MethodGet && req.Method != http.MethodHead && !sg.selfUndo.Load()
+func (run *batchRun) fences(req *SubRequest) bool {
+	return run.isSaga() && req.Method != http.MethodGet && req.Method != http.MethodHead && !run.selfUndo.Load()
 }
 
 // fail settles item i as failed by the gateway, with nothing sent.
-func (sg *saga) fail(ctx context.Context, i, status int, reason string, cause error) {
-	_ = sg.transition(ctx, i, PhaseSettled, nil, func(it *ItemResult, st *itemState) {
+func (run *batchRun) fail(ctx context.Context, i, status int, reason string, cause error) {
+	_ = run.transition(ctx, i, PhaseSettled, nil, func(it *ItemResult, st *itemState) {
 		it.clearResponse()
 		it.Status, it.Error, it.cause = status, reason, cause
 		it.Outcome, st.failure = Failed, true
@@ -192,26 +192,26 @@ func (sg *saga) fail(ctx context.Context, i, status int, reason string, cause er
 // failByGateway settles item i as failed by the gateway's own storage
 // (its journal, its lease), with nothing sent: 503, which the batch
 // answers as it is, never as the upstream's 502 (failureStatus).
-func (sg *saga) failByGateway(ctx context.Context, i int, reason string, cause error) {
-	sg.fail(ctx, i, http.StatusServiceUnavailable, reason, cause)
-	sg.mu.Lock()
-	defer sg.mu.Unlock()
-	sg.state[i].byGateway = true
+func (run *batchRun) failByGateway(ctx context.Context, i int, reason string, cause error) {
+	run.fail(ctx, i, http.StatusServiceUnavailable, reason, cause)
+	run.mu.Lock()
+	defer run.mu.Unlock()
+	run.state[i].byGateway = true
 }
 
 // answered records the answer to item i's own request (req), and for a
 // write that took effect, how to undo it. It reports whether the item
 // succeeded.
-func (sg *saga) answered(ctx context.Context, i int, req *SubRequest, resp *SubResponse, err error) bool {
-	t := sg.tgt(i)
+func (run *batchRun) answered(ctx context.Context, i int, req *SubRequest, resp *SubResponse, err error) bool {
+	t := run.state[i].tgt
 	write := t.kind.Writes()
 	var succeeded bool
 	var ans itemAnswer
 	if resp != nil {
 		ans = answerOf(resp)
 	}
-	hint := sg.movedHint(i, req, resp)
-	_ = sg.transition(ctx, i, PhaseAnswered, nil, func(it *ItemResult, st *itemState) {
+	hint := run.movedHint(i, req, resp)
+	_ = run.transition(ctx, i, PhaseAnswered, nil, func(it *ItemResult, st *itemState) {
 		st.answeredAt = time.Now()
 		if resp == nil {
 			recordNoAnswer(it, st, err, write)
@@ -225,10 +225,10 @@ func (sg *saga) answered(ctx context.Context, i int, req *SubRequest, resp *SubR
 		case is2xx(resp.Status):
 			it.Outcome, succeeded = Succeeded, true
 			if write {
-				sg.tookEffect(it, st, i, resp)
+				st.tookEffect(it, resp, run.isSaga())
 			}
 		case resp.Status == http.StatusNotFound && t.kind == policy.OpDelete && t.settings.DeleteSemantics == policy.Declarative:
-			sg.goneAsDeclared(it, st, i, resp)
+			st.goneAsDeclared(it, resp, run.isSaga())
 			succeeded = true
 		case write && resp.Resent:
 			// The answer is to a second copy (a 404 to a DELETE, a 409 to a
@@ -240,7 +240,7 @@ func (sg *saga) answered(ctx context.Context, i int, req *SubRequest, resp *SubR
 		case write && resp.Status >= 300 && resp.Status < 400:
 			mayHaveTakenEffect(it, st, fmt.Sprintf("the upstream answered the write with a redirect (%d): it may have taken effect", resp.Status))
 			if t.kind == policy.OpCreate {
-				sg.nameRedirected(it, st, i, resp)
+				st.nameRedirected(it, resp)
 			}
 		case write && (resp.Status == http.StatusBadGateway || resp.Status == http.StatusGatewayTimeout):
 			// What a proxy in front of the upstream answers when the
@@ -253,12 +253,12 @@ func (sg *saga) answered(ctx context.Context, i int, req *SubRequest, resp *SubR
 		default:
 			it.Outcome, st.failure = Failed, true
 		}
-		if !sg.keepBody(it, st, i) {
+		if !run.answer.keep(it, st, run.plan.copies(i), run.allOrNothing()) {
 			succeeded = false
 		}
 	})
-	if id := sg.items[i].ID; t.kind == policy.OpCreate && sg.isSaga() && id != "" && sg.state[i].applied {
-		sg.lockCreated(ctx, i, id)
+	if id := run.items[i].ID; t.kind == policy.OpCreate && run.isSaga() && id != "" && run.state[i].applied {
+		run.lockCreated(ctx, i, id)
 	}
 	return succeeded
 }
@@ -266,30 +266,30 @@ func (sg *saga) answered(ctx context.Context, i int, req *SubRequest, resp *SubR
 // goneAsDeclared records a DELETE answered 404 under declarative delete
 // semantics: "it must not exist" holds, so it succeeded. Nothing was
 // deleted to undo, unless an earlier copy of a resent request deleted it.
-func (sg *saga) goneAsDeclared(it *ItemResult, st *itemState, i int, resp *SubResponse) {
+func (st *itemState) goneAsDeclared(it *ItemResult, resp *SubResponse, saga bool) {
 	it.clearResponse()
 	it.Status, it.Outcome = http.StatusNoContent, Succeeded
-	if resp.Resent && sg.isSaga() {
-		st.applied, st.undo = true, sg.recreate(i, it.ID, st)
+	if resp.Resent && saga {
+		st.applied, st.undo = true, st.recreate(it.ID)
 	}
 }
 
 // tookEffect records a write answered 2xx: applied, the item it created
 // named, and, in a saga, how it is undone.
-func (sg *saga) tookEffect(it *ItemResult, st *itemState, i int, resp *SubResponse) {
+func (st *itemState) tookEffect(it *ItemResult, resp *SubResponse, saga bool) {
 	st.applied = true
-	if sg.tgt(i).kind == policy.OpCreate {
-		sg.nameCreated(it, i, resp)
+	if st.tgt.kind == policy.OpCreate {
+		st.nameCreated(it, resp)
 	}
-	if sg.isSaga() {
-		st.undo, st.noUndo = sg.undoAnswered(it, st, i, resp)
+	if saga {
+		st.undo, st.noUndo = st.undoOf(it, resp)
 	}
 }
 
 // nameRedirected names the item a create answered with a redirect may
 // have made, from a Location that names an item of its resource.
-func (sg *saga) nameRedirected(it *ItemResult, st *itemState, i int, resp *SubResponse) {
-	if id, ok := sg.tgt(i).match.IDFromLocation(resp.Header.Get("Location")); ok && badID(id) == "" {
+func (st *itemState) nameRedirected(it *ItemResult, resp *SubResponse) {
+	if id, ok := st.tgt.match.IDFromLocation(resp.Header.Get("Location")); ok && badID(id) == "" {
 		it.ID, st.createdFrom = id, "location"
 	}
 }

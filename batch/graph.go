@@ -15,30 +15,30 @@ import (
 // all-or-nothing, an operation failed. In partial mode an operation whose
 // dependency did not succeed is not attempted, with 424 (Failed
 // Dependency).
-func (sg *saga) executeGraph(clientCtx, batchCtx context.Context) {
+func (run *batchRun) executeGraph(clientCtx, batchCtx context.Context) {
 	writeCtx := context.WithoutCancel(clientCtx)
-	n := len(sg.items)
+	n := len(run.items)
 	started, ended, succeeded := make([]bool, n), make([]bool, n), make([]bool, n)
 	finished := make(chan int)
 	results := make([]bool, n)
 	running, halted := 0, false
 	for {
 		halted = halted || clientCtx.Err() != nil || batchCtx.Err() != nil
-		for i := 0; i < n && !halted && running < sg.batchSettings.Concurrency; i++ {
+		for i := 0; i < n && !halted && running < run.batchSettings.Concurrency; i++ {
 			if started[i] {
 				continue
 			}
-			ready, failedDep := sg.dependencies(i, ended, succeeded)
+			ready, failedDep := run.dependencies(i, ended, succeeded)
 			switch {
 			case failedDep >= 0:
 				started[i], ended[i] = true, true
-				sg.notAttempted(writeCtx, i, failedDep)
+				run.notAttempted(writeCtx, i, failedDep)
 			case ready:
 				started[i] = true
 				running++
-				sg.started = append(sg.started, i)
+				run.started = append(run.started, i)
 				go func() {
-					results[i] = sg.executeOperation(clientCtx, batchCtx, i)
+					results[i] = run.executeOperation(clientCtx, batchCtx, i)
 					finished <- i
 				}()
 			}
@@ -49,7 +49,7 @@ func (sg *saga) executeGraph(clientCtx, batchCtx context.Context) {
 		i := <-finished
 		running--
 		ended[i], succeeded[i] = true, results[i]
-		if !results[i] && sg.allOrNothing() {
+		if !results[i] && run.allOrNothing() {
 			halted = true
 		}
 	}
@@ -58,9 +58,9 @@ func (sg *saga) executeGraph(clientCtx, batchCtx context.Context) {
 // dependencies tells whether everything operation i depends on has
 // succeeded (ready), or which of them ended without succeeding (-1 for
 // none).
-func (sg *saga) dependencies(i int, ended, succeeded []bool) (ready bool, failed int) {
+func (run *batchRun) dependencies(i int, ended, succeeded []bool) (ready bool, failed int) {
 	ready = true
-	for _, j := range sg.plan.Items[i].operation.deps {
+	for _, j := range run.plan.Items[i].operation.deps {
 		switch {
 		case !ended[j]:
 			ready = false
@@ -73,11 +73,11 @@ func (sg *saga) dependencies(i int, ended, succeeded []bool) (ready bool, failed
 
 // notAttempted settles an operation of a partial envelope that cannot run
 // because an operation it depends on did not succeed.
-func (sg *saga) notAttempted(ctx context.Context, i, dep int) {
-	_ = sg.transition(ctx, i, PhaseSettled, nil, func(it *ItemResult, st *itemState) {
+func (run *batchRun) notAttempted(ctx context.Context, i, dep int) {
+	_ = run.transition(ctx, i, PhaseSettled, nil, func(it *ItemResult, st *itemState) {
 		it.clearResponse()
 		it.Status, it.Outcome, st.settled = http.StatusFailedDependency, NotAttempted, true
-		it.Error = fmt.Sprintf("operation %q, which it depends on, did not succeed", sg.plan.Items[dep].operation.id)
+		it.Error = fmt.Sprintf("operation %q, which it depends on, did not succeed", run.plan.Items[dep].operation.id)
 	})
 }
 
@@ -85,27 +85,27 @@ func (sg *saga) notAttempted(ctx context.Context, i, dep int) {
 // references, and, where its url named its item only once filled, locks
 // and preflights that item as the saga's first steps do for the others;
 // then it sends it as a batch's item. It reports whether it succeeded.
-func (sg *saga) executeOperation(clientCtx, batchCtx context.Context, i int) bool {
-	planned, ctx := &sg.plan.Items[i], context.WithoutCancel(clientCtx)
+func (run *batchRun) executeOperation(clientCtx, batchCtx context.Context, i int) bool {
+	planned, ctx := &run.plan.Items[i], context.WithoutCancel(clientCtx)
 	late := planned.tgt == nil || planned.tgt.kind == policy.OpCreate && planned.ID == "" || planned.rewrite
 	if planned.tgt == nil || planned.operation.body != nil {
-		if !sg.fill(ctx, i) {
+		if !run.fill(ctx, i) {
 			return false
 		}
 	}
-	if late && !planned.rewrite && !sg.claimWrite(ctx, i) {
+	if late && !planned.rewrite && !run.claimWrite(ctx, i) {
 		return false
 	}
-	if late && sg.isSaga() && sg.tgt(i).kind.Writes() && sg.items[i].ID != "" {
-		if !sg.lockLate(clientCtx, batchCtx, i) {
+	if late && run.isSaga() && run.state[i].tgt.kind.Writes() && run.items[i].ID != "" {
+		if !run.lockLate(clientCtx, batchCtx, i) {
 			return false
 		}
-		read := sg.preflightRead(i)
+		read := run.preflightRead(i)
 		if read != nil && !read(batchCtx, i) {
 			return false
 		}
 	}
-	return sg.executeItem(clientCtx, batchCtx, i)
+	return run.executeItem(clientCtx, batchCtx, i)
 }
 
 // claimWrite checks an operation whose item became known as the envelope
@@ -113,25 +113,25 @@ func (sg *saga) executeOperation(clientCtx, batchCtx context.Context, i int) boo
 // two must wait for the other, as orderWrites asks of those known up
 // front. It settles the operation as failed (400, nothing sent) when it
 // would race one of them.
-func (sg *saga) claimWrite(ctx context.Context, i int) bool {
-	key := writeKey(sg.tgt(i), sg.items[i].ID)
+func (run *batchRun) claimWrite(ctx context.Context, i int) bool {
+	key := writeKey(run.state[i].tgt, run.items[i].ID)
 	if key == "" {
 		return true
 	}
-	sg.mu.Lock()
+	run.mu.Lock()
 	race := -1
-	for _, w := range sg.writers[key] {
-		if w != i && !sg.plan.dependsOn(i, w) && !sg.plan.dependsOn(w, i) {
+	for _, w := range run.writers[key] {
+		if w != i && !run.plan.dependsOn(i, w) && !run.plan.dependsOn(w, i) {
 			race = w
 		}
 	}
 	if race < 0 {
-		sg.writers[key] = append(sg.writers[key], i)
+		run.writers[key] = append(run.writers[key], i)
 	}
-	sg.mu.Unlock()
+	run.mu.Unlock()
 	if race >= 0 {
-		d := sameItem(sg.plan.Items[i].operation.id, sg.plan.Items[race].operation.id, key)
-		sg.fail(ctx, i, http.StatusBadRequest, d.Detail, nil)
+		d := sameItem(run.plan.Items[i].operation.id, run.plan.Items[race].operation.id, key)
+		run.fail(ctx, i, http.StatusBadRequest, d.Detail, nil)
 	}
 	return race < 0
 }
@@ -139,23 +139,23 @@ func (sg *saga) claimWrite(ctx context.Context, i int) bool {
 // lockLate locks an item whose id an envelope learned only as it ran, out
 // of the order of keys: the wait is bounded by item_timeout, and an item
 // it cannot lock fails the operation as RefuseLock says, nothing sent.
-func (sg *saga) lockLate(clientCtx, batchCtx context.Context, i int) bool {
-	key := sg.lockKey(i, sg.items[i].ID)
-	if sg.rt.Locks == nil || sg.locks.has(key) {
+func (run *batchRun) lockLate(clientCtx, batchCtx context.Context, i int) bool {
+	key := run.state[i].tgt.paths.Key(run.items[i].ID)
+	if run.rt.Locks == nil || run.locks.has(key) {
 		return true
 	}
-	unlock, ok := sg.lockOne(clientCtx, batchCtx, i, sg.items[i].ID)
+	unlock, ok := run.lockOne(clientCtx, batchCtx, i, run.items[i].ID)
 	if ok {
-		sg.locks.add(key, unlock)
+		run.locks.add(key, unlock)
 	}
 	return ok
 }
 
 // dependents lists, for each item, the items that depend on it: an
 // envelope's undo of an item waits for theirs.
-func (sg *saga) dependents() [][]int {
-	out := make([][]int, len(sg.plan.Items))
-	for j, it := range sg.plan.Items {
+func (run *batchRun) dependents() [][]int {
+	out := make([][]int, len(run.plan.Items))
+	for j, it := range run.plan.Items {
 		if it.operation == nil {
 			continue
 		}

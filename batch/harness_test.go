@@ -141,7 +141,7 @@ func run(p *Plan, s Sender) *Result {
 }
 
 func runCtx(ctx context.Context, p *Plan, s Sender) *Result {
-	return newSaga(p, Runtime{Send: s}, noBackoff).run(ctx)
+	return newBatchRun(p, Runtime{Send: s}, noBackoff).do(ctx)
 }
 
 // run1 plans one request on /widgets and runs it on f.

@@ -45,33 +45,33 @@ func differing(have, want []byte, subset bool, leaveOut []string) (names []strin
 	return names, true
 }
 
-// same reports whether a read of item i is the image want, but for the
+// same reports whether a read of the item is the image want, but for the
 // members the legacy API stamps.
-func (sg *saga) same(i int, have, want []byte) bool {
-	names, ok := differing(have, want, false, sg.settings(i).StampedFields)
+func (st *itemState) same(have, want []byte) bool {
+	names, ok := differing(have, want, false, st.tgt.settings.StampedFields)
 	if !ok {
 		return jsonvalue.Same(have, want)
 	}
 	return len(names) == 0
 }
 
-// holds reports whether a read of item i holds every member of want
+// holds reports whether a read of the item holds every member of want
 // (what the batch sent, or would leave) with the same value, but for the
 // id field and the members the legacy API stamps.
-func (sg *saga) holds(i int, have, want []byte) bool {
-	names, ok := differing(have, want, true, sg.leftOut(i))
+func (st *itemState) holds(have, want []byte) bool {
+	names, ok := differing(have, want, true, st.leftOut())
 	return ok && len(names) == 0
 }
 
 // leftOut is what a comparison with what the batch sent leaves out: the
 // stamped members, and the id field, which names the item in the path
 // rather than in what was sent.
-func (sg *saga) leftOut(i int) []string {
-	s := sg.settings(i)
+func (st *itemState) leftOut() []string {
+	s := st.tgt.settings
 	return append(slices.Clip(s.StampedFields), s.IDField)
 }
 
-// changedReason says why a read of item i (have) is not the image a
+// changedReason says why a read of the item (have) is not the image a
 // proof expected (want, compared whole or, with subset, member by
 // member), after lead, which says what it is not. Where a member the
 // batch's write sent holds another value, another writer changed it;
@@ -79,16 +79,16 @@ func (sg *saga) leftOut(i int) []string {
 // have changed them itself (a time it stamps on every save), and the
 // reason names stamped_fields instead of blaming a writer it has no
 // evidence of.
-func (sg *saga) changedReason(i int, have, want []byte, subset bool, lead string) string {
-	leaveOut := sg.settings(i).StampedFields
+func (st *itemState) changedReason(have, want []byte, subset bool, lead string) string {
+	leaveOut := st.tgt.settings.StampedFields
 	if subset {
-		leaveOut = sg.leftOut(i)
+		leaveOut = st.leftOut()
 	}
 	names, ok := differing(have, want, subset, leaveOut)
 	if !ok || len(names) == 0 {
 		return lead + ": another writer changed it, so it was left as it is"
 	}
-	sent := sg.sentMembers(i)
+	sent := st.sentMembers()
 	var theirs []string
 	for _, n := range names {
 		if slices.Contains(sent, n) {
@@ -102,10 +102,10 @@ func (sg *saga) changedReason(i int, have, want []byte, subset bool, lead string
 		"if it does, name %s in stamped_fields, and such an item is undone. It was left as it is", lead, memberList(names), them(len(names)), them(len(names)))
 }
 
-// sentMembers are the members item i's write sent.
-func (sg *saga) sentMembers(i int) []string {
+// sentMembers are the members the item's write sent.
+func (st *itemState) sentMembers() []string {
 	var m map[string]json.RawMessage
-	_ = json.Unmarshal(sg.state[i].body, &m) // an object, or nothing (a delete)
+	_ = json.Unmarshal(st.body, &m) // an object, or nothing (a delete)
 	names := make([]string, 0, len(m))
 	for k := range m {
 		names = append(names, k)

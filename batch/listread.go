@@ -25,35 +25,35 @@ type ListFailure struct {
 	IDs int
 }
 
-// listStats is what a batch's reads through the list filter did, for its
-// log line and metrics.
-type listStats struct {
+// listReads read a batch's items through its resource's list filter,
+// and count what those reads did, for the batch's log line and metrics.
+type listReads struct {
+	sender      *sender
+	concurrency int
+	header      http.Header // the client's, forwarded (Plan.header)
+
 	mu        sync.Mutex
 	requests  int // LISTs sent
 	fallbacks int // ids read one by one after the LISTs
 	failures  []ListFailure
 }
 
-// listRead reads the items at indices through the resource's list
+// read reads the items at indices, whose ids are ids, through the resource's list
 // filter (docs/list-filter.md): one LIST per group
-// of ids, at most Concurrency at once, each a sub-request like any other
+// of ids, at most concurrency at once, each a sub-request like any other
 // (a slot of max_in_flight, item_timeout), and none started once stop is
 // closed. found gets every item a LIST answer holds, with its element.
-// listRead returns the indices no LIST answer held: a LIST answers only
+// read returns the indices no LIST answer held: a LIST answers only
 // what the caller may see, a page may be cut short, and a LIST may fail,
 // so only each item's own GET can tell what became of those.
-func (sg *saga) listRead(ctx context.Context, indices []int, stop <-chan struct{}, found func(ctx context.Context, i int, elem json.RawMessage)) []int {
+func (l *listReads) read(ctx context.Context, t *target, indices []int, ids []string, stop <-chan struct{}, found func(ctx context.Context, i int, elem json.RawMessage)) []int {
 	if len(indices) == 0 {
 		return nil
 	}
-	// The items of a batch read through a list share one target.
-	first := indices[0]
-	t := sg.tgt(first)
+	// The items of a batch read through a list share one target, t.
 	f := t.match.Resource.List
-	ids := make([]string, len(indices))
 	index := make(map[string]int, len(indices))
 	for k, i := range indices {
-		ids[k] = sg.items[i].ID
 		index[ids[k]] = i
 	}
 	query := t.query
@@ -62,21 +62,21 @@ func (sg *saga) listRead(ctx context.Context, indices []int, stop <-chan struct{
 	}
 	groups := f.Split(ids, maxListTarget-len(t.collectionPath)-len("?")-len(query))
 	claims := &listClaims{held: make(map[int]bool, len(indices))}
-	sent := sg.fanOut(ctx, upTo(len(groups)), stop, func(ctx context.Context, g int) {
-		req := sg.request(first, http.MethodGet, t.collectionPath, nil, "")
+	sent := fanOut(ctx, l.concurrency, upTo(len(groups)), stop, func(ctx context.Context, g int) {
+		req := newSubRequest(l.header, t, http.MethodGet, t.collectionPath, nil, "")
 		req.RawQuery = query + f.Query(groups[g])
-		elems, failure := sg.list(ctx, first, req)
+		elems, failure := l.list(ctx, t, req)
 		if failure != nil {
 			failure.IDs = len(groups[g])
-			sg.lists.mu.Lock()
-			sg.lists.failures = append(sg.lists.failures, *failure)
-			sg.lists.mu.Unlock()
+			l.mu.Lock()
+			l.failures = append(l.failures, *failure)
+			l.mu.Unlock()
 			return
 		}
 		for _, elem := range elems {
 			// An element that names no id of the batch is ignored: an
 			// API that does not know the filter answers everything.
-			if i, ok := index[sg.idOf(first, elem)]; ok && claims.take(i) {
+			if i, ok := index[t.idOf(elem)]; ok && claims.take(i) {
 				found(ctx, i, elem)
 			}
 		}
@@ -87,10 +87,10 @@ func (sg *saga) listRead(ctx context.Context, indices []int, stop <-chan struct{
 			rest = append(rest, i)
 		}
 	}
-	sg.lists.mu.Lock()
-	sg.lists.requests += len(sent)
-	sg.lists.fallbacks += len(rest)
-	sg.lists.mu.Unlock()
+	l.mu.Lock()
+	l.requests += len(sent)
+	l.fallbacks += len(rest)
+	l.mu.Unlock()
 	return rest
 }
 
@@ -113,8 +113,8 @@ func (c *listClaims) take(i int) bool {
 
 // list sends one LIST and returns the elements of its answer's array, or
 // why there are none to use.
-func (sg *saga) list(ctx context.Context, first int, req *SubRequest) ([]json.RawMessage, *ListFailure) {
-	resp, err := sg.sender.read(ctx, sg.tgt(first), req)
+func (l *listReads) list(ctx context.Context, t *target, req *SubRequest) ([]json.RawMessage, *ListFailure) {
+	resp, err := l.sender.read(ctx, t, req)
 	switch {
 	case resp == nil:
 		return nil, &ListFailure{Reason: "no_answer", Detail: asNoAnswer(err).reason}
@@ -123,7 +123,7 @@ func (sg *saga) list(ctx context.Context, first int, req *SubRequest) ([]json.Ra
 	case !is2xx(resp.Status):
 		return nil, &ListFailure{Reason: "status", Detail: fmt.Sprintf("answered %d", resp.Status)}
 	}
-	elems, why := arrayAt(resp.Body, sg.tgt(first).match.Resource.List.ItemsPointer())
+	elems, why := arrayAt(resp.Body, t.match.Resource.List.ItemsPointer())
 	if why != "" {
 		return nil, &ListFailure{Reason: "body", Detail: why}
 	}
@@ -150,7 +150,7 @@ func arrayAt(body []byte, pointer []string) ([]json.RawMessage, string) {
 // idOf is the canonical id a JSON object names (a LIST's element, a
 // write's answer), or "" when it names none: it is not an object, or has
 // no id that is a string or an integer of the batch's id_format.
-func (sg *saga) idOf(i int, elem []byte) string {
+func (t *target) idOf(elem []byte) string {
 	if jsonvalue.Kind(elem) != "object" {
 		return ""
 	}
@@ -158,7 +158,7 @@ func (sg *saga) idOf(i int, elem []byte) string {
 	if json.Unmarshal(elem, &members) != nil {
 		return ""
 	}
-	s := sg.settings(i)
+	s := t.settings
 	id, ok := jsonvalue.ID(members[s.IDField])
 	if !ok {
 		return ""
@@ -167,6 +167,15 @@ func (sg *saga) idOf(i int, elem []byte) string {
 		return canonical
 	}
 	return ""
+}
+
+// idsOf are the ids of the items at indices.
+func idsOf(items []ItemResult, indices []int) []string {
+	ids := make([]string, len(indices))
+	for k, i := range indices {
+		ids[k] = items[i].ID
+	}
+	return ids
 }
 
 // upTo is 0, 1, …, n-1.

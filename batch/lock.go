@@ -64,27 +64,27 @@ func (h *heldLocks) release() {
 // share items never wait for each other in a cycle, at most until
 // batchCtx is done. It reports whether the batch may go on; if not, it
 // holds no lock and the batch is refused as RefuseLock says.
-func (sg *saga) lock(clientCtx, batchCtx context.Context) bool {
-	sg.locks = &heldLocks{keys: map[string]func(){}}
-	if sg.rt.Locks == nil {
+func (run *batchRun) lock(clientCtx, batchCtx context.Context) bool {
+	run.locks = &heldLocks{keys: map[string]func(){}}
+	if run.rt.Locks == nil {
 		return true
 	}
 	var keys []string
-	for i := range sg.items {
-		if key := writeKey(sg.tgt(i), sg.items[i].ID); key != "" {
+	for i := range run.items {
+		if key := writeKey(run.state[i].tgt, run.items[i].ID); key != "" {
 			keys = append(keys, key)
 		}
 	}
 	slices.Sort(keys)
 	for _, key := range slices.Compact(keys) {
-		unlock, err := sg.rt.Locks.Lock(batchCtx, key)
+		unlock, err := run.rt.Locks.Lock(batchCtx, key)
 		if err != nil {
-			sg.locks.release()
-			ref := RefuseLock(key, err, sg.wait(clientCtx, batchCtx, 0))
-			sg.refusal = &refusal{status: ref.Status, detail: ref.Detail, retryAfter: ref.RetryAfter, cause: err}
+			run.locks.release()
+			ref := RefuseLock(key, err, run.wait(clientCtx, batchCtx, 0))
+			run.refusal = &refusal{status: ref.Status, detail: ref.Detail, retryAfter: ref.RetryAfter, cause: err}
 			return false
 		}
-		sg.locks.add(key, unlock)
+		run.locks.add(key, unlock)
 	}
 	return true
 }
@@ -95,15 +95,15 @@ func (sg *saga) lock(clientCtx, batchCtx context.Context) bool {
 // short: a writer that holds a newly created id holds nothing else the
 // saga waits for, and if the lock cannot be had the undo's proof still
 // guards the item.
-func (sg *saga) lockCreated(ctx context.Context, i int, id string) {
-	key := sg.lockKey(i, id)
-	if sg.rt.Locks == nil || sg.locks.has(key) {
+func (run *batchRun) lockCreated(ctx context.Context, i int, id string) {
+	key := run.state[i].tgt.paths.Key(id)
+	if run.rt.Locks == nil || run.locks.has(key) {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, sg.settings(i).ItemTimeout)
+	ctx, cancel := context.WithTimeout(ctx, run.state[i].tgt.settings.ItemTimeout)
 	defer cancel()
-	if unlock, err := sg.rt.Locks.Lock(ctx, key); err == nil {
-		sg.locks.add(key, unlock)
+	if unlock, err := run.rt.Locks.Lock(ctx, key); err == nil {
+		run.locks.add(key, unlock)
 	}
 }
 
@@ -111,16 +111,16 @@ func (sg *saga) lockCreated(ctx context.Context, i int, id string) {
 // write, as a single write would, waiting at most item_timeout. It
 // reports whether the write may go on; if not, the item is settled as
 // refused. With no locker or no id it takes no lock.
-func (sg *saga) lockOne(clientCtx, batchCtx context.Context, i int, id string) (func(), bool) {
-	if sg.rt.Locks == nil || id == "" {
+func (run *batchRun) lockOne(clientCtx, batchCtx context.Context, i int, id string) (func(), bool) {
+	if run.rt.Locks == nil || id == "" {
 		return func() {}, true
 	}
-	key, timeout := sg.lockKey(i, id), sg.settings(i).ItemTimeout
+	key, timeout := run.state[i].tgt.paths.Key(id), run.state[i].tgt.settings.ItemTimeout
 	lockCtx, cancel := context.WithTimeout(batchCtx, timeout)
 	defer cancel()
-	unlock, err := sg.rt.Locks.Lock(lockCtx, key)
+	unlock, err := run.rt.Locks.Lock(lockCtx, key)
 	if err != nil {
-		sg.refuseItem(context.WithoutCancel(clientCtx), i, RefuseLock(key, err, sg.wait(clientCtx, batchCtx, timeout)), err)
+		run.refuseItem(context.WithoutCancel(clientCtx), i, RefuseLock(key, err, run.wait(clientCtx, batchCtx, timeout)), err)
 		return nil, false
 	}
 	return unlock, true
@@ -192,8 +192,8 @@ func RefuseLock(key string, err error, w LockWait) LockRefusal {
 
 // refuseItem settles item i as refused its lock, with nothing sent; its
 // Retry-After becomes the batch answer's.
-func (sg *saga) refuseItem(ctx context.Context, i int, ref LockRefusal, cause error) {
-	_ = sg.transition(ctx, i, PhaseSettled, nil, func(it *ItemResult, st *itemState) {
+func (run *batchRun) refuseItem(ctx context.Context, i int, ref LockRefusal, cause error) {
+	_ = run.transition(ctx, i, PhaseSettled, nil, func(it *ItemResult, st *itemState) {
 		it.clearResponse()
 		it.Status, it.Error, it.cause = ref.Status, ref.Detail, cause
 		if ref.RetryAfter != "" {
@@ -205,6 +205,6 @@ func (sg *saga) refuseItem(ctx context.Context, i int, ref LockRefusal, cause er
 
 // wait is what a wait for a lock runs under in this batch: its client,
 // its deadline, and itemTimeout when that bounds the wait too (not zero).
-func (sg *saga) wait(clientCtx, batchCtx context.Context, itemTimeout time.Duration) LockWait {
-	return LockWait{Client: clientCtx, Batch: batchCtx, BatchTimeout: sg.batchSettings.BatchTimeout, ItemTimeout: itemTimeout}
+func (run *batchRun) wait(clientCtx, batchCtx context.Context, itemTimeout time.Duration) LockWait {
+	return LockWait{Client: clientCtx, Batch: batchCtx, BatchTimeout: run.batchSettings.BatchTimeout, ItemTimeout: itemTimeout}
 }

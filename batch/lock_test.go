@@ -24,7 +24,7 @@ func TestLockConflict(t *testing.T) {
 		defer unlock()
 		f := newFake().seed("1", "2")
 		p := mustPlan(t, newRequest("DELETE", "/widgets?ids=1,2", ""), batchTimeout(30*time.Millisecond))
-		w := write(t, newSaga(p, Runtime{Send: f, Locks: &locks}, noBackoff).run(context.Background()))
+		w := write(t, newBatchRun(p, Runtime{Send: f, Locks: &locks}, noBackoff).do(context.Background()))
 		equal(t, "status", w.Code, 409)
 		equal(t, "Retry-After", w.Header.Get("Retry-After"), "1")
 		equal(t, "sent", len(f.sent()), 0)
@@ -55,7 +55,7 @@ func TestCreatedIDIsLocked(t *testing.T) {
 		done := make(chan *Result)
 		p := mustPlan(t, newRequest("POST", "/widgets", elements(2)), concurrency(1))
 		go func() {
-			done <- newSaga(p, Runtime{Send: f, Locks: &locks}, noBackoff).run(context.Background())
+			done <- newBatchRun(p, Runtime{Send: f, Locks: &locks}, noBackoff).do(context.Background())
 		}()
 		// Item 0 is created and answered before item 1 is sent.
 		synctest.Wait()
@@ -138,7 +138,7 @@ func TestConcurrentBatchesSerialize(t *testing.T) {
 				}
 				p := mustPlan(t, newRequest("PATCH", "/widgets", "["+strings.Join(elems, ",")+"]"), concurrency(3), batchTimeout(20*time.Second))
 				wg.Go(func() {
-					results[b] = newSaga(p, Runtime{Send: s, Locks: &locks}, noBackoff).run(context.Background())
+					results[b] = newBatchRun(p, Runtime{Send: s, Locks: &locks}, noBackoff).do(context.Background())
 				})
 			}
 			wg.Wait()
@@ -191,7 +191,7 @@ func TestLocksUnavailable(t *testing.T) {
 	t.Parallel()
 	f := newFake().seed("1")
 	p := mustPlan(t, newRequest("DELETE", "/widgets?ids=1", ""))
-	w := write(t, newSaga(p, Runtime{Send: f, Locks: brokenLocks{}}, noBackoff).run(context.Background()))
+	w := write(t, newBatchRun(p, Runtime{Send: f, Locks: brokenLocks{}}, noBackoff).do(context.Background()))
 	equal(t, "status", w.Code, 503)
 	equal(t, "sent", len(f.sent()), 0)
 }
@@ -220,7 +220,7 @@ func TestLockNamesCanonicalParents(t *testing.T) {
 			f := newFake().put(tt.collection+"/5", map[string]any{"id": "5"})
 			f.collections[tt.collection] = true
 			p := mustPlan(t, newRequest("DELETE", tt.collection+"?ids=5", ""), declared(t, "resource "+tt.template), batchTimeout(30*time.Millisecond))
-			w := write(t, newSaga(p, Runtime{Send: f, Locks: &locks}, noBackoff).run(context.Background()))
+			w := write(t, newBatchRun(p, Runtime{Send: f, Locks: &locks}, noBackoff).do(context.Background()))
 			if tt.locked {
 				equal(t, tt.template+" "+tt.collection+": status", w.Code, 409)
 				equal(t, "sent", len(f.sent()), 0)

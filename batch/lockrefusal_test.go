@@ -118,7 +118,7 @@ func TestPartialWriteRefusedItsLock(t *testing.T) {
 			defer release()
 			f := newFake().seed("1", "2")
 			p := mustPlan(t, newRequest("PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":2}]`), append(c.mods, partial, concurrency(1))...)
-			w := write(t, newSaga(p, Runtime{Send: f, Locks: locks}, noBackoff).run(client))
+			w := write(t, newBatchRun(p, Runtime{Send: f, Locks: locks}, noBackoff).do(client))
 			it := w.Items[0]
 			equal(t, "item 0 status", it.Status, c.status)
 			if !strings.Contains(it.Error, c.detail) {
@@ -170,7 +170,7 @@ func TestSagaLockClientGone(t *testing.T) {
 	defer release()
 	f := newFake().seed("1", "2")
 	p := mustPlan(t, newRequest("DELETE", "/widgets?ids=1,2", ""), batchTimeout(10*time.Second))
-	res := newSaga(p, Runtime{Send: f, Locks: locks}, noBackoff).run(client)
+	res := newBatchRun(p, Runtime{Send: f, Locks: locks}, noBackoff).do(client)
 	equal(t, "status", res.Status, 499)
 	equal(t, "sent", len(f.sent()), 0)
 }

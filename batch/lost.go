@@ -46,47 +46,47 @@ type LostKeeper interface {
 
 // leaseLost reports whether err says the saga's lease is lost, and if so
 // records it: the saga starts nothing more.
-func (sg *saga) leaseLost(err error) bool {
+func (run *batchRun) leaseLost(err error) bool {
 	var lost *LeaseLost
 	if !errors.As(err, &lost) {
 		return false
 	}
-	sg.mu.Lock()
-	defer sg.mu.Unlock()
-	if sg.lost == nil {
-		sg.lost = lost
+	run.mu.Lock()
+	defer run.mu.Unlock()
+	if run.lost == nil {
+		run.lost = lost
 	}
 	return true
 }
 
-func (sg *saga) lostLease() *LeaseLost {
-	sg.mu.Lock()
-	defer sg.mu.Unlock()
-	return sg.lost
+func (run *batchRun) lostLease() *LeaseLost {
+	run.mu.Lock()
+	defer run.mu.Unlock()
+	return run.lost
 }
 
 // fenced fails item i, whose write the lease did not let go: nothing
 // was sent.
-func (sg *saga) fenced(ctx context.Context, i int, err error) {
+func (run *batchRun) fenced(ctx context.Context, i int, err error) {
 	reason := "the saga's lease in storage could not be proven in time (the storage did not answer), so the write was not sent"
-	if sg.leaseLost(err) {
-		reason = "the saga's lease was lost (" + sg.lostLease().Why + "): another instance finishes the saga, so the write was not sent"
+	if run.leaseLost(err) {
+		reason = "the saga's lease was lost (" + run.lostLease().Why + "): another instance finishes the saga, so the write was not sent"
 	}
-	sg.failByGateway(ctx, i, reason, err)
+	run.failByGateway(ctx, i, reason, err)
 }
 
 // checkLease is the last look at the lease before a saga that did not
 // lose it answers: an answer says what happened only while no other
 // instance may be acting on the saga. It waits at most the batch's
 // timeout for a lease that is unproven.
-func (sg *saga) checkLease(ctx context.Context) {
-	if !sg.isSaga() || sg.lostLease() != nil {
+func (run *batchRun) checkLease(ctx context.Context) {
+	if !run.isSaga() || run.lostLease() != nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sg.batchSettings.BatchTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), run.batchSettings.BatchTimeout)
 	defer cancel()
-	if err := sg.rt.Journal.Fence(ctx); err != nil && !sg.leaseLost(err) {
-		sg.leaseLost(&LeaseLost{Why: err.Error()})
+	if err := run.rt.Journal.Fence(ctx); err != nil && !run.leaseLost(err) {
+		run.leaseLost(&LeaseLost{Why: err.Error()})
 	}
 }
 
@@ -95,9 +95,9 @@ func (sg *saga) checkLease(ctx context.Context) {
 // took over (orphaned), is this saga's alone to finish: it keeps what it
 // may have changed first, as a journal would, undoes all of it, and
 // keeps what is left (or forgets the kept copy, if nothing is).
-func (sg *saga) endLost(ctx, batchCtx context.Context, lost *LeaseLost) *Result {
+func (run *batchRun) endLost(ctx, batchCtx context.Context, lost *LeaseLost) *Result {
 	detached := context.WithoutCancel(ctx)
-	lk, _ := sg.rt.Journal.(LostKeeper)
+	lk, _ := run.rt.Journal.(LostKeeper)
 	var end lostEnd
 	since := lost.Proven
 	if lk != nil {
@@ -107,13 +107,13 @@ func (sg *saga) endLost(ctx, batchCtx context.Context, lost *LeaseLost) *Result 
 	}
 	if end.orphaned {
 		since = time.Time{}
-		end.kept = sg.keepLost(detached, lk, "", sg.written(), nil)
+		end.kept = run.keepLost(detached, lk, "", run.written(), nil)
 	}
-	sg.undoOwnSince(detached, since)
-	res := sg.report(ctx, batchCtx)
+	run.undoOwnSince(detached, since)
+	res := run.report(ctx, batchCtx)
 	res.LeaseLost = true
 	if lk == nil {
-		sg.answerLost(res, lost, end)
+		run.answerLost(res, lost, end)
 		return res
 	}
 	res.Saga = lk.Saga()
@@ -122,12 +122,12 @@ func (sg *saga) endLost(ctx, batchCtx context.Context, lost *LeaseLost) *Result 
 		defer cancel()
 		end.ended, end.outcome, end.left, end.orphaned = lk.AwaitEnd(waitCtx)
 	}
-	end.own = sg.ownLeftBehind(end.orphaned)
+	end.own = run.ownLeftBehind(end.orphaned)
 	if len(end.own) > 0 || end.kept != "" {
-		end.kept = sg.keepLost(detached, lk, end.kept, end.own, res)
+		end.kept = run.keepLost(detached, lk, end.kept, end.own, res)
 	}
 	res.Kept = end.kept
-	sg.answerLost(res, lost, end)
+	run.answerLost(res, lost, end)
 	return res
 }
 
@@ -136,14 +136,14 @@ func (sg *saga) endLost(ctx, batchCtx context.Context, lost *LeaseLost) *Result 
 // when res is nil): a left-behind saga of its own, linked to the lost
 // one; nothing left forgets a copy kept before. It returns the kept
 // saga's id, empty when nothing is kept.
-func (sg *saga) keepLost(ctx context.Context, lk LostKeeper, kept string, left []string, res *Result) string {
+func (run *batchRun) keepLost(ctx context.Context, lk LostKeeper, kept string, left []string, res *Result) string {
 	if res == nil {
-		res = &Result{Op: sg.plan.Op, Atomicity: sg.plan.Atomicity, Outcome: RollbackFailed, Items: sg.items,
+		res = &Result{Op: run.plan.Op, Atomicity: run.plan.Atomicity, Outcome: RollbackFailed, Items: run.items,
 			Detail: "this gateway lost the saga's lease: its journal is gone from storage, and no other instance took it over; the items it may have changed are kept here while it undoes them"}
 	}
 	own := *res
 	own.LeftBehind = left
-	id, err := lk.KeepLost(ctx, kept, sg.snapshot(), &own)
+	id, err := lk.KeepLost(ctx, kept, run.snapshot(), &own)
 	if err != nil {
 		res.Errors = append(res.Errors, "keeping what the saga that lost its lease left behind: "+err.Error())
 		return kept
@@ -164,10 +164,10 @@ type lostEnd struct {
 
 // written names the items whose writes took effect, or may have, and
 // are not undone yet.
-func (sg *saga) written() []string {
+func (run *batchRun) written() []string {
 	var out []string
-	for i, it := range sg.items {
-		if sg.state[i].applied && !sg.undone(i) {
+	for i, it := range run.items {
+		if run.state[i].applied && !run.undone(i) {
 			out = append(out, it.describe()+": written by the batch, not undone yet")
 		}
 	}
@@ -178,9 +178,9 @@ func (sg *saga) written() []string {
 // with orphaned (no instance took the saga over, and its journal is
 // gone: the storage forgot it), every item it may have changed, since
 // nobody else will undo them.
-func (sg *saga) ownLeftBehind(orphaned bool) []string {
+func (run *batchRun) ownLeftBehind(orphaned bool) []string {
 	var out []string
-	for _, it := range sg.items {
+	for _, it := range run.items {
 		if it.Outcome == RollbackFailed || orphaned && it.Outcome == Unknown {
 			out = append(out, it.describeLeft())
 		}
@@ -193,37 +193,37 @@ func (sg *saga) ownLeftBehind(orphaned bool) []string {
 // its journal before they may have landed. Each is locked afresh first
 // (a storage lock may have lapsed with the lease). The journal keeps
 // these undos in memory only: it is the new owner's now.
-func (sg *saga) undoOwnSince(ctx context.Context, proven time.Time) {
+func (run *batchRun) undoOwnSince(ctx context.Context, proven time.Time) {
 	var own []int
-	for _, i := range sg.started {
-		st := &sg.state[i]
-		if !st.applied || sg.undone(i) || !st.answeredAt.IsZero() && !st.answeredAt.After(proven) {
+	for _, i := range run.started {
+		st := &run.state[i]
+		if !st.applied || run.undone(i) || !st.answeredAt.IsZero() && !st.answeredAt.After(proven) {
 			continue
 		}
 		st.resumed = true // the new owner may have undone it already
 		own = append(own, i)
 	}
-	sg.selfUndo.Store(true)
+	run.selfUndo.Store(true)
 	for _, i := range own {
-		if key := writeKey(sg.tgt(i), sg.items[i].ID); key != "" && sg.rt.Locks != nil {
-			sg.locks.drop(key)
-			lockCtx, cancel := context.WithTimeout(ctx, sg.budget(i))
-			unlock, err := sg.rt.Locks.Lock(lockCtx, key)
+		if key := writeKey(run.state[i].tgt, run.items[i].ID); key != "" && run.rt.Locks != nil {
+			run.locks.drop(key)
+			lockCtx, cancel := context.WithTimeout(ctx, run.budget(i))
+			unlock, err := run.rt.Locks.Lock(lockCtx, key)
 			cancel()
 			if err != nil {
-				sg.settle(ctx, i, RollbackFailed, "the saga's lease was lost, and the item's lock could not be taken again to undo the write it sent since ("+err.Error()+")", nil)
+				run.settle(ctx, i, RollbackFailed, "the saga's lease was lost, and the item's lock could not be taken again to undo the write it sent since ("+err.Error()+")", nil)
 				continue
 			}
-			sg.locks.add(key, unlock)
+			run.locks.add(key, unlock)
 		}
-		sg.undoItem(ctx, i)
+		run.undoItem(ctx, i)
 	}
-	for _, i := range sg.started {
-		if st := &sg.state[i]; st.applied && !sg.undone(i) && sg.items[i].Outcome != Failed {
-			sg.mu.Lock()
-			sg.items[i].Outcome = Unknown
-			sg.items[i].Error = joinReasons(sg.items[i].Error, "the saga's lease was lost: the instance that took it over decides this item")
-			sg.mu.Unlock()
+	for _, i := range run.started {
+		if st := &run.state[i]; st.applied && !run.undone(i) && run.items[i].Outcome != Failed {
+			run.mu.Lock()
+			run.items[i].Outcome = Unknown
+			run.items[i].Error = joinReasons(run.items[i].Error, "the saga's lease was lost: the instance that took it over decides this item")
+			run.mu.Unlock()
 		}
 	}
 }
@@ -232,7 +232,7 @@ func (sg *saga) undoOwnSince(ctx context.Context, proven time.Time) {
 // told: the new owner's end, if it came, else 503 with the saga named
 // and every item the saga touched unknown; rollback_failed wherever
 // something is left behind, this saga's own kept under a saga of its own.
-func (sg *saga) answerLost(res *Result, lost *LeaseLost, end lostEnd) {
+func (run *batchRun) answerLost(res *Result, lost *LeaseLost, end lostEnd) {
 	res.RetryAfter = gatewayRetryAfter
 	why := fmt.Sprintf("this gateway lost the saga's lease (%s)", lost.Why)
 	if !end.orphaned {
@@ -273,12 +273,12 @@ func (sg *saga) answerLost(res *Result, lost *LeaseLost, end lostEnd) {
 const gatewayRetryAfter = "2"
 
 // snapshot is the saga as it stands, for a journal to keep.
-func (sg *saga) snapshot() *Snapshot {
-	snap := sg.plan.Snapshot()
-	sg.mu.Lock()
-	defer sg.mu.Unlock()
+func (run *batchRun) snapshot() *Snapshot {
+	snap := run.plan.Snapshot()
+	run.mu.Lock()
+	defer run.mu.Unlock()
 	for i := range snap.Items {
-		snap.Items[i] = sg.snapshotItem(i)
+		snap.Items[i] = snapshotItem(&run.items[i], &run.state[i], &run.plan.Items[i])
 	}
 	return snap
 }

@@ -84,7 +84,7 @@ func TestLostLeaseSendsNothingMore(t *testing.T) {
 	f := newFake().seed("1", "2", "3", "4")
 	j := &fencingJournal{lease: lostAfter(3, time.Now().Add(time.Hour)), end: &rolledBack}
 	p := mustPlan(t, newRequest("PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":1},{"id":"3","v":1},{"id":"4","v":1}]`), concurrency(1))
-	res := newSaga(p, Runtime{Send: f, Journal: j}, noBackoff).run(context.Background())
+	res := newBatchRun(p, Runtime{Send: f, Journal: j}, noBackoff).do(context.Background())
 	w := write(t, res)
 	equal(t, "PATCHes sent", len(f.sentWith("PATCH")), 2)
 	equal(t, "PUTs sent (the new owner undoes)", len(f.sentWith("PUT")), 0)
@@ -110,7 +110,7 @@ func TestLostLeaseFoundAtTheEnd(t *testing.T) {
 	f := newFake().seed("1", "2")
 	j := &fencingJournal{lease: lostAfter(3, time.Now().Add(time.Hour))}
 	p := mustPlan(t, newRequest("PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":1}]`), concurrency(1))
-	w := write(t, newSaga(p, Runtime{Send: f, Journal: j}, noBackoff).run(context.Background()))
+	w := write(t, newBatchRun(p, Runtime{Send: f, Journal: j}, noBackoff).do(context.Background()))
 	equal(t, "PATCHes sent", len(f.sentWith("PATCH")), 2)
 	equal(t, "status", w.Code, http.StatusServiceUnavailable)
 	equal(t, "outcome", w.Outcome, string(Failed))
@@ -140,7 +140,7 @@ func TestLostLeaseUndoesItsOwnRecentWrites(t *testing.T) {
 		return nil
 	}
 	p := mustPlan(t, newRequest("PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":1},{"id":"3","v":1}]`), concurrency(1))
-	w := write(t, newSaga(p, Runtime{Send: f, Journal: j}, noBackoff).run(context.Background()))
+	w := write(t, newBatchRun(p, Runtime{Send: f, Journal: j}, noBackoff).do(context.Background()))
 	// Widget 2's write came back after the last proof, widget 3's too:
 	// both undone; widget 1's before it: the new owner's.
 	state := f.state()
@@ -167,7 +167,7 @@ func TestLostLeaseKeepsWhatItCouldNotUndo(t *testing.T) {
 	f.on("GET", "/widgets/1", answer{}, reply(200, `{"id":"1","v":"theirs"}`))
 	j := &fencingJournal{lease: lostAfter(2, time.Time{})}
 	p := mustPlan(t, newRequest("PATCH", "/widgets", `[{"id":"1","v":1}]`), concurrency(1))
-	w := write(t, newSaga(p, Runtime{Send: f, Journal: j}, noBackoff).run(context.Background()))
+	w := write(t, newBatchRun(p, Runtime{Send: f, Journal: j}, noBackoff).do(context.Background()))
 	equal(t, "PUTs sent", len(f.sentWith("PUT")), 0)
 	equal(t, "status", w.Code, http.StatusInternalServerError)
 	equal(t, "outcome", w.Outcome, string(RollbackFailed))
@@ -189,7 +189,7 @@ func TestUnprovenLeaseWaits(t *testing.T) {
 		return nil
 	}}
 	p := mustPlan(t, newRequest("PATCH", "/widgets", `[{"id":"1","v":1}]`))
-	w := write(t, newSaga(p, Runtime{Send: f, Journal: j}, noBackoff).run(context.Background()))
+	w := write(t, newBatchRun(p, Runtime{Send: f, Journal: j}, noBackoff).do(context.Background()))
 	equal(t, "status", w.Code, http.StatusOK)
 	if !waited {
 		t.Error("the write did not ask the lease")
@@ -199,7 +199,7 @@ func TestUnprovenLeaseWaits(t *testing.T) {
 	f2 := newFake().seed("1")
 	j2 := &fencingJournal{lease: func(int) error { return errors.Join(ErrLeaseUnproven, context.DeadlineExceeded) }}
 	p2 := mustPlan(t, newRequest("PATCH", "/widgets", `[{"id":"1","v":1}]`))
-	w2 := write(t, newSaga(p2, Runtime{Send: f2, Journal: j2}, noBackoff).run(context.Background()))
+	w2 := write(t, newBatchRun(p2, Runtime{Send: f2, Journal: j2}, noBackoff).do(context.Background()))
 	equal(t, "PATCHes sent", len(f2.sentWith("PATCH")), 0)
 	equal(t, "status", w2.Code, http.StatusServiceUnavailable)
 }
@@ -215,7 +215,7 @@ func TestOrphanedSagaUndoesEverythingKeepingItFirst(t *testing.T) {
 	before := f.state()
 	j := &fencingJournal{lease: lostAfter(3, time.Now().Add(time.Hour)), orphaned: true, f: f}
 	p := mustPlan(t, newRequest("PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":1},{"id":"3","v":1}]`), concurrency(1))
-	w := write(t, newSaga(p, Runtime{Send: f, Journal: j}, noBackoff).run(context.Background()))
+	w := write(t, newBatchRun(p, Runtime{Send: f, Journal: j}, noBackoff).do(context.Background()))
 	equal(t, "PATCHes sent", len(f.sentWith("PATCH")), 2)
 	equalSlices(t, "keeps", j.keeps, []string{"2 left after 0 PUTs", "0 left after 2 PUTs"})
 	f.checkUnchanged(t, before)
@@ -234,7 +234,7 @@ func TestUndoFindsTheItemPutBack(t *testing.T) {
 	f.on("PATCH", "/widgets/2", reply(500, ``))
 	f.on("GET", "/widgets/1", answer{}, reply(200, before["/widgets/1"]))
 	p := mustPlan(t, newRequest("PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":1}]`), concurrency(1))
-	w := write(t, newSaga(p, Runtime{Send: f}, noBackoff).run(context.Background()))
+	w := write(t, newBatchRun(p, Runtime{Send: f}, noBackoff).do(context.Background()))
 	equal(t, "PUTs sent", len(f.sentWith("PUT")), 0)
 	equal(t, "item 0", w.Items[0].Outcome, string(RolledBack))
 	equal(t, "outcome", w.Outcome, string(RolledBack))

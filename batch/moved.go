@@ -30,7 +30,7 @@ func notCarriedOut(status int) bool {
 // the side that worked redirect (docs/legacy-apis.md, "Trailing
 // slashes"). It records the hint for the batch's WARN log line, and
 // returns "" for any other answer.
-func (sg *saga) movedHint(i int, req *SubRequest, resp *SubResponse) string {
+func (run *batchRun) movedHint(i int, req *SubRequest, resp *SubResponse) string {
 	if resp == nil || !notCarriedOut(resp.Status) {
 		return ""
 	}
@@ -49,7 +49,7 @@ func (sg *saga) movedHint(i int, req *SubRequest, resp *SubResponse) string {
 	default:
 		return ""
 	}
-	t := sg.tgt(i)
+	t := run.state[i].tgt
 	coll, item := t.match.Resource.Collection.String(), t.match.Resource.Item.String()
 	if from == t.collectionPath {
 		coll = wanted(coll)
@@ -58,7 +58,7 @@ func (sg *saga) movedHint(i int, req *SubRequest, resp *SubResponse) string {
 	}
 	hint := fmt.Sprintf("the legacy API redirects %s to %s (%s): declare the resource as `%s`, so that the gateway sends the paths it serves",
 		from, to, change, declaration(coll, item))
-	sg.warnOnce.Do(func() { sg.warning = hint })
+	run.warnOnce.Do(func() { run.warning = hint })
 	return hint
 }
 

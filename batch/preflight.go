@@ -18,31 +18,31 @@ import (
 // changed. The bodies read are the pre-images an undo puts back, and a
 // strong ETag read with one makes the write conditional. It reports
 // whether the batch may go on.
-func (sg *saga) preflight(ctx context.Context) bool {
+func (run *batchRun) preflight(ctx context.Context) bool {
 	var targets []int
-	for _, i := range sg.pending() {
-		if sg.tgt(i) != nil && !sg.plan.Items[i].rewrite && sg.items[i].ID != "" && sg.preflightRead(i) != nil {
+	for _, i := range run.pending() {
+		if run.state[i].tgt != nil && !run.plan.Items[i].rewrite && run.items[i].ID != "" && run.preflightRead(i) != nil {
 			targets = append(targets, i)
 		}
 	}
 	stop := make(chan struct{})
 	halt := sync.OnceFunc(func() { close(stop) })
-	if !sg.plan.envelope() && sg.plan.Op != policy.OpCreate {
-		if f := sg.plan.Match.Resource.List; f != nil && f.Preflight {
-			targets = sg.listRead(ctx, targets, stop, sg.listedPreimage)
+	if !run.plan.envelope() && run.plan.Op != policy.OpCreate {
+		if f := run.plan.Match.Resource.List; f != nil && f.Preflight && len(targets) > 0 {
+			targets = run.lists.read(ctx, run.state[targets[0]].tgt, targets, idsOf(run.items, targets), stop, run.listedPreimage)
 		}
 	}
-	sg.fanOut(ctx, targets, stop, func(ctx context.Context, i int) {
-		if !sg.preflightRead(i)(ctx, i) {
+	fanOut(ctx, run.batchSettings.Concurrency, targets, stop, func(ctx context.Context, i int) {
+		if !run.preflightRead(i)(ctx, i) {
 			halt()
 		}
 	})
-	if !sg.anyFailure() && ctx.Err() == nil {
+	if !run.anyFailure() && ctx.Err() == nil {
 		return true
 	}
-	for i := range sg.items {
-		if !sg.state[i].failure {
-			_ = sg.transition(ctx, i, PhaseSettled, nil, func(it *ItemResult, _ *itemState) {
+	for i := range run.items {
+		if !run.state[i].failure {
+			_ = run.transition(ctx, i, PhaseSettled, nil, func(it *ItemResult, _ *itemState) {
 				it.clearResponse()
 				it.Outcome = NotAttempted
 			})
@@ -55,27 +55,27 @@ func (sg *saga) preflight(ctx context.Context) bool {
 // update's or delete's target for its pre-image, a create's own id to
 // prove it free (absence from a LIST proves nothing: each id is read
 // alone); nil for a read, which needs none.
-func (sg *saga) preflightRead(i int) func(ctx context.Context, i int) bool {
-	switch sg.tgt(i).kind {
+func (run *batchRun) preflightRead(i int) func(ctx context.Context, i int) bool {
+	switch run.state[i].tgt.kind {
 	case policy.OpUpdate, policy.OpDelete:
-		return sg.readPreimage
+		return run.readPreimage
 	case policy.OpCreate:
-		return sg.checkFree
+		return run.checkFree
 	}
 	return nil
 }
 
-func (sg *saga) readPreimage(ctx context.Context, i int) bool {
-	req := sg.read(i, sg.items[i].ID)
-	resp, err := sg.sender.read(ctx, sg.tgt(i), req)
-	t := sg.tgt(i)
+func (run *batchRun) readPreimage(ctx context.Context, i int) bool {
+	req := run.state[i].tgt.read(run.plan.header, run.items[i].ID)
+	resp, err := run.sender.read(ctx, run.state[i].tgt, req)
+	t := run.state[i].tgt
 	declarative := t.kind == policy.OpDelete && t.settings.DeleteSemantics == policy.Declarative
 	ok := true
 	var ans itemAnswer
 	if resp != nil {
 		ans = answerOf(resp)
 	}
-	_ = sg.transition(ctx, i, PhaseRead, nil, func(it *ItemResult, st *itemState) {
+	_ = run.transition(ctx, i, PhaseRead, nil, func(it *ItemResult, st *itemState) {
 		switch {
 		case resp == nil:
 			recordNoAnswer(it, st, err, false)
@@ -86,7 +86,7 @@ func (sg *saga) readPreimage(ctx context.Context, i int) bool {
 		case !is2xx(resp.Status):
 			it.setAnswer(ans)
 			it.Outcome, st.failure = Failed, true
-			it.Error = joinReasons("the item could not be read before the write (GET "+req.Path+")", sg.movedHint(i, req, resp))
+			it.Error = joinReasons("the item could not be read before the write (GET "+req.Path+")", run.movedHint(i, req, resp))
 			ok = false
 		case jsonvalue.Kind(ans.body) != "object":
 			it.setAnswer(ans)
@@ -104,8 +104,8 @@ func (sg *saga) readPreimage(ctx context.Context, i int) bool {
 // operator's word (preflight) that an element is the whole item. It
 // carries no ETag, so the item's write is not conditional, and its undo
 // is proved by a read.
-func (sg *saga) listedPreimage(ctx context.Context, i int, elem json.RawMessage) {
-	_ = sg.transition(ctx, i, PhaseRead, nil, func(_ *ItemResult, st *itemState) {
+func (run *batchRun) listedPreimage(ctx context.Context, i int, elem json.RawMessage) {
+	_ = run.transition(ctx, i, PhaseRead, nil, func(_ *ItemResult, st *itemState) {
 		st.preimage, st.preETag = elem, ""
 	})
 }
@@ -113,14 +113,14 @@ func (sg *saga) listedPreimage(ctx context.Context, i int, elem json.RawMessage)
 // checkFree reads the id a create's element carries: the item must not
 // exist, so that an undo that deletes that id deletes what the batch
 // created and nothing else.
-func (sg *saga) checkFree(ctx context.Context, i int) bool {
-	id := sg.items[i].ID
-	req := sg.read(i, id)
-	resp, err := sg.sender.read(ctx, sg.tgt(i), req)
+func (run *batchRun) checkFree(ctx context.Context, i int) bool {
+	id := run.items[i].ID
+	req := run.state[i].tgt.read(run.plan.header, id)
+	resp, err := run.sender.read(ctx, run.state[i].tgt, req)
 	if resp != nil && gone(resp.Status) {
 		return true
 	}
-	_ = sg.transition(ctx, i, PhaseRead, nil, func(it *ItemResult, st *itemState) {
+	_ = run.transition(ctx, i, PhaseRead, nil, func(it *ItemResult, st *itemState) {
 		switch {
 		case resp == nil:
 			recordNoAnswer(it, st, err, false)
@@ -132,7 +132,7 @@ func (sg *saga) checkFree(ctx context.Context, i int) bool {
 		default:
 			it.setResponse(resp)
 			it.Outcome, st.failure = Failed, true
-			it.Error = joinReasons("whether the id is free could not be checked before the create (GET "+req.Path+")", sg.movedHint(i, req, resp))
+			it.Error = joinReasons("whether the id is free could not be checked before the create (GET "+req.Path+")", run.movedHint(i, req, resp))
 		}
 	})
 	return false

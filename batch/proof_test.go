@@ -355,7 +355,7 @@ func TestJournalSeesEveryTransition(t *testing.T) {
 	f := newFake().seed("1", "2").on("PATCH", "/widgets/2", reply(500, ``))
 	j := &recordingJournal{f: f}
 	p := mustPlan(t, newRequest("PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":1}]`), concurrency(1))
-	res := newSaga(p, Runtime{Send: f, Journal: j}, noBackoff).run(context.Background())
+	res := newBatchRun(p, Runtime{Send: f, Journal: j}, noBackoff).do(context.Background())
 	equalSlices(t, "journal", j.events, []string{
 		"begin", "read", "read",
 		"sending PATCH /widgets/1", "answered undo PUT",
@@ -374,7 +374,7 @@ func TestJournalFailureStopsTheWrite(t *testing.T) {
 	before := f.state()
 	j := &recordingJournal{f: f, failAt: PhaseSending}
 	p := mustPlan(t, newRequest("PATCH", "/widgets", `[{"id":"1","v":1}]`))
-	w := write(t, newSaga(p, Runtime{Send: f, Journal: j}, noBackoff).run(context.Background()))
+	w := write(t, newBatchRun(p, Runtime{Send: f, Journal: j}, noBackoff).do(context.Background()))
 	equal(t, "PATCHes sent", len(f.sentWith("PATCH")), 0)
 	equalSlices(t, "statuses", w.Statuses(), []int{503})
 	// The gateway's own storage failed, not the legacy API: 503, and
@@ -401,7 +401,7 @@ func TestEverySubRequestTakesASlot(t *testing.T) {
 	f := newFake().seed("1", "2").on("PATCH", "/widgets/2", reply(500, ``))
 	slots := &countingSlots{}
 	p := mustPlan(t, newRequest("PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":1}]`), concurrency(1))
-	newSaga(p, Runtime{Send: f, Slots: slots}, noBackoff).run(context.Background())
+	newBatchRun(p, Runtime{Send: f, Slots: slots}, noBackoff).do(context.Background())
 	// 2 preflight reads and 2 writes; then the proof read and the undo.
 	equal(t, "normal slots", slots.normal.Load(), 4)
 	equal(t, "urgent slots", slots.urgent.Load(), 2)

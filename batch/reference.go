@@ -98,6 +98,14 @@ func rebuild(v any, leaf func(any) (any, error)) (out any, err error) {
 	return leaf(v)
 }
 
+// filling fills in an operation's references from the items of the
+// run that it references: their answers, which ended before the
+// operation started (the graph waits for them).
+type filling struct {
+	plan  *Plan
+	ended []ItemResult // the run's items
+}
+
 // fill makes of operation i what the operations it references did: ids
 // and members in its url and body, which give its target, its item's id
 // and the body it sends. They go into the run's state (itemState, the
@@ -105,17 +113,18 @@ func rebuild(v any, leaf func(any) (any, error)) (out any, err error) {
 // (400, nothing sent) when a reference cannot be filled, and reports
 // whether it could. Everything it references has succeeded: it runs only
 // then, on the operation's own goroutine.
-func (sg *saga) fill(ctx context.Context, i int) bool {
-	planned := &sg.plan.Items[i]
+func (run *batchRun) fill(ctx context.Context, i int) bool {
+	planned := &run.plan.Items[i]
 	eo := planned.operation
 	t, id, body := planned.tgt, planned.ID, planned.Body
+	f := filling{plan: run.plan, ended: run.items}
 	var err error
 	if len(eo.refs) > 0 {
-		t, id, err = sg.fillURL(eo)
+		t, id, err = f.url(eo)
 	}
 	if err == nil && eo.body != nil {
 		var v any
-		if v, err = sg.fillValue(eo.body); err == nil {
+		if v, err = f.body(eo.body); err == nil {
 			body, _ = json.Marshal(v) // decoded JSON always encodes
 		}
 	}
@@ -123,25 +132,25 @@ func (sg *saga) fill(ctx context.Context, i int) bool {
 		id, err = elementID(t, body, id)
 	}
 	if err != nil {
-		sg.fail(ctx, i, http.StatusBadRequest, fmt.Sprintf("operation %q could not be filled in: %v", eo.id, err), nil)
+		run.fail(ctx, i, http.StatusBadRequest, fmt.Sprintf("operation %q could not be filled in: %v", eo.id, err), nil)
 		return false
 	}
-	sg.mu.Lock()
-	st := &sg.state[i]
+	run.mu.Lock()
+	st := &run.state[i]
 	st.tgt, st.body = t, body
 	if t.kind == policy.OpCreate {
 		st.elementID = id
 	}
-	sg.items[i].ID, sg.items[i].URL = id, eo.sentURL(t, id)
-	sg.mu.Unlock()
+	run.items[i].ID, run.items[i].URL = id, eo.sentURL(t, id)
+	run.mu.Unlock()
 	return true
 }
 
-// fillURL fills the references of the operation's url: it returns its
+// url fills the references of the operation's url: it returns its
 // target and its item's id, as target does.
-func (sg *saga) fillURL(eo *envelopeOperation) (*target, string, error) {
+func (f filling) url(eo *envelopeOperation) (*target, string, error) {
 	path, err := eo.pathWith(func(ref reference) (string, error) {
-		text, err := sg.refText(ref)
+		text, err := f.text(ref)
 		if err == nil && badID(text) != "" {
 			err = fmt.Errorf("%s is %q, which %s", ref.text, text, badID(text))
 		}
@@ -150,17 +159,17 @@ func (sg *saga) fillURL(eo *envelopeOperation) (*target, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	m, ok := sg.plan.lookup(path)
+	m, ok := f.plan.lookup(path)
 	if !ok || m.Resource != eo.resource || m.Item != (eo.kind != policy.OpCreate) {
 		return nil, "", fmt.Errorf("its filled url %s is no longer a path of %s", path, eo.resource.Collection)
 	}
 	return eo.target(m)
 }
 
-// refText is what a reference in a url segment stands for: an id, or a
+// text is what a reference in a url segment stands for: an id, or a
 // member that is a string or an integer.
-func (sg *saga) refText(ref reference) (string, error) {
-	v, err := sg.refValue(ref)
+func (f filling) text(ref reference) (string, error) {
+	v, err := f.value(ref)
 	if err != nil {
 		return "", err
 	}
@@ -171,12 +180,12 @@ func (sg *saga) refText(ref reference) (string, error) {
 	return text, nil
 }
 
-// refValue is the JSON a reference stands for: the id of the operation's
+// value is the JSON a reference stands for: the id of the operation's
 // item as a string, or the member of its answer's body.
-func (sg *saga) refValue(ref reference) (json.RawMessage, error) {
+func (f filling) value(ref reference) (json.RawMessage, error) {
 	// The operation referenced ended before this one started: the graph
 	// waits for it.
-	done := &sg.items[ref.operation]
+	done := &f.ended[ref.operation]
 	if !ref.member {
 		if done.ID == "" {
 			return nil, fmt.Errorf("%s names operation %q, whose item's id is not known", ref.text, done.OperationID)
@@ -194,15 +203,15 @@ func (sg *saga) refValue(ref reference) (json.RawMessage, error) {
 	return v, nil
 }
 
-// fillValue is a marked body (markReferences) with every reference
+// body is a marked body (markReferences) with every reference
 // filled in.
-func (sg *saga) fillValue(v any) (any, error) {
+func (f filling) body(v any) (any, error) {
 	return rebuild(v, func(leaf any) (any, error) {
 		ref, ok := leaf.(reference)
 		if !ok {
 			return leaf, nil
 		}
-		raw, err := sg.refValue(ref)
+		raw, err := f.value(ref)
 		if err != nil {
 			return nil, err
 		}

@@ -13,40 +13,40 @@ import (
 
 // report settles the batch's outcome and status (docs/wire-format.md,
 // "Batch requests and responses").
-func (sg *saga) report(clientCtx, batchCtx context.Context) *Result {
-	p := sg.plan
+func (run *batchRun) report(clientCtx, batchCtx context.Context) *Result {
+	p := run.plan
 	r := &Result{
 		Op:                p.Op,
 		Atomicity:         p.Atomicity,
-		Items:             sg.items,
-		Compensations:     sg.sentUndos,
+		Items:             run.items,
+		Compensations:     run.sentUndos,
 		PreferenceApplied: p.PreferenceApplied,
-		RetryAfter:        retryAfter(sg.items, time.Now()),
-		Warning:           sg.warning,
-		ListRequests:      sg.lists.requests,
-		ListFallbacks:     sg.lists.fallbacks,
-		ListFailures:      sg.lists.failures,
+		RetryAfter:        retryAfter(run.items, time.Now()),
+		Warning:           run.warning,
+		ListRequests:      run.lists.requests,
+		ListFallbacks:     run.lists.fallbacks,
+		ListFailures:      run.lists.failures,
 	}
-	firstFailure, rolledBack := sg.tally(r)
-	cause := sg.cause(firstFailure, clientCtx, batchCtx)
-	if firstFailure >= 0 && sg.state[firstFailure].byGateway && r.RetryAfter == "" {
+	firstFailure, rolledBack := run.tally(r)
+	cause := run.cause(firstFailure, clientCtx, batchCtx)
+	if firstFailure >= 0 && run.state[firstFailure].byGateway && r.RetryAfter == "" {
 		r.RetryAfter = gatewayRetryAfter
 	}
 	switch {
-	case sg.refusal != nil:
-		r.Outcome, r.Status, r.Detail = Failed, sg.refusal.status, sg.refusal.detail
-		if sg.refusal.retryAfter != "" {
-			r.RetryAfter = sg.refusal.retryAfter
+	case run.refusal != nil:
+		r.Outcome, r.Status, r.Detail = Failed, run.refusal.status, run.refusal.detail
+		if run.refusal.retryAfter != "" {
+			r.RetryAfter = run.refusal.retryAfter
 		}
-		if sg.refusal.cause != nil {
-			r.Errors = append(r.Errors, sg.refusal.cause.Error())
+		if run.refusal.cause != nil {
+			r.Errors = append(r.Errors, run.refusal.cause.Error())
 		}
-	case r.Succeeded == len(sg.items):
+	case r.Succeeded == len(run.items):
 		r.Outcome, r.Status = Succeeded, http.StatusOK
 		if p.Op == policy.OpCreate {
 			r.Status = http.StatusCreated
 		}
-	case !sg.allOrNothing():
+	case !run.allOrNothing():
 		r.Outcome, r.Status = Partial, http.StatusMultiStatus
 		if r.Succeeded == 0 {
 			r.Outcome = Failed
@@ -56,10 +56,10 @@ func (sg *saga) report(clientCtx, batchCtx context.Context) *Result {
 		r.Detail = fmt.Sprintf("%s, and the rollback left %s as the batch made them: %s",
 			cause, plural(len(r.LeftBehind), "item"), strings.Join(r.LeftBehind, ", "))
 	case rolledBack > 0:
-		r.Outcome, r.Status = RolledBack, sg.failureStatus(firstFailure, batchCtx)
+		r.Outcome, r.Status = RolledBack, run.failureStatus(firstFailure, batchCtx)
 		r.Detail = fmt.Sprintf("%s; the %s that had taken effect %s undone", cause, plural(rolledBack, "item"), wasWere(rolledBack))
 	default:
-		r.Outcome, r.Status = Failed, sg.failureStatus(firstFailure, batchCtx)
+		r.Outcome, r.Status = Failed, run.failureStatus(firstFailure, batchCtx)
 		r.Detail = cause
 		if p.Writes() {
 			r.Detail += "; nothing was changed"
@@ -72,16 +72,16 @@ func (sg *saga) report(clientCtx, batchCtx context.Context) *Result {
 // know of them (errors, items left as the batch made them, their
 // pre-images), and returns the first failed item (-1 when none failed)
 // and how many items were rolled back.
-func (sg *saga) tally(r *Result) (firstFailure, rolledBack int) {
+func (run *batchRun) tally(r *Result) (firstFailure, rolledBack int) {
 	firstFailure = -1
-	for i, it := range sg.items {
+	for i, it := range run.items {
 		switch it.Outcome {
 		case Succeeded:
 			r.Succeeded++
 		case RolledBack:
 			rolledBack++
 		case RollbackFailed, Unknown:
-			if sg.allOrNothing() {
+			if run.allOrNothing() {
 				r.LeftBehind = append(r.LeftBehind, it.describeLeft())
 			}
 		}
@@ -91,10 +91,10 @@ func (sg *saga) tally(r *Result) (firstFailure, rolledBack int) {
 		if c := it.Compensation; c != nil && c.cause != nil {
 			r.Errors = append(r.Errors, fmt.Sprintf("undoing %s: %v", it.describe(), c.cause))
 		}
-		if it.Outcome == RollbackFailed && sg.state[i].preimage != nil {
-			r.Preimages = append(r.Preimages, Preimage{Item: it.describe(), Body: sg.state[i].preimage})
+		if it.Outcome == RollbackFailed && run.state[i].preimage != nil {
+			r.Preimages = append(r.Preimages, Preimage{Item: it.describe(), Body: run.state[i].preimage})
 		}
-		if sg.state[i].failure {
+		if run.state[i].failure {
 			r.Failed++
 			if firstFailure < 0 {
 				firstFailure = i
@@ -105,10 +105,10 @@ func (sg *saga) tally(r *Result) (firstFailure, rolledBack int) {
 }
 
 // cause says in a clause why the batch failed.
-func (sg *saga) cause(firstFailure int, clientCtx, batchCtx context.Context) string {
+func (run *batchRun) cause(firstFailure int, clientCtx, batchCtx context.Context) string {
 	switch {
 	case firstFailure >= 0:
-		it := &sg.items[firstFailure]
+		it := &run.items[firstFailure]
 		if is2xx(it.Status) && it.Error != "" {
 			// The upstream did what was asked; the gateway could not keep it.
 			return fmt.Sprintf("%s was answered %d, but %s", it.describe(), it.Status, it.Error)
@@ -120,7 +120,7 @@ func (sg *saga) cause(firstFailure int, clientCtx, batchCtx context.Context) str
 	case clientCtx.Err() != nil:
 		return "the client went away before every item was sent"
 	case batchCtx.Err() != nil:
-		return fmt.Sprintf("the batch did not finish within batch_timeout (%s)", sg.batchSettings.BatchTimeout)
+		return fmt.Sprintf("the batch did not finish within batch_timeout (%s)", run.batchSettings.BatchTimeout)
 	}
 	return "the batch did not finish"
 }
@@ -129,12 +129,12 @@ func (sg *saga) cause(firstFailure int, clientCtx, batchCtx context.Context) str
 // failing item's, mapped; 504 if the batch ran out of time first, and
 // 499 (Caddy's code for a client that closed the request) if the client
 // left first.
-func (sg *saga) failureStatus(firstFailure int, batchCtx context.Context) int {
+func (run *batchRun) failureStatus(firstFailure int, batchCtx context.Context) int {
 	switch {
-	case firstFailure >= 0 && sg.state[firstFailure].byGateway:
-		return sg.items[firstFailure].Status // the gateway's own 503, never the upstream's 502
+	case firstFailure >= 0 && run.state[firstFailure].byGateway:
+		return run.items[firstFailure].Status // the gateway's own 503, never the upstream's 502
 	case firstFailure >= 0:
-		return batchStatus(sg.items[firstFailure].Status)
+		return batchStatus(run.items[firstFailure].Status)
 	case errors.Is(batchCtx.Err(), context.DeadlineExceeded):
 		return http.StatusGatewayTimeout
 	}

@@ -31,7 +31,7 @@ func TestResumeAfterSomeUndosWereDone(t *testing.T) {
 	}})
 	j := &memJournal{}
 	p := mustPlan(t, newRequest("PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":2},{"id":"3","v":3}]`), concurrency(1))
-	go newSaga(p, Runtime{Send: f, Journal: j}, noBackoff).run(context.Background())
+	go newBatchRun(p, Runtime{Send: f, Journal: j}, noBackoff).do(context.Background())
 	<-undoing
 	snap := j.stored(t)
 	equal(t, "item 1's outcome", snap.Items[1].Outcome, RolledBack)

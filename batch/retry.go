@@ -19,13 +19,13 @@ import (
 // that the undos not yet sent are computed under the current settings
 // too. rt.Journal records it all, as Resume's does.
 func Retry(ctx context.Context, snap *Snapshot, prev []ItemResult, lookup func(path string) (policy.Match, bool), env *Envelope, rt Runtime) (*Result, error) {
-	return resume(ctx, snap, lookup, env, rt, func(sg *saga) {
-		for i := range sg.items {
+	return resume(ctx, snap, lookup, env, rt, func(run *batchRun) {
+		for i := range run.items {
 			if i < len(prev) {
-				sg.items[i].Body, sg.items[i].BodyText, sg.items[i].Headers = prev[i].Body, prev[i].BodyText, prev[i].Headers
-				sg.items[i].Compensation = prev[i].Compensation
+				run.items[i].Body, run.items[i].BodyText, run.items[i].Headers = prev[i].Body, prev[i].BodyText, prev[i].Headers
+				run.items[i].Compensation = prev[i].Compensation
 			}
-			sg.reopen(i)
+			run.reopen(i)
 		}
 	})
 }
@@ -36,13 +36,13 @@ func Retry(ctx context.Context, snap *Snapshot, prev []ItemResult, lookup func(p
 // unknown again, to be learned by a new read. An item still to undo
 // gets its undo under the current settings, unless it may have been
 // sent already (PhaseUndoing: the recorded one is what is proved).
-func (sg *saga) reopen(i int) {
-	it, st := &sg.items[i], &sg.state[i]
+func (run *batchRun) reopen(i int) {
+	it, st := &run.items[i], &run.state[i]
 	if !st.applied {
 		return
 	}
-	if !sg.undone(i) && st.undo != nil && st.phase != PhaseUndoing {
-		st.undo = sg.undoAgain(i, st)
+	if !run.undone(i) && st.undo != nil && st.phase != PhaseUndoing {
+		st.undo = st.undoAgain(it.ID)
 		return
 	}
 	if it.Outcome != RollbackFailed {
@@ -53,7 +53,7 @@ func (sg *saga) reopen(i int) {
 	}
 	switch {
 	case st.undo != nil:
-		st.undo = sg.undoAgain(i, st)
+		st.undo = st.undoAgain(it.ID)
 		it.Outcome = Succeeded
 	case it.ID != "":
 		st.noUndo = ""
@@ -67,13 +67,13 @@ func (sg *saga) reopen(i int) {
 // undoAgain is item i's undo under the current settings (restore_deleted,
 // restore_updated), proved as the first one was: what the batch's write
 // left there has not changed since.
-func (sg *saga) undoAgain(i int, st *itemState) *Undo {
+func (st *itemState) undoAgain(id string) *Undo {
 	old := st.undo
-	switch sg.tgt(i).kind {
+	switch st.tgt.kind {
 	case policy.OpDelete:
-		return sg.recreate(i, sg.items[i].ID, st)
+		return st.recreate(id)
 	case policy.OpUpdate:
-		u := sg.restore(i, st)
+		u := st.restore(id)
 		u.IfMatch, u.Proof = old.IfMatch, old.Proof
 		return u
 	}

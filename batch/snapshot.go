@@ -114,17 +114,17 @@ func snapshotOperation(snap *ItemSnapshot, eo *envelopeOperation, t *target, id 
 	}
 }
 
-// snapshotItem is item i as a journal keeps it: the whole of it, so that
-// a journal can replace what it kept with each transition.
-func (sg *saga) snapshotItem(i int) ItemSnapshot {
-	it, st, planned := &sg.items[i], &sg.state[i], &sg.plan.Items[i]
+// snapshotItem is an item as a journal keeps it: the whole of it (what
+// the client is told, what the run knows, what the plan has), so that a
+// journal can replace what it kept with each transition.
+func snapshotItem(it *ItemResult, st *itemState, planned *Item) ItemSnapshot {
 	snap := ItemSnapshot{
 		ID: it.ID, Element: st.body, Fields: planned.fields, Phase: st.phase, Outcome: it.Outcome, Status: it.Status, Error: it.Error,
 		Preimage: st.preimage, PreETag: st.preETag, Applied: st.applied, Failure: st.failure, Settled: st.settled,
 		Sent: st.sent, Undo: st.undo, NoUndo: st.noUndo, CreatedFrom: st.createdFrom,
 	}
 	if st.sent != nil {
-		snap.SentTimeout = sg.settings(i).ItemTimeout
+		snap.SentTimeout = st.tgt.settings.ItemTimeout
 	}
 	snapshotOperation(&snap, planned.operation, st.tgt, it.ID)
 	return snap
@@ -148,34 +148,37 @@ func Resume(ctx context.Context, snap *Snapshot, lookup func(path string) (polic
 
 // resume is Resume, with reopen called on the saga once its items have
 // their recorded state back, before they are locked.
-func resume(ctx context.Context, snap *Snapshot, lookup func(path string) (policy.Match, bool), env *Envelope, rt Runtime, reopen func(*saga)) (*Result, error) {
+func resume(ctx context.Context, snap *Snapshot, lookup func(path string) (policy.Match, bool), env *Envelope, rt Runtime, reopen func(*batchRun)) (*Result, error) {
 	p, err := resumedPlan(snap, lookup, env)
 	if err != nil {
 		return nil, err
 	}
-	sg := newSaga(p, rt, compensationBackoff)
+	run := newBatchRun(p, rt, compensationBackoff)
 	for i, it := range snap.Items {
-		sg.resumeItem(i, it)
+		run.items[i], run.state[i] = resumedItem(i, it, run.state[i])
+		if it.Phase >= PhaseSending {
+			run.started = append(run.started, i)
+		}
 	}
 	if reopen != nil {
-		reopen(sg)
+		reopen(run)
 	}
-	lockCtx, cancel := context.WithTimeout(ctx, sg.batchSettings.BatchTimeout)
+	lockCtx, cancel := context.WithTimeout(ctx, run.batchSettings.BatchTimeout)
 	defer cancel()
-	if !sg.lock(ctx, lockCtx) {
-		return nil, fmt.Errorf("the saga's items are locked by another write: %s", sg.refusal.detail)
+	if !run.lock(ctx, lockCtx) {
+		return nil, fmt.Errorf("the saga's items are locked by another write: %s", run.refusal.detail)
 	}
-	defer sg.locks.release()
+	defer run.locks.release()
 	toUndo := false
-	for _, i := range sg.started {
-		if id := sg.items[i].ID; sg.tgt(i).kind == policy.OpCreate && id != "" && sg.state[i].applied {
-			sg.lockCreated(ctx, i, id)
+	for _, i := range run.started {
+		if id := run.items[i].ID; run.state[i].tgt.kind == policy.OpCreate && id != "" && run.state[i].applied {
+			run.lockCreated(ctx, i, id)
 		}
-		if sg.state[i].applied && !sg.undone(i) {
+		if run.state[i].applied && !run.undone(i) {
 			toUndo = true
 		}
 	}
-	res := sg.end(ctx, ctx, toUndo)
+	res := run.end(ctx, ctx, toUndo)
 	if res.Outcome == Succeeded {
 		// Every item had succeeded, but the client never heard it: the
 		// batch is undone whole, which is the only outcome the saga can
@@ -247,15 +250,15 @@ func (it *Item) resumeOperation(snap ItemSnapshot, lookup func(path string) (pol
 	return nil
 }
 
-// resumeItem gives item i back the state its journal recorded.
-func (sg *saga) resumeItem(i int, it ItemSnapshot) {
-	sg.items[i] = ItemResult{Index: i, ID: it.ID, Outcome: it.Outcome, Status: it.Status, Error: it.Error}
+// resumedItem is item i as its journal recorded it (it), with its
+// requests as the resumed plan has them (admitted).
+func resumedItem(i int, it ItemSnapshot, admitted itemState) (ItemResult, itemState) {
+	res := ItemResult{Index: i, ID: it.ID, Outcome: it.Outcome, Status: it.Status, Error: it.Error}
 	if it.OperationID != "" {
-		sg.items[i].OperationID, sg.items[i].Method, sg.items[i].URL = it.OperationID, it.Method, it.URL
+		res.OperationID, res.Method, res.URL = it.OperationID, it.Method, it.URL
 	}
-	admitted := sg.state[i] // its requests, as the resumed plan has them
-	sg.state[i] = itemState{
-		tgt: admitted.tgt, body: admitted.body, elementID: admitted.elementID,
+	st := itemState{
+		tgt: admitted.tgt, body: admitted.body, fields: admitted.fields, elementID: admitted.elementID,
 		preimage: it.Preimage, preETag: it.PreETag, applied: it.Applied, failure: it.Failure, settled: it.Settled,
 		sent: it.Sent, undo: it.Undo, noUndo: it.NoUndo, createdFrom: it.CreatedFrom, phase: it.Phase,
 	}
@@ -263,20 +266,18 @@ func (sg *saga) resumeItem(i int, it ItemSnapshot) {
 	case PhaseSending:
 		// Recorded as about to be sent, and no answer recorded: it may
 		// have been applied.
-		sg.items[i].Outcome, sg.items[i].Status = Unknown, http.StatusBadGateway
-		sg.items[i].Error = "the gateway that sent it stopped before its answer was recorded"
-		sg.state[i].applied, sg.state[i].failure = true, true
+		res.Outcome, res.Status = Unknown, http.StatusBadGateway
+		res.Error = "the gateway that sent it stopped before its answer was recorded"
+		st.applied, st.failure = true, true
 		// The write may still be inside the old owner's next (a paused
 		// process, a partition): it is over, one way or the other, the
 		// item_timeout it was sent under after this process took the
 		// saga over, by this process's clock (docs/durability.md, "A saga never writes after it lost its lease").
-		sg.state[i].inFlightUntil = time.Now().Add(max(it.SentTimeout, sg.settings(i).ItemTimeout))
+		st.inFlightUntil = time.Now().Add(max(it.SentTimeout, admitted.tgt.settings.ItemTimeout))
 	case PhaseUndoing:
 		// An undo may have been sent. An item still unknown was being
 		// resent (idempotent_upstream) instead: it is resolved again.
-		sg.state[i].resumed = sg.items[i].Outcome != Unknown
+		st.resumed = res.Outcome != Unknown
 	}
-	if it.Phase >= PhaseSending {
-		sg.started = append(sg.started, i)
-	}
+	return res, st
 }

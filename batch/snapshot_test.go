@@ -93,7 +93,7 @@ func testResumeUndoesADeadSaga(t *testing.T, method, target, body, hung string) 
 	f.on(hungMethod, hungPath, answer{hook: hook})
 	j := &memJournal{}
 	p := mustPlan(t, newRequest(method, target, body), concurrency(1))
-	go newSaga(p, Runtime{Send: f, Journal: j}, noBackoff).run(context.Background())
+	go newBatchRun(p, Runtime{Send: f, Journal: j}, noBackoff).do(context.Background())
 	<-inFlight
 	snap := j.stored(t)
 	if snap.Items[2].Phase != PhaseSending {
@@ -165,7 +165,7 @@ func TestResumeAfterAnUndoWasSent(t *testing.T) {
 	f.on("PUT", "/widgets/1", appliedThenDies(f, undoing, dead))
 	j := &memJournal{}
 	p := mustPlan(t, newRequest("PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":2}]`), concurrency(1))
-	go newSaga(p, Runtime{Send: f, Journal: j}, noBackoff).run(context.Background())
+	go newBatchRun(p, Runtime{Send: f, Journal: j}, noBackoff).do(context.Background())
 	<-undoing
 	snap := j.stored(t)
 	equal(t, "item 0's phase", snap.Items[0].Phase, PhaseUndoing)

@@ -178,7 +178,7 @@ func TestStampedResumeAfterAnUndoWasSent(t *testing.T) {
 	defer close(dead)
 	j := &memJournal{}
 	p := mustPlan(t, newRequest("PATCH", "/widgets", `[{"id":"1","name":"ours"},{"id":"2","name":"x"}]`), concurrency(1), stamped("updated_at"))
-	go newSaga(p, Runtime{Send: f, Journal: j}, noBackoff).run(context.Background())
+	go newBatchRun(p, Runtime{Send: f, Journal: j}, noBackoff).do(context.Background())
 	<-undoing
 	snap := j.stored(t)
 	res, err := Resume(context.Background(), snap, widgets(t, stamped("updated_at")).Lookup, nil, Runtime{Send: f, Journal: &memJournal{snap: snap}})

@@ -48,11 +48,3 @@ var batchMethods = [...]string{
 // replaces reports whether the item's write replaces the whole item (PUT)
 // rather than merging into it (PATCH).
 func (t *target) replaces() bool { return t.method == http.MethodPut }
-
-// tgt is item i's target in this run (itemState.tgt).
-func (sg *saga) tgt(i int) *target { return sg.state[i].tgt }
-
-// settings are the settings of item i's resource: those of one item's
-// requests (id_field, item_timeout, the undo options). The batch's own
-// (concurrency, batch_timeout, max_response_size) are sg.batchSettings.
-func (sg *saga) settings(i int) *policy.Settings { return sg.state[i].tgt.settings }

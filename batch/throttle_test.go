@@ -51,7 +51,7 @@ func maxThrottleWait(d time.Duration) specMod {
 // a client, slots).
 func runWith(ctx context.Context, t testing.TB, r *http.Request, rt Runtime, mods ...specMod) *Result {
 	t.Helper()
-	return newSaga(mustPlan(t, r, mods...), rt, noBackoff).run(ctx)
+	return newBatchRun(mustPlan(t, r, mods...), rt, noBackoff).do(ctx)
 }
 
 // A 429 with Retry-After is sent again once the pause it asked for has
@@ -159,7 +159,7 @@ func TestThrottledCreate(t *testing.T) {
 				f.on("POST", "/widgets", tt.first, answer{})
 				j := &recordingJournal{f: f}
 				p := mustPlan(t, newRequest("POST", "/widgets", `[{"name":"a"}]`), settings(func(s *policy.Settings) { s.IdempotentUpstream = tt.idempotent }))
-				res := newSaga(p, Runtime{Send: f, Journal: j}, noBackoff).run(context.Background())
+				res := newBatchRun(p, Runtime{Send: f, Journal: j}, noBackoff).do(context.Background())
 				w := write(t, res)
 				equal(t, "batch status", w.Code, tt.status)
 				posts := f.sentWith("POST")

@@ -94,29 +94,29 @@ type Transition struct {
 // (which may be nil) runs under the saga's lock, and a saga's journal
 // then records the result. The error is the journal's: for PhaseSending
 // it means the write must not be sent.
-func (sg *saga) transition(ctx context.Context, i int, phase Phase, req *SubRequest, change func(it *ItemResult, st *itemState)) error {
-	sg.mu.Lock()
-	it, st := &sg.items[i], &sg.state[i]
+func (run *batchRun) transition(ctx context.Context, i int, phase Phase, req *SubRequest, change func(it *ItemResult, st *itemState)) error {
+	run.mu.Lock()
+	it, st := &run.items[i], &run.state[i]
 	if change != nil {
 		change(it, st)
 	}
-	if !sg.isSaga() {
-		sg.mu.Unlock()
+	if !run.isSaga() {
+		run.mu.Unlock()
 		return nil
 	}
 	st.phase = phase
-	t := Transition{Index: i, Phase: phase, Request: req, Item: sg.snapshotItem(i)}
-	sg.mu.Unlock()
+	t := Transition{Index: i, Phase: phase, Request: req, Item: snapshotItem(it, st, &run.plan.Items[i])}
+	run.mu.Unlock()
 	// Outside the lock, so that a journal can store the records of
 	// several items in one write; an item's own transitions come from
 	// one goroutine, in order.
-	return sg.rt.Journal.Record(ctx, t)
+	return run.rt.Journal.Record(ctx, t)
 }
 
 // journalFailed refuses a batch whose intent could not be recorded:
 // nothing was written, and nothing may be.
-func (sg *saga) journalFailed(err error) {
-	sg.refusal = &refusal{
+func (run *batchRun) journalFailed(err error) {
+	run.refusal = &refusal{
 		status: 503,
 		detail: "the saga's journal could not be written, so the batch was not started; nothing was changed",
 		cause:  err,

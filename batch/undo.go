@@ -60,8 +60,8 @@ type Proof struct {
 // strong ETag on the answer becomes the undo's condition, and replaces
 // the proof read only where the upstream enforces conditions
 // (conditional_writes).
-func (sg *saga) undoAnswered(it *ItemResult, st *itemState, i int, resp *SubResponse) (*Undo, string) {
-	t := sg.tgt(i)
+func (st *itemState) undoOf(it *ItemResult, resp *SubResponse) (*Undo, string) {
+	t := st.tgt
 	var u *Undo
 	var expect []byte // the item as the write left it, if the answer says
 	var sent []byte   // what the write sent, when the answer does not say
@@ -70,7 +70,7 @@ func (sg *saga) undoAnswered(it *ItemResult, st *itemState, i int, resp *SubResp
 		if it.ID == "" {
 			return nil, fmt.Sprintf("the created item cannot be deleted: the upstream named no id (no Location naming an item of %s, no %q in the body)", t.collectionPath, t.settings.IDField)
 		}
-		u = &Undo{Method: http.MethodDelete, Path: sg.itemPath(i, it.ID)}
+		u = &Undo{Method: http.MethodDelete, Path: st.tgt.paths.Path(it.ID)}
 		if resp.Status == http.StatusAccepted {
 			// A 202's body and validators describe the pending request,
 			// not the item.
@@ -79,14 +79,14 @@ func (sg *saga) undoAnswered(it *ItemResult, st *itemState, i int, resp *SubResp
 		}
 		sent = jsonvalue.WithoutMember(st.body, t.settings.IDField)
 	case policy.OpUpdate:
-		u = sg.restore(i, st)
-		sent = sg.updated(i, st)
+		u = st.restore(it.ID)
+		sent = st.updated()
 	case policy.OpDelete:
-		return sg.recreate(i, it.ID, st), ""
+		return st.recreate(it.ID), ""
 	default:
 		return nil, "a read needs no undo"
 	}
-	if sg.namesItem(i, resp.Body, it.ID) {
+	if st.namesItem(resp.Body, it.ID) {
 		expect = resp.Body
 	}
 	etag := strongETag(resp.Header)
@@ -109,24 +109,24 @@ func (sg *saga) undoAnswered(it *ItemResult, st *itemState, i int, resp *SubResp
 // object whose id field names it. Such a body is the item as the
 // upstream stored it; a body that is not ({}, a status object, nothing)
 // says nothing of the item.
-func (sg *saga) namesItem(i int, body []byte, id string) bool {
-	return id != "" && jsonvalue.IsObject(body) && sg.idOf(i, body) == id
+func (st *itemState) namesItem(body []byte, id string) bool {
+	return id != "" && jsonvalue.IsObject(body) && st.tgt.idOf(body) == id
 }
 
 // restore is the undo of an update: the pre-image put back whole (PUT),
 // or the changed fields' old values (PATCH).
-func (sg *saga) restore(i int, st *itemState) *Undo {
-	path := sg.itemPath(i, sg.items[i].ID)
-	if sg.settings(i).RestoreUpdated == policy.RestorePatch {
-		return &Undo{Method: http.MethodPatch, Path: path, Body: restorePatch(st.preimage, sg.restoredFields(i, st))}
+func (st *itemState) restore(id string) *Undo {
+	path := st.tgt.paths.Path(id)
+	if st.tgt.settings.RestoreUpdated == policy.RestorePatch {
+		return &Undo{Method: http.MethodPatch, Path: path, Body: restorePatch(st.preimage, st.restoredFields())}
 	}
 	return &Undo{Method: http.MethodPut, Path: path, Body: st.preimage}
 }
 
 // updated is the item as an update should have left it when its answer
 // does not say: the pre-image merged with the patch, or what a PUT sent.
-func (sg *saga) updated(i int, st *itemState) []byte {
-	if sg.tgt(i).replaces() {
+func (st *itemState) updated() []byte {
+	if st.tgt.replaces() {
 		return st.body
 	}
 	return jsonvalue.MergePatch(st.preimage, st.body)
@@ -135,9 +135,9 @@ func (sg *saga) updated(i int, st *itemState) []byte {
 // restoredFields are the members a PATCH restore puts back: those the
 // update sent, and for a PUT, which replaced the whole item, those the
 // pre-image had too.
-func (sg *saga) restoredFields(i int, st *itemState) []string {
-	fields := sg.plan.Items[i].fields
-	if !sg.tgt(i).replaces() {
+func (st *itemState) restoredFields() []string {
+	fields := st.fields
+	if !st.tgt.replaces() {
 		return fields
 	}
 	var before map[string]json.RawMessage
@@ -156,12 +156,12 @@ func (sg *saga) restoredFields(i int, st *itemState) []string {
 // (conditional_writes) and showed it knows validators (the preflight read
 // a strong ETag); otherwise, and for a POST, a read proves the item
 // absent first.
-func (sg *saga) recreate(i int, id string, st *itemState) *Undo {
-	t := sg.tgt(i)
+func (st *itemState) recreate(id string) *Undo {
+	t := st.tgt
 	if t.settings.RestoreDeleted == policy.RestorePost {
 		return &Undo{Method: http.MethodPost, Path: t.collectionPath, Body: st.preimage, Proof: &Proof{Absent: true}, WantID: id}
 	}
-	u := &Undo{Method: http.MethodPut, Path: sg.itemPath(i, id), Body: st.preimage, IfNoneMatch: "*"}
+	u := &Undo{Method: http.MethodPut, Path: st.tgt.paths.Path(id), Body: st.preimage, IfNoneMatch: "*"}
 	if st.preETag == "" || !t.settings.ConditionalWrites {
 		u.Proof = &Proof{Absent: true}
 	}
@@ -188,7 +188,7 @@ func restorePatch(preimage json.RawMessage, fields []string) []byte {
 // proves tells whether a read of item i (resp) proves what proof asks,
 // the members the legacy API stamps left out of every comparison. It
 // returns "" when it does, else why not.
-func (sg *saga) proves(i int, proof *Proof, resp *SubResponse) string {
+func (st *itemState) proves(proof *Proof, resp *SubResponse) string {
 	missing := gone(resp.Status)
 	switch {
 	case proof.Absent && missing:
@@ -200,9 +200,9 @@ func (sg *saga) proves(i int, proof *Proof, resp *SubResponse) string {
 	case !is2xx(resp.Status):
 		return fmt.Sprintf("the item could not be read to prove it is as the batch left it (GET answered %d)", resp.Status)
 	case proof.ETag != "" && strongETag(resp.Header) == proof.ETag,
-		proof.Subset && sg.holds(i, resp.Body, proof.Expect),
-		!proof.Subset && sg.same(i, resp.Body, proof.Expect):
+		proof.Subset && st.holds(resp.Body, proof.Expect),
+		!proof.Subset && st.same(resp.Body, proof.Expect):
 		return ""
 	}
-	return sg.changedReason(i, resp.Body, proof.Expect, proof.Subset, "the item is no longer as the batch left it")
+	return st.changedReason(resp.Body, proof.Expect, proof.Subset, "the item is no longer as the batch left it")
 }

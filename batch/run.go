@@ -63,7 +63,7 @@ type Slots interface {
 // unknown. Compensations run detached from ctx's cancellation, with their
 // own timeouts.
 func Run(ctx context.Context, p *Plan, rt Runtime) *Result {
-	return newSaga(p, rt, compensationBackoff).run(ctx)
+	return newBatchRun(p, rt, compensationBackoff).do(ctx)
 }
 
 // compensationBackoff is the wait before a compensation's next attempt.
@@ -82,7 +82,7 @@ func CompensationBudget(s policy.Settings) time.Duration {
 	return d
 }
 
-type saga struct {
+type batchRun struct {
 	plan *Plan
 	// batchSettings are the batch's own (Plan.settings); each item's
 	// requests follow settings(i).
@@ -105,9 +105,9 @@ type saga struct {
 	refusal   *refusal // why the batch did not start, if it did not
 	sentUndos int
 
-	answerBytes atomic.Int64 // the item bodies the answer will carry (keepBody)
+	answer *answerBudget // the item bodies the answer will carry
 
-	lists listStats // what the reads through the list filter did
+	lists *listReads // the reads through the list filter, and what they did
 
 	// warning is what the operator should fix in the configuration,
 	// found while the batch ran (movedHint); set once.
@@ -132,6 +132,9 @@ type itemState struct {
 	// references made of them (fill). tgt is nil until they are filled.
 	tgt  *target
 	body []byte
+	// fields are an update's member names (Item.fields), whose old
+	// values a PATCH restore puts back.
+	fields []string
 	// elementID is the id a create's element names (the plan's, or its
 	// filled-in body's), which names the created item when the answer
 	// does not.
@@ -164,49 +167,51 @@ type itemState struct {
 	inFlightUntil time.Time
 }
 
-func newSaga(p *Plan, rt Runtime, backoff func(int) time.Duration) *saga {
+func newBatchRun(p *Plan, rt Runtime, backoff func(int) time.Duration) *batchRun {
 	if rt.Journal == nil {
 		rt.Journal = NoJournal{}
 	}
-	sg := &saga{
+	run := &batchRun{
 		plan:          p,
 		batchSettings: p.settings,
 		rt:            rt,
 		sender:        newSender(rt, p.settings.BatchTimeout),
 		backoff:       backoff,
+		answer:        &answerBudget{max: p.settings.MaxResponseSize},
 		items:         make([]ItemResult, len(p.Items)),
 		state:         make([]itemState, len(p.Items)),
 	}
+	run.lists = &listReads{sender: run.sender, concurrency: p.settings.Concurrency, header: p.header}
 	if p.envelope() {
-		sg.writers = map[string][]int{}
+		run.writers = map[string][]int{}
 	}
 	for i, it := range p.Items {
-		sg.items[i] = ItemResult{Index: i, ID: it.ID, Outcome: NotAttempted}
-		sg.state[i] = admittedState(it)
+		run.items[i] = ItemResult{Index: i, ID: it.ID, Outcome: NotAttempted}
+		run.state[i] = admittedState(it)
 		if eo := it.operation; eo != nil {
-			sg.items[i].OperationID, sg.items[i].Method, sg.items[i].URL = eo.id, eo.method, eo.sentURL(it.tgt, it.ID)
+			run.items[i].OperationID, run.items[i].Method, run.items[i].URL = eo.id, eo.method, eo.sentURL(it.tgt, it.ID)
 		}
 		if key := writeKey(it.tgt, it.ID); key != "" && it.operation != nil {
-			sg.writers[key] = append(sg.writers[key], i)
+			run.writers[key] = append(run.writers[key], i)
 		}
 	}
-	return sg
+	return run
 }
 
 // admittedState is an item's state before it runs: its requests as the
 // plan has them.
 func admittedState(it Item) itemState {
-	st := itemState{tgt: it.tgt, body: it.Body}
+	st := itemState{tgt: it.tgt, body: it.Body, fields: it.fields}
 	if it.tgt != nil && it.tgt.kind == policy.OpCreate {
 		st.elementID = it.ID
 	}
 	return st
 }
 
-func (sg *saga) allOrNothing() bool { return sg.plan.Atomicity == policy.AllOrNothing }
+func (run *batchRun) allOrNothing() bool { return run.plan.Atomicity == policy.AllOrNothing }
 
 // isSaga reports whether the batch runs as a saga (Plan.Saga).
-func (sg *saga) isSaga() bool { return sg.plan.Saga() }
+func (run *batchRun) isSaga() bool { return run.plan.Saga() }
 
 // Saga reports whether the plan runs as a saga: it writes (Writes), and
 // what it did is undone if it fails. Only a saga takes item locks for
@@ -216,26 +221,26 @@ func (p *Plan) Saga() bool { return p.Atomicity == policy.AllOrNothing && p.Writ
 // run is the saga, top to bottom. The batch's deadline stops new starts
 // (preflight reads and items); writes already sent run to their own
 // item_timeout, and compensations have theirs.
-func (sg *saga) run(ctx context.Context) *Result {
-	batchCtx, cancel := context.WithTimeout(ctx, sg.batchSettings.BatchTimeout)
+func (run *batchRun) do(ctx context.Context) *Result {
+	batchCtx, cancel := context.WithTimeout(ctx, run.batchSettings.BatchTimeout)
 	defer cancel()
-	if !sg.isSaga() {
-		sg.execute(ctx, batchCtx)
-		return sg.report(ctx, batchCtx)
+	if !run.isSaga() {
+		run.execute(ctx, batchCtx)
+		return run.report(ctx, batchCtx)
 	}
-	if !sg.lock(ctx, batchCtx) {
-		return sg.report(ctx, batchCtx)
+	if !run.lock(ctx, batchCtx) {
+		return run.report(ctx, batchCtx)
 	}
-	defer sg.locks.release()
-	if err := sg.rt.Journal.Begin(ctx, sg.plan); err != nil {
-		sg.journalFailed(err)
-		return sg.report(ctx, batchCtx)
+	defer run.locks.release()
+	if err := run.rt.Journal.Begin(ctx, run.plan); err != nil {
+		run.journalFailed(err)
+		return run.report(ctx, batchCtx)
 	}
-	ran := sg.preflight(batchCtx)
+	ran := run.preflight(batchCtx)
 	if ran {
-		sg.execute(ctx, batchCtx)
+		run.execute(ctx, batchCtx)
 	}
-	return sg.end(ctx, batchCtx, ran && !sg.allSucceeded())
+	return run.end(ctx, batchCtx, ran && !run.allSucceeded())
 }
 
 // end is how a saga ends, run or resumed: it undoes what took effect if it
@@ -243,18 +248,18 @@ func (sg *saga) run(ctx context.Context) *Result {
 //
 // A saga whose lease is lost, or found lost once it is over, ends as
 // endLost says: its client hears only what it saw happen.
-func (sg *saga) end(ctx, batchCtx context.Context, undo bool) *Result {
-	if undo && sg.lostLease() == nil {
-		sg.compensate(context.WithoutCancel(ctx))
+func (run *batchRun) end(ctx, batchCtx context.Context, undo bool) *Result {
+	if undo && run.lostLease() == nil {
+		run.compensate(context.WithoutCancel(ctx))
 	}
-	sg.checkLease(ctx)
-	if lost := sg.lostLease(); lost != nil {
-		res := sg.endLost(ctx, batchCtx, lost)
-		sg.rt.Journal.End(context.WithoutCancel(ctx), res)
+	run.checkLease(ctx)
+	if lost := run.lostLease(); lost != nil {
+		res := run.endLost(ctx, batchCtx, lost)
+		run.rt.Journal.End(context.WithoutCancel(ctx), res)
 		return res
 	}
-	res := sg.report(ctx, batchCtx)
-	sg.rt.Journal.End(context.WithoutCancel(ctx), res)
+	res := run.report(ctx, batchCtx)
+	run.rt.Journal.End(context.WithoutCancel(ctx), res)
 	return res
 }
 
@@ -276,8 +281,8 @@ func (p *Plan) Writes() bool {
 	return false
 }
 
-func (sg *saga) anyFailure() bool {
-	for _, st := range sg.state {
+func (run *batchRun) anyFailure() bool {
+	for _, st := range run.state {
 		if st.failure {
 			return true
 		}
@@ -285,8 +290,8 @@ func (sg *saga) anyFailure() bool {
 	return false
 }
 
-func (sg *saga) allSucceeded() bool {
-	for _, it := range sg.items {
+func (run *batchRun) allSucceeded() bool {
+	for _, it := range run.items {
 		if it.Outcome != Succeeded {
 			return false
 		}
