@@ -17,7 +17,7 @@ func TestCompensationBudgetIsTheSagas(t *testing.T) {
 		p := mustPlan(t, newRequest("DELETE", "/widgets?ids=1", ""), compensationRetries(retries))
 		run := newBatchRun(p, Runtime{}, compensationBackoff)
 		got := CompensationBudget(*run.state[0].tgt.settings)
-		if want := run.budget(0); got != want {
+		if want := compensationBudget(run.state[0].tgt.settings, run.backoff); got != want {
 			t.Errorf("compensation_retries %d: CompensationBudget %s, the saga's budget %s", retries, got, want)
 		}
 	}

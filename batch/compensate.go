@@ -28,10 +28,10 @@ func (run *batchRun) compensate(ctx context.Context) {
 	var wg sync.WaitGroup
 	// An envelope's item is undone only once everything that depends on
 	// it is: they started after it ended, so they come before it here.
-	dependents := run.dependents()
+	dependents := run.plan.dependents()
 	undone := make([]chan struct{}, len(run.items))
 	for _, i := range slices.Backward(run.started) {
-		if !run.state[i].applied || run.undone(i) {
+		if !run.state[i].applied || run.items[i].undone() {
 			continue
 		}
 		undone[i] = make(chan struct{})
@@ -50,31 +50,10 @@ func (run *batchRun) compensate(ctx context.Context) {
 	wg.Wait()
 }
 
-// undone reports whether item i's compensation already ended: a saga
-// resumed from its journal (Resume) may have done some of its undos
-// before it died, and an item put back must not be proved again (the
-// proof would find the pre-image, not the batch's write).
-func (run *batchRun) undone(i int) bool {
-	o := run.items[i].Outcome
-	return o == RolledBack || o == RollbackFailed
-}
-
-// budget is the most one item's compensation may take: every attempt its
-// compensation_timeout, and the backoffs between them. Reads that prove
-// or resolve the undo share it.
-func (run *batchRun) budget(i int) time.Duration {
-	s := run.state[i].tgt.settings
-	d := time.Duration(s.CompensationRetries+1) * s.CompensationTimeout
-	for attempt := 1; attempt <= s.CompensationRetries; attempt++ {
-		d += run.backoff(attempt)
-	}
-	return d
-}
-
 // undoItem undoes one item: it learns what an unknown write did, proves
 // the item is as the batch left it, and only then sends the undo.
 func (run *batchRun) undoItem(ctx context.Context, i int) {
-	ctx, cancel := context.WithTimeout(ctx, run.budget(i))
+	ctx, cancel := context.WithTimeout(ctx, compensationBudget(run.state[i].tgt.settings, run.backoff))
 	defer cancel()
 	if until := run.state[i].inFlightUntil; !until.IsZero() {
 		sleep(ctx, time.Until(until))
@@ -95,12 +74,12 @@ func (run *batchRun) undoItem(ctx context.Context, i int) {
 	if u.Proof != nil && !run.proved(ctx, i, u.Proof) {
 		return
 	}
-	c := &Compensation{Method: u.Method, Path: u.Path, Found: run.foundBefore(i)}
-	req := run.undoRequest(i, u)
+	c := &Compensation{Method: u.Method, Path: u.Path, Found: run.items[i].Compensation.found()}
+	req := st.tgt.undoRequest(run.plan.header, run.plan.key.forItem(i, ":undo"), u)
 	_ = run.transition(ctx, i, PhaseUndoing, req, func(it *ItemResult, _ *itemState) { it.Compensation = c })
 	resp, err := run.retrying(ctx, i, req, c)
 	switch {
-	case errors.Is(err, errFence) && run.leaseLost(err):
+	case errors.Is(err, errFence) && run.lease.saw(err):
 		// Another instance finishes the saga: this item is its to undo.
 		return
 	case errors.Is(err, errFence):
@@ -129,70 +108,6 @@ func (run *batchRun) undoItem(ctx context.Context, i int) {
 	default:
 		run.settle(ctx, i, RollbackFailed, "", nil)
 	}
-}
-
-// proved reads item i and tells whether it is as proof asks before its
-// undo is sent; where it is not, the item is settled as the read shows.
-func (run *batchRun) proved(ctx context.Context, i int, proof *Proof) bool {
-	resp, err := run.retrying(ctx, i, run.state[i].tgt.read(run.plan.header, run.items[i].ID), nil)
-	if resp == nil {
-		run.settle(ctx, i, RollbackFailed, "the item could not be read to prove it is as the batch left it: "+asNoAnswer(err).reason, nil)
-		return false
-	}
-	reason := run.state[i].proves(proof, resp)
-	switch {
-	case reason == "":
-		return true
-	case proof.GoneIsUndone && gone(resp.Status):
-		run.settle(ctx, i, RolledBack, "the created item was already deleted by someone else", nil)
-	case run.state[i].tgt.kind != policy.OpCreate && is2xx(resp.Status) && run.state[i].same(resp.Body, run.state[i].preimage):
-		// Put back already: by the instance of a cluster that took the
-		// saga over, or by this one before it lost its lease, racing
-		// for the same item (docs/durability.md, "A saga never writes
-		// after it lost its lease"). Nothing of the batch is left on it.
-		run.settle(ctx, i, RolledBack, "the item was already as it was before the batch (put back by another instance finishing the saga, or another writer)", nil)
-	default:
-		run.settle(ctx, i, RollbackFailed, reason, resp)
-	}
-	return false
-}
-
-// foundBefore is what the read that resolved item i's unknown write
-// found, if it found the item: the undo's compensation keeps it.
-func (run *batchRun) foundBefore(i int) json.RawMessage {
-	run.mu.Lock()
-	defer run.mu.Unlock()
-	if c := run.items[i].Compensation; c != nil {
-		return c.Found
-	}
-	return nil
-}
-
-// alreadyUndone reads an item whose undo a dead saga may have sent, and
-// reports whether it is already as the undo would leave it.
-func (run *batchRun) alreadyUndone(ctx context.Context, i int) bool {
-	resp, _ := run.retrying(ctx, i, run.state[i].tgt.read(run.plan.header, run.items[i].ID), nil)
-	if resp == nil {
-		return false
-	}
-	switch run.state[i].tgt.kind {
-	case policy.OpCreate:
-		return gone(resp.Status)
-	default:
-		return is2xx(resp.Status) && run.state[i].same(resp.Body, run.state[i].preimage)
-	}
-}
-
-// undoRequest turns an undo into the request that carries it.
-func (run *batchRun) undoRequest(i int, u *Undo) *SubRequest {
-	req := newSubRequest(run.plan.header, run.state[i].tgt, u.Method, u.Path, u.Body, run.plan.key.forItem(i, ":undo"))
-	if u.IfMatch != "" {
-		req.Header.Set("If-Match", u.IfMatch)
-	}
-	if u.IfNoneMatch != "" {
-		req.Header.Set("If-None-Match", u.IfNoneMatch)
-	}
-	return req
 }
 
 // resolve learns what a write whose outcome is unknown did: with
@@ -265,7 +180,9 @@ func (run *batchRun) resend(ctx context.Context, i int) (resolved, undo bool) {
 // compensation.found.
 func (run *batchRun) resolveByRead(ctx context.Context, i int, resp *SubResponse) bool {
 	st, t, id := &run.state[i], run.state[i].tgt, run.items[i].ID
-	run.found(i, resp)
+	run.mu.Lock()
+	run.items[i].keepFound(resp)
+	run.mu.Unlock()
 	switch t.kind {
 	case policy.OpUpdate:
 		expect := st.updated()
@@ -312,32 +229,83 @@ func (run *batchRun) resolveByRead(ctx context.Context, i int, resp *SubResponse
 	return true
 }
 
-// neither leads the reason an unknown write's item is left: the read
-// that was to tell what the write did shows neither outcome.
-const neither = "the item is neither as it was before the batch nor as the batch's write would leave it"
-
-// found keeps what the read that resolved item i's unknown write found
-// (a 2xx's object), in the item's compensation, whatever comes of it.
-func (run *batchRun) found(i int, resp *SubResponse) {
-	if !is2xx(resp.Status) || !jsonvalue.IsObject(resp.Body) {
-		return
+// proved reads item i and tells whether it is as proof asks before its
+// undo is sent; where it is not, the item is settled as the read shows.
+func (run *batchRun) proved(ctx context.Context, i int, proof *Proof) bool {
+	resp, err := run.retrying(ctx, i, run.state[i].tgt.read(run.plan.header, run.items[i].ID), nil)
+	if resp == nil {
+		run.settle(ctx, i, RollbackFailed, "the item could not be read to prove it is as the batch left it: "+asNoAnswer(err).reason, nil)
+		return false
 	}
-	run.mu.Lock()
-	defer run.mu.Unlock()
-	it := &run.items[i]
-	if it.Compensation == nil {
-		it.Compensation = &Compensation{}
+	reason := run.state[i].proves(proof, resp)
+	switch {
+	case reason == "":
+		return true
+	case proof.GoneIsUndone && gone(resp.Status):
+		run.settle(ctx, i, RolledBack, "the created item was already deleted by someone else", nil)
+	case run.state[i].tgt.kind != policy.OpCreate && is2xx(resp.Status) && run.state[i].same(resp.Body, run.state[i].preimage):
+		// Put back already: by the instance of a cluster that took the
+		// saga over, or by this one before it lost its lease, racing
+		// for the same item (docs/durability.md, "A saga never writes
+		// after it lost its lease"). Nothing of the batch is left on it.
+		run.settle(ctx, i, RolledBack, "the item was already as it was before the batch (put back by another instance finishing the saga, or another writer)", nil)
+	default:
+		run.settle(ctx, i, RollbackFailed, reason, resp)
 	}
-	it.Compensation.Found = resp.Body
+	return false
 }
 
-// provesNothing reports whether an answer to a write sent again with the
-// same Idempotency-Key says nothing of what the first copy did: 409 is
-// the draft's "the first is still being served" (it may yet be
-// applied), and a 5xx may come from a proxy in front of the upstream, or
-// be the upstream's stored answer to a first copy that failed half way.
-func provesNothing(status int) bool {
-	return status == http.StatusConflict || status >= 500
+// alreadyUndone reads an item whose undo a dead saga may have sent, and
+// reports whether it is already as the undo would leave it.
+func (run *batchRun) alreadyUndone(ctx context.Context, i int) bool {
+	resp, _ := run.retrying(ctx, i, run.state[i].tgt.read(run.plan.header, run.items[i].ID), nil)
+	if resp == nil {
+		return false
+	}
+	switch run.state[i].tgt.kind {
+	case policy.OpCreate:
+		return gone(resp.Status)
+	default:
+		return is2xx(resp.Status) && run.state[i].same(resp.Body, run.state[i].preimage)
+	}
+}
+
+// retrying sends a compensation-step request until it is answered with a
+// status not worth retrying, at most compensation_retries times more,
+// each attempt within compensation_timeout and all within ctx. c, if
+// given, counts the attempts and keeps the last one's status or error.
+func (run *batchRun) retrying(ctx context.Context, i int, req *SubRequest, c *Compensation) (*SubResponse, error) {
+	s := run.state[i].tgt.settings
+	budget := limit{"the compensation's budget", compensationBudget(s, run.backoff)}
+	for attempt := 1; ; attempt++ {
+		resp, err := run.send(i, req, sendOpts{wait: ctx, ctx: ctx, urgent: true, timeout: limit{"compensation_timeout", s.CompensationTimeout}, parent: budget})
+		if resp == nil && (errors.Is(err, slots.ErrNoSlot) || errors.Is(err, ErrThrottleWait)) {
+			err = &noAnswer{http.StatusGatewayTimeout, "no slot of max_in_flight came free, or the upstream's throttle did not lift, within " + budget.String(), err}
+		}
+		if c != nil {
+			run.mu.Lock()
+			run.sentUndos++
+			c.Attempts++
+			if resp != nil {
+				c.Status, c.Error, c.cause = resp.Status, "", nil
+				if !is2xx(resp.Status) {
+					c.Error = fmt.Sprintf("answered %d", resp.Status)
+				}
+			} else {
+				na := asNoAnswer(err)
+				c.Status, c.Error, c.cause = 0, na.reason, na.err
+			}
+			run.mu.Unlock()
+		}
+		if resp != nil && !retryable(resp.Status) || attempt > s.CompensationRetries || errors.Is(err, errFence) {
+			return resp, err
+		}
+		select {
+		case <-ctx.Done():
+			return resp, err
+		case <-time.After(run.backoff(attempt)):
+		}
+	}
 }
 
 // notApplied settles an unknown write that turned out not to have taken
@@ -370,40 +338,132 @@ func (run *batchRun) settle(ctx context.Context, i int, outcome Outcome, reason 
 	})
 }
 
-// retrying sends a compensation-step request until it is answered with a
-// status not worth retrying, at most compensation_retries times more,
-// each attempt within compensation_timeout and all within ctx. c, if
-// given, counts the attempts and keeps the last one's status or error.
-func (run *batchRun) retrying(ctx context.Context, i int, req *SubRequest, c *Compensation) (*SubResponse, error) {
-	s := run.state[i].tgt.settings
-	budget := limit{"the compensation's budget", run.budget(i)}
-	for attempt := 1; ; attempt++ {
-		resp, err := run.send(i, req, sendOpts{wait: ctx, ctx: ctx, urgent: true, timeout: limit{"compensation_timeout", s.CompensationTimeout}, parent: budget})
-		if resp == nil && (errors.Is(err, slots.ErrNoSlot) || errors.Is(err, ErrThrottleWait)) {
-			err = &noAnswer{http.StatusGatewayTimeout, "no slot of max_in_flight came free, or the upstream's throttle did not lift, within " + budget.String(), err}
+// undoOwnSince undoes, with every proof, the writes answered after
+// proven (or never answered): the instance that took the saga over read
+// its journal before they may have landed. Each is locked afresh first
+// (a storage lock may have lapsed with the lease). The journal keeps
+// these undos in memory only: it is the new owner's now.
+func (run *batchRun) undoOwnSince(ctx context.Context, proven time.Time) {
+	var own []int
+	for _, i := range run.started {
+		st := &run.state[i]
+		if !st.applied || run.items[i].undone() || !st.answeredAt.IsZero() && !st.answeredAt.After(proven) {
+			continue
 		}
-		if c != nil {
-			run.mu.Lock()
-			run.sentUndos++
-			c.Attempts++
-			if resp != nil {
-				c.Status, c.Error, c.cause = resp.Status, "", nil
-				if !is2xx(resp.Status) {
-					c.Error = fmt.Sprintf("answered %d", resp.Status)
-				}
-			} else {
-				na := asNoAnswer(err)
-				c.Status, c.Error, c.cause = 0, na.reason, na.err
+		st.resumed = true // the new owner may have undone it already
+		own = append(own, i)
+	}
+	run.selfUndo.Store(true)
+	for _, i := range own {
+		if key := writeKey(run.state[i].tgt, run.items[i].ID); key != "" && run.rt.Locks != nil {
+			run.locks.drop(key)
+			lockCtx, cancel := context.WithTimeout(ctx, compensationBudget(run.state[i].tgt.settings, run.backoff))
+			unlock, err := run.rt.Locks.Lock(lockCtx, key)
+			cancel()
+			if err != nil {
+				run.settle(ctx, i, RollbackFailed, "the saga's lease was lost, and the item's lock could not be taken again to undo the write it sent since ("+err.Error()+")", nil)
+				continue
 			}
+			run.locks.add(key, unlock)
+		}
+		run.undoItem(ctx, i)
+	}
+	for _, i := range run.started {
+		if st := &run.state[i]; st.applied && !run.items[i].undone() && run.items[i].Outcome != Failed {
+			run.mu.Lock()
+			run.items[i].Outcome = Unknown
+			run.items[i].Error = joinReasons(run.items[i].Error, "the saga's lease was lost: the instance that took it over decides this item")
 			run.mu.Unlock()
 		}
-		if resp != nil && !retryable(resp.Status) || attempt > s.CompensationRetries || errors.Is(err, errFence) {
-			return resp, err
-		}
-		select {
-		case <-ctx.Done():
-			return resp, err
-		case <-time.After(run.backoff(attempt)):
-		}
 	}
+}
+
+// reopen makes item i, if it was left behind, one to undo again: its
+// undo computed under the current settings, or, where none could be
+// computed because what its write did was never learned, its outcome
+// unknown again, to be learned by a new read. An item still to undo
+// gets its undo under the current settings, unless it may have been
+// sent already (PhaseUndoing: the recorded one is what is proved).
+func (run *batchRun) reopen(i int) {
+	it, st := &run.items[i], &run.state[i]
+	if !st.applied {
+		return
+	}
+	if !run.items[i].undone() && st.undo != nil && st.phase != PhaseUndoing {
+		st.undo = st.undoAgain(it.ID)
+		return
+	}
+	if it.Outcome != RollbackFailed {
+		return
+	}
+	if c := it.Compensation; c != nil && c.CreatedID != "" {
+		return
+	}
+	switch {
+	case st.undo != nil:
+		st.undo = st.undoAgain(it.ID)
+		it.Outcome = Succeeded
+	case it.ID != "":
+		st.noUndo = ""
+		it.Outcome = Unknown
+	default:
+		return // nothing names what the write made: nothing to try
+	}
+	it.Compensation, st.resumed = nil, false
+}
+
+// undone reports whether the item's compensation already ended: a saga
+// resumed from its journal (Resume) may have done some of its undos
+// before it died, and an item put back must not be proved again (the
+// proof would find the pre-image, not the batch's write).
+func (it *ItemResult) undone() bool {
+	return it.Outcome == RolledBack || it.Outcome == RollbackFailed
+}
+
+// found is what the read that resolved an unknown write found, if it
+// found the item (nil for no compensation yet): the undo's compensation
+// keeps it. Only the goroutine that undoes the item writes it.
+func (c *Compensation) found() json.RawMessage {
+	if c == nil {
+		return nil
+	}
+	return c.Found
+}
+
+// undoRequest turns an undo of an item of t into the request that
+// carries it, with key as its Idempotency-Key.
+func (t *target) undoRequest(header http.Header, key string, u *Undo) *SubRequest {
+	req := newSubRequest(header, t, u.Method, u.Path, u.Body, key)
+	if u.IfMatch != "" {
+		req.Header.Set("If-Match", u.IfMatch)
+	}
+	if u.IfNoneMatch != "" {
+		req.Header.Set("If-None-Match", u.IfNoneMatch)
+	}
+	return req
+}
+
+// neither leads the reason an unknown write's item is left: the read
+// that was to tell what the write did shows neither outcome.
+const neither = "the item is neither as it was before the batch nor as the batch's write would leave it"
+
+// keepFound keeps what the read that resolved the item's unknown write
+// found (a 2xx's object), in its compensation, whatever comes of it.
+func (it *ItemResult) keepFound(resp *SubResponse) {
+	if !is2xx(resp.Status) || !jsonvalue.IsObject(resp.Body) {
+		return
+	}
+	if it.Compensation == nil {
+		it.Compensation = &Compensation{}
+	}
+	it.Compensation.Found = resp.Body
+}
+
+// provesNothing reports whether an answer to a write sent again with the
+// same Idempotency-Key says nothing of what the first copy did: 409 is
+// the draft's "the first is still being served" (it may yet be
+// applied), and a 5xx may come from a proxy in front of the upstream, or
+// be the upstream's stored answer to a first copy that failed half way.
+func provesNothing(status int) bool {
+	return status == http.StatusConflict || status >= 500
 }

@@ -27,16 +27,16 @@ func (run *batchRun) execute(clientCtx, batchCtx context.Context) {
 		run.executeGraph(clientCtx, batchCtx)
 		return
 	}
-	pending := run.pending()
+	pending := pending(run.plan, run.state)
 	if run.plan.Op == policy.OpGet && run.plan.Match.Resource.List != nil && len(pending) > 0 {
 		pending = run.lists.read(batchCtx, run.state[pending[0]].tgt, pending, idsOf(run.items, pending), stop, func(ctx context.Context, i int, elem json.RawMessage) {
-			if !run.answered(ctx, i, nil, &SubResponse{Status: http.StatusOK, Body: elem}, nil) && run.allOrNothing() {
+			if !run.answered(ctx, i, nil, &SubResponse{Status: http.StatusOK, Body: elem}, nil) && run.allOrNothing {
 				halt() // an answer too large to keep
 			}
 		})
 	}
 	run.started = fanOut(batchCtx, run.batchSettings.Concurrency, pending, stop, func(batchCtx context.Context, i int) {
-		if !run.executeItem(clientCtx, batchCtx, i) && run.allOrNothing() {
+		if !run.executeItem(clientCtx, batchCtx, i) && run.allOrNothing {
 			halt()
 		}
 	})
@@ -47,6 +47,323 @@ func (run *batchRun) execute(clientCtx, batchCtx context.Context) {
 			run.items[i], run.state[i] = first, run.state[it.firstWithID]
 		}
 	}
+}
+
+// executeGraph is execute for an envelope: every operation starts as soon
+// as everything it depends on has succeeded, in the order of the
+// envelope, at most Concurrency at once. As in a batch, nothing new
+// starts once the client went away, the batch's deadline passed, or, when
+// all-or-nothing, an operation failed. In partial mode an operation whose
+// dependency did not succeed is not attempted, with 424 (Failed
+// Dependency).
+func (run *batchRun) executeGraph(clientCtx, batchCtx context.Context) {
+	writeCtx := context.WithoutCancel(clientCtx)
+	n := len(run.items)
+	started, ended, succeeded := make([]bool, n), make([]bool, n), make([]bool, n)
+	finished := make(chan int)
+	results := make([]bool, n)
+	running, halted := 0, false
+	for {
+		halted = halted || clientCtx.Err() != nil || batchCtx.Err() != nil
+		for i := 0; i < n && !halted && running < run.batchSettings.Concurrency; i++ {
+			if started[i] {
+				continue
+			}
+			ready, failedDep := run.plan.dependencies(i, ended, succeeded)
+			switch {
+			case failedDep >= 0:
+				started[i], ended[i] = true, true
+				run.notAttempted(writeCtx, i, failedDep)
+			case ready:
+				started[i] = true
+				running++
+				run.started = append(run.started, i)
+				go func() {
+					results[i] = run.executeOperation(clientCtx, batchCtx, i)
+					finished <- i
+				}()
+			}
+		}
+		if running == 0 {
+			return
+		}
+		i := <-finished
+		running--
+		ended[i], succeeded[i] = true, results[i]
+		if !results[i] && run.allOrNothing {
+			halted = true
+		}
+	}
+}
+
+// executeOperation runs one operation of an envelope: it fills in its
+// references, and, where its url named its item only once filled, locks
+// and preflights that item as the saga's first steps do for the others;
+// then it sends it as a batch's item. It reports whether it succeeded.
+func (run *batchRun) executeOperation(clientCtx, batchCtx context.Context, i int) bool {
+	planned, ctx := &run.plan.Items[i], context.WithoutCancel(clientCtx)
+	late := planned.tgt == nil || planned.tgt.kind == policy.OpCreate && planned.ID == "" || planned.rewrite
+	if planned.tgt == nil || planned.operation.body != nil {
+		if !run.fill(ctx, i) {
+			return false
+		}
+	}
+	if late && !planned.rewrite && !run.claimWrite(ctx, i) {
+		return false
+	}
+	if late && run.saga && run.state[i].tgt.kind.Writes() && run.items[i].ID != "" {
+		if !run.lockLate(clientCtx, batchCtx, i) {
+			return false
+		}
+		read := run.preflightRead(i)
+		if read != nil && !read(batchCtx, i) {
+			return false
+		}
+	}
+	return run.executeItem(clientCtx, batchCtx, i)
+}
+
+// fill makes of operation i what the operations it references did: ids
+// and members in its url and body, which give its target, its item's id
+// and the body it sends. They go into the run's state (itemState, the
+// item's ItemResult), never into the plan. It settles the item as failed
+// (400, nothing sent) when a reference cannot be filled, and reports
+// whether it could. Everything it references has succeeded: it runs only
+// then, on the operation's own goroutine.
+func (run *batchRun) fill(ctx context.Context, i int) bool {
+	planned := &run.plan.Items[i]
+	eo := planned.operation
+	t, id, body := planned.tgt, planned.ID, planned.Body
+	f := filling{plan: run.plan, ended: run.items}
+	var err error
+	if len(eo.refs) > 0 {
+		t, id, err = f.url(eo)
+	}
+	if err == nil && eo.body != nil {
+		var v any
+		if v, err = f.body(eo.body); err == nil {
+			body, _ = json.Marshal(v) // decoded JSON always encodes
+		}
+	}
+	if err == nil {
+		id, err = elementID(t, body, id)
+	}
+	if err != nil {
+		run.fail(ctx, i, http.StatusBadRequest, fmt.Sprintf("operation %q could not be filled in: %v", eo.id, err), nil)
+		return false
+	}
+	run.mu.Lock()
+	st := &run.state[i]
+	st.tgt, st.body = t, body
+	if t.kind == policy.OpCreate {
+		st.elementID = id
+	}
+	run.items[i].ID, run.items[i].URL = id, eo.sentURL(t, id)
+	run.mu.Unlock()
+	return true
+}
+
+// claimWrite checks an operation whose item became known as the envelope
+// ran against the other operations that write the same item: one of each
+// two must wait for the other, as orderWrites asks of those known up
+// front. It settles the operation as failed (400, nothing sent) when it
+// would race one of them.
+func (run *batchRun) claimWrite(ctx context.Context, i int) bool {
+	key := writeKey(run.state[i].tgt, run.items[i].ID)
+	if key == "" {
+		return true
+	}
+	run.mu.Lock()
+	race := -1
+	for _, w := range run.writers[key] {
+		if w != i && !run.plan.dependsOn(i, w) && !run.plan.dependsOn(w, i) {
+			race = w
+		}
+	}
+	if race < 0 {
+		run.writers[key] = append(run.writers[key], i)
+	}
+	run.mu.Unlock()
+	if race >= 0 {
+		d := sameItem(run.plan.Items[i].operation.id, run.plan.Items[race].operation.id, key)
+		run.fail(ctx, i, http.StatusBadRequest, d.Detail, nil)
+	}
+	return race < 0
+}
+
+// notAttempted settles an operation of a partial envelope that cannot run
+// because an operation it depends on did not succeed.
+func (run *batchRun) notAttempted(ctx context.Context, i, dep int) {
+	_ = run.transition(ctx, i, PhaseSettled, nil, func(it *ItemResult, st *itemState) {
+		it.clearResponse()
+		it.Status, it.Outcome, st.settled = http.StatusFailedDependency, NotAttempted, true
+		it.Error = fmt.Sprintf("operation %q, which it depends on, did not succeed", run.plan.Items[dep].operation.id)
+	})
+}
+
+// executeItem sends item i's own request and records the answer. It
+// reports whether the item succeeded. Waiting (for a lock or a slot)
+// counts against the batch (batchCtx); once sent, a write runs to its
+// own item_timeout, whether or not its client (clientCtx) stays.
+func (run *batchRun) executeItem(clientCtx, batchCtx context.Context, i int) bool {
+	t, id := run.state[i].tgt, run.items[i].ID
+	ctx := context.WithoutCancel(clientCtx)
+	if !t.kind.Writes() {
+		ctx = batchCtx // a read is cut by the batch's deadline and its client
+	}
+	req := t.itemRequest(run.plan.header, id, run.state[i].body, run.plan.key.forItem(i, ""))
+	if etag := run.state[i].preETag; etag != "" {
+		// Whoever changed the item since the preflight read it, the write
+		// must not land on their change: 412 is this item's failure.
+		req.Header.Set("If-Match", etag)
+	}
+	if t.kind.Writes() && !run.saga {
+		// A partial batch's write locks its item only while in flight,
+		// as a single write through the gateway does.
+		unlock, ok := run.lockOne(clientCtx, batchCtx, i, id)
+		if !ok {
+			return false
+		}
+		defer unlock()
+	}
+	o := sendOpts{wait: batchCtx, ctx: ctx, timeout: limit{"item_timeout", t.settings.ItemTimeout}, parent: run.sender.batchTimeout}
+	if t.kind.Writes() {
+		// req stays as it was sent, for a resend.
+		o.sending = func() error {
+			err := run.transition(ctx, i, PhaseSending, req, func(_ *ItemResult, st *itemState) { st.sent = req })
+			if err != nil {
+				return errors.Join(errJournal, err)
+			}
+			return nil
+		}
+	}
+	resp, err := run.send(i, req, o)
+	switch {
+	case errors.Is(err, errJournal):
+		run.failByGateway(ctx, i, "the saga's journal could not record the write, so it was not sent", err)
+		return false
+	case errors.Is(err, errFence):
+		run.fenced(ctx, i, err)
+		return false
+	case resp == nil && (errors.Is(err, slots.ErrNoSlot) || errors.Is(err, ErrThrottleWait)):
+		return false // the batch ran out of time before the item could start
+	}
+	return run.answered(ctx, i, req, resp, err)
+}
+
+// errJournal wraps the error of a write's record in the journal, which
+// sends nothing.
+var errJournal = errors.New("the saga's journal could not record the write")
+
+// send sends item i's req through the run's sender, with the saga's last
+// look at its lease after every wait (docs/durability.md, "Clusters"): no
+// write leaves for a saga another instance may be finishing. Every write
+// of a saga waits for its lease to be proven, but the undos of a saga
+// that lost its lease (endLost).
+func (run *batchRun) send(i int, req *SubRequest, o sendOpts) (*SubResponse, error) {
+	fence := func() error {
+		if !run.saga || req.Method == http.MethodGet || req.Method == http.MethodHead || run.selfUndo.Load() {
+			return nil
+		}
+		if err := run.rt.Journal.Fence(o.wait); err != nil {
+			return errors.Join(errFence, err)
+		}
+		return nil
+	}
+	return run.sender.send(run.state[i].tgt, req, o, fence)
+}
+
+// answered records the answer to item i's own request (req), and for a
+// write that took effect, how to undo it. It reports whether the item
+// succeeded.
+func (run *batchRun) answered(ctx context.Context, i int, req *SubRequest, resp *SubResponse, err error) bool {
+	t := run.state[i].tgt
+	write := t.kind.Writes()
+	var succeeded bool
+	var ans itemAnswer
+	if resp != nil {
+		ans = answerOf(resp)
+	}
+	hint := run.warning.note(run.state[i].tgt.movedHint(req, resp))
+	_ = run.transition(ctx, i, PhaseAnswered, nil, func(it *ItemResult, st *itemState) {
+		st.answeredAt = time.Now()
+		if resp == nil {
+			recordNoAnswer(it, st, err, write)
+			return
+		}
+		it.setAnswer(ans)
+		if err != nil {
+			it.Error, it.cause = answerError(err), err
+		}
+		switch {
+		case is2xx(resp.Status):
+			it.Outcome, succeeded = Succeeded, true
+			if write {
+				st.tookEffect(it, resp, run.saga)
+			}
+		case resp.Status == http.StatusNotFound && t.kind == policy.OpDelete && t.settings.DeleteSemantics == policy.Declarative:
+			st.goneAsDeclared(it, resp, run.saga)
+			succeeded = true
+		case write && resp.Resent:
+			// The answer is to a second copy (a 404 to a DELETE, a 409 to a
+			// create): the first may well have done what was asked.
+			mayHaveTakenEffect(it, st, "the request was sent twice (a connection dropped) and an earlier copy may have taken effect")
+		case notCarriedOut(resp.Status):
+			it.Outcome, st.failure = Failed, true
+			it.Error = joinReasons(fmt.Sprintf("the upstream answered %d: the request was not carried out at this URL", resp.Status), hint)
+		case write && resp.Status >= 300 && resp.Status < 400:
+			mayHaveTakenEffect(it, st, fmt.Sprintf("the upstream answered the write with a redirect (%d): it may have taken effect", resp.Status))
+			if t.kind == policy.OpCreate {
+				st.nameRedirected(it, resp)
+			}
+		case write && (resp.Status == http.StatusBadGateway || resp.Status == http.StatusGatewayTimeout):
+			// What a proxy in front of the upstream answers when the
+			// upstream's own answer did not reach it (RFC 9110, 15.6.3
+			// and 15.6.5): the write may have been applied all the same.
+			mayHaveTakenEffect(it, st, fmt.Sprintf("the write was answered %d, which a proxy in front of the upstream sends when the upstream's answer did not reach it: it may have taken effect", resp.Status))
+		case resp.Status == http.StatusPreconditionFailed && st.preETag != "":
+			it.Outcome, st.failure = Failed, true
+			it.Error = "the item changed after the batch read it (If-Match failed), so the write was not applied"
+		default:
+			it.Outcome, st.failure = Failed, true
+		}
+		if !run.answer.keep(it, st, run.plan.copies(i), run.allOrNothing) {
+			succeeded = false
+		}
+	})
+	if id := run.items[i].ID; t.kind == policy.OpCreate && run.saga && id != "" && run.state[i].applied {
+		run.lockCreated(ctx, i, id)
+	}
+	return succeeded
+}
+
+// fail settles item i as failed by the gateway, with nothing sent.
+func (run *batchRun) fail(ctx context.Context, i, status int, reason string, cause error) {
+	_ = run.transition(ctx, i, PhaseSettled, nil, func(it *ItemResult, st *itemState) {
+		it.clearResponse()
+		it.Status, it.Error, it.cause = status, reason, cause
+		it.Outcome, st.failure = Failed, true
+	})
+}
+
+// failByGateway settles item i as failed by the gateway's own storage
+// (its journal, its lease), with nothing sent: 503, which the batch
+// answers as it is, never as the upstream's 502 (failureStatus).
+func (run *batchRun) failByGateway(ctx context.Context, i int, reason string, cause error) {
+	run.fail(ctx, i, http.StatusServiceUnavailable, reason, cause)
+	run.mu.Lock()
+	defer run.mu.Unlock()
+	run.state[i].byGateway = true
+}
+
+// fenced fails item i, whose write the lease did not let go: nothing
+// was sent.
+func (run *batchRun) fenced(ctx context.Context, i int, err error) {
+	reason := "the saga's lease in storage could not be proven in time (the storage did not answer), so the write was not sent"
+	if run.lease.saw(err) {
+		reason = "the saga's lease was lost (" + run.lease.loss().Why + "): another instance finishes the saga, so the write was not sent"
+	}
+	run.failByGateway(ctx, i, reason, err)
 }
 
 // fanOut runs work on each index in order, at most concurrency at once.
@@ -93,174 +410,14 @@ func fanOut(ctx context.Context, concurrency int, indices []int, stop <-chan str
 
 // pending lists the items still to send: not settled, and not a repeat of
 // an earlier id (a batch GET fetches each id once).
-func (run *batchRun) pending() []int {
+func pending(p *Plan, state []itemState) []int {
 	var out []int
-	for i, it := range run.plan.Items {
-		if it.firstWithID == i && !run.state[i].settled {
+	for i, it := range p.Items {
+		if it.firstWithID == i && !state[i].settled {
 			out = append(out, i)
 		}
 	}
 	return out
-}
-
-// executeItem sends item i's own request and records the answer. It
-// reports whether the item succeeded. Waiting (for a lock or a slot)
-// counts against the batch (batchCtx); once sent, a write runs to its
-// own item_timeout, whether or not its client (clientCtx) stays.
-func (run *batchRun) executeItem(clientCtx, batchCtx context.Context, i int) bool {
-	t, id := run.state[i].tgt, run.items[i].ID
-	ctx := context.WithoutCancel(clientCtx)
-	if !t.kind.Writes() {
-		ctx = batchCtx // a read is cut by the batch's deadline and its client
-	}
-	req := t.itemRequest(run.plan.header, id, run.state[i].body, run.plan.key.forItem(i, ""))
-	if etag := run.state[i].preETag; etag != "" {
-		// Whoever changed the item since the preflight read it, the write
-		// must not land on their change: 412 is this item's failure.
-		req.Header.Set("If-Match", etag)
-	}
-	if t.kind.Writes() && !run.isSaga() {
-		// A partial batch's write locks its item only while in flight,
-		// as a single write through the gateway does.
-		unlock, ok := run.lockOne(clientCtx, batchCtx, i, id)
-		if !ok {
-			return false
-		}
-		defer unlock()
-	}
-	o := sendOpts{wait: batchCtx, ctx: ctx, timeout: limit{"item_timeout", t.settings.ItemTimeout}, parent: run.sender.batchTimeout}
-	if t.kind.Writes() {
-		// req stays as it was sent, for a resend.
-		o.sending = func() error {
-			err := run.transition(ctx, i, PhaseSending, req, func(_ *ItemResult, st *itemState) { st.sent = req })
-			if err != nil {
-				return errors.Join(errJournal, err)
-			}
-			return nil
-		}
-	}
-	resp, err := run.send(i, req, o)
-	switch {
-	case errors.Is(err, errJournal):
-		run.failByGateway(ctx, i, "the saga's journal could not record the write, so it was not sent", err)
-		return false
-	case errors.Is(err, errFence):
-		run.fenced(ctx, i, err)
-		return false
-	case resp == nil && (errors.Is(err, slots.ErrNoSlot) || errors.Is(err, ErrThrottleWait)):
-		return false // the batch ran out of time before the item could start
-	}
-	return run.answered(ctx, i, req, resp, err)
-}
-
-// errJournal wraps the error of a write's record in the journal, which
-// sends nothing.
-var errJournal = errors.New("the saga's journal could not record the write")
-
-// send sends item i's req through the run's sender, with the saga's last
-// look at its lease after every wait (docs/durability.md, "Clusters"): no
-// write leaves for a saga another instance may be finishing.
-func (run *batchRun) send(i int, req *SubRequest, o sendOpts) (*SubResponse, error) {
-	fence := func() error {
-		if !run.fences(req) {
-			return nil
-		}
-		if err := run.rt.Journal.Fence(o.wait); err != nil {
-			return errors.Join(errFence, err)
-		}
-		return nil
-	}
-	return run.sender.send(run.state[i].tgt, req, o, fence)
-}
-
-// fences reports whether req waits for the saga's lease to be proven
-// before it goes: every write of a saga, but the undos of a saga that
-// lost its lease (lost.go).
-func (run *batchRun) fences(req *SubRequest) bool {
-	return run.isSaga() && req.Method != http.MethodGet && req.Method != http.MethodHead && !run.selfUndo.Load()
-}
-
-// fail settles item i as failed by the gateway, with nothing sent.
-func (run *batchRun) fail(ctx context.Context, i, status int, reason string, cause error) {
-	_ = run.transition(ctx, i, PhaseSettled, nil, func(it *ItemResult, st *itemState) {
-		it.clearResponse()
-		it.Status, it.Error, it.cause = status, reason, cause
-		it.Outcome, st.failure = Failed, true
-	})
-}
-
-// failByGateway settles item i as failed by the gateway's own storage
-// (its journal, its lease), with nothing sent: 503, which the batch
-// answers as it is, never as the upstream's 502 (failureStatus).
-func (run *batchRun) failByGateway(ctx context.Context, i int, reason string, cause error) {
-	run.fail(ctx, i, http.StatusServiceUnavailable, reason, cause)
-	run.mu.Lock()
-	defer run.mu.Unlock()
-	run.state[i].byGateway = true
-}
-
-// answered records the answer to item i's own request (req), and for a
-// write that took effect, how to undo it. It reports whether the item
-// succeeded.
-func (run *batchRun) answered(ctx context.Context, i int, req *SubRequest, resp *SubResponse, err error) bool {
-	t := run.state[i].tgt
-	write := t.kind.Writes()
-	var succeeded bool
-	var ans itemAnswer
-	if resp != nil {
-		ans = answerOf(resp)
-	}
-	hint := run.movedHint(i, req, resp)
-	_ = run.transition(ctx, i, PhaseAnswered, nil, func(it *ItemResult, st *itemState) {
-		st.answeredAt = time.Now()
-		if resp == nil {
-			recordNoAnswer(it, st, err, write)
-			return
-		}
-		it.setAnswer(ans)
-		if err != nil {
-			it.Error, it.cause = answerError(err), err
-		}
-		switch {
-		case is2xx(resp.Status):
-			it.Outcome, succeeded = Succeeded, true
-			if write {
-				st.tookEffect(it, resp, run.isSaga())
-			}
-		case resp.Status == http.StatusNotFound && t.kind == policy.OpDelete && t.settings.DeleteSemantics == policy.Declarative:
-			st.goneAsDeclared(it, resp, run.isSaga())
-			succeeded = true
-		case write && resp.Resent:
-			// The answer is to a second copy (a 404 to a DELETE, a 409 to a
-			// create): the first may well have done what was asked.
-			mayHaveTakenEffect(it, st, "the request was sent twice (a connection dropped) and an earlier copy may have taken effect")
-		case notCarriedOut(resp.Status):
-			it.Outcome, st.failure = Failed, true
-			it.Error = joinReasons(fmt.Sprintf("the upstream answered %d: the request was not carried out at this URL", resp.Status), hint)
-		case write && resp.Status >= 300 && resp.Status < 400:
-			mayHaveTakenEffect(it, st, fmt.Sprintf("the upstream answered the write with a redirect (%d): it may have taken effect", resp.Status))
-			if t.kind == policy.OpCreate {
-				st.nameRedirected(it, resp)
-			}
-		case write && (resp.Status == http.StatusBadGateway || resp.Status == http.StatusGatewayTimeout):
-			// What a proxy in front of the upstream answers when the
-			// upstream's own answer did not reach it (RFC 9110, 15.6.3
-			// and 15.6.5): the write may have been applied all the same.
-			mayHaveTakenEffect(it, st, fmt.Sprintf("the write was answered %d, which a proxy in front of the upstream sends when the upstream's answer did not reach it: it may have taken effect", resp.Status))
-		case resp.Status == http.StatusPreconditionFailed && st.preETag != "":
-			it.Outcome, st.failure = Failed, true
-			it.Error = "the item changed after the batch read it (If-Match failed), so the write was not applied"
-		default:
-			it.Outcome, st.failure = Failed, true
-		}
-		if !run.answer.keep(it, st, run.plan.copies(i), run.allOrNothing()) {
-			succeeded = false
-		}
-	})
-	if id := run.items[i].ID; t.kind == policy.OpCreate && run.isSaga() && id != "" && run.state[i].applied {
-		run.lockCreated(ctx, i, id)
-	}
-	return succeeded
 }
 
 // goneAsDeclared records a DELETE answered 404 under declarative delete

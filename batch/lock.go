@@ -12,6 +12,101 @@ import (
 	"github.com/caddy-batch/caddy-batch/internal/itemlock"
 )
 
+// lock is the saga's second step: it takes the lock of every item the
+// batch will write, in the order of their keys, so that two batches that
+// share items never wait for each other in a cycle, at most until
+// batchCtx is done. It reports whether the batch may go on; if not, it
+// holds no lock and the batch is refused as RefuseLock says.
+func (run *batchRun) lock(clientCtx, batchCtx context.Context) bool {
+	run.locks = &heldLocks{keys: map[string]func(){}}
+	if run.rt.Locks == nil {
+		return true
+	}
+	var keys []string
+	for i := range run.items {
+		if key := writeKey(run.state[i].tgt, run.items[i].ID); key != "" {
+			keys = append(keys, key)
+		}
+	}
+	slices.Sort(keys)
+	for _, key := range slices.Compact(keys) {
+		unlock, err := run.rt.Locks.Lock(batchCtx, key)
+		if err != nil {
+			run.locks.release()
+			ref := RefuseLock(key, err, LockWait{Client: clientCtx, Batch: batchCtx, BatchTimeout: run.batchSettings.BatchTimeout})
+			run.refusal = &refusal{status: ref.Status, detail: ref.Detail, retryAfter: ref.RetryAfter, cause: err}
+			return false
+		}
+		run.locks.add(key, unlock)
+	}
+	return true
+}
+
+// lockCreated locks an item the batch created, as soon as its id is
+// known, so that no writer through the gateway changes it before the
+// saga ends. Created items are locked out of key order, so the wait is
+// short: a writer that holds a newly created id holds nothing else the
+// saga waits for, and if the lock cannot be had the undo's proof still
+// guards the item.
+func (run *batchRun) lockCreated(ctx context.Context, i int, id string) {
+	key := run.state[i].tgt.paths.Key(id)
+	if run.rt.Locks == nil || run.locks.has(key) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, run.state[i].tgt.settings.ItemTimeout)
+	defer cancel()
+	if unlock, err := run.rt.Locks.Lock(ctx, key); err == nil {
+		run.locks.add(key, unlock)
+	}
+}
+
+// lockLate locks an item whose id an envelope learned only as it ran, out
+// of the order of keys: the wait is bounded by item_timeout, and an item
+// it cannot lock fails the operation as RefuseLock says, nothing sent.
+func (run *batchRun) lockLate(clientCtx, batchCtx context.Context, i int) bool {
+	key := run.state[i].tgt.paths.Key(run.items[i].ID)
+	if run.rt.Locks == nil || run.locks.has(key) {
+		return true
+	}
+	unlock, ok := run.lockOne(clientCtx, batchCtx, i, run.items[i].ID)
+	if ok {
+		run.locks.add(key, unlock)
+	}
+	return ok
+}
+
+// lockOne locks one item for the time of one write: a partial batch's
+// write, as a single write would, waiting at most item_timeout. It
+// reports whether the write may go on; if not, the item is settled as
+// refused. With no locker or no id it takes no lock.
+func (run *batchRun) lockOne(clientCtx, batchCtx context.Context, i int, id string) (func(), bool) {
+	if run.rt.Locks == nil || id == "" {
+		return func() {}, true
+	}
+	key, timeout := run.state[i].tgt.paths.Key(id), run.state[i].tgt.settings.ItemTimeout
+	lockCtx, cancel := context.WithTimeout(batchCtx, timeout)
+	defer cancel()
+	unlock, err := run.rt.Locks.Lock(lockCtx, key)
+	if err != nil {
+		run.refuseItem(context.WithoutCancel(clientCtx), i, RefuseLock(key, err, LockWait{Client: clientCtx, Batch: batchCtx, BatchTimeout: run.batchSettings.BatchTimeout, ItemTimeout: timeout}), err)
+		return nil, false
+	}
+	return unlock, true
+}
+
+// refuseItem settles item i as refused its lock, with nothing sent; its
+// Retry-After becomes the batch answer's.
+func (run *batchRun) refuseItem(ctx context.Context, i int, ref LockRefusal, cause error) {
+	_ = run.transition(ctx, i, PhaseSettled, nil, func(it *ItemResult, st *itemState) {
+		it.clearResponse()
+		it.Status, it.Error, it.cause = ref.Status, ref.Detail, cause
+		if ref.RetryAfter != "" {
+			it.Headers = map[string]string{"Retry-After": ref.RetryAfter}
+		}
+		it.Outcome, st.failure = Failed, true
+	})
+}
+
 // heldLocks are the locks a saga holds until its last undo or check.
 type heldLocks struct {
 	mu    sync.Mutex
@@ -57,73 +152,6 @@ func (h *heldLocks) release() {
 		}
 	}
 	h.order = nil
-}
-
-// lock is the saga's second step: it takes the lock of every item the
-// batch will write, in the order of their keys, so that two batches that
-// share items never wait for each other in a cycle, at most until
-// batchCtx is done. It reports whether the batch may go on; if not, it
-// holds no lock and the batch is refused as RefuseLock says.
-func (run *batchRun) lock(clientCtx, batchCtx context.Context) bool {
-	run.locks = &heldLocks{keys: map[string]func(){}}
-	if run.rt.Locks == nil {
-		return true
-	}
-	var keys []string
-	for i := range run.items {
-		if key := writeKey(run.state[i].tgt, run.items[i].ID); key != "" {
-			keys = append(keys, key)
-		}
-	}
-	slices.Sort(keys)
-	for _, key := range slices.Compact(keys) {
-		unlock, err := run.rt.Locks.Lock(batchCtx, key)
-		if err != nil {
-			run.locks.release()
-			ref := RefuseLock(key, err, run.wait(clientCtx, batchCtx, 0))
-			run.refusal = &refusal{status: ref.Status, detail: ref.Detail, retryAfter: ref.RetryAfter, cause: err}
-			return false
-		}
-		run.locks.add(key, unlock)
-	}
-	return true
-}
-
-// lockCreated locks an item the batch created, as soon as its id is
-// known, so that no writer through the gateway changes it before the
-// saga ends. Created items are locked out of key order, so the wait is
-// short: a writer that holds a newly created id holds nothing else the
-// saga waits for, and if the lock cannot be had the undo's proof still
-// guards the item.
-func (run *batchRun) lockCreated(ctx context.Context, i int, id string) {
-	key := run.state[i].tgt.paths.Key(id)
-	if run.rt.Locks == nil || run.locks.has(key) {
-		return
-	}
-	ctx, cancel := context.WithTimeout(ctx, run.state[i].tgt.settings.ItemTimeout)
-	defer cancel()
-	if unlock, err := run.rt.Locks.Lock(ctx, key); err == nil {
-		run.locks.add(key, unlock)
-	}
-}
-
-// lockOne locks one item for the time of one write: a partial batch's
-// write, as a single write would, waiting at most item_timeout. It
-// reports whether the write may go on; if not, the item is settled as
-// refused. With no locker or no id it takes no lock.
-func (run *batchRun) lockOne(clientCtx, batchCtx context.Context, i int, id string) (func(), bool) {
-	if run.rt.Locks == nil || id == "" {
-		return func() {}, true
-	}
-	key, timeout := run.state[i].tgt.paths.Key(id), run.state[i].tgt.settings.ItemTimeout
-	lockCtx, cancel := context.WithTimeout(batchCtx, timeout)
-	defer cancel()
-	unlock, err := run.rt.Locks.Lock(lockCtx, key)
-	if err != nil {
-		run.refuseItem(context.WithoutCancel(clientCtx), i, RefuseLock(key, err, run.wait(clientCtx, batchCtx, timeout)), err)
-		return nil, false
-	}
-	return unlock, true
 }
 
 // refusal is why a batch did not start: nothing was sent.
@@ -188,23 +216,4 @@ func RefuseLock(key string, err error, w LockWait) LockRefusal {
 	}
 	return LockRefusal{Status: http.StatusConflict, Type: "item-locked", RetryAfter: "1",
 		Detail: "another write through the gateway " + held + "; nothing was sent, try again"}
-}
-
-// refuseItem settles item i as refused its lock, with nothing sent; its
-// Retry-After becomes the batch answer's.
-func (run *batchRun) refuseItem(ctx context.Context, i int, ref LockRefusal, cause error) {
-	_ = run.transition(ctx, i, PhaseSettled, nil, func(it *ItemResult, st *itemState) {
-		it.clearResponse()
-		it.Status, it.Error, it.cause = ref.Status, ref.Detail, cause
-		if ref.RetryAfter != "" {
-			it.Headers = map[string]string{"Retry-After": ref.RetryAfter}
-		}
-		it.Outcome, st.failure = Failed, true
-	})
-}
-
-// wait is what a wait for a lock runs under in this batch: its client,
-// its deadline, and itemTimeout when that bounds the wait too (not zero).
-func (run *batchRun) wait(clientCtx, batchCtx context.Context, itemTimeout time.Duration) LockWait {
-	return LockWait{Client: clientCtx, Batch: batchCtx, BatchTimeout: run.batchSettings.BatchTimeout, ItemTimeout: itemTimeout}
 }

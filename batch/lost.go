@@ -7,7 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
-	"time"
+	"sync"
 )
 
 // A saga that lost its lease (docs/durability.md, "A
@@ -44,106 +44,43 @@ type LostKeeper interface {
 	AwaitEnd(ctx context.Context) (ended bool, outcome Outcome, leftBehind []string, orphaned bool)
 }
 
-// leaseLost reports whether err says the saga's lease is lost, and if so
-// records it: the saga starts nothing more.
-func (run *batchRun) leaseLost(err error) bool {
+// leaseWatch is what a run learnt of its saga's lease: lost, once a
+// fence said so.
+type leaseWatch struct {
+	mu   sync.Mutex
+	lost *LeaseLost
+}
+
+// saw reports whether err says the saga's lease is lost, and if so
+// records it (the first loss stands): the saga starts nothing more.
+func (w *leaseWatch) saw(err error) bool {
 	var lost *LeaseLost
 	if !errors.As(err, &lost) {
 		return false
 	}
-	run.mu.Lock()
-	defer run.mu.Unlock()
-	if run.lost == nil {
-		run.lost = lost
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.lost == nil {
+		w.lost = lost
 	}
 	return true
 }
 
-func (run *batchRun) lostLease() *LeaseLost {
-	run.mu.Lock()
-	defer run.mu.Unlock()
-	return run.lost
-}
-
-// fenced fails item i, whose write the lease did not let go: nothing
-// was sent.
-func (run *batchRun) fenced(ctx context.Context, i int, err error) {
-	reason := "the saga's lease in storage could not be proven in time (the storage did not answer), so the write was not sent"
-	if run.leaseLost(err) {
-		reason = "the saga's lease was lost (" + run.lostLease().Why + "): another instance finishes the saga, so the write was not sent"
-	}
-	run.failByGateway(ctx, i, reason, err)
-}
-
-// checkLease is the last look at the lease before a saga that did not
-// lose it answers: an answer says what happened only while no other
-// instance may be acting on the saga. It waits at most the batch's
-// timeout for a lease that is unproven.
-func (run *batchRun) checkLease(ctx context.Context) {
-	if !run.isSaga() || run.lostLease() != nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), run.batchSettings.BatchTimeout)
-	defer cancel()
-	if err := run.rt.Journal.Fence(ctx); err != nil && !run.leaseLost(err) {
-		run.leaseLost(&LeaseLost{Why: err.Error()})
-	}
-}
-
-// endLost ends a saga that lost its lease, as the comment above says. A
-// saga whose journal the storage forgot, and that no other instance
-// took over (orphaned), is this saga's alone to finish: it keeps what it
-// may have changed first, as a journal would, undoes all of it, and
-// keeps what is left (or forgets the kept copy, if nothing is).
-func (run *batchRun) endLost(ctx, batchCtx context.Context, lost *LeaseLost) *Result {
-	detached := context.WithoutCancel(ctx)
-	lk, _ := run.rt.Journal.(LostKeeper)
-	var end lostEnd
-	since := lost.Proven
-	if lk != nil {
-		look, cancel := context.WithCancel(ctx)
-		cancel() // one look, now
-		_, _, _, end.orphaned = lk.AwaitEnd(look)
-	}
-	if end.orphaned {
-		since = time.Time{}
-		end.kept = run.keepLost(detached, lk, "", run.written(), nil)
-	}
-	run.undoOwnSince(detached, since)
-	res := run.report(ctx, batchCtx)
-	res.LeaseLost = true
-	if lk == nil {
-		run.answerLost(res, lost, end)
-		return res
-	}
-	res.Saga = lk.Saga()
-	if !end.orphaned {
-		waitCtx, cancel := context.WithCancel(batchCtx)
-		defer cancel()
-		end.ended, end.outcome, end.left, end.orphaned = lk.AwaitEnd(waitCtx)
-	}
-	end.own = run.ownLeftBehind(end.orphaned)
-	if len(end.own) > 0 || end.kept != "" {
-		end.kept = run.keepLost(detached, lk, end.kept, end.own, res)
-	}
-	res.Kept = end.kept
-	run.answerLost(res, lost, end)
-	return res
+// loss is the lease's loss, nil while it is not known lost.
+func (w *leaseWatch) loss() *LeaseLost {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.lost
 }
 
 // keepLost keeps (again, under kept when that is set) what a saga that
-// lost its lease left behind, left, as res says (the saga as it stands
-// when res is nil): a left-behind saga of its own, linked to the lost
-// one; nothing left forgets a copy kept before. It returns the kept
-// saga's id, empty when nothing is kept.
-func (run *batchRun) keepLost(ctx context.Context, lk LostKeeper, kept string, left []string, res *Result) string {
-	if res == nil {
-		res = &Result{Op: run.plan.Op, Atomicity: run.plan.Atomicity, Outcome: RollbackFailed, Items: run.items,
-			Detail: "this gateway lost the saga's lease: its journal is gone from storage, and no other instance took it over; the items it may have changed are kept here while it undoes them"}
-	}
+// lost its lease left behind, left, as snap and res say: a left-behind
+// saga of its own, linked to the lost one; nothing left forgets a copy
+// kept before. It returns the kept saga's id, empty when nothing is kept.
+func keepLost(ctx context.Context, lk LostKeeper, kept string, snap *Snapshot, left []string, res *Result) string {
 	own := *res
 	own.LeftBehind = left
-	id, err := lk.KeepLost(ctx, kept, run.snapshot(), &own)
+	id, err := lk.KeepLost(ctx, kept, snap, &own)
 	if err != nil {
 		res.Errors = append(res.Errors, "keeping what the saga that lost its lease left behind: "+err.Error())
 		return kept
@@ -162,12 +99,19 @@ type lostEnd struct {
 	kept            string
 }
 
+// orphanedResult is what an orphaned saga (endLost) keeps while it
+// undoes what it may have changed.
+func orphanedResult(p *Plan, items []ItemResult) *Result {
+	return &Result{Op: p.Op, Atomicity: p.Atomicity, Outcome: RollbackFailed, Items: items,
+		Detail: "this gateway lost the saga's lease: its journal is gone from storage, and no other instance took it over; the items it may have changed are kept here while it undoes them"}
+}
+
 // written names the items whose writes took effect, or may have, and
 // are not undone yet.
-func (run *batchRun) written() []string {
+func written(items []ItemResult, state []itemState) []string {
 	var out []string
-	for i, it := range run.items {
-		if run.state[i].applied && !run.undone(i) {
+	for i, it := range items {
+		if state[i].applied && !it.undone() {
 			out = append(out, it.describe()+": written by the batch, not undone yet")
 		}
 	}
@@ -178,9 +122,9 @@ func (run *batchRun) written() []string {
 // with orphaned (no instance took the saga over, and its journal is
 // gone: the storage forgot it), every item it may have changed, since
 // nobody else will undo them.
-func (run *batchRun) ownLeftBehind(orphaned bool) []string {
+func ownLeftBehind(items []ItemResult, orphaned bool) []string {
 	var out []string
-	for _, it := range run.items {
+	for _, it := range items {
 		if it.Outcome == RollbackFailed || orphaned && it.Outcome == Unknown {
 			out = append(out, it.describeLeft())
 		}
@@ -188,51 +132,11 @@ func (run *batchRun) ownLeftBehind(orphaned bool) []string {
 	return out
 }
 
-// undoOwnSince undoes, with every proof, the writes answered after
-// proven (or never answered): the instance that took the saga over read
-// its journal before they may have landed. Each is locked afresh first
-// (a storage lock may have lapsed with the lease). The journal keeps
-// these undos in memory only: it is the new owner's now.
-func (run *batchRun) undoOwnSince(ctx context.Context, proven time.Time) {
-	var own []int
-	for _, i := range run.started {
-		st := &run.state[i]
-		if !st.applied || run.undone(i) || !st.answeredAt.IsZero() && !st.answeredAt.After(proven) {
-			continue
-		}
-		st.resumed = true // the new owner may have undone it already
-		own = append(own, i)
-	}
-	run.selfUndo.Store(true)
-	for _, i := range own {
-		if key := writeKey(run.state[i].tgt, run.items[i].ID); key != "" && run.rt.Locks != nil {
-			run.locks.drop(key)
-			lockCtx, cancel := context.WithTimeout(ctx, run.budget(i))
-			unlock, err := run.rt.Locks.Lock(lockCtx, key)
-			cancel()
-			if err != nil {
-				run.settle(ctx, i, RollbackFailed, "the saga's lease was lost, and the item's lock could not be taken again to undo the write it sent since ("+err.Error()+")", nil)
-				continue
-			}
-			run.locks.add(key, unlock)
-		}
-		run.undoItem(ctx, i)
-	}
-	for _, i := range run.started {
-		if st := &run.state[i]; st.applied && !run.undone(i) && run.items[i].Outcome != Failed {
-			run.mu.Lock()
-			run.items[i].Outcome = Unknown
-			run.items[i].Error = joinReasons(run.items[i].Error, "the saga's lease was lost: the instance that took it over decides this item")
-			run.mu.Unlock()
-		}
-	}
-}
-
 // answerLost makes res what the client of a saga that lost its lease is
 // told: the new owner's end, if it came, else 503 with the saga named
 // and every item the saga touched unknown; rollback_failed wherever
 // something is left behind, this saga's own kept under a saga of its own.
-func (run *batchRun) answerLost(res *Result, lost *LeaseLost, end lostEnd) {
+func answerLost(res *Result, lost *LeaseLost, end lostEnd) {
 	res.RetryAfter = gatewayRetryAfter
 	why := fmt.Sprintf("this gateway lost the saga's lease (%s)", lost.Why)
 	if !end.orphaned {
@@ -271,14 +175,3 @@ func (run *batchRun) answerLost(res *Result, lost *LeaseLost, end lostEnd) {
 // gatewayRetryAfter is the Retry-After of an answer the gateway's own
 // storage caused (503): long enough for a blip to pass.
 const gatewayRetryAfter = "2"
-
-// snapshot is the saga as it stands, for a journal to keep.
-func (run *batchRun) snapshot() *Snapshot {
-	snap := run.plan.Snapshot()
-	run.mu.Lock()
-	defer run.mu.Unlock()
-	for i := range snap.Items {
-		snap.Items[i] = snapshotItem(&run.items[i], &run.state[i], &run.plan.Items[i])
-	}
-	return snap
-}

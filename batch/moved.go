@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 
 	"github.com/caddy-batch/caddy-batch/policy"
 )
@@ -28,9 +29,8 @@ func notCarriedOut(status int) bool {
 // for a request to the collection and item_path for one to an item, and
 // pins the other side as it is with item_path: followed, it never makes
 // the side that worked redirect (docs/legacy-apis.md, "Trailing
-// slashes"). It records the hint for the batch's WARN log line, and
-// returns "" for any other answer.
-func (run *batchRun) movedHint(i int, req *SubRequest, resp *SubResponse) string {
+// slashes"). It returns "" for any other answer.
+func (t *target) movedHint(req *SubRequest, resp *SubResponse) string {
 	if resp == nil || !notCarriedOut(resp.Status) {
 		return ""
 	}
@@ -49,7 +49,6 @@ func (run *batchRun) movedHint(i int, req *SubRequest, resp *SubResponse) string
 	default:
 		return ""
 	}
-	t := run.state[i].tgt
 	coll, item := t.match.Resource.Collection.String(), t.match.Resource.Item.String()
 	if from == t.collectionPath {
 		coll = wanted(coll)
@@ -58,7 +57,6 @@ func (run *batchRun) movedHint(i int, req *SubRequest, resp *SubResponse) string
 	}
 	hint := fmt.Sprintf("the legacy API redirects %s to %s (%s): declare the resource as `%s`, so that the gateway sends the paths it serves",
 		from, to, change, declaration(coll, item))
-	run.warnOnce.Do(func() { run.warning = hint })
 	return hint
 }
 
@@ -72,4 +70,20 @@ func declaration(collection, item string) string {
 		return "resource " + collection
 	}
 	return "resource " + collection + " { item_path " + item + " }"
+}
+
+// firstWarning is what the operator should fix in the configuration,
+// found while a batch ran (movedHint), for its WARN log line: the first
+// found stands.
+type firstWarning struct {
+	once sync.Once
+	text string
+}
+
+// note keeps warning if it is the first, and returns it.
+func (w *firstWarning) note(warning string) string {
+	if warning != "" {
+		w.once.Do(func() { w.text = warning })
+	}
+	return warning
 }

@@ -20,7 +20,7 @@ import (
 // whether the batch may go on.
 func (run *batchRun) preflight(ctx context.Context) bool {
 	var targets []int
-	for _, i := range run.pending() {
+	for _, i := range pending(run.plan, run.state) {
 		if run.state[i].tgt != nil && !run.plan.Items[i].rewrite && run.items[i].ID != "" && run.preflightRead(i) != nil {
 			targets = append(targets, i)
 		}
@@ -37,7 +37,7 @@ func (run *batchRun) preflight(ctx context.Context) bool {
 			halt()
 		}
 	})
-	if !run.anyFailure() && ctx.Err() == nil {
+	if !anyFailure(run.state) && ctx.Err() == nil {
 		return true
 	}
 	for i := range run.items {
@@ -86,7 +86,7 @@ func (run *batchRun) readPreimage(ctx context.Context, i int) bool {
 		case !is2xx(resp.Status):
 			it.setAnswer(ans)
 			it.Outcome, st.failure = Failed, true
-			it.Error = joinReasons("the item could not be read before the write (GET "+req.Path+")", run.movedHint(i, req, resp))
+			it.Error = joinReasons("the item could not be read before the write (GET "+req.Path+")", run.warning.note(run.state[i].tgt.movedHint(req, resp)))
 			ok = false
 		case jsonvalue.Kind(ans.body) != "object":
 			it.setAnswer(ans)
@@ -132,7 +132,7 @@ func (run *batchRun) checkFree(ctx context.Context, i int) bool {
 		default:
 			it.setResponse(resp)
 			it.Outcome, st.failure = Failed, true
-			it.Error = joinReasons("whether the id is free could not be checked before the create (GET "+req.Path+")", run.movedHint(i, req, resp))
+			it.Error = joinReasons("whether the id is free could not be checked before the create (GET "+req.Path+")", run.warning.note(run.state[i].tgt.movedHint(req, resp)))
 		}
 	})
 	return false

@@ -1,10 +1,8 @@
 package batch
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"strings"
 
 	"github.com/caddy-batch/caddy-batch/internal/jsonvalue"
@@ -104,46 +102,6 @@ func rebuild(v any, leaf func(any) (any, error)) (out any, err error) {
 type filling struct {
 	plan  *Plan
 	ended []ItemResult // the run's items
-}
-
-// fill makes of operation i what the operations it references did: ids
-// and members in its url and body, which give its target, its item's id
-// and the body it sends. They go into the run's state (itemState, the
-// item's ItemResult), never into the plan. It settles the item as failed
-// (400, nothing sent) when a reference cannot be filled, and reports
-// whether it could. Everything it references has succeeded: it runs only
-// then, on the operation's own goroutine.
-func (run *batchRun) fill(ctx context.Context, i int) bool {
-	planned := &run.plan.Items[i]
-	eo := planned.operation
-	t, id, body := planned.tgt, planned.ID, planned.Body
-	f := filling{plan: run.plan, ended: run.items}
-	var err error
-	if len(eo.refs) > 0 {
-		t, id, err = f.url(eo)
-	}
-	if err == nil && eo.body != nil {
-		var v any
-		if v, err = f.body(eo.body); err == nil {
-			body, _ = json.Marshal(v) // decoded JSON always encodes
-		}
-	}
-	if err == nil {
-		id, err = elementID(t, body, id)
-	}
-	if err != nil {
-		run.fail(ctx, i, http.StatusBadRequest, fmt.Sprintf("operation %q could not be filled in: %v", eo.id, err), nil)
-		return false
-	}
-	run.mu.Lock()
-	st := &run.state[i]
-	st.tgt, st.body = t, body
-	if t.kind == policy.OpCreate {
-		st.elementID = id
-	}
-	run.items[i].ID, run.items[i].URL = id, eo.sentURL(t, id)
-	run.mu.Unlock()
-	return true
 }
 
 // url fills the references of the operation's url: it returns its

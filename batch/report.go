@@ -22,12 +22,12 @@ func (run *batchRun) report(clientCtx, batchCtx context.Context) *Result {
 		Compensations:     run.sentUndos,
 		PreferenceApplied: p.PreferenceApplied,
 		RetryAfter:        retryAfter(run.items, time.Now()),
-		Warning:           run.warning,
+		Warning:           run.warning.text,
 		ListRequests:      run.lists.requests,
 		ListFallbacks:     run.lists.fallbacks,
 		ListFailures:      run.lists.failures,
 	}
-	firstFailure, rolledBack := run.tally(r)
+	firstFailure, rolledBack := tally(r, run.items, run.state, run.allOrNothing)
 	cause := run.cause(firstFailure, clientCtx, batchCtx)
 	if firstFailure >= 0 && run.state[firstFailure].byGateway && r.RetryAfter == "" {
 		r.RetryAfter = gatewayRetryAfter
@@ -46,7 +46,7 @@ func (run *batchRun) report(clientCtx, batchCtx context.Context) *Result {
 		if p.Op == policy.OpCreate {
 			r.Status = http.StatusCreated
 		}
-	case !run.allOrNothing():
+	case !run.allOrNothing:
 		r.Outcome, r.Status = Partial, http.StatusMultiStatus
 		if r.Succeeded == 0 {
 			r.Outcome = Failed
@@ -68,20 +68,20 @@ func (run *batchRun) report(clientCtx, batchCtx context.Context) *Result {
 	return r
 }
 
-// tally counts the items' outcomes into r, with what the operator must
+// tally counts the outcomes of items (whose states are state) into r, with what the operator must
 // know of them (errors, items left as the batch made them, their
 // pre-images), and returns the first failed item (-1 when none failed)
 // and how many items were rolled back.
-func (run *batchRun) tally(r *Result) (firstFailure, rolledBack int) {
+func tally(r *Result, items []ItemResult, state []itemState, allOrNothing bool) (firstFailure, rolledBack int) {
 	firstFailure = -1
-	for i, it := range run.items {
+	for i, it := range items {
 		switch it.Outcome {
 		case Succeeded:
 			r.Succeeded++
 		case RolledBack:
 			rolledBack++
 		case RollbackFailed, Unknown:
-			if run.allOrNothing() {
+			if allOrNothing {
 				r.LeftBehind = append(r.LeftBehind, it.describeLeft())
 			}
 		}
@@ -91,10 +91,10 @@ func (run *batchRun) tally(r *Result) (firstFailure, rolledBack int) {
 		if c := it.Compensation; c != nil && c.cause != nil {
 			r.Errors = append(r.Errors, fmt.Sprintf("undoing %s: %v", it.describe(), c.cause))
 		}
-		if it.Outcome == RollbackFailed && run.state[i].preimage != nil {
-			r.Preimages = append(r.Preimages, Preimage{Item: it.describe(), Body: run.state[i].preimage})
+		if it.Outcome == RollbackFailed && state[i].preimage != nil {
+			r.Preimages = append(r.Preimages, Preimage{Item: it.describe(), Body: state[i].preimage})
 		}
-		if run.state[i].failure {
+		if state[i].failure {
 			r.Failed++
 			if firstFailure < 0 {
 				firstFailure = i

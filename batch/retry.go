@@ -30,40 +30,6 @@ func Retry(ctx context.Context, snap *Snapshot, prev []ItemResult, lookup func(p
 	})
 }
 
-// reopen makes item i, if it was left behind, one to undo again: its
-// undo computed under the current settings, or, where none could be
-// computed because what its write did was never learned, its outcome
-// unknown again, to be learned by a new read. An item still to undo
-// gets its undo under the current settings, unless it may have been
-// sent already (PhaseUndoing: the recorded one is what is proved).
-func (run *batchRun) reopen(i int) {
-	it, st := &run.items[i], &run.state[i]
-	if !st.applied {
-		return
-	}
-	if !run.undone(i) && st.undo != nil && st.phase != PhaseUndoing {
-		st.undo = st.undoAgain(it.ID)
-		return
-	}
-	if it.Outcome != RollbackFailed {
-		return
-	}
-	if c := it.Compensation; c != nil && c.CreatedID != "" {
-		return
-	}
-	switch {
-	case st.undo != nil:
-		st.undo = st.undoAgain(it.ID)
-		it.Outcome = Succeeded
-	case it.ID != "":
-		st.noUndo = ""
-		it.Outcome = Unknown
-	default:
-		return // nothing names what the write made: nothing to try
-	}
-	it.Compensation, st.resumed = nil, false
-}
-
 // undoAgain is item i's undo under the current settings (restore_deleted,
 // restore_updated), proved as the first one was: what the batch's write
 // left there has not changed since.

@@ -3,16 +3,21 @@
 // the answers in request order and, for an all-or-nothing write batch
 // that fails, undoes what already happened. It knows nothing of Caddy.
 //
-// An all-or-nothing write batch runs as a saga, one file per step:
-// validate (parse.go), lock (lock.go), preflight (preflight.go), execute
-// (execute.go), compensate (compensate.go) and report (report.go). Every
-// change of an item's state goes through saga.transition
-// (transition.go), which is where a Journal sees it.
+// Admission (parse.go, operations.go) makes a Plan of a request; a
+// batchRun runs it, top to bottom in run.go, one file per step: lock
+// (lock.go), preflight (preflight.go), execute (execute.go), compensate
+// (compensate.go) and report (report.go). A saga is an all-or-nothing
+// write batch; any other batch only executes and reports. Every change of an
+// item's state goes through batchRun.transition (run.go), which is where
+// a Journal sees it. What one item knows and decides alone (its request,
+// its proof, its undo) are methods of its itemState and target; the
+// sending of every sub-request is the run's sender (sending.go).
 package batch
 
 import (
 	"context"
 	"encoding/json"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -66,30 +71,20 @@ func Run(ctx context.Context, p *Plan, rt Runtime) *Result {
 	return newBatchRun(p, rt, compensationBackoff).do(ctx)
 }
 
-// compensationBackoff is the wait before a compensation's next attempt.
-func compensationBackoff(attempt int) time.Duration {
-	return min(100*time.Millisecond<<(attempt-1), 2*time.Second)
-}
-
-// CompensationBudget is the most one item's compensation may take under
-// s: every attempt its compensation_timeout, and the backoffs between
-// them.
-func CompensationBudget(s policy.Settings) time.Duration {
-	d := time.Duration(s.CompensationRetries+1) * s.CompensationTimeout
-	for attempt := 1; attempt <= s.CompensationRetries; attempt++ {
-		d += compensationBackoff(attempt)
-	}
-	return d
-}
-
+// batchRun is one run of a planned batch or envelope: every item's
+// state as it runs, the locks it holds, and what its answer will say.
+// The steps are its methods, one file each (the package's comment).
 type batchRun struct {
 	plan *Plan
 	// batchSettings are the batch's own (Plan.settings); each item's
-	// requests follow settings(i).
+	// requests follow its target's settings.
 	batchSettings policy.Settings
-	rt            Runtime // its Journal and Locks; sender sends
-	sender        *sender
-	backoff       func(attempt int) time.Duration
+	// allOrNothing is the batch's atomicity; saga says it runs as a
+	// saga (Plan.Saga).
+	allOrNothing, saga bool
+	rt                 Runtime // its Journal and Locks; sender sends
+	sender             *sender
+	backoff            func(attempt int) time.Duration
 
 	// mu guards the items' state: items run on their own goroutines.
 	mu      sync.Mutex
@@ -109,19 +104,16 @@ type batchRun struct {
 
 	lists *listReads // the reads through the list filter, and what they did
 
-	// warning is what the operator should fix in the configuration,
-	// found while the batch ran (movedHint); set once.
-	warnOnce sync.Once
-	warning  string
+	warning firstWarning
 
-	// lost is the saga's lease's loss, once a fence found it (lost.go);
-	// selfUndo is set while such a saga undoes its own recent writes,
-	// which no fence holds back.
-	lost     *LeaseLost
+	// lease is what the run learnt of its saga's lease (leaseWatch);
+	// selfUndo is set while a saga that lost it undoes its own recent
+	// writes, which no fence holds back.
+	lease    leaseWatch
 	selfUndo atomic.Bool
 }
 
-// itemState is what the saga knows of an item beyond what the client is
+// itemState is what the run knows of an item beyond what the client is
 // told. The Plan stays as it was admitted: what a run learns lives here
 // and in the item's ItemResult, each item's written by the goroutine that
 // runs it (under mu) and read by another only once that one ended, as an
@@ -177,6 +169,8 @@ func newBatchRun(p *Plan, rt Runtime, backoff func(int) time.Duration) *batchRun
 		rt:            rt,
 		sender:        newSender(rt, p.settings.BatchTimeout),
 		backoff:       backoff,
+		allOrNothing:  p.Atomicity == policy.AllOrNothing,
+		saga:          p.Saga(),
 		answer:        &answerBudget{max: p.settings.MaxResponseSize},
 		items:         make([]ItemResult, len(p.Items)),
 		state:         make([]itemState, len(p.Items)),
@@ -208,23 +202,13 @@ func admittedState(it Item) itemState {
 	return st
 }
 
-func (run *batchRun) allOrNothing() bool { return run.plan.Atomicity == policy.AllOrNothing }
-
-// isSaga reports whether the batch runs as a saga (Plan.Saga).
-func (run *batchRun) isSaga() bool { return run.plan.Saga() }
-
-// Saga reports whether the plan runs as a saga: it writes (Writes), and
-// what it did is undone if it fails. Only a saga takes item locks for
-// its writes and keeps a journal.
-func (p *Plan) Saga() bool { return p.Atomicity == policy.AllOrNothing && p.Writes() }
-
-// run is the saga, top to bottom. The batch's deadline stops new starts
+// do is the run, top to bottom. The batch's deadline stops new starts
 // (preflight reads and items); writes already sent run to their own
 // item_timeout, and compensations have theirs.
 func (run *batchRun) do(ctx context.Context) *Result {
 	batchCtx, cancel := context.WithTimeout(ctx, run.batchSettings.BatchTimeout)
 	defer cancel()
-	if !run.isSaga() {
+	if !run.saga {
 		run.execute(ctx, batchCtx)
 		return run.report(ctx, batchCtx)
 	}
@@ -233,14 +217,16 @@ func (run *batchRun) do(ctx context.Context) *Result {
 	}
 	defer run.locks.release()
 	if err := run.rt.Journal.Begin(ctx, run.plan); err != nil {
-		run.journalFailed(err)
+		// Nothing was written, and nothing may be.
+		run.refusal = &refusal{status: http.StatusServiceUnavailable, cause: err,
+			detail: "the saga's journal could not be written, so the batch was not started; nothing was changed"}
 		return run.report(ctx, batchCtx)
 	}
 	ran := run.preflight(batchCtx)
 	if ran {
 		run.execute(ctx, batchCtx)
 	}
-	return run.end(ctx, batchCtx, ran && !run.allSucceeded())
+	return run.end(ctx, batchCtx, ran && !allSucceeded(run.items))
 }
 
 // end is how a saga ends, run or resumed: it undoes what took effect if it
@@ -249,11 +235,11 @@ func (run *batchRun) do(ctx context.Context) *Result {
 // A saga whose lease is lost, or found lost once it is over, ends as
 // endLost says: its client hears only what it saw happen.
 func (run *batchRun) end(ctx, batchCtx context.Context, undo bool) *Result {
-	if undo && run.lostLease() == nil {
+	if undo && run.lease.loss() == nil {
 		run.compensate(context.WithoutCancel(ctx))
 	}
 	run.checkLease(ctx)
-	if lost := run.lostLease(); lost != nil {
+	if lost := run.lease.loss(); lost != nil {
 		res := run.endLost(ctx, batchCtx, lost)
 		run.rt.Journal.End(context.WithoutCancel(ctx), res)
 		return res
@@ -262,6 +248,123 @@ func (run *batchRun) end(ctx, batchCtx context.Context, undo bool) *Result {
 	run.rt.Journal.End(context.WithoutCancel(ctx), res)
 	return res
 }
+
+// checkLease is the last look at the lease before a saga that did not
+// lose it answers: an answer says what happened only while no other
+// instance may be acting on the saga. It waits at most the batch's
+// timeout for a lease that is unproven.
+func (run *batchRun) checkLease(ctx context.Context) {
+	if !run.saga || run.lease.loss() != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), run.batchSettings.BatchTimeout)
+	defer cancel()
+	if err := run.rt.Journal.Fence(ctx); err != nil && !run.lease.saw(err) {
+		run.lease.saw(&LeaseLost{Why: err.Error()})
+	}
+}
+
+// endLost ends a saga that lost its lease, as the comment above says. A
+// saga whose journal the storage forgot, and that no other instance
+// took over (orphaned), is this saga's alone to finish: it keeps what it
+// may have changed first, as a journal would, undoes all of it, and
+// keeps what is left (or forgets the kept copy, if nothing is).
+func (run *batchRun) endLost(ctx, batchCtx context.Context, lost *LeaseLost) *Result {
+	detached := context.WithoutCancel(ctx)
+	lk, _ := run.rt.Journal.(LostKeeper)
+	var end lostEnd
+	since := lost.Proven
+	if lk != nil {
+		look, cancel := context.WithCancel(ctx)
+		cancel() // one look, now
+		_, _, _, end.orphaned = lk.AwaitEnd(look)
+	}
+	if end.orphaned {
+		since = time.Time{}
+		end.kept = keepLost(detached, lk, "", run.snapshot(), written(run.items, run.state), orphanedResult(run.plan, run.items))
+	}
+	run.undoOwnSince(detached, since)
+	res := run.report(ctx, batchCtx)
+	res.LeaseLost = true
+	if lk == nil {
+		answerLost(res, lost, end)
+		return res
+	}
+	res.Saga = lk.Saga()
+	if !end.orphaned {
+		waitCtx, cancel := context.WithCancel(batchCtx)
+		defer cancel()
+		end.ended, end.outcome, end.left, end.orphaned = lk.AwaitEnd(waitCtx)
+	}
+	end.own = ownLeftBehind(run.items, end.orphaned)
+	if len(end.own) > 0 || end.kept != "" {
+		end.kept = keepLost(detached, lk, end.kept, run.snapshot(), end.own, res)
+	}
+	res.Kept = end.kept
+	answerLost(res, lost, end)
+	return res
+}
+
+// transition is the one place where an item's state changes: change
+// (which may be nil) runs under the saga's lock, and a saga's journal
+// then records the result. The error is the journal's: for PhaseSending
+// it means the write must not be sent.
+func (run *batchRun) transition(ctx context.Context, i int, phase Phase, req *SubRequest, change func(it *ItemResult, st *itemState)) error {
+	run.mu.Lock()
+	it, st := &run.items[i], &run.state[i]
+	if change != nil {
+		change(it, st)
+	}
+	if !run.saga {
+		run.mu.Unlock()
+		return nil
+	}
+	st.phase = phase
+	t := Transition{Index: i, Phase: phase, Request: req, Item: snapshotItem(it, st, &run.plan.Items[i])}
+	run.mu.Unlock()
+	// Outside the lock, so that a journal can store the records of
+	// several items in one write; an item's own transitions come from
+	// one goroutine, in order.
+	return run.rt.Journal.Record(ctx, t)
+}
+
+// snapshot is the saga as it stands, for a journal to keep.
+func (run *batchRun) snapshot() *Snapshot {
+	snap := run.plan.Snapshot()
+	run.mu.Lock()
+	defer run.mu.Unlock()
+	for i := range snap.Items {
+		snap.Items[i] = snapshotItem(&run.items[i], &run.state[i], &run.plan.Items[i])
+	}
+	return snap
+}
+
+// compensationBackoff is the wait before a compensation's next attempt.
+func compensationBackoff(attempt int) time.Duration {
+	return min(100*time.Millisecond<<(attempt-1), 2*time.Second)
+}
+
+// CompensationBudget is the most one item's compensation may take under
+// s: every attempt its compensation_timeout, and the backoffs between
+// them.
+func CompensationBudget(s policy.Settings) time.Duration {
+	return compensationBudget(&s, compensationBackoff)
+}
+
+// compensationBudget is CompensationBudget with backoff between the
+// attempts. Reads that prove or resolve an undo share it.
+func compensationBudget(s *policy.Settings, backoff func(attempt int) time.Duration) time.Duration {
+	d := time.Duration(s.CompensationRetries+1) * s.CompensationTimeout
+	for attempt := 1; attempt <= s.CompensationRetries; attempt++ {
+		d += backoff(attempt)
+	}
+	return d
+}
+
+// Saga reports whether the plan runs as a saga: it writes (Writes), and
+// what it did is undone if it fails. Only a saga takes item locks for
+// its writes and keeps a journal.
+func (p *Plan) Saga() bool { return p.Atomicity == policy.AllOrNothing && p.Writes() }
 
 // envelope reports whether the plan is an envelope's.
 func (p *Plan) envelope() bool { return p.Envelope != "" }
@@ -281,8 +384,8 @@ func (p *Plan) Writes() bool {
 	return false
 }
 
-func (run *batchRun) anyFailure() bool {
-	for _, st := range run.state {
+func anyFailure(state []itemState) bool {
+	for _, st := range state {
 		if st.failure {
 			return true
 		}
@@ -290,8 +393,8 @@ func (run *batchRun) anyFailure() bool {
 	return false
 }
 
-func (run *batchRun) allSucceeded() bool {
-	for _, it := range run.items {
+func allSucceeded(items []ItemResult) bool {
+	for _, it := range items {
 		if it.Outcome != Succeeded {
 			return false
 		}

@@ -174,7 +174,7 @@ func resume(ctx context.Context, snap *Snapshot, lookup func(path string) (polic
 		if id := run.items[i].ID; run.state[i].tgt.kind == policy.OpCreate && id != "" && run.state[i].applied {
 			run.lockCreated(ctx, i, id)
 		}
-		if run.state[i].applied && !run.undone(i) {
+		if run.state[i].applied && !run.items[i].undone() {
 			toUndo = true
 		}
 	}

@@ -19,7 +19,7 @@ type target struct {
 	// update that replaces the whole item.
 	method         string
 	match          policy.Match     // the collection
-	settings       *policy.Settings // the resource's: settings(i)
+	settings       *policy.Settings // the resource's
 	paths          policy.ItemPaths
 	collectionPath string
 	query          string

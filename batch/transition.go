@@ -89,36 +89,3 @@ type Transition struct {
 	// keeps, so that the saga can be finished from it (Resume).
 	Item ItemSnapshot
 }
-
-// transition is the one place where an item's state changes: change
-// (which may be nil) runs under the saga's lock, and a saga's journal
-// then records the result. The error is the journal's: for PhaseSending
-// it means the write must not be sent.
-func (run *batchRun) transition(ctx context.Context, i int, phase Phase, req *SubRequest, change func(it *ItemResult, st *itemState)) error {
-	run.mu.Lock()
-	it, st := &run.items[i], &run.state[i]
-	if change != nil {
-		change(it, st)
-	}
-	if !run.isSaga() {
-		run.mu.Unlock()
-		return nil
-	}
-	st.phase = phase
-	t := Transition{Index: i, Phase: phase, Request: req, Item: snapshotItem(it, st, &run.plan.Items[i])}
-	run.mu.Unlock()
-	// Outside the lock, so that a journal can store the records of
-	// several items in one write; an item's own transitions come from
-	// one goroutine, in order.
-	return run.rt.Journal.Record(ctx, t)
-}
-
-// journalFailed refuses a batch whose intent could not be recorded:
-// nothing was written, and nothing may be.
-func (run *batchRun) journalFailed(err error) {
-	run.refusal = &refusal{
-		status: 503,
-		detail: "the saga's journal could not be written, so the batch was not started; nothing was changed",
-		cause:  err,
-	}
-}

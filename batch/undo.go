@@ -53,7 +53,7 @@ type Proof struct {
 	GoneIsUndone bool
 }
 
-// undoAnswered computes the undo of item i's write from its answer, or
+// undoOf computes the undo of the item's write from its answer, or
 // says why there can be none. An answer that is the item (namesItem) is
 // the item as the write left it, whatever the legacy API normalised or
 // ignored; only an answer that is not falls back to what was sent. A
@@ -185,7 +185,7 @@ func restorePatch(preimage json.RawMessage, fields []string) []byte {
 	return b
 }
 
-// proves tells whether a read of item i (resp) proves what proof asks,
+// proves tells whether a read of the item (resp) proves what proof asks,
 // the members the legacy API stamps left out of every comparison. It
 // returns "" when it does, else why not.
 func (st *itemState) proves(proof *Proof, resp *SubResponse) string {
