@@ -24,10 +24,6 @@ import (
 // handlers: a config reload starts the new one before it stops the old.
 var operated atomic.Pointer[App]
 
-// Running is the batch app of the running config, nil when it has no
-// batch handler.
-func Running() *App { return operated.Load() }
-
 // Journals are the saga journals in the config's storage.
 func (a *App) Journals() *durable.Journals { return a.journals }
 

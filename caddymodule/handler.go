@@ -41,10 +41,11 @@ func init() {
 // Placeholders, set on every batch request (refused ones included) for
 // access logs:
 //
-//	{http.batch.op}       get, create, update or delete
+//	{http.batch.op}       get, create, update, delete, or envelope
 //	{http.batch.items}    the number of items (0 for a refused batch)
 //	{http.batch.outcome}  succeeded, partial, failed, rolled_back,
-//	                      rollback_failed, or rejected
+//	                      rollback_failed, rejected, or replayed (an
+//	                      answer replayed for an Idempotency-Key)
 //
 // The gateway's own answers (OPTIONS, 405, 501, the batch answer and its
 // problems) are written by the handler, not returned as errors, so they
@@ -57,7 +58,7 @@ type Handler struct {
 
 	// The resources of the legacy API: each a collection path with the
 	// methods it and its items support. Requests to other paths pass
-	// through untouched. Required.
+	// through untouched. Required, unless openapi declares them.
 	Resources []Resource `json:"resources,omitempty"`
 
 	// The path of the handler's envelope: a POST there carries
