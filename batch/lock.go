@@ -18,7 +18,7 @@ import (
 // batchCtx is done. It reports whether the batch may go on; if not, it
 // holds no lock and the batch is refused as RefuseLock says.
 func (run *batchRun) lock(clientCtx, batchCtx context.Context) bool {
-	run.locks = &heldLocks{keys: map[string]func(){}}
+	run.locks = newHeldLocks()
 	if run.rt.Locks == nil {
 		return true
 	}
@@ -29,15 +29,15 @@ func (run *batchRun) lock(clientCtx, batchCtx context.Context) bool {
 		}
 	}
 	slices.Sort(keys)
-	for _, key := range slices.Compact(keys) {
-		unlock, err := run.rt.Locks.Lock(batchCtx, key)
-		if err != nil {
-			run.locks.release()
-			ref := RefuseLock(key, err, LockWait{Client: clientCtx, Batch: batchCtx, BatchTimeout: run.batchSettings.BatchTimeout})
-			run.refusal = &refusal{status: ref.Status, detail: ref.Detail, retryAfter: ref.RetryAfter, cause: err}
-			return false
-		}
-		run.locks.add(key, unlock)
+	keys = slices.Compact(keys)
+	unlocks, failed, err := itemlock.LockAll(batchCtx, run.rt.Locks, keys)
+	if err != nil {
+		ref := RefuseLock(keys[failed], err, LockWait{Client: clientCtx, Batch: batchCtx, BatchTimeout: run.batchSettings.BatchTimeout})
+		run.refusal = &refusal{status: ref.Status, detail: ref.Detail, retryAfter: ref.RetryAfter, cause: err}
+		return false
+	}
+	for i, key := range keys {
+		run.locks.add(key, unlocks[i])
 	}
 	return true
 }
@@ -47,17 +47,23 @@ func (run *batchRun) lock(clientCtx, batchCtx context.Context) bool {
 // saga ends. Created items are locked out of key order, so the wait is
 // short: a writer that holds a newly created id holds nothing else the
 // saga waits for, and if the lock cannot be had the undo's proof still
-// guards the item.
+// guards the item. The lock is taken in the background: the worker goes
+// on with its next write rather than wait a storage round trip
+// (docs/durability.md, "Round trips per batch"); the saga's undos and
+// its release wait for it.
 func (run *batchRun) lockCreated(ctx context.Context, i int, id string) {
 	key := run.state[i].tgt.paths.Key(id)
 	if run.rt.Locks == nil || run.locks.has(key) {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, run.state[i].tgt.settings.ItemTimeout)
-	defer cancel()
-	if unlock, err := run.rt.Locks.Lock(ctx, key); err == nil {
-		run.locks.add(key, unlock)
-	}
+	timeout := run.state[i].tgt.settings.ItemTimeout
+	run.locks.later(func() {
+		ctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		if unlock, err := run.rt.Locks.Lock(ctx, key); err == nil {
+			run.locks.add(key, unlock)
+		}
+	})
 }
 
 // lockLate locks an item whose id an envelope learned only as it ran, out
@@ -65,7 +71,7 @@ func (run *batchRun) lockCreated(ctx context.Context, i int, id string) {
 // it cannot lock fails the operation as RefuseLock says, nothing sent.
 func (run *batchRun) lockLate(clientCtx, batchCtx context.Context, i int) bool {
 	key := run.state[i].tgt.paths.Key(run.items[i].ID)
-	if run.rt.Locks == nil || run.locks.has(key) {
+	if run.rt.Locks == nil || run.locks.holds(key) {
 		return true
 	}
 	unlock, ok := run.lockOne(clientCtx, batchCtx, i, run.items[i].ID)
@@ -112,11 +118,30 @@ type heldLocks struct {
 	mu    sync.Mutex
 	keys  map[string]func()
 	order []string // in the order they were taken
+	// taking counts the locks of created items still being taken; done
+	// is signalled as each is.
+	taking int
+	done   *sync.Cond
+}
+
+func newHeldLocks() *heldLocks {
+	h := &heldLocks{keys: map[string]func(){}}
+	h.done = sync.NewCond(&h.mu)
+	return h
 }
 
 func (h *heldLocks) has(key string) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	return h.keys[key] != nil
+}
+
+// holds is has, once the locks of created items being taken are had: an
+// item the batch created may be the one a later operation writes.
+func (h *heldLocks) holds(key string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.settle()
 	return h.keys[key] != nil
 }
 
@@ -127,9 +152,33 @@ func (h *heldLocks) add(key string, unlock func()) {
 	h.order = append(h.order, key)
 }
 
-// drop lets key's lock go, if it is held, for it to be taken afresh.
+// later takes a lock in the background (take adds it once had).
+func (h *heldLocks) later(take func()) {
+	h.mu.Lock()
+	h.taking++
+	h.mu.Unlock()
+	go func() {
+		take()
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		h.taking--
+		h.done.Broadcast()
+	}()
+}
+
+// settle waits for the locks being taken; h.mu is held.
+func (h *heldLocks) settle() {
+	for h.taking > 0 {
+		h.done.Wait()
+	}
+}
+
+// drop lets key's lock go, if it is held, for it to be taken afresh;
+// a lock still being taken is waited for first, so that it is not
+// taken behind the caller's back.
 func (h *heldLocks) drop(key string) {
 	h.mu.Lock()
+	h.settle()
 	unlock := h.keys[key]
 	delete(h.keys, key)
 	h.mu.Unlock()
@@ -138,20 +187,24 @@ func (h *heldLocks) drop(key string) {
 	}
 }
 
-// release lets every lock go, last taken first.
+// release lets every lock go, together: a storage lock's release is a
+// round trip, and the order of releases cannot make anyone deadlock.
 func (h *heldLocks) release() {
 	if h == nil {
 		return
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for _, key := range slices.Backward(h.order) {
+	h.settle()
+	unlocks := make([]func(), 0, len(h.keys))
+	for _, key := range h.order {
 		if unlock := h.keys[key]; unlock != nil {
-			unlock()
+			unlocks = append(unlocks, unlock)
 			delete(h.keys, key)
 		}
 	}
 	h.order = nil
+	itemlock.Release(unlocks)
 }
 
 // refusal is why a batch did not start: nothing was sent.

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/batchapp"
 	"github.com/caddy-batch/caddy-batch/durable"
 	"github.com/caddy-batch/caddy-batch/internal/itemlock"
 	"github.com/caddy-batch/caddy-batch/internal/problem"
@@ -36,7 +37,7 @@ func (h *Handler) provisionLocks(storage certmagic.Storage) error {
 		if storage == nil {
 			return errors.New("item_locks storage needs Caddy's storage, and this context has none")
 		}
-		h.storageLocks = durable.NewItemLocks(h.locks, storage, func(name string, err error) { unlockFailed(h.logger, name)(err) })
+		h.storageLocks = durable.NewItemLocks(h.locks, batchapp.DurableStorage(storage), func(name string, err error) { unlockFailed(h.logger, name)(err) })
 	}
 	return nil
 }

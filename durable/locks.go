@@ -40,13 +40,19 @@ func Lock(ctx context.Context, s Locker, name string, poll time.Duration, unlock
 	if err != nil {
 		return nil, err
 	}
+	return unlocker(s, name, unlockFailed), nil
+}
+
+// unlocker releases the storage lock name once, however often it is
+// called, without the context it was taken under.
+func unlocker(s Locker, name string, unlockFailed func(error)) func() {
 	return sync.OnceFunc(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), UnlockTimeout)
 		defer cancel()
 		if err := s.Unlock(ctx, name); err != nil && unlockFailed != nil {
 			unlockFailed(err)
 		}
-	}), nil
+	})
 }
 
 // tryLock calls TryLock until it succeeds, ctx is done, or, with poll
@@ -134,18 +140,10 @@ func (l *ItemLocks) Lock(ctx context.Context, key string) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
-	name := ItemLockName(key)
-	unlockStorage, err := Lock(ctx, l.storage, name, LockPoll, func(err error) {
-		if l.unlockFailed != nil {
-			l.unlockFailed(name, err)
-		}
-	})
+	unlockStorage, err := l.lockStorage(ctx, key)
 	if err != nil {
 		unlockLocal()
-		if errors.Is(err, itemlock.ErrLocked) {
-			return nil, fmt.Errorf("%w: %s (in storage: %w)", itemlock.ErrLocked, key, context.Cause(ctx))
-		}
-		return nil, fmt.Errorf("locking %s in storage: %w", key, err)
+		return nil, err
 	}
 	return sync.OnceFunc(func() {
 		unlockStorage()
@@ -153,5 +151,30 @@ func (l *ItemLocks) Lock(ctx context.Context, key string) (func(), error) {
 	}), nil
 }
 
+// lockStorage takes key's storage lock, waiting until ctx is done.
+func (l *ItemLocks) lockStorage(ctx context.Context, key string) (func(), error) {
+	unlock, err := Lock(ctx, l.storage, ItemLockName(key), LockPoll, l.failedFor(ItemLockName(key)))
+	if err != nil {
+		return nil, lockError(ctx, key, err)
+	}
+	return unlock, nil
+}
+
+// lockError says why key's storage lock could not be had.
+func lockError(ctx context.Context, key string, err error) error {
+	if errors.Is(err, itemlock.ErrLocked) {
+		return fmt.Errorf("%w: %s (in storage: %w)", itemlock.ErrLocked, key, context.Cause(ctx))
+	}
+	return fmt.Errorf("locking %s in storage: %w", key, err)
+}
+
+func (l *ItemLocks) failedFor(name string) func(error) {
+	return func(err error) {
+		if l.unlockFailed != nil {
+			l.unlockFailed(name, err)
+		}
+	}
+}
+
 // Interface guard
-var _ itemlock.Locker = (*ItemLocks)(nil)
+var _ itemlock.GroupLocker = (*ItemLocks)(nil)

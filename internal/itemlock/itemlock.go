@@ -71,3 +71,62 @@ func (l *Local) drop(key string, e *localLock) {
 		delete(l.held, key)
 	}
 }
+
+// GroupLocker is a Locker that can take the locks of several keys
+// together, in fewer round trips to where they live than one per key
+// (storage locks: docs/durability.md, "Round trips per batch").
+type GroupLocker interface {
+	Locker
+	// LockAll takes the lock of every key (sorted, no key twice),
+	// waiting until ctx is done, in an order that cannot deadlock with
+	// another LockAll or Lock: all or none, and otherwise one at a time
+	// in the keys' order. It returns each key's unlock, in keys' order;
+	// on an error it holds none, and failed is the index of the key
+	// whose lock could not be had.
+	LockAll(ctx context.Context, keys []string) (unlocks []func(), failed int, err error)
+}
+
+// LockAll takes the locks of keys (sorted, no key twice) from l: in one
+// go where l is a GroupLocker, else one at a time in the keys' order, so
+// that two callers that share keys never wait for each other in a
+// cycle. It returns what GroupLocker.LockAll does.
+func LockAll(ctx context.Context, l Locker, keys []string) ([]func(), int, error) {
+	if gl, ok := l.(GroupLocker); ok {
+		return gl.LockAll(ctx, keys)
+	}
+	unlocks := make([]func(), 0, len(keys))
+	for i, key := range keys {
+		unlock, err := l.Lock(ctx, key)
+		if err != nil {
+			Release(unlocks)
+			return nil, i, err
+		}
+		unlocks = append(unlocks, unlock)
+	}
+	return unlocks, -1, nil
+}
+
+// releaseWidth bounds the unlocks Release runs at once.
+const releaseWidth = 16
+
+// Release calls every unlock, several at once (a storage lock's unlock
+// is a round trip; a batch's locks go in a few, not one per item), and
+// returns once all are done.
+func Release(unlocks []func()) {
+	if len(unlocks) <= 1 {
+		for _, u := range unlocks {
+			u()
+		}
+		return
+	}
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, releaseWidth)
+	for _, u := range unlocks {
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			u()
+		})
+	}
+	wg.Wait()
+}

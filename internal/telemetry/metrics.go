@@ -243,6 +243,26 @@ func (l observedLocks) Lock(ctx context.Context, key string) (func(), error) {
 	return unlock, err
 }
 
+// LockAll takes a batch's locks together (itemlock.LockAll); the wait
+// is observed once per key, so that lock_wait_seconds counts items
+// whether their locks were taken one at a time or together.
+func (l observedLocks) LockAll(ctx context.Context, keys []string) ([]func(), int, error) {
+	start := time.Now()
+	unlocks, failed, err := itemlock.LockAll(ctx, l.Locker, keys)
+	waited := time.Since(start).Seconds()
+	n := len(keys)
+	if err != nil {
+		n = failed + 1
+	}
+	for range n {
+		Metrics.lockWait.WithLabelValues(l.labels...).Observe(waited)
+	}
+	if err != nil && errors.Is(err, itemlock.ErrLocked) && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		Metrics.lockConflicts.WithLabelValues(l.labels...).Inc()
+	}
+	return unlocks, failed, err
+}
+
 // SlotCounter is what the gauges of sub-requests in flight and waiting
 // read from a handler's max_in_flight slots (slots.FIFO).
 type SlotCounter interface {

@@ -1,0 +1,135 @@
+package durable
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/caddy-batch/caddy-batch/internal/itemlock"
+)
+
+// A batch's item locks taken together (docs/durability.md, "Round trips
+// per batch"): every storage lock at once, all or none, so that the
+// batch waits for one round trip to the storage rather than one per
+// item; only when another writer holds one of them, one at a time in the
+// keys' order, as a single Lock would.
+
+// lockWidth bounds the storage lock calls one LockAll has in flight.
+const lockWidth = 16
+
+// allOrNoneWait bounds each lock of the all-or-none try on a storage
+// that cannot try a lock without waiting for it (the Redis module's
+// Lock, which looks again only every second): a lock not had by then
+// counts as held, and the batch goes on one lock at a time.
+const allOrNoneWait = 100 * time.Millisecond
+
+// LockAll takes the locks of keys (sorted, no key twice), here and in
+// the storage (itemlock.GroupLocker). The local locks come first, in
+// order, so that the process never holds storage locks while it waits
+// in its own queue; then every storage lock at once, all or none; and
+// if another writer held one, one at a time in order from the first,
+// waiting until ctx is done. Holding only a prefix of its ordered keys
+// while it waits, a batch never deadlocks with another.
+func (l *ItemLocks) LockAll(ctx context.Context, keys []string) ([]func(), int, error) {
+	locals, failed, err := itemlock.LockAll(ctx, l.local, keys)
+	if err != nil {
+		return nil, failed, err
+	}
+	storage, failed, err := l.allOrNone(ctx, keys)
+	if err == nil && storage == nil {
+		storage, failed, err = l.inOrder(ctx, keys)
+	}
+	if err != nil {
+		itemlock.Release(locals)
+		return nil, failed, err
+	}
+	unlocks := make([]func(), len(keys))
+	for i := range keys {
+		unlocks[i] = sync.OnceFunc(func() {
+			storage[i]()
+			locals[i]()
+		})
+	}
+	return unlocks, -1, nil
+}
+
+// allOrNone tries every key's storage lock at once. It returns their
+// unlocks when it had them all, none and no error when another writer
+// held one (what it took is let go), and the first key's error when the
+// storage failed.
+func (l *ItemLocks) allOrNone(ctx context.Context, keys []string) ([]func(), int, error) {
+	unlocks := make([]func(), len(keys))
+	errs := make([]error, len(keys))
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, lockWidth)
+	for i, key := range keys {
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			unlocks[i], errs[i] = l.tryStorage(ctx, key)
+		})
+	}
+	wg.Wait()
+	held := false
+	for i, err := range errs {
+		switch {
+		case err == nil:
+		case errors.Is(err, itemlock.ErrLocked):
+			held = true
+		default:
+			releaseTaken(unlocks)
+			return nil, i, lockError(ctx, keys[i], err)
+		}
+	}
+	if held {
+		releaseTaken(unlocks)
+		return nil, -1, nil
+	}
+	return unlocks, -1, nil
+}
+
+// tryStorage takes key's storage lock if it is free: at once where the
+// storage can try, else waiting at most allOrNoneWait. The error wraps
+// itemlock.ErrLocked when the lock was not had.
+func (l *ItemLocks) tryStorage(ctx context.Context, key string) (func(), error) {
+	name := ItemLockName(key)
+	if tl, ok := l.storage.(TryLocker); ok {
+		if err := tryLock(ctx, l.storage, tl, name, 0); err != nil {
+			return nil, err
+		}
+		return unlocker(l.storage, name, l.failedFor(name)), nil
+	}
+	short, cancel := context.WithTimeout(ctx, allOrNoneWait)
+	defer cancel()
+	if err := lockUntil(short, l.storage, name); err != nil {
+		return nil, err
+	}
+	return unlocker(l.storage, name, l.failedFor(name)), nil
+}
+
+// inOrder takes the storage locks one at a time in the keys' order, each
+// waiting until ctx is done; on an error it lets go of what it took.
+func (l *ItemLocks) inOrder(ctx context.Context, keys []string) ([]func(), int, error) {
+	unlocks := make([]func(), 0, len(keys))
+	for i, key := range keys {
+		unlock, err := l.lockStorage(ctx, key)
+		if err != nil {
+			itemlock.Release(unlocks)
+			return nil, i, err
+		}
+		unlocks = append(unlocks, unlock)
+	}
+	return unlocks, -1, nil
+}
+
+// releaseTaken lets go of the locks an all-or-none try took.
+func releaseTaken(unlocks []func()) {
+	var taken []func()
+	for _, u := range unlocks {
+		if u != nil {
+			taken = append(taken, u)
+		}
+	}
+	itemlock.Release(taken)
+}
