@@ -246,17 +246,19 @@ type Journal struct {
 	epoch int
 
 	mu sync.Mutex
-	// committed is signalled when a store of the records ends: writes of
-	// several items that want their records stored together wait for one
-	// store (group commit).
-	committed      *sync.Cond
-	flushing       bool
-	started, ended uint64           // stores begun and ended, counted
-	failed         map[uint64]error // the stores that failed, by number
-	intent         *intent          // until it is stored, with the first segment
-	seq            int              // the next segment's number
-	items          []itemRecord
-	at             map[int]int // position in items, by item index
+	// committed is signalled when a store of the records ends, or one
+	// takes its records: writes of several items that want their
+	// records stored together wait for one store (group commit), and up
+	// to storesInFlight stores run at once (overlap).
+	committed *sync.Cond
+	stores    storeLog
+	intent    *intent // until it is stored, with the first segment
+	seq       int     // the next segment's number
+	items     []itemRecord
+	at        map[int]int // position in items, by item index
+	// lastIn is the store that took each item's latest record, so that
+	// a store that failed keeps again only what no later store took.
+	lastIn map[int]uint64
 	// stored is set once anything may be in storage (a store that failed
 	// may have written it all the same), and landed once a store
 	// returned without an error.
@@ -291,7 +293,8 @@ func (js *Journals) New(origin Origin) *Journal {
 func (j *Journal) Saga() string { return j.saga }
 
 func newJournalOf(j *Journal) *Journal {
-	j.at, j.failed = map[int]int{}, map[uint64]error{}
+	j.at, j.lastIn = map[int]int{}, map[int]uint64{}
+	j.stores.failed, j.stores.ended = map[uint64]error{}, map[uint64]bool{}
 	j.committed = sync.NewCond(&j.mu)
 	if j.lease == nil {
 		j.lease = newHolder(j.js.leases.Length)
@@ -324,6 +327,7 @@ func (j *Journal) Record(ctx context.Context, t batch.Transition) error {
 		j.at[t.Index] = len(j.items)
 		j.items = append(j.items, itemRecord{Index: t.Index, Item: t.Item})
 	}
+	j.stores.kept++
 	if (t.Phase == batch.PhaseSending || t.Phase == batch.PhaseUndoing) && j.lostErr() == nil {
 		return j.commit(ctx)
 	}
@@ -361,78 +365,64 @@ func (j *Journal) Also(h *Held) {
 // lostErr is the saga's lease's loss, if it is lost.
 func (j *Journal) lostErr() *batch.LeaseLost { return j.lease.lostErr() }
 
-// commit returns once every record kept so far is stored. The first
-// caller stores; callers that come while a store is in flight wait, and
-// the next store takes all their records at once: with concurrency 8,
-// eight writes about to be sent cost one storage write, not eight in a
-// row, and none is sent before its own record is stored. j.mu is held.
-func (j *Journal) commit(ctx context.Context) error {
-	want := j.started + 1 // the first store to begin after this record was kept
-	for j.ended < want {
-		if j.flushing {
-			j.committed.Wait()
-			continue
-		}
-		j.flushing = true
-		j.started++
-		n := j.started
-		if err := j.flush(ctx); err != nil {
-			j.failed[n] = err
-		}
-		j.ended, j.flushing = n, false
-		j.committed.Broadcast()
-	}
-	return j.failed[want]
-}
-
-// flush stores what is kept as the next segment. j.mu is held, and let
-// go while the storage works, so that records keep coming meanwhile.
-// The first segment, with the intent, proves the saga's lease from the
-// moment its store began.
-func (j *Journal) flush(ctx context.Context) error {
+// flush stores what is kept as segment seq (the intent's, 0, while it
+// is not stored). j.mu is held, and let go while the storage works, so
+// that records keep coming meanwhile. The first segment, with the
+// intent, proves the saga's lease from the moment its store began.
+func (j *Journal) flush(ctx context.Context, n uint64) error {
 	if lost := j.lostErr(); lost != nil {
 		// Another instance may be finishing this saga already, and must
 		// not find writes it was never told about.
 		return lost
 	}
-	at := now()
+	at, began := now(), time.Now()
 	in, items := j.intent, j.items
 	j.items = nil
 	clear(j.at)
-	if in != nil {
+	seq := 0
+	if in == nil {
+		// Numbered as the store starts: a store that fails leaves a gap,
+		// which recovery reads past.
+		seq = j.seq
+		j.seq++
+	} else {
 		in.Expires = at.Add(j.js.leases.Length)
 	}
-	b, err := json.Marshal(segment{Version: journalVersion, Seq: j.seq, Intent: in, Items: items})
+	for _, it := range items {
+		j.lastIn[it.Index] = n
+	}
+	b, err := json.Marshal(segment{Version: journalVersion, Seq: seq, Intent: in, Items: items})
 	if err != nil {
-		j.keepAgain(items)
+		j.keepAgain(items, n)
 		return fmt.Errorf("encoding the saga's journal: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StorageTimeout)
 	defer cancel()
 	j.stored = true
-	key := segmentKeyAt(j.saga, segmentName{j.epoch, j.seq})
+	key := segmentKeyAt(j.saga, segmentName{j.epoch, seq})
 	j.mu.Unlock()
 	err = j.js.storage.Store(ctx, key, b)
 	j.mu.Lock()
+	j.stores.took(time.Since(began))
 	if err != nil {
-		j.keepAgain(items)
+		j.keepAgain(items, n)
 		return fmt.Errorf("storing the saga's journal: %w", err)
 	}
-	j.seq++
 	j.landed = true
 	if in != nil {
-		j.intent = nil
+		j.intent, j.seq = nil, max(j.seq, 1)
 		j.lease.prove(at)
 		j.startRenewal()
 	}
 	return nil
 }
 
-// keepAgain keeps the records a failed store did not store, unless a
-// newer record of the same item came meanwhile.
-func (j *Journal) keepAgain(items []itemRecord) {
+// keepAgain keeps the records a failed store n did not store, unless a
+// newer record of the same item came meanwhile, kept or taken by a later
+// store: recovery must never lay an older state over a newer one.
+func (j *Journal) keepAgain(items []itemRecord, n uint64) {
 	for _, it := range items {
-		if _, newer := j.at[it.Index]; !newer {
+		if _, newer := j.at[it.Index]; !newer && j.lastIn[it.Index] == n {
 			j.at[it.Index] = len(j.items)
 			j.items = append(j.items, it)
 		}
@@ -446,6 +436,11 @@ func (j *Journal) keepAgain(items []itemRecord) {
 // journal is the new owner's.
 func (j *Journal) End(ctx context.Context, res *batch.Result) {
 	j.mu.Lock()
+	for j.stores.inFlight > 0 {
+		// Every write waits for its store, so none should be left; a
+		// removal must never race one.
+		j.committed.Wait()
+	}
 	stored, landed := j.stored, j.landed
 	j.mu.Unlock()
 	defer owned.done()
@@ -641,13 +636,13 @@ func (js *Journals) load(ctx context.Context, saga string) (*storedSaga, error) 
 	for i, sn := range segs {
 		key := segmentKeyAt(saga, sn)
 		b, err := js.storage.Load(ctx, key)
-		if errors.Is(err, fs.ErrNotExist) && sn.seq > 0 && i == len(segs)-1 {
-			// Segments are stored one at a time, each before what it
-			// records is sent: a last one listed with nothing under it
-			// is a store its writer died in (the Redis module lists a
-			// key before it sets it). Nothing it preceded was sent, so
-			// the journal ends before it.
-			break
+		if errors.Is(err, fs.ErrNotExist) && sn.seq > 0 && inFlightAtTheEnd(segs, i) {
+			// Up to storesInFlight stores run at once, each before what
+			// it records is sent: one of the last listed with nothing
+			// under it is a store its writer died in (the Redis module
+			// lists a key before it sets it). Nothing that waited for it
+			// was sent, so the journal is read without it.
+			continue
 		}
 		if err != nil {
 			return nil, err
@@ -658,6 +653,14 @@ func (js *Journals) load(ctx context.Context, saga string) (*storedSaga, error) 
 		st.next = max(st.next, sn.seq+1)
 	}
 	return st, nil
+}
+
+// inFlightAtTheEnd says whether segs[i] is among the last
+// storesInFlight of the newest epoch: a store that may have been running
+// when its writer died.
+func inFlightAtTheEnd(segs []segmentName, i int) bool {
+	last := segs[len(segs)-1]
+	return segs[i].epoch == last.epoch && i >= len(segs)-storesInFlight
 }
 
 // add lays segment sn, stored under key as b, over what st holds.

@@ -282,7 +282,7 @@ func (js *Journals) leftoverKeys(ctx context.Context, saga string) (keys []strin
 	if err != nil {
 		return nil, false, err
 	}
-	keys = removalOrder(saga, names)
+	keys = removalOrder(saga, names, mayBeUnlisted(saga))
 	if len(names) == 0 {
 		unlisted, err := js.unlistedSegments(ctx, saga)
 		if err != nil {

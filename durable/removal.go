@@ -2,25 +2,34 @@ package durable
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path"
 	"slices"
+	"sync"
 )
 
 // Removing a journal when its saga ends: key by key, under an end marker
 // (docs/durability.md, "Durability: the saga journal").
 
-// removeJournal deletes every key the saga wrote (removeKeys). A journal
-// none of whose stores landed goes without the end marker, which a
-// storage that refuses stores would refuse too: what may be there is a
-// segment or two the saga sent nothing after.
+// removeJournal deletes every key the saga wrote (removeKeys), and no
+// name it never wrote: a lease key it never renewed is not there to be
+// deleted (on the Redis module, a Delete is three commands whether the
+// key is there or not). A journal none of whose stores landed goes
+// without the end marker, which a storage that refuses stores would
+// refuse too: what may be there is a segment or two the saga sent
+// nothing after.
 func (j *Journal) removeJournal(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StorageTimeout)
 	defer cancel()
 	j.mu.Lock()
 	landed := j.landed
+	var written []string
+	if j.renewals > 0 || j.epoch > 0 {
+		written = append(written, leaseKeyOf(j.saga, j.epoch, Owner()))
+	}
 	j.mu.Unlock()
-	if err := j.js.removeKeys(ctx, j.saga, landed); err != nil {
+	if err := j.js.removeKeys(ctx, j.saga, landed, written); err != nil {
 		return err
 	}
 	if j.epoch > 0 {
@@ -34,14 +43,17 @@ func (j *Journal) removeJournal(ctx context.Context) error {
 
 // removeKeys deletes every key of saga's journal but its end marker,
 // each by its own name (a storage's Delete of a folder may leave the
-// keys in it: Redis's does). With marked, it stores the end marker
-// first, so that a removal cut short anywhere leaves either the whole
-// journal or the marker: the recovery scan clears what is left under a
-// marker, and never takes it for a journal whose beginning the storage
-// lost. Segment 0 goes first after the marker, the lease keys last; the
-// caller deletes the marker (and so the folder) when it is done with
-// it.
-func (js *Journals) removeKeys(ctx context.Context, saga string, marked bool) error {
+// keys in it: Redis's does): what the folder lists, and the keys of
+// unlisted that it does not (names that may be there unlisted). With
+// marked, it stores the end marker first, so that a removal cut short
+// anywhere leaves either the whole journal or the marker: the recovery
+// scan clears what is left under a marker, and never takes it for a
+// journal whose beginning the storage lost. Segment 0 goes first after
+// the marker; the rest then goes together (the marker covers it, in
+// whatever order it goes), or, unmarked, one at a time with the lease
+// keys last. The caller deletes the marker (and so the folder) when it
+// is done with it.
+func (js *Journals) removeKeys(ctx context.Context, saga string, marked bool, unlisted []string) error {
 	if marked {
 		if err := js.storage.Store(ctx, endKey(saga), []byte("{}")); err != nil {
 			return fmt.Errorf("storing %s: %w", endKey(saga), err)
@@ -51,13 +63,47 @@ func (js *Journals) removeKeys(ctx context.Context, saga string, marked bool) er
 	if err != nil {
 		return fmt.Errorf("listing %s: %w", journalDir(saga), err)
 	}
-	keys := removalOrder(saga, names)
-	for _, k := range keys[:len(keys)-1] {
-		if err := deleteKey(ctx, js.storage, k); err != nil {
+	keys := removalOrder(saga, names, unlisted)
+	keys = keys[:len(keys)-1] // the end marker is the caller's
+	if !marked || len(keys) == 0 || keys[0] != segmentKey(saga, 0) {
+		return deleteInOrder(ctx, js.storage, keys)
+	}
+	if err := deleteInOrder(ctx, js.storage, keys[:1]); err != nil {
+		return err
+	}
+	return deleteTogether(ctx, js.storage, keys[1:])
+}
+
+// deleteInOrder deletes keys one at a time, in order.
+func deleteInOrder(ctx context.Context, s Storage, keys []string) error {
+	for _, k := range keys {
+		if err := deleteKey(ctx, s, k); err != nil {
 			return fmt.Errorf("deleting %s: %w", k, err)
 		}
 	}
 	return nil
+}
+
+// deleteWidth bounds the deletes deleteTogether has in flight.
+const deleteWidth = 32
+
+// deleteTogether deletes keys, several at once; the error is the first
+// key's that failed.
+func deleteTogether(ctx context.Context, s Storage, keys []string) error {
+	errs := make([]error, len(keys))
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, deleteWidth)
+	for i, k := range keys {
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			if err := deleteKey(ctx, s, k); err != nil {
+				errs[i] = fmt.Errorf("deleting %s: %w", k, err)
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // deleteEnd deletes saga's end marker, the last key of its removal, and
@@ -72,10 +118,16 @@ func (js *Journals) deleteEnd(ctx context.Context, saga string) error {
 	return nil
 }
 
-// removalOrder is the keys of a journal folder that lists names, in the
-// order they are deleted: segment 0, the other segments in order, what
-// else is there, the lease keys, the end marker.
-func removalOrder(saga string, names []string) []string {
+// removalOrder is the keys of a journal folder that lists names, and
+// of unlisted where it does not list them, in the order they are
+// deleted: segment 0, the other segments in order, what else is there,
+// the lease keys, the end marker.
+func removalOrder(saga string, names, unlisted []string) []string {
+	for _, k := range unlisted {
+		if base := path.Base(k); !slices.Contains(names, base) {
+			names = append(slices.Clip(names), base)
+		}
+	}
 	var segs []segmentName
 	var others, leases []string
 	for _, n := range names {
@@ -87,17 +139,19 @@ func removalOrder(saga string, names []string) []string {
 			others = append(others, path.Join(journalDir(saga), n))
 		}
 	}
-	if !slices.Contains(segs, segmentName{}) {
-		segs = append(segs, segmentName{})
-	}
 	slices.SortFunc(segs, compareSegments)
-	keys := make([]string, 0, len(names)+2)
+	keys := make([]string, 0, len(names)+1)
 	for _, sn := range segs {
 		keys = append(keys, segmentKeyAt(saga, sn))
 	}
 	keys = append(append(keys, others...), leases...)
-	if !slices.Contains(names, leaseName) {
-		keys = append(keys, leaseKey(saga)) // a folder entry an older build's removal left
-	}
 	return append(keys, endKey(saga))
+}
+
+// mayBeUnlisted are the names a journal folder may hold without listing
+// them, for a removal of what another process (or an older build) left:
+// segment 0, and the lease key an older build's removal left listed
+// after deleting it.
+func mayBeUnlisted(saga string) []string {
+	return []string{segmentKey(saga, 0), leaseKey(saga)}
 }

@@ -179,7 +179,7 @@ func (js *Journals) hold(ctx context.Context, saga string) (unlock func(), err e
 func (js *Journals) dropJournal(ctx context.Context, saga string) error {
 	ctx, cancel := context.WithTimeout(ctx, StorageTimeout)
 	defer cancel()
-	if err := js.removeKeys(ctx, saga, true); err != nil {
+	if err := js.removeKeys(ctx, saga, true, mayBeUnlisted(saga)); err != nil {
 		return fmt.Errorf("removing the journal of saga %s: %w", saga, err)
 	}
 	return js.deleteEnd(ctx, saga)

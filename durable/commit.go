@@ -1,0 +1,131 @@
+package durable
+
+import (
+	"context"
+	"time"
+)
+
+// Group commit with overlapping stores (docs/durability.md, "Round trips
+// per batch"). A write-ahead record is stored by the first store that
+// takes it, and the write waits for that store only: up to
+// storesInFlight stores of one journal run at once, each taking every
+// record kept since the one before took its own. The order recovery
+// reads stays the order of the segments' numbers, given as each store
+// starts, whatever order they land in: a write is sent only once its own
+// store landed, so a segment that never landed holds nothing that was
+// sent. The intent's store goes alone: no later segment may land before
+// the beginning it belongs to (recovery takes a journal without its
+// segment 0 for one whose beginning the storage lost).
+
+// storesInFlight bounds the stores of one journal running at once. A
+// handful keeps the writers of a wave from queueing behind each other's
+// stores, while the stores stay far fewer than the items.
+const storesInFlight = 4
+
+// joinWindow is how long a store about to start waits for more records
+// to come, as long as they keep coming, up to maxJoin or an eighth of
+// what a store takes, whichever is less: the records of writers answered
+// at the same moment (a wave) go into one store. A storage that answers
+// in less than eight windows gets no wait.
+const (
+	joinWindow = 25 * time.Microsecond
+	maxJoin    = 200 * time.Microsecond
+)
+
+// storeLog is what a journal knows of its stores, under its mutex.
+type storeLog struct {
+	// kept counts the records kept; taken counts the stores that took
+	// records (the nth took those kept before it started).
+	kept, taken uint64
+	inFlight    int
+	joining     bool
+	// ended are the stores that ended above low, every store up to low
+	// having ended; failed are the errors of those that failed.
+	low    uint64
+	ended  map[uint64]bool
+	failed map[uint64]error
+	// ewma is a moving average of how long a store takes.
+	ewma time.Duration
+}
+
+func (l *storeLog) done(n uint64) bool { return n <= l.low || l.ended[n] }
+
+func (l *storeLog) end(n uint64, err error) {
+	if err != nil {
+		l.failed[n] = err
+	}
+	l.ended[n] = true
+	for l.ended[l.low+1] {
+		delete(l.ended, l.low+1)
+		l.low++
+	}
+}
+
+func (l *storeLog) took(d time.Duration) {
+	if l.ewma == 0 {
+		l.ewma = d
+		return
+	}
+	l.ewma += (d - l.ewma) / 8
+}
+
+// commit returns once the store that takes the records kept so far has
+// ended, and returns its error: with concurrency 8, eight writes about to
+// be sent together cost one storage write, not eight in a row, and none
+// is sent before its own record is stored. j.mu is held.
+func (j *Journal) commit(ctx context.Context) error {
+	want := j.stores.taken + 1 // the store that takes this record
+	for !j.stores.done(want) {
+		if j.stores.taken < want && j.mayStart() {
+			j.store(ctx)
+			continue
+		}
+		j.committed.Wait()
+	}
+	return j.stores.failed[want]
+}
+
+// mayStart says whether a store may start now: fewer than storesInFlight
+// running, none gathering its records, and the intent, until it landed,
+// stored alone.
+func (j *Journal) mayStart() bool {
+	l := &j.stores
+	return !l.joining && l.inFlight < storesInFlight && (j.intent == nil || l.inFlight == 0)
+}
+
+// store runs the next store: it gathers the records that come within
+// the join window, takes them, and stores them. j.mu is held, and let go
+// meanwhile.
+func (j *Journal) store(ctx context.Context) {
+	l := &j.stores
+	l.inFlight++
+	l.joining = true
+	j.join()
+	l.joining = false
+	l.taken++
+	n := l.taken
+	j.committed.Broadcast() // the next store may start once this one takes its records
+	err := j.flush(ctx, n)
+	l.inFlight--
+	l.end(n, err)
+	j.committed.Broadcast()
+}
+
+// join waits while records keep coming, within the join window. j.mu is
+// held, and let go while it waits.
+func (j *Journal) join() {
+	limit := min(maxJoin, j.stores.ewma/8)
+	if limit < joinWindow {
+		return
+	}
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		kept := j.stores.kept
+		j.mu.Unlock()
+		time.Sleep(joinWindow)
+		j.mu.Lock()
+		if j.stores.kept == kept {
+			return
+		}
+	}
+}

@@ -1,0 +1,101 @@
+package durable
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"time"
+)
+
+// countingStorage is a memStorage whose every call takes a round trip
+// of rt (fake time, in a bubble) and is counted, by what it was for:
+// the elapsed time of a batch over it, in round trips, is the number of
+// storage calls it made one after another.
+type countingStorage struct {
+	*memStorage
+	rt time.Duration
+
+	mu    sync.Mutex
+	calls map[string]int // by "op purpose", as purpose names them
+	// absent are the Deletes of keys that were not there.
+	absent []string
+}
+
+func newCountingStorage(rt time.Duration) *countingStorage {
+	return &countingStorage{memStorage: newMemStorage(), rt: rt, calls: map[string]int{}}
+}
+
+// purpose names what a key or a lock name is for.
+func purpose(key string) string {
+	switch {
+	case strings.HasPrefix(key, "batch_item_"):
+		return "item lock"
+	case strings.HasSuffix(key, "/"+endName):
+		return "end marker"
+	case strings.HasPrefix(key, journalPrefix):
+		return "journal"
+	}
+	return "other"
+}
+
+func (c *countingStorage) count(op, key string) {
+	time.Sleep(c.rt)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.calls[op+" "+purpose(key)]++
+}
+
+func (c *countingStorage) snapshot() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[string]int{}
+	for k, v := range c.calls {
+		out[k] = v
+	}
+	return out
+}
+
+func (c *countingStorage) Store(ctx context.Context, key string, value []byte) error {
+	c.count("store", key)
+	return c.memStorage.Store(ctx, key, value)
+}
+
+func (c *countingStorage) Load(ctx context.Context, key string) ([]byte, error) {
+	c.count("load", key)
+	return c.memStorage.Load(ctx, key)
+}
+
+func (c *countingStorage) Delete(ctx context.Context, key string) error {
+	c.count("delete", key)
+	if _, err := c.memStorage.Load(ctx, key); err != nil {
+		c.mu.Lock()
+		c.absent = append(c.absent, key)
+		c.mu.Unlock()
+	}
+	return c.memStorage.Delete(ctx, key)
+}
+
+func (c *countingStorage) List(ctx context.Context, prefix string, recursive bool) ([]string, error) {
+	c.count("list", prefix+"/")
+	return c.memStorage.List(ctx, prefix, recursive)
+}
+
+func (c *countingStorage) Modified(ctx context.Context, key string) (time.Time, error) {
+	c.count("modified", key)
+	return c.memStorage.Modified(ctx, key)
+}
+
+func (c *countingStorage) TryLock(ctx context.Context, name string) (bool, error) {
+	c.count("lock", name)
+	return c.memLocks.TryLock(ctx, name)
+}
+
+func (c *countingStorage) Lock(ctx context.Context, name string) error {
+	c.count("lock", name)
+	return c.memLocks.Lock(ctx, name)
+}
+
+func (c *countingStorage) Unlock(ctx context.Context, name string) error {
+	c.count("unlock", name)
+	return c.memLocks.Unlock(ctx, name)
+}

@@ -1,0 +1,91 @@
+package durable
+
+import (
+	"context"
+	"fmt"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/internal/itemlock"
+)
+
+// createPlan plans an all-or-nothing create of n widgets.
+func createPlan(t *testing.T, n int) *batch.Plan {
+	t.Helper()
+	var elems []string
+	for i := range n {
+		elems = append(elems, fmt.Sprintf(`{"name":"c%d"}`, i))
+	}
+	r := httptest.NewRequest("POST", "/widgets", strings.NewReader("["+strings.Join(elems, ",")+"]"))
+	r.Header.Set("Content-Type", "application/json")
+	m, _ := widgets(t).Lookup("/widgets")
+	_, _, plan, prob := batch.Admit(r, m)
+	if prob != nil {
+		t.Fatal(prob.Detail)
+	}
+	return plan
+}
+
+// TestRoundTripsPerBatch runs all-or-nothing batches with the journal
+// and storage item locks over a storage whose every call takes 10ms of
+// a bubble's time, against an upstream that answers at once, and counts
+// the storage calls the batch made one after another (its time, in
+// round trips) and by purpose: the locks go in a few rounds, not one per
+// item; the journal stores overlap, so a wave of writes waits for about
+// one store; the removal deletes only what was written, in a few rounds.
+func TestRoundTripsPerBatch(t *testing.T) {
+	const rt = 10 * time.Millisecond
+	for _, tc := range []struct {
+		name      string
+		plan      func(t *testing.T) *batch.Plan
+		items     int
+		maxRounds int
+	}{
+		// Locks: 1 round per 64 items; stores: the intent, then one per
+		// wave of 8; the removal: end marker, list, segment 0, the rest,
+		// the marker; releases: 1 round per 64 items. A create's lock is
+		// taken in the background, as its worker goes on.
+		{"PATCH 100", func(t *testing.T) *batch.Plan { return updatePlan(t, widgets(t), 100) }, 100, 2 + 14 + 5 + 2},
+		{"PATCH 20", func(t *testing.T) *batch.Plan { return updatePlan(t, widgets(t), 20) }, 20, 1 + 4 + 5 + 1},
+		{"CREATE 100", func(t *testing.T) *batch.Plan { return createPlan(t, 100) }, 100, 14 + 5 + 2},
+		{"CREATE 20", func(t *testing.T) *batch.Plan { return createPlan(t, 20) }, 20, 4 + 5 + 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			inBubble(t, func(t *testing.T) {
+				s := newCountingStorage(rt)
+				js := NewJournals(s, NewLeases(time.Minute), zap.NewNop())
+				locks := NewItemLocks(&itemlock.Local{}, s, nil)
+				plan := tc.plan(t)
+				start := time.Now()
+				res := batch.Run(context.Background(), plan, batch.Runtime{Send: &upstream{}, Journal: js.New(Origin{}), Locks: locks})
+				rounds := int(time.Since(start) / rt)
+				if res.Outcome != batch.Succeeded {
+					t.Fatalf("outcome %s: %s", res.Outcome, res.Detail)
+				}
+				calls := s.snapshot()
+				t.Logf("%d round trips one after another; calls %v", rounds, calls)
+				if rounds > tc.maxRounds {
+					t.Errorf("%d storage round trips one after another, want at most %d", rounds, tc.maxRounds)
+				}
+				// A created item's lock is taken once it is known.
+				if calls["lock item lock"] != tc.items || calls["unlock item lock"] != tc.items {
+					t.Errorf("%d locks and %d unlocks of items, want %d each", calls["lock item lock"], calls["unlock item lock"], tc.items)
+				}
+				if stores, want := calls["store journal"], 1+(tc.items+7)/8; stores != want {
+					t.Errorf("%d journal stores for %d writes sent 8 at a time, want %d", stores, tc.items, want)
+				}
+				if len(s.absent) > 0 {
+					t.Errorf("deleted %v, which were never written", s.absent)
+				}
+				if keys, _ := s.memStorage.count(); keys != 0 {
+					t.Errorf("%d keys left", keys)
+				}
+			})
+		})
+	}
+}
