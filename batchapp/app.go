@@ -104,6 +104,8 @@ func (a *App) Provision(ctx caddy.Context) error {
 	// The process's leases: what a saga holds outlives this config.
 	a.leases = durable.ProcessLeases(time.Duration(a.Lease))
 	storage := DurableStorage(ctx.Storage())
+	path, why := StoragePath(ctx.Storage())
+	a.logger.Info("storage fast path", zap.String("path", path), zap.String("why_not", why))
 	a.journals = durable.NewJournals(storage, a.leases, a.logger)
 	a.sweeper = durable.NewSweeper(storage, a.logger)
 	a.state = &appState{failed: map[string]string{}}

@@ -11,15 +11,37 @@ import (
 	"github.com/caddyserver/certmagic"
 
 	"github.com/caddy-batch/caddy-batch/durable"
+	"github.com/caddy-batch/caddy-batch/internal/redisfast"
 )
 
-// DurableStorage is a certmagic storage as durable sees it; a storage
-// that can try a lock keeps that (tryStorage), so that durable never
-// waits in Lock when it need not.
+// DurableStorage is a certmagic storage as durable sees it: the Redis
+// fast path where it applies (StoragePath), else a storage that can try
+// a lock keeps that (tryStorage), so that durable never waits in Lock
+// when it need not.
 func DurableStorage(s certmagic.Storage) durable.Storage {
 	if s == nil {
 		return nil
 	}
+	generic := genericStorage(s)
+	if fast, _ := redisfast.For(s, generic); fast != nil {
+		return fast
+	}
+	return generic
+}
+
+// StoragePath says which way the storage is used: "redis" (the fast
+// path), or "generic" and why the fast path does not apply.
+func StoragePath(s certmagic.Storage) (path, why string) {
+	if s == nil {
+		return "generic", "no storage"
+	}
+	if fast, why := redisfast.For(s, genericStorage(s)); fast == nil {
+		return "generic", why
+	}
+	return "redis", ""
+}
+
+func genericStorage(s certmagic.Storage) durable.Storage {
 	if files, ok := s.(*certmagic.FileStorage); ok {
 		return fileStorage{tryStorage{certStorage{s}, files}, files}
 	}

@@ -1,0 +1,273 @@
+package redisfast
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-batch/caddy-batch/durable"
+)
+
+// The module's lock, by script: the same key and lifetime, so that a
+// lock taken here and one taken by the module's Lock (this build on the
+// generic path, or an older build) exclude each other. Locks tried or
+// released at the same moment (a batch's item locks, all at once) go in
+// one script: while one call is in flight, the next gathers every
+// request that comes meanwhile. This process refreshes the locks it took
+// itself (the module refreshes only its own Lock's): every
+// refreshEvery, one script for all of them.
+const (
+	// lockTTL and refreshEvery are the module's.
+	lockTTL      = 5 * time.Second
+	refreshEvery = 3 * time.Second
+	// maxKeys bounds the keys of one script.
+	maxKeys = 500
+	// callTimeout bounds one script, whoever waits for it.
+	callTimeout = durable.StorageTimeout
+)
+
+// lockTable is the locks one Store took, and the calls that take, free
+// and refresh them.
+type lockTable struct {
+	s     *Store
+	token string // the value of every lock this Store takes
+
+	tries, frees batcher
+
+	mu sync.Mutex
+	// held are the locks held, each with when a call last proved it
+	// (when the call that took or refreshed it began).
+	held map[string]time.Time
+	// lost are the locks found lost while held, until released.
+	lost       map[string]error
+	refreshing bool
+}
+
+func newLockTable(s *Store) *lockTable {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	t := &lockTable{s: s, token: base64.RawURLEncoding.EncodeToString(b[:]), held: map[string]time.Time{}, lost: map[string]error{}}
+	t.tries.run, t.frees.run = t.tryAll, t.freeAll
+	return t
+}
+
+// TryLock takes name's lock if it is free, in one round trip shared with
+// the locks tried at the same moment.
+func (s *Store) TryLock(ctx context.Context, name string) (bool, error) {
+	r := &request{name: name}
+	s.locks.tries.do(ctx, r)
+	return r.ok, r.err
+}
+
+// Lock takes name's lock, trying again every durable.LockPoll until ctx
+// is done.
+func (s *Store) Lock(ctx context.Context, name string) error {
+	for {
+		ok, err := s.TryLock(ctx, name)
+		if ok || err != nil {
+			return err
+		}
+		select {
+		case <-time.After(durable.LockPoll):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// Unlock lets go of name's lock if it is still this Store's, in one
+// round trip shared with the locks let go at the same moment.
+func (s *Store) Unlock(ctx context.Context, name string) error {
+	r := &request{name: name}
+	s.locks.frees.do(ctx, r)
+	return r.err
+}
+
+// LockLost says why the lock name, held by this Store, is lost: another
+// holder has it, or no refresh proved it for its lifetime (it may have
+// lapsed); nil while it stands.
+func (s *Store) LockLost(name string) error {
+	s.locks.mu.Lock()
+	defer s.locks.mu.Unlock()
+	if err := s.locks.lost[name]; err != nil {
+		return err
+	}
+	if proven, ok := s.locks.held[name]; ok && time.Since(proven) > lockTTL {
+		return fmt.Errorf("no refresh of the lock %s succeeded for %s: it may have lapsed", name, lockTTL)
+	}
+	return nil
+}
+
+// tryAll runs lockScript for reqs.
+func (t *lockTable) tryAll(ctx context.Context, reqs []*request) {
+	began := time.Now()
+	keys := make([]string, len(reqs))
+	for i, r := range reqs {
+		keys[i] = t.s.lockKey(r.name)
+	}
+	res, err := t.s.eval(ctx, lockScript, keys, t.token, lockTTL.Milliseconds())
+	got, _ := res.([]any)
+	if err == nil && len(got) != len(reqs) {
+		err = fmt.Errorf("the lock script answered %d results for %d locks", len(got), len(reqs))
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i, r := range reqs {
+		if r.err = err; err == nil {
+			r.ok = got[i] == int64(1)
+		}
+		if r.ok {
+			t.held[r.name] = began
+			delete(t.lost, r.name)
+		}
+	}
+	t.startRefresh()
+}
+
+// freeAll runs unlockScript for reqs.
+func (t *lockTable) freeAll(ctx context.Context, reqs []*request) {
+	keys := make([]string, len(reqs))
+	t.mu.Lock()
+	for i, r := range reqs {
+		keys[i] = t.s.lockKey(r.name)
+		delete(t.held, r.name)
+		delete(t.lost, r.name)
+	}
+	t.mu.Unlock()
+	err := t.s.run(ctx, unlockScript, keys, t.token)
+	for _, r := range reqs {
+		r.err = err
+	}
+}
+
+// startRefresh starts the refresh loop, unless it runs. t.mu is held.
+func (t *lockTable) startRefresh() {
+	if t.refreshing || len(t.held) == 0 {
+		return
+	}
+	t.refreshing = true
+	go t.refreshLoop()
+}
+
+// refreshLoop refreshes the locks held every refreshEvery, and ends once
+// none is.
+func (t *lockTable) refreshLoop() {
+	for {
+		time.Sleep(refreshEvery)
+		t.mu.Lock()
+		if len(t.held) == 0 {
+			t.refreshing = false
+			t.mu.Unlock()
+			return
+		}
+		names := make([]string, 0, len(t.held))
+		for n := range t.held {
+			names = append(names, n)
+		}
+		t.mu.Unlock()
+		for len(names) > 0 {
+			n := min(len(names), maxKeys)
+			t.refresh(names[:n])
+			names = names[n:]
+		}
+	}
+}
+
+// refresh extends names' locks, and marks those no longer this Store's
+// lost; a call that fails proves nothing and loses nothing.
+func (t *lockTable) refresh(names []string) {
+	began := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), refreshEvery)
+	defer cancel()
+	keys := make([]string, len(names))
+	for i, n := range names {
+		keys[i] = t.s.lockKey(n)
+	}
+	res, err := t.s.eval(ctx, refreshScript, keys, t.token, lockTTL.Milliseconds())
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return
+	}
+	lost := map[int]bool{}
+	if idx, ok := res.([]any); ok {
+		for _, i := range idx {
+			if n, ok := i.(int64); ok {
+				lost[int(n)-1] = true
+			}
+		}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i, n := range names {
+		if _, still := t.held[n]; !still {
+			continue // released meanwhile
+		}
+		if lost[i] {
+			t.lost[n] = fmt.Errorf("the lock %s in Redis is no longer this instance's (it lapsed, or was deleted)", n)
+			delete(t.held, n)
+			continue
+		}
+		t.held[n] = began
+	}
+}
+
+// request is one lock's part in a shared call.
+type request struct {
+	name string
+	ok   bool
+	err  error
+	done chan struct{}
+}
+
+// batcher runs requests that come at the same moment in one call: one
+// call in flight at a time, the next taking every request that came
+// meanwhile.
+type batcher struct {
+	run func(ctx context.Context, reqs []*request)
+
+	mu       sync.Mutex
+	queue    []*request
+	inFlight bool
+}
+
+// do returns once r was part of a call.
+func (b *batcher) do(ctx context.Context, r *request) {
+	r.done = make(chan struct{})
+	b.mu.Lock()
+	b.queue = append(b.queue, r)
+	if !b.inFlight {
+		b.inFlight = true
+		go b.flush(context.WithoutCancel(ctx))
+	}
+	b.mu.Unlock()
+	<-r.done
+}
+
+// flush runs calls until no request waits.
+func (b *batcher) flush(ctx context.Context) {
+	for {
+		b.mu.Lock()
+		reqs := b.queue
+		if len(reqs) > maxKeys {
+			reqs = reqs[:maxKeys]
+		}
+		b.queue = b.queue[len(reqs):]
+		if len(reqs) == 0 {
+			b.inFlight = false
+			b.mu.Unlock()
+			return
+		}
+		b.mu.Unlock()
+		callCtx, cancel := context.WithTimeout(ctx, callTimeout)
+		b.run(callCtx, reqs)
+		cancel()
+		for _, r := range reqs {
+			close(r.done)
+		}
+	}
+}

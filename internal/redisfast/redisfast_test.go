@@ -1,0 +1,228 @@
+package redisfast_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/caddyserver/caddy/v2"
+	storageredis "github.com/pberkel/caddy-storage-redis"
+
+	"github.com/caddy-batch/caddy-batch/batchapp"
+	"github.com/caddy-batch/caddy-batch/internal/redisfast"
+)
+
+// module is the Redis module's storage on mr, as Caddy provisions it.
+func module(t *testing.T, mr *miniredis.Miniredis, prefix string, set func(*storageredis.RedisStorage)) *storageredis.RedisStorage {
+	t.Helper()
+	rs := storageredis.New()
+	rs.Host, rs.Port, rs.KeyPrefix = []string{mr.Host()}, []string{mr.Port()}, prefix
+	if set != nil {
+		set(rs)
+	}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	if err := rs.Provision(ctx); err != nil {
+		t.Fatalf("provisioning the Redis storage: %v", err)
+	}
+	t.Cleanup(func() { _ = rs.Cleanup() })
+	return rs
+}
+
+// fast is the fast path over rs.
+func fast(t *testing.T, rs *storageredis.RedisStorage) *redisfast.Store {
+	t.Helper()
+	s, ok := batchapp.DurableStorage(rs).(*redisfast.Store)
+	if !ok {
+		_, why := batchapp.StoragePath(rs)
+		t.Fatalf("no fast path: %s", why)
+	}
+	return s
+}
+
+// dump is everything mr holds, with what a clock decides (an envelope's
+// modified, a folder entry's score) left out.
+func dump(t *testing.T, mr *miniredis.Miniredis) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, k := range mr.Keys() {
+		switch mr.Type(k) {
+		case "zset":
+			members, err := mr.ZMembers(k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[k] = "zset " + strings.Join(members, ",")
+		case "string":
+			v, _ := mr.Get(k)
+			var env map[string]any
+			if err := json.Unmarshal([]byte(v), &env); err != nil {
+				t.Fatalf("%s holds no envelope: %q", k, v)
+			}
+			if _, err := time.Parse(time.RFC3339Nano, env["modified"].(string)); err != nil {
+				t.Errorf("%s: modified %v", k, env["modified"])
+			}
+			env["modified"] = "(a time)"
+			b, _ := json.Marshal(env)
+			out[k] = string(b)
+		default:
+			out[k] = mr.Type(k)
+		}
+	}
+	return out
+}
+
+// TestStoreIsTheModules: what the fast path stores and deletes leaves
+// Redis holding what the module's own Store and Delete leave, key for
+// key and byte for byte (but for the time of the store), with the
+// default prefix, a nested one and none; and the module reads it back.
+func TestStoreIsTheModules(t *testing.T) {
+	ctx := context.Background()
+	for _, prefix := range []string{"caddy", "one/two", ""} {
+		t.Run(fmt.Sprintf("prefix %q", prefix), func(t *testing.T) {
+			byModule, byFast := miniredis.RunT(t), miniredis.RunT(t)
+			m, f := module(t, byModule, prefix, nil), fast(t, module(t, byFast, prefix, nil))
+			ops := []struct {
+				del   bool
+				key   string
+				value string
+			}{
+				{false, "batch/v1/journal/s1/seg.00000000", `{"v":1,"intent":{}}`},
+				{false, "batch/v1/journal/s1/seg.00000001", "\x00binary\xff"},
+				{false, "batch/v1/journal/s2/seg.00000000", ""},
+				{false, "batch/v1/journal/s1/seg.00000001", "again"},
+				{false, "top", "x"},
+				{true, "batch/v1/journal/s1/seg.00000000", ""},
+				{true, "batch/v1/journal/s1/seg.00000001", ""},
+				{true, "never/was", ""},
+				{true, "batch/v1/journal/s2/seg.00000000", ""},
+			}
+			for _, op := range ops {
+				var errM, errF error
+				if op.del {
+					errM, errF = m.Delete(ctx, op.key), f.Delete(ctx, op.key)
+				} else {
+					errM, errF = m.Store(ctx, op.key, []byte(op.value)), f.Store(ctx, op.key, []byte(op.value))
+				}
+				if errM != nil || errF != nil {
+					t.Fatalf("%+v: module %v, fast path %v", op, errM, errF)
+				}
+				if a, b := dump(t, byModule), dump(t, byFast); fmt.Sprint(a) != fmt.Sprint(b) {
+					t.Fatalf("after %+v:\nmodule    %v\nfast path %v", op, a, b)
+				}
+			}
+			got, err := module(t, byFast, prefix, nil).Load(ctx, "top")
+			if err != nil || string(got) != "x" {
+				t.Errorf("the module reads %q, %v", got, err)
+			}
+		})
+	}
+}
+
+// TestLockIsTheModules: a lock taken by the fast path and one taken by
+// the module's Lock (another instance, of this build off the fast path
+// or an older one) exclude each other, under the module's key; locks
+// tried together are had together; Unlock lets go only of this
+// instance's.
+func TestLockIsTheModules(t *testing.T) {
+	ctx := context.Background()
+	mr := miniredis.RunT(t)
+	m, f := module(t, mr, "caddy", nil), fast(t, module(t, mr, "caddy", nil))
+	if err := m.Lock(ctx, "batch_item_a"); err != nil {
+		t.Fatal(err)
+	}
+	if !mr.Exists("caddy/locks/batch_item_a") {
+		t.Fatal("the module's lock key is not where the fast path looks")
+	}
+	if ok, err := f.TryLock(ctx, "batch_item_a"); ok || err != nil {
+		t.Fatalf("the fast path took a lock the module holds: %v, %v", ok, err)
+	}
+	if err := f.Unlock(ctx, "batch_item_a"); err != nil || !mr.Exists("caddy/locks/batch_item_a") {
+		t.Fatalf("the fast path let go of the module's lock: %v", err)
+	}
+	if err := m.Unlock(ctx, "batch_item_a"); err != nil {
+		t.Fatal(err)
+	}
+	names := []string{"batch_item_a", "batch_item_b", "batch_item_c"}
+	for _, n := range names {
+		if ok, err := f.TryLock(ctx, n); !ok || err != nil {
+			t.Fatalf("%s: %v, %v", n, ok, err)
+		}
+	}
+	if ttl := mr.TTL("caddy/locks/batch_item_b"); ttl <= 0 || ttl > 5*time.Second {
+		t.Errorf("a lock lives %s, want the module's 5s", ttl)
+	}
+	short, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
+	defer cancel()
+	if err := m.Lock(short, "batch_item_b"); err == nil {
+		t.Fatal("the module took a lock the fast path holds")
+	}
+	for _, n := range names {
+		if err := f.Unlock(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if keys := slices.DeleteFunc(mr.Keys(), func(k string) bool { return !strings.HasPrefix(k, "caddy/locks/") }); len(keys) > 0 {
+		t.Errorf("locks left: %v", keys)
+	}
+}
+
+// TestLockLost: a lock the fast path holds is lost once Redis no longer
+// holds it for this instance (it lapsed, or was deleted), as a refresh
+// finds; a refresh that finds it extends it.
+func TestLockLost(t *testing.T) {
+	ctx := context.Background()
+	mr := miniredis.RunT(t)
+	f := fast(t, module(t, mr, "caddy", nil))
+	for _, n := range []string{"kept", "deleted", "lapsed"} {
+		if ok, err := f.TryLock(ctx, n); !ok || err != nil {
+			t.Fatal(n, ok, err)
+		}
+	}
+	mr.Del("caddy/locks/deleted")
+	mr.SetTTL("caddy/locks/lapsed", time.Millisecond)
+	mr.FastForward(time.Second)
+	redisfast.Refresh(f)
+	if err := f.LockLost("kept"); err != nil {
+		t.Errorf("kept: %v", err)
+	}
+	if ttl := mr.TTL("caddy/locks/kept"); ttl != 5*time.Second {
+		t.Errorf("a refreshed lock lives %s more, want 5s", ttl)
+	}
+	for _, n := range []string{"deleted", "lapsed"} {
+		if err := f.LockLost(n); err == nil {
+			t.Errorf("%s: not lost", n)
+		}
+	}
+}
+
+// TestForRefuses: the fast path stays off wherever it could not store
+// what the module would, or reach every key through one connection.
+func TestForRefuses(t *testing.T) {
+	mr := miniredis.RunT(t)
+	for _, tc := range []struct {
+		name string
+		set  func(*storageredis.RedisStorage)
+	}{
+		{"compression", func(rs *storageredis.RedisStorage) { rs.Compression = storageredis.CompressionFlate }},
+		{"encryption", func(rs *storageredis.RedisStorage) { rs.EncryptionKey = strings.Repeat("k", 32) }},
+	} {
+		rs := module(t, mr, "caddy", tc.set)
+		if path, why := batchapp.StoragePath(rs); path != "generic" || why == "" {
+			t.Errorf("%s: %s (%s)", tc.name, path, why)
+		}
+	}
+	if path, _ := batchapp.StoragePath(module(t, mr, "caddy", nil)); path != "redis" {
+		t.Errorf("the default configuration: %s", path)
+	}
+	var nothing fs.FS
+	if fast, why := redisfast.For(nothing, nil); fast != nil || why == "" {
+		t.Error("a storage that is not the module got a fast path")
+	}
+}

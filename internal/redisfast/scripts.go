@@ -1,0 +1,61 @@
+package redisfast
+
+import "github.com/redis/go-redis/v9"
+
+// The scripts, each one round trip and atomic (run with EVALSHA, and
+// EVAL once after a restart of Redis forgot them).
+
+// storeScript is the module's Store: the key's folder entries, from its
+// own folder upward, stopping after the first that was there already
+// (its score still updated), then the value.
+// KEYS = {key, folder, parent folder, ...}; ARGV = {value, score, name in
+// folder, name in parent, ...}.
+var storeScript = redis.NewScript(`
+for i = 2, #KEYS do
+  if redis.call('ZADD', KEYS[i], ARGV[2], ARGV[i + 1]) == 0 then break end
+end
+redis.call('SET', KEYS[1], ARGV[1])
+return 1`)
+
+// deleteScript is the module's Delete: the key's folder entry, and each
+// folder's own entry upward while the folder is left empty, then the
+// value.
+// KEYS = {key, folder, parent folder, ...}; ARGV = {name in folder, name
+// in parent, ...}.
+var deleteScript = redis.NewScript(`
+redis.call('ZREM', KEYS[2], ARGV[1])
+for i = 2, #KEYS - 1 do
+  if redis.call('EXISTS', KEYS[i]) == 1 then break end
+  redis.call('ZREM', KEYS[i + 1], ARGV[i])
+end
+redis.call('DEL', KEYS[1])
+return 1`)
+
+// lockScript takes each free lock as the module's Lock does (SET NX PX),
+// and answers, for each, 1 if taken.
+// KEYS = lock keys; ARGV = {token, ttl in ms}.
+var lockScript = redis.NewScript(`
+local got = {}
+for i = 1, #KEYS do
+  if redis.call('SET', KEYS[i], ARGV[1], 'NX', 'PX', ARGV[2]) then got[i] = 1 else got[i] = 0 end
+end
+return got`)
+
+// unlockScript deletes each lock that is still this process's.
+// KEYS = lock keys; ARGV = {token}.
+var unlockScript = redis.NewScript(`
+for i = 1, #KEYS do
+  if redis.call('GET', KEYS[i]) == ARGV[1] then redis.call('DEL', KEYS[i]) end
+end
+return 1`)
+
+// refreshScript extends each lock still this process's, and answers the
+// positions of those that are not (lost).
+// KEYS = lock keys; ARGV = {token, ttl in ms}.
+var refreshScript = redis.NewScript(`
+local lost = {}
+for i = 1, #KEYS do
+  if redis.call('GET', KEYS[i]) == ARGV[1] then redis.call('PEXPIRE', KEYS[i], ARGV[2])
+  else lost[#lost + 1] = i end
+end
+return lost`)

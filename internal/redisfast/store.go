@@ -1,0 +1,96 @@
+package redisfast
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-batch/caddy-batch/durable"
+)
+
+// Store is the storage on the fast path: Store, Delete and the locks by
+// script, everything else (Load, List, Modified) by the module itself.
+type Store struct {
+	durable.Storage
+	conn   func(context.Context) (*redis.Client, error)
+	prefix string
+	locks  *lockTable
+}
+
+func newStore(generic durable.Storage, conn func(context.Context) (*redis.Client, error), prefix string) *Store {
+	s := &Store{Storage: generic, conn: conn, prefix: prefix}
+	s.locks = newLockTable(s)
+	return s
+}
+
+// envelope is the module's StorageData, field for field and in order,
+// so that json.Marshal gives the module's bytes: the value in standard
+// base64, when it was stored, its size, and no compression or
+// encryption.
+type envelope struct {
+	Value       []byte    `json:"value"`
+	Modified    time.Time `json:"modified"`
+	Size        int64     `json:"size"`
+	Compression int       `json:"compression"`
+	Encryption  int       `json:"encryption"`
+}
+
+// Store stores value under key as the module's Store does, in one round
+// trip.
+func (s *Store) Store(ctx context.Context, key string, value []byte) error {
+	modified := time.Now()
+	b, err := json.Marshal(&envelope{Value: value, Modified: modified, Size: int64(len(value))})
+	if err != nil {
+		return fmt.Errorf("encoding %s: %w", key, err)
+	}
+	keys, names := s.chain(key)
+	args := append([]any{b, strconv.FormatInt(modified.Unix(), 10)}, names...)
+	if err := s.run(ctx, storeScript, keys, args...); err != nil {
+		return fmt.Errorf("storing %s in Redis: %w", key, err)
+	}
+	return nil
+}
+
+// Delete deletes key as the module's Delete does, in one round trip.
+func (s *Store) Delete(ctx context.Context, key string) error {
+	keys, names := s.chain(key)
+	if err := s.run(ctx, deleteScript, keys, names...); err != nil {
+		return fmt.Errorf("deleting %s in Redis: %w", key, err)
+	}
+	return nil
+}
+
+// chain is the Redis key of key, then the folders it is listed in, from
+// its own upward, with the name it has in each (a folder's with a
+// trailing slash), as the module's folder index has them.
+func (s *Store) chain(key string) (keys []string, names []any) {
+	k := path.Join(s.prefix, key)
+	keys = []string{k}
+	for base, dir := path.Base(k), path.Dir(k); dir != "." && dir != "/"; base, dir = path.Base(dir)+"/", path.Dir(dir) {
+		keys = append(keys, dir)
+		names = append(names, base)
+	}
+	return keys, names
+}
+
+// lockKey is the module's Redis key of the lock name.
+func (s *Store) lockKey(name string) string { return path.Join(s.prefix, "locks", name) }
+
+// run runs script on the Redis that holds every key.
+func (s *Store) run(ctx context.Context, script *redis.Script, keys []string, args ...any) error {
+	_, err := s.eval(ctx, script, keys, args...)
+	return err
+}
+
+func (s *Store) eval(ctx context.Context, script *redis.Script, keys []string, args ...any) (any, error) {
+	c, err := s.conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return script.Run(ctx, c, keys, args...).Result()
+}
