@@ -39,6 +39,10 @@ func (run *batchRun) lock(clientCtx, batchCtx context.Context) bool {
 	for i, key := range keys {
 		run.locks.add(key, unlocks[i])
 	}
+	lr, reports := run.rt.Locks.(itemlock.LossReporter)
+	if lw, watches := run.rt.Journal.(LockWatcher); reports && watches {
+		lw.WatchLocks(func() error { return lr.Lost(run.locks.held()) })
+	}
 	return true
 }
 
@@ -143,6 +147,17 @@ func (h *heldLocks) holds(key string) bool {
 	defer h.mu.Unlock()
 	h.settle()
 	return h.keys[key] != nil
+}
+
+// held are the keys whose locks are held.
+func (h *heldLocks) held() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	keys := make([]string, 0, len(h.keys))
+	for k := range h.keys {
+		keys = append(keys, k)
+	}
+	return keys
 }
 
 func (h *heldLocks) add(key string, unlock func()) {

@@ -28,6 +28,14 @@ type Journal interface {
 	Fence(ctx context.Context) error
 }
 
+// LockWatcher is a Journal whose saga's lease stands on its item locks
+// too (docs/durability.md, "A saga never writes after it lost its
+// lease"): once lost returns an error, a lock in storage is lost, and so
+// is the saga's lease.
+type LockWatcher interface {
+	WatchLocks(lost func() error)
+}
+
 // ErrLeaseUnproven marks a write not sent because the saga's lease could
 // not be proven in time: the storage did not answer.
 var ErrLeaseUnproven = errors.New("the saga's lease in storage could not be proven (the storage did not answer in time), so nothing more was sent")

@@ -3,6 +3,7 @@ package durable
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -132,4 +133,27 @@ func releaseTaken(unlocks []func()) {
 		}
 	}
 	itemlock.Release(taken)
+}
+
+// LockLoser is a storage that knows when a lock it took and holds is
+// lost (the Redis fast path, which refreshes its own locks): LockLost
+// says why, or nil while it stands.
+type LockLoser interface {
+	LockLost(name string) error
+}
+
+// Lost says why the storage lock of one of keys is lost, where the
+// storage knows (LockLoser); nil otherwise. A saga whose item lock is
+// lost has lost its lease (Journal.WatchLocks).
+func (l *ItemLocks) Lost(keys []string) error {
+	ll, ok := l.storage.(LockLoser)
+	if !ok {
+		return nil
+	}
+	for _, key := range keys {
+		if err := ll.LockLost(ItemLockName(key)); err != nil {
+			return fmt.Errorf("the lock of %s: %w", key, err)
+		}
+	}
+	return nil
 }

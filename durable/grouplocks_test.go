@@ -4,10 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"go.uber.org/zap"
+
+	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/internal/itemlock"
 )
 
@@ -121,4 +125,40 @@ func contains(s, sub string) bool {
 		}
 	}
 	return false
+}
+
+// losingLocks is a storage whose locks are all lost once lose is set,
+// as the Redis fast path finds a lock that lapsed.
+type losingLocks struct {
+	*memStorage
+	lose atomic.Bool
+}
+
+func (l *losingLocks) LockLost(name string) error {
+	if l.lose.Load() {
+		return errors.New("lapsed")
+	}
+	return nil
+}
+
+// TestItemLockLostIsLeaseLost: a saga whose item lock in storage is lost
+// while it runs has lost its lease: it sends no new write, and never
+// answers succeeded.
+func TestItemLockLostIsLeaseLost(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
+		s := &losingLocks{memStorage: newMemStorage()}
+		js := NewJournals(s, NewLeases(time.Minute), zap.NewNop())
+		up := &slowWrites{d: time.Millisecond, during: func(n int) {
+			if n == 2 {
+				s.lose.Store(true)
+			}
+		}}
+		res := batch.Run(context.Background(), oneAtATime(t, 5), batch.Runtime{Send: up, Journal: js.New(Origin{}), Locks: NewItemLocks(new(itemlock.Local), s, nil)})
+		checkNeverSucceededAfterLoss(t, res)
+		for _, w := range up.writes() {
+			if w == "PATCH /widgets/3" {
+				t.Errorf("wrote %v after the lock was lost", up.writes())
+			}
+		}
+	})
 }

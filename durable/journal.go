@@ -271,6 +271,9 @@ type Journal struct {
 	// also are other leases the saga's writes stand on (its
 	// Idempotency-Key claim): one lost is the saga's lease lost.
 	also []*holder
+	// locksLost says why an item lock of the saga in storage is lost
+	// (WatchLocks); nil while they stand.
+	locksLost func() error
 	// release stops the renewal of the saga's lease.
 	release func()
 	// revived: see intent.Revived.
@@ -351,7 +354,28 @@ func (j *Journal) Fence(ctx context.Context) error {
 			j.lease.lose(lost.Why)
 		}
 	}
+	if err := j.lockLoss(); err != nil {
+		j.lease.lose("an item lock in storage was lost: " + err.Error())
+	}
 	return j.lease.fence(ctx)
+}
+
+// WatchLocks makes the saga's lease stand on its item locks too
+// (batch.LockWatcher): an item lock in storage lost is the lease lost.
+func (j *Journal) WatchLocks(lost func() error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.locksLost = lost
+}
+
+func (j *Journal) lockLoss() error {
+	j.mu.Lock()
+	lost := j.locksLost
+	j.mu.Unlock()
+	if lost == nil {
+		return nil
+	}
+	return lost()
 }
 
 // Also makes the saga's writes stand on another lease too (its
@@ -687,5 +711,8 @@ func (st *storedSaga) add(sn segmentName, key string, b []byte) error {
 	return nil
 }
 
-// Interface guard
-var _ batch.Journal = (*Journal)(nil)
+// Interface guards
+var (
+	_ batch.Journal     = (*Journal)(nil)
+	_ batch.LockWatcher = (*Journal)(nil)
+)

@@ -176,5 +176,8 @@ func (l *ItemLocks) failedFor(name string) func(error) {
 	}
 }
 
-// Interface guard
-var _ itemlock.GroupLocker = (*ItemLocks)(nil)
+// Interface guards
+var (
+	_ itemlock.GroupLocker  = (*ItemLocks)(nil)
+	_ itemlock.LossReporter = (*ItemLocks)(nil)
+)

@@ -130,3 +130,10 @@ func Release(unlocks []func()) {
 	}
 	wg.Wait()
 }
+
+// LossReporter is a Locker whose locks may be lost while held (storage
+// locks are leases): Lost returns why one of keys' locks, taken from it
+// and held, is lost, or nil.
+type LossReporter interface {
+	Lost(keys []string) error
+}

@@ -94,3 +94,10 @@ func (s *Store) eval(ctx context.Context, script *redis.Script, keys []string, a
 	}
 	return script.Run(ctx, c, keys, args...).Result()
 }
+
+// Interface guards
+var (
+	_ durable.Storage   = (*Store)(nil)
+	_ durable.TryLocker = (*Store)(nil)
+	_ durable.LockLoser = (*Store)(nil)
+)

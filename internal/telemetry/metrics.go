@@ -263,6 +263,15 @@ func (l observedLocks) LockAll(ctx context.Context, keys []string) ([]func(), in
 	return unlocks, failed, err
 }
 
+// Lost forwards itemlock.LossReporter, where the wrapped locks report
+// their losses.
+func (l observedLocks) Lost(keys []string) error {
+	if lr, ok := l.Locker.(itemlock.LossReporter); ok {
+		return lr.Lost(keys)
+	}
+	return nil
+}
+
 // SlotCounter is what the gauges of sub-requests in flight and waiting
 // read from a handler's max_in_flight slots (slots.FIFO).
 type SlotCounter interface {
