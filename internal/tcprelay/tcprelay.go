@@ -28,6 +28,8 @@ type Relay struct {
 	gate   chan struct{}
 	conns  map[*pair]struct{}
 	closed bool
+	// delay is added to every byte on its way to the target (SetDelay).
+	delay time.Duration
 
 	wg sync.WaitGroup // the accept loop and every pair's pumps
 }
@@ -204,6 +206,22 @@ func (r *Relay) pump(p *pair, toUpstream bool) {
 			return
 		}
 	}
+	write := dst.Write
+	if toUpstream {
+		queue := r.delayed(p, dst)
+		defer close(queue)
+		write = func(b []byte) (int, error) {
+			r.mu.Lock()
+			at := time.Now().Add(r.delay)
+			r.mu.Unlock()
+			select {
+			case queue <- chunk{at, append([]byte(nil), b...)}:
+				return len(b), nil
+			case <-p.done:
+				return 0, net.ErrClosed
+			}
+		}
+	}
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
@@ -211,7 +229,7 @@ func (r *Relay) pump(p *pair, toUpstream bool) {
 			return
 		}
 		if n > 0 {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
+			if _, werr := write(buf[:n]); werr != nil {
 				return
 			}
 		}
@@ -219,6 +237,49 @@ func (r *Relay) pump(p *pair, toUpstream bool) {
 			return
 		}
 	}
+}
+
+// chunk is bytes read from the client, and when they may reach the
+// target.
+type chunk struct {
+	at time.Time
+	b  []byte
+}
+
+// SetDelay makes every byte the clients send reach the target d after
+// it was read (0: at once), as a server d further away would see it: a
+// request and its answer take d more, however many are in flight, and
+// their order is kept.
+func (r *Relay) SetDelay(d time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.delay = d
+}
+
+// delayed writes the chunks sent on the channel it returns to dst, each
+// at its time, in order, until the channel is closed or p ends.
+func (r *Relay) delayed(p *pair, dst net.Conn) chan<- chunk {
+	queue := make(chan chunk, 1024)
+	r.wg.Go(func() {
+		for {
+			select {
+			case c, ok := <-queue:
+				if !ok {
+					return
+				}
+				if wait := time.Until(c.at); wait > 0 {
+					time.Sleep(wait)
+				}
+				if _, err := dst.Write(c.b); err != nil {
+					p.end(false)
+					return
+				}
+			case <-p.done:
+				return
+			}
+		}
+	})
+	return queue
 }
 
 // wait returns once the gate is open (true), or once p ended (false).

@@ -269,3 +269,22 @@ func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
 }
+
+// TestDelay: with a delay set, each request reaches the target that much
+// later, so that an exchange takes it more; requests in flight together
+// each take it once, not one after another.
+func TestDelay(t *testing.T) {
+	r, c := relayed(t)
+	r.SetDelay(30 * time.Millisecond)
+	start := time.Now()
+	if _, err := c.ask("ping", time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took < 30*time.Millisecond {
+		t.Errorf("an exchange took %s, want at least the delay", took)
+	}
+	r.SetDelay(0)
+	if _, err := c.ask("ping", time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
