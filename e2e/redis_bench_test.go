@@ -1,0 +1,322 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-batch/caddy-batch/batchapp"
+	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
+	"github.com/caddy-batch/caddy-batch/internal/tcprelay"
+)
+
+// A cluster's batch on Redis (docs/performance.md, "Round trips per
+// batch"): an in-process Caddy whose storage is a real redis-server,
+// directly or through a relay of the test's own that makes it a
+// millisecond away, serving two sites in front of one fake legacy API:
+// "on" (journal on, item_locks storage: what a cluster runs) and "off"
+// (journal off, item_locks local: what one instance with nothing to
+// recover runs).
+
+// clusterBatchSites is the Caddyfile of the two sites, with ON, OFF,
+// REDIS and UPSTREAM standing for their addresses.
+const clusterBatchSites = `{
+	admin off
+	auto_https off
+	persist_config off
+	storage redis {
+		address REDIS
+		key_prefix bench
+	}
+	log {
+		output discard
+	}
+}
+http://ON {
+	batch {
+		journal on
+		item_locks storage
+		max_items 100
+		resource /api/widgets {` + resourceMethods + `
+		}
+	}
+	reverse_proxy UPSTREAM
+}
+http://OFF {
+	batch {
+		journal off
+		item_locks local
+		max_items 100
+		resource /api/widgets {` + resourceMethods + `
+		}
+	}
+	reverse_proxy UPSTREAM
+}
+`
+
+// clusterBatch is the two sites running.
+type clusterBatch struct {
+	on, off string // base URLs
+	client  *http.Client
+	// rt counts the round trips the process makes to Redis.
+	rt *roundTrips
+}
+
+// startClusterBatch serves the two sites with Redis at redisAddr, and
+// 100 widgets seeded.
+func startClusterBatch(t testing.TB, redisAddr string) *clusterBatch {
+	t.Helper()
+	api := legacyapi.New(legacyapi.Collection{Path: "/api/widgets", AssignIDs: true, Seed: records("w", 1, 100)})
+	srv := httptest.NewServer(api)
+	t.Cleanup(func() {
+		srv.Close()
+		api.Close()
+	})
+	on, off := freeAddr(t), freeAddr(t)
+	config := strings.NewReplacer("ON", on, "OFF", off, "REDIS", redisAddr, "UPSTREAM", srv.Listener.Addr().String()).Replace(clusterBatchSites)
+	loadCaddyfile(t, config)
+	t.Cleanup(func() { _ = caddy.Stop() })
+	cb := &clusterBatch{on: "http://" + on, off: "http://" + off, client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}, rt: &roundTrips{by: map[string]int{}}}
+	storage := caddy.ActiveContext().Storage()
+	client, ok := storage.(interface{ GetClient() any }).GetClient().(redis.UniversalClient)
+	if !ok {
+		t.Fatal("the Redis module's client is no go-redis client")
+	}
+	client.AddHook(cb.rt)
+	return cb
+}
+
+// fastPath says whether the running Caddy uses the Redis fast path.
+func fastPath() (string, string) { return batchapp.StoragePath(caddy.ActiveContext().Storage()) }
+
+// batchBody is an all-or-nothing batch of n items: a PATCH of widgets 1
+// to n, or a CREATE of n new ones.
+func batchBody(op string, n int) (method string, body []byte) {
+	elems := make([]string, n)
+	for i := range elems {
+		if op == "patch" {
+			elems[i] = fmt.Sprintf(`{"id":%d,"name":"n%d"}`, i+1, time.Now().UnixNano()%1000)
+		} else {
+			elems[i] = fmt.Sprintf(`{"name":"c%d"}`, i)
+		}
+	}
+	method = "PATCH"
+	if op == "create" {
+		method = "POST"
+	}
+	return method, []byte("[" + strings.Join(elems, ",") + "]")
+}
+
+// send sends one batch to the site at base, and returns how long it took.
+func (cb *clusterBatch) send(t testing.TB, base, op string, n int) time.Duration {
+	t.Helper()
+	method, body := batchBody(op, n)
+	want := http.StatusOK
+	if op == "create" {
+		want = http.StatusCreated
+	}
+	req, _ := http.NewRequest(method, base+"/api/widgets", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	start := time.Now()
+	resp, err := cb.client.Do(req)
+	drain(t, resp, err, want)
+	return time.Since(start)
+}
+
+// roundTrips counts what the process sends Redis: one per command sent
+// alone, one per pipeline, by purpose (the command, and for a script
+// whether it names locks).
+type roundTrips struct {
+	mu    sync.Mutex
+	total int
+	by    map[string]int
+}
+
+func (r *roundTrips) count(purpose string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.total++
+	r.by[purpose]++
+}
+
+func (r *roundTrips) reset() (total int, by map[string]int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	total, by = r.total, r.by
+	r.total, r.by = 0, map[string]int{}
+	return total, by
+}
+
+func purposeOf(cmd redis.Cmder) string {
+	name := strings.ToLower(cmd.Name())
+	if args := cmd.Args(); (name == "evalsha" || name == "eval") && len(args) > 3 {
+		if key, _ := args[3].(string); strings.Contains(key, "/locks/") {
+			return "script:locks"
+		}
+		return "script:keys"
+	}
+	return name
+}
+
+func (r *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (r *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		r.count(purposeOf(cmd))
+		return next(ctx, cmd)
+	}
+}
+
+func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		r.count("pipeline")
+		return next(ctx, cmds)
+	}
+}
+
+// TestRedisRoundTripsPerBatch: on a real Redis, on the fast path, a
+// 100-item all-or-nothing PATCH with the journal and storage item locks
+// sends no command of the module's folder index from the client (every
+// store and delete is one script), takes and lets go of its hundred
+// locks in a few scripts, not one per item, and asks Redis for nothing
+// else but one listing.
+func TestRedisRoundTripsPerBatch(t *testing.T) {
+	if !hasRedisServer() {
+		t.Skip("redis-server is not installed (INFO commandstats needs a real Redis)")
+	}
+	addr := startRedisServer(t)
+	cb := startClusterBatch(t, addr)
+	if path, why := fastPath(); path != "redis" {
+		t.Fatalf("the fast path is off: %s", why)
+	}
+	cb.send(t, cb.on, "patch", 100) // scripts loaded, connections made
+	if _, err := redisCommand(addr, "CONFIG", "RESETSTAT"); err != nil {
+		t.Fatal(err)
+	}
+	cb.rt.reset()
+	cb.send(t, cb.on, "patch", 100)
+	time.Sleep(100 * time.Millisecond) // the removal, after the answer
+	total, by := cb.rt.reset()
+	cmds, byCmd := commandCalls(t, addr)
+	t.Logf("%d round trips %v; %d commands %v", total, by, cmds, byCmd)
+	for _, c := range []string{"zadd", "zrem", "exists", "del", "set"} {
+		if by[c] > 0 {
+			t.Errorf("%d %s sent by the client: the fast path's scripts should hold them", by[c], c)
+		}
+	}
+	// One script per lock taken or let go would be 200; they go
+	// together, as many as come while the one before is in flight.
+	if by["script:locks"] > 20 {
+		t.Errorf("%d lock scripts for 100 items, want them taken and let go together", by["script:locks"])
+	}
+	// A store per wave of writes (8 at a time, up to 4 stores in flight:
+	// at most one per item) and its delete, the end marker's store and
+	// delete, a listing, the locks.
+	total -= by["hello"] + by["pipeline"] // a new connection's handshake
+	if keys := by["script:keys"]; keys > 2*(1+100)+2 || total > keys+1+by["script:locks"] {
+		t.Errorf("%d round trips, %d of them stores and deletes", total, keys)
+	}
+}
+
+// BenchmarkClusterBatch is a cluster's all-or-nothing batch on Redis
+// (docs/performance.md, "Round trips per batch"), directly and a
+// millisecond away: each op is one batch on the "on" site and one on the
+// "off" site, alternated. It reports the medians of both (on-ms,
+// off-ms), their ratio, Redis's commands and the process's round trips
+// per item (INFO commandstats, a go-redis hook), and, a millisecond
+// away, the sequential round trips per batch: the time added by the
+// distance, over what the relay adds to one round trip (measured in the
+// same run). It needs redis-server:
+//
+//	go test -run '^$' -bench ClusterBatch -benchtime 40x ./e2e
+func BenchmarkClusterBatch(b *testing.B) {
+	if !hasRedisServer() {
+		b.Skip("redis-server is not installed")
+	}
+	direct := map[string]time.Duration{}
+	for _, dist := range []time.Duration{0, time.Millisecond} {
+		addr := startRedisServer(b)
+		relay, err := tcprelay.New(addr)
+		if err != nil {
+			b.Fatal(err)
+		}
+		relay.SetDelay(dist)
+		cb := startClusterBatch(b, relay.Addr())
+		added := relayAdds(b, addr, relay.Addr())
+		for _, op := range []string{"patch", "create"} {
+			for _, n := range []int{20, 100} {
+				name := fmt.Sprintf("redis=+%s/%s/items=%d", dist, op, n)
+				b.Run(name, func(b *testing.B) {
+					on, off := cb.alternate(b, addr, op, n)
+					b.ReportMetric(ms(on.median), "on-ms")
+					b.ReportMetric(ms(off.median), "off-ms")
+					b.ReportMetric(float64(on.median)/float64(off.median), "on/off")
+					b.ReportMetric(on.cmds/float64(n), "redis-cmds/item")
+					b.ReportMetric(on.rts/float64(n), "redis-rt/item")
+					key := op + fmt.Sprint(n)
+					if dist == 0 {
+						direct[key] = on.median
+					} else if d, ok := direct[key]; ok {
+						b.ReportMetric(float64(on.median-d)/float64(added), "seq-rt/batch")
+					}
+				})
+			}
+		}
+		_ = caddy.Stop()
+		_ = relay.Close()
+	}
+}
+
+// measured is what alternate measured of one site.
+type measured struct {
+	median    time.Duration
+	cmds, rts float64 // per batch
+}
+
+// alternate sends b.N batches to each site, alternated, and measures.
+func (cb *clusterBatch) alternate(b *testing.B, addr, op string, n int) (on, off measured) {
+	cb.send(b, cb.on, op, n)
+	cb.send(b, cb.off, op, n)
+	var onTook, offTook []time.Duration
+	var cmds, rts int
+	for b.Loop() {
+		_, _ = redisCommand(addr, "CONFIG", "RESETSTAT")
+		cb.rt.reset()
+		onTook = append(onTook, cb.send(b, cb.on, op, n))
+		time.Sleep(20 * time.Millisecond) // the removal, after the answer
+		c, _ := commandCalls(b, addr)
+		r, _ := cb.rt.reset()
+		cmds, rts = cmds+c-1, rts+r // less RESETSTAT
+		offTook = append(offTook, cb.send(b, cb.off, op, n))
+	}
+	k := float64(len(onTook))
+	return measured{median(onTook), float64(cmds) / k, float64(rts) / k}, measured{median: median(offTook)}
+}
+
+// relayAdds is what the relay adds to one round trip to Redis: the
+// median of 100 PINGs through it less that of 100 directly.
+func relayAdds(b *testing.B, direct, relayed string) time.Duration {
+	ping := func(addr string) time.Duration {
+		c := redis.NewClient(&redis.Options{Addr: addr})
+		defer c.Close()
+		var took []time.Duration
+		for range 100 {
+			start := time.Now()
+			if err := c.Ping(context.Background()).Err(); err != nil {
+				b.Fatal(err)
+			}
+			took = append(took, time.Since(start))
+		}
+		return median(took)
+	}
+	return max(ping(relayed)-ping(direct), time.Microsecond)
+}
