@@ -29,6 +29,9 @@ func (j *Journal) removeJournal(ctx context.Context) error {
 		written = append(written, leaseKeyOf(j.saga, j.epoch, Owner()))
 	}
 	j.mu.Unlock()
+	if ar, ok := j.js.storage.(AtomicRemover); ok && j.epoch == 0 {
+		return j.js.removeAtOnce(ctx, ar, j.saga, written)
+	}
 	if err := j.js.removeKeys(ctx, j.saga, landed, written); err != nil {
 		return err
 	}
@@ -72,6 +75,24 @@ func (js *Journals) removeKeys(ctx context.Context, saga string, marked bool, un
 		return err
 	}
 	return deleteTogether(ctx, js.storage, keys[1:])
+}
+
+// removeAtOnce deletes every key of saga's journal in one call, in the
+// order removalOrder gives: a removal that cannot be cut short needs no
+// end marker (one an earlier attempt stored goes too).
+func (js *Journals) removeAtOnce(ctx context.Context, ar AtomicRemover, saga string, unlisted []string) error {
+	names, err := listNames(ctx, js.storage, journalDir(saga))
+	if err != nil {
+		return fmt.Errorf("listing %s: %w", journalDir(saga), err)
+	}
+	keys := removalOrder(saga, names, unlisted)
+	if !slices.Contains(names, endName) {
+		keys = keys[:len(keys)-1]
+	}
+	if err := ar.DeleteAll(ctx, keys); err != nil {
+		return err
+	}
+	return removeEmptyFolder(ctx, js.storage, journalDir(saga))
 }
 
 // deleteInOrder deletes keys one at a time, in order.

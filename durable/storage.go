@@ -41,6 +41,14 @@ type FolderRemover interface {
 	RemoveEmptyFolder(ctx context.Context, dir string) error
 }
 
+// AtomicRemover is a storage that deletes several keys at once, in one
+// call (the Redis fast path): nobody sees some of them deleted and not
+// the others, so a journal's removal needs no end marker to be safe to
+// cut short.
+type AtomicRemover interface {
+	DeleteAll(ctx context.Context, keys []string) error
+}
+
 // removeEmptyFolder removes dir once its keys are deleted, where the
 // storage keeps folders.
 func removeEmptyFolder(ctx context.Context, s Storage, dir string) error {

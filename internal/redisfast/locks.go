@@ -248,8 +248,14 @@ func (b *batcher) do(ctx context.Context, r *request) {
 	<-r.done
 }
 
+// joinWindow is how long a call waits, before it takes its requests,
+// for more to come: a batch's locks are asked for by many goroutines at
+// once, and should share a call, not trickle into several.
+const joinWindow = 50 * time.Microsecond
+
 // flush runs calls until no request waits.
 func (b *batcher) flush(ctx context.Context) {
+	time.Sleep(joinWindow)
 	for {
 		b.mu.Lock()
 		reqs := b.queue

@@ -3,6 +3,7 @@ package redisfast_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io/fs"
 	"slices"
@@ -116,6 +117,25 @@ func TestStoreIsTheModules(t *testing.T) {
 				if a, b := dump(t, byModule), dump(t, byFast); fmt.Sprint(a) != fmt.Sprint(b) {
 					t.Fatalf("after %+v:\nmodule    %v\nfast path %v", op, a, b)
 				}
+			}
+			// Several keys deleted at once, as the module deletes them in
+			// turn.
+			many := []string{"batch/v1/journal/s3/seg.00000000", "batch/v1/journal/s3/seg.00000001", "batch/v1/journal/s3/lease", "batch/v1/other"}
+			for _, k := range many {
+				if err := errors.Join(m.Store(ctx, k, []byte(k)), f.Store(ctx, k, []byte(k))); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, k := range many[:3] {
+				if err := m.Delete(ctx, k); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := f.DeleteAll(ctx, many[:3]); err != nil {
+				t.Fatal(err)
+			}
+			if a, b := dump(t, byModule), dump(t, byFast); fmt.Sprint(a) != fmt.Sprint(b) {
+				t.Fatalf("after deleting %v:\nmodule    %v\nfast path %v", many[:3], a, b)
 			}
 			got, err := module(t, byFast, prefix, nil).Load(ctx, "top")
 			if err != nil || string(got) != "x" {

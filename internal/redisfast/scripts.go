@@ -17,18 +17,25 @@ end
 redis.call('SET', KEYS[1], ARGV[1])
 return 1`)
 
-// deleteScript is the module's Delete: the key's folder entry, and each
-// folder's own entry upward while the folder is left empty, then the
-// value.
-// KEYS = {key, folder, parent folder, ...}; ARGV = {name in folder, name
-// in parent, ...}.
+// deleteScript is the module's Delete of each key in turn, all at once:
+// the key's folder entry, and each folder's own entry upward while the
+// folder is left empty, then the value.
+// KEYS = for each key: the key, its folder, the folder's parent, ...;
+// ARGV = {number of keys, then for each: how many KEYS it has, its name
+// in its folder, the folder's name in its parent, ...}.
 var deleteScript = redis.NewScript(`
-redis.call('ZREM', KEYS[2], ARGV[1])
-for i = 2, #KEYS - 1 do
-  if redis.call('EXISTS', KEYS[i]) == 1 then break end
-  redis.call('ZREM', KEYS[i + 1], ARGV[i])
+local k, a = 1, 2
+for c = 1, tonumber(ARGV[1]) do
+  local n = tonumber(ARGV[a])
+  a = a + 1
+  redis.call('ZREM', KEYS[k + 1], ARGV[a])
+  for i = 1, n - 2 do
+    if redis.call('EXISTS', KEYS[k + i]) == 1 then break end
+    redis.call('ZREM', KEYS[k + i + 1], ARGV[a + i])
+  end
+  redis.call('DEL', KEYS[k])
+  k, a = k + n, a + n - 1
 end
-redis.call('DEL', KEYS[1])
 return 1`)
 
 // lockScript takes each free lock as the module's Lock does (SET NX PX),

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -58,9 +59,22 @@ func (s *Store) Store(ctx context.Context, key string, value []byte) error {
 
 // Delete deletes key as the module's Delete does, in one round trip.
 func (s *Store) Delete(ctx context.Context, key string) error {
-	keys, names := s.chain(key)
-	if err := s.run(ctx, deleteScript, keys, names...); err != nil {
-		return fmt.Errorf("deleting %s in Redis: %w", key, err)
+	return s.DeleteAll(ctx, []string{key})
+}
+
+// DeleteAll deletes keys as the module's Delete of each in turn would,
+// in one round trip and at once (durable.AtomicRemover): nobody sees
+// some deleted and not others.
+func (s *Store) DeleteAll(ctx context.Context, keys []string) error {
+	var all []string
+	args := []any{len(keys)}
+	for _, key := range keys {
+		chain, names := s.chain(key)
+		all = append(all, chain...)
+		args = append(append(args, len(chain)), names...)
+	}
+	if err := s.run(ctx, deleteScript, all, args...); err != nil {
+		return fmt.Errorf("deleting %s in Redis: %w", strings.Join(keys, ", "), err)
 	}
 	return nil
 }
