@@ -160,6 +160,7 @@ func startInstance(t *testing.T, bin, storage, site string) *gateway {
 	cmd := exec.CommandContext(ctx, bin, "run", "--config", file, "--adapter", "caddyfile")
 	cmd.Env = append(os.Environ(), "HOME="+home, "XDG_DATA_HOME="+home, "XDG_CONFIG_HOME="+home)
 	logs := new(syncBuffer)
+	g.logs = logs
 	cmd.Stdout, cmd.Stderr = logs, logs
 	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
 	cmd.WaitDelay = 10 * time.Second

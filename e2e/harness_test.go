@@ -77,6 +77,8 @@ type gateway struct {
 	// admin is the admin endpoint's address (host:port) where a test
 	// turns it on; off otherwise.
 	admin string
+	// logs is the output of an instance run as a process of its own.
+	logs *syncBuffer
 }
 
 // startGateway serves the site body (Caddyfile directives, with UPSTREAM
