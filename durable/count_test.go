@@ -2,6 +2,8 @@ package durable
 
 import (
 	"context"
+	"errors"
+	"io/fs"
 	"strings"
 	"sync"
 	"time"
@@ -98,4 +100,18 @@ func (c *countingStorage) Lock(ctx context.Context, name string) error {
 func (c *countingStorage) Unlock(ctx context.Context, name string) error {
 	c.count("unlock", name)
 	return c.memLocks.Unlock(ctx, name)
+}
+
+// atomicCounting is a countingStorage that deletes several keys in one
+// call (AtomicRemover), as the Redis fast path does.
+type atomicCounting struct{ *countingStorage }
+
+func (a atomicCounting) DeleteAll(ctx context.Context, keys []string) error {
+	a.count("delete all", journalPrefix)
+	for _, k := range keys {
+		if err := a.memStorage.Delete(ctx, k); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
 }
