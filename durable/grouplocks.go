@@ -17,7 +17,7 @@ import (
 // keys' order, as a single Lock would.
 
 // lockWidth bounds the storage lock calls one LockAll has in flight.
-const lockWidth = 64
+const lockWidth = 128
 
 // allOrNoneWait bounds each lock of the all-or-none try on a storage
 // that cannot try a lock without waiting for it (the Redis module's

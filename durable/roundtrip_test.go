@@ -52,13 +52,13 @@ func roundTripsPerBatch(t *testing.T, atomic bool) {
 		items     int
 		maxRounds int
 	}{
-		// Locks: 1 round per 64 items; stores: the intent, then one per
+		// Locks: 1 round per 128 items; stores: the intent, then one per
 		// wave of 8; the removal: end marker, list, segment 0, the rest,
-		// the marker; releases: 1 round per 64 items. A create's lock is
+		// the marker; releases: 1 round per 128 items. A create's lock is
 		// taken in the background, as its worker goes on.
-		{"PATCH 100", func(t *testing.T) *batch.Plan { return updatePlan(t, widgets(t), 100) }, 100, 2 + 14 + 5 + 2},
+		{"PATCH 100", func(t *testing.T) *batch.Plan { return updatePlan(t, widgets(t), 100) }, 100, 1 + 14 + 5 + 1},
 		{"PATCH 20", func(t *testing.T) *batch.Plan { return updatePlan(t, widgets(t), 20) }, 20, 1 + 4 + 5 + 1},
-		{"CREATE 100", func(t *testing.T) *batch.Plan { return createPlan(t, 100) }, 100, 14 + 5 + 2},
+		{"CREATE 100", func(t *testing.T) *batch.Plan { return createPlan(t, 100) }, 100, 14 + 5 + 1},
 		{"CREATE 20", func(t *testing.T) *batch.Plan { return createPlan(t, 20) }, 20, 4 + 5 + 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

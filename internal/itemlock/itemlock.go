@@ -107,7 +107,7 @@ func LockAll(ctx context.Context, l Locker, keys []string) ([]func(), int, error
 }
 
 // releaseWidth bounds the unlocks Release runs at once.
-const releaseWidth = 64
+const releaseWidth = 128
 
 // Release calls every unlock, several at once (a storage lock's unlock
 // is a round trip; a batch's locks go in a few, not one per item), and
