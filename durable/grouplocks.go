@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/caddy-batch/caddy-batch/internal/itemlock"
 )
 
@@ -62,16 +64,15 @@ func (l *ItemLocks) LockAll(ctx context.Context, keys []string) ([]func(), int, 
 func (l *ItemLocks) allOrNone(ctx context.Context, keys []string) ([]func(), int, error) {
 	unlocks := make([]func(), len(keys))
 	errs := make([]error, len(keys))
-	var wg sync.WaitGroup
-	slots := make(chan struct{}, lockWidth)
+	var g errgroup.Group
+	g.SetLimit(lockWidth)
 	for i, key := range keys {
-		slots <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-slots }()
+		g.Go(func() error {
 			unlocks[i], errs[i] = l.tryStorage(ctx, key)
+			return nil
 		})
 	}
-	wg.Wait()
+	_ = g.Wait()
 	held := false
 	for i, err := range errs {
 		switch {

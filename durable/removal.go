@@ -2,11 +2,11 @@ package durable
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"path"
 	"slices"
-	"sync"
+
+	"golang.org/x/sync/errgroup"
 )
 
 // Removing a journal when its saga ends: key by key, under an end marker
@@ -108,23 +108,20 @@ func deleteInOrder(ctx context.Context, s Storage, keys []string) error {
 // deleteWidth bounds the deletes deleteTogether has in flight.
 const deleteWidth = 32
 
-// deleteTogether deletes keys, several at once; the error is the first
-// key's that failed.
+// deleteTogether deletes keys, several at once; the error is one of
+// those that failed.
 func deleteTogether(ctx context.Context, s Storage, keys []string) error {
-	errs := make([]error, len(keys))
-	var wg sync.WaitGroup
-	slots := make(chan struct{}, deleteWidth)
-	for i, k := range keys {
-		slots <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-slots }()
+	var g errgroup.Group
+	g.SetLimit(deleteWidth)
+	for _, k := range keys {
+		g.Go(func() error {
 			if err := deleteKey(ctx, s, k); err != nil {
-				errs[i] = fmt.Errorf("deleting %s: %w", k, err)
+				return fmt.Errorf("deleting %s: %w", k, err)
 			}
+			return nil
 		})
 	}
-	wg.Wait()
-	return errors.Join(errs...)
+	return g.Wait()
 }
 
 // deleteEnd deletes saga's end marker, the last key of its removal, and

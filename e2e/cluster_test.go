@@ -36,15 +36,7 @@ func TestCluster(t *testing.T) {
 			t.Parallel()
 			api := legacyapi.NewRecording(legacyapi.Collection{Path: "/api/widgets", WriteDelay: 500 * time.Millisecond, Seed: records("w", 1, 10)})
 			upstream := newUpstream(t, api)
-			site := `
-	batch {
-		item_locks storage
-		item_timeout 15s
-		concurrency 1
-		resource /api/widgets {` + resourceMethods + `
-		}
-	}
-	reverse_proxy ` + upstream
+			site := clusterSite(upstream)
 			a := startInstance(t, bin, s.option, site)
 			b := startInstance(t, bin, s.option, site)
 			t.Run("a key used on one instance is replayed by the other", func(t *testing.T) {
@@ -55,6 +47,20 @@ func TestCluster(t *testing.T) {
 			})
 		})
 	}
+}
+
+// clusterSite is the site of TestCluster's instances in front of the
+// legacy API at upstream: storage item locks, one write at a time.
+func clusterSite(upstream string) string {
+	return `
+	batch {
+		item_locks storage
+		item_timeout 15s
+		concurrency 1
+		resource /api/widgets {` + resourceMethods + `
+		}
+	}
+	reverse_proxy ` + upstream
 }
 
 // TestClusterOverlappingWritersSerialize runs the overlapping writers of

@@ -29,15 +29,7 @@ func TestMixedVersionCluster(t *testing.T) {
 	host, port, prefix := redisServer(t)
 	option := redisOption(host, port, prefix)
 	api := legacyapi.NewRecording(legacyapi.Collection{Path: "/api/widgets", WriteDelay: 500 * time.Millisecond, Seed: records("w", 1, 10)})
-	site := `
-	batch {
-		item_locks storage
-		item_timeout 15s
-		concurrency 1
-		resource /api/widgets {` + resourceMethods + `
-		}
-	}
-	reverse_proxy ` + newUpstream(t, api)
+	site := clusterSite(newUpstream(t, api))
 	a := startInstance(t, bin, option, site)
 	b := startInstance(t, old, option, site)
 	eventually(t, 5*time.Second, "the new instance's log of its storage path", func() bool {

@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+
+	"golang.org/x/sync/errgroup"
 )
 
 // Locker holds exclusive locks on items, each named by a key (the item's
@@ -119,16 +121,15 @@ func Release(unlocks []func()) {
 		}
 		return
 	}
-	var wg sync.WaitGroup
-	slots := make(chan struct{}, releaseWidth)
+	var g errgroup.Group
+	g.SetLimit(releaseWidth)
 	for _, u := range unlocks {
-		slots <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-slots }()
+		g.Go(func() error {
 			u()
+			return nil
 		})
 	}
-	wg.Wait()
+	_ = g.Wait()
 }
 
 // LossReporter is a Locker whose locks may be lost while held (storage
