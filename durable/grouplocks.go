@@ -51,6 +51,7 @@ func (l *ItemLocks) LockAll(ctx context.Context, keys []string) ([]func(), int, 
 	for i := range keys {
 		unlocks[i] = sync.OnceFunc(func() {
 			storage[i]()
+			l.names.Delete(keys[i])
 			locals[i]()
 		})
 	}
@@ -152,9 +153,20 @@ func (l *ItemLocks) Lost(keys []string) error {
 		return nil
 	}
 	for _, key := range keys {
-		if err := ll.LockLost(ItemLockName(key)); err != nil {
+		if err := ll.LockLost(l.nameOf(key)); err != nil {
 			return fmt.Errorf("the lock of %s: %w", key, err)
 		}
 	}
 	return nil
+}
+
+// nameOf is ItemLockName(key), remembered while the lock may be held:
+// Lost runs before every write a saga sends, for each of its items.
+func (l *ItemLocks) nameOf(key string) string {
+	if name, ok := l.names.Load(key); ok {
+		return name.(string)
+	}
+	name := ItemLockName(key)
+	l.names.Store(key, name)
+	return name
 }

@@ -117,6 +117,9 @@ type ItemLocks struct {
 	storage Locker
 	// unlockFailed hears of a storage lock that could not be released.
 	unlockFailed func(name string, err error)
+	// names are the storage lock names of the keys whose loss was asked
+	// for (nameOf), until their locks are let go.
+	names sync.Map
 }
 
 // NewItemLocks locks items in local and in storage.
@@ -147,6 +150,7 @@ func (l *ItemLocks) Lock(ctx context.Context, key string) (func(), error) {
 	}
 	return sync.OnceFunc(func() {
 		unlockStorage()
+		l.names.Delete(key)
 		unlockLocal()
 	}), nil
 }
