@@ -80,9 +80,14 @@ func (s fileStorage) RemoveEmptyFolder(_ context.Context, dir string) error {
 	return err
 }
 
+// SerialStores makes the journal store one segment at a time
+// (durable.SerialStorer): each is a synced file.
+func (fileStorage) SerialStores() {}
+
 // Interface guards
 var (
 	_ durable.Storage       = certStorage{}
 	_ durable.TryLocker     = tryStorage{}
 	_ durable.FolderRemover = fileStorage{}
+	_ durable.SerialStorer  = fileStorage{}
 )

@@ -19,14 +19,33 @@ import (
 
 // storesInFlight bounds the stores of one journal running at once. A
 // handful keeps the writers of a wave from queueing behind each other's
-// stores, while the stores stay far fewer than the items.
+// stores, while the stores stay far fewer than the items. Recovery reads
+// with this bound whatever the storage (SerialStorer).
 const storesInFlight = 4
+
+// SerialStorer is a storage whose stores are best made one at a time:
+// the file system's, whose every store is a synced file, and a disk syncs
+// one after another, so that overlapping stores only add syncs. A
+// journal on it keeps one store in flight, and the records that come
+// meanwhile go together in the next, with no join window.
+type SerialStorer interface {
+	SerialStores()
+}
+
+// maxStores is how many stores of one journal may run at once on s.
+func maxStores(s Storage) int {
+	if _, ok := s.(SerialStorer); ok {
+		return 1
+	}
+	return storesInFlight
+}
 
 // joinWindow is how long a store about to start waits for more records
 // to come, as long as they keep coming, up to maxJoin or an eighth of
 // what a store takes, whichever is less: the records of writers answered
 // at the same moment (a wave) go into one store. A storage that answers
-// in less than eight windows gets no wait.
+// in less than eight windows gets no wait, nor one that stores one at a
+// time (the records that come during a store go into the next anyway).
 const (
 	joinWindow = 25 * time.Microsecond
 	maxJoin    = 200 * time.Microsecond
@@ -90,7 +109,7 @@ func (j *Journal) commit(ctx context.Context) error {
 // stored alone.
 func (j *Journal) mayStart() bool {
 	l := &j.stores
-	return !l.joining && l.inFlight < storesInFlight && (j.intent == nil || l.inFlight == 0)
+	return !l.joining && l.inFlight < j.js.maxStores && (j.intent == nil || l.inFlight == 0)
 }
 
 // store runs the next store: it gathers the records that come within
@@ -115,7 +134,7 @@ func (j *Journal) store(ctx context.Context) {
 // held, and let go while it waits.
 func (j *Journal) join() {
 	limit := min(maxJoin, j.stores.ewma/8)
-	if limit < joinWindow {
+	if limit < joinWindow || j.js.maxStores == 1 {
 		return
 	}
 	deadline := time.Now().Add(limit)

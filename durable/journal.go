@@ -166,12 +166,14 @@ type Journals struct {
 	leased
 	// watch is what the recovery scans saw of other owners' leases.
 	watch *watched
+	// maxStores is how many stores of one journal may run at once.
+	maxStores int
 }
 
 // NewJournals keeps journals in storage, held under leases; logger hears
 // of what fails after the saga that caused it has moved on.
 func NewJournals(storage Storage, leases *Leases, logger *zap.Logger) *Journals {
-	return &Journals{leased: leased{storage, leases, logger}, watch: newWatched()}
+	return &Journals{leased: leased{storage, leases, logger}, watch: newWatched(), maxStores: maxStores(storage)}
 }
 
 // Storage is where the journals are.
