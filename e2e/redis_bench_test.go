@@ -36,6 +36,7 @@ const clusterBatchSites = `{
 	storage redis {
 		address REDIS
 		key_prefix bench
+		COMPRESSION
 	}
 	log {
 		output discard
@@ -74,6 +75,12 @@ type clusterBatch struct {
 // startClusterBatch serves the two sites with Redis at redisAddr, and
 // 100 widgets seeded.
 func startClusterBatch(t testing.TB, redisAddr string) *clusterBatch {
+	return startClusterBatchWith(t, redisAddr, "")
+}
+
+// startClusterBatchWith is startClusterBatch with a compression option
+// for the storage (e.g. "compression flate"; "" for none).
+func startClusterBatchWith(t testing.TB, redisAddr, compression string) *clusterBatch {
 	t.Helper()
 	api := legacyapi.New(legacyapi.Collection{Path: "/api/widgets", AssignIDs: true, Seed: records("w", 1, 100)})
 	srv := httptest.NewServer(api)
@@ -82,7 +89,7 @@ func startClusterBatch(t testing.TB, redisAddr string) *clusterBatch {
 		api.Close()
 	})
 	on, off := freeAddr(t), freeAddr(t)
-	config := strings.NewReplacer("ON", on, "OFF", off, "REDIS", redisAddr, "UPSTREAM", srv.Listener.Addr().String()).Replace(clusterBatchSites)
+	config := strings.NewReplacer("ON", on, "OFF", off, "REDIS", redisAddr, "UPSTREAM", srv.Listener.Addr().String(), "COMPRESSION", compression).Replace(clusterBatchSites)
 	loadCaddyfile(t, config)
 	t.Cleanup(func() { _ = caddy.Stop() })
 	cb := &clusterBatch{on: "http://" + on, off: "http://" + off, client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}, rt: &roundTrips{by: map[string]int{}}}
@@ -225,6 +232,28 @@ func TestRedisRoundTripsPerBatch(t *testing.T) {
 	if keys := by["script:keys"]; keys > 2*(1+100)+2 || total > keys+1+by["script:locks"] {
 		t.Errorf("%d round trips, %d of them stores and deletes", total, keys)
 	}
+}
+
+// TestRedisGenericPathPerWave: with compression on, the Redis module
+// stays off the fast path, and a 100-item all-or-nothing PATCH and
+// CREATE with storage item locks succeed on the generic path, its locks
+// taken by the module's Lock all at once, and leave no key of the
+// journal and no lock behind.
+func TestRedisGenericPathPerWave(t *testing.T) {
+	if !hasRedisServer() {
+		t.Skip("redis-server is not installed")
+	}
+	addr := startRedisServer(t)
+	cb := startClusterBatchWith(t, addr, "compression flate")
+	if path, why := fastPath(); path != "generic" || why != "compression is on" {
+		t.Fatalf("storage path %s (%s), want generic: compression is on", path, why)
+	}
+	cb.send(t, cb.on, "patch", 100)
+	cb.send(t, cb.on, "create", 100)
+	eventually(t, 5*time.Second, "the journals and locks gone from Redis", func() bool {
+		keys, err := redisCommand(addr, "KEYS", "bench/*")
+		return err == nil && !strings.Contains(keys, "journal") && !strings.Contains(keys, "locks/")
+	})
 }
 
 // BenchmarkClusterBatch is a cluster's all-or-nothing batch on Redis
