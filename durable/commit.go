@@ -104,9 +104,9 @@ func (j *Journal) commit(ctx context.Context) error {
 	return j.stores.failed[want]
 }
 
-// mayStart says whether a store may start now: fewer than storesInFlight
-// running, none gathering its records, and the intent, until it landed,
-// stored alone.
+// mayStart says whether a store may start now: fewer running than the
+// storage takes at once (maxStores), none gathering its records, and the
+// intent, until it landed, stored alone.
 func (j *Journal) mayStart() bool {
 	l := &j.stores
 	return !l.joining && l.inFlight < j.js.maxStores && (j.intent == nil || l.inFlight == 0)
