@@ -32,7 +32,7 @@ func (run *batchRun) lock(clientCtx, batchCtx context.Context) bool {
 	keys = slices.Compact(keys)
 	unlocks, failed, err := itemlock.LockAll(batchCtx, run.rt.Locks, keys)
 	if err != nil {
-		ref := RefuseLock(keys[failed], err, LockWait{Client: clientCtx, Batch: batchCtx, BatchTimeout: run.batchSettings.BatchTimeout})
+		ref := RefuseLock(keys[max(failed, 0)], err, LockWait{Client: clientCtx, Batch: batchCtx, BatchTimeout: run.batchSettings.BatchTimeout})
 		run.refusal = &refusal{status: ref.Status, detail: ref.Detail, retryAfter: ref.RetryAfter, cause: err}
 		return false
 	}

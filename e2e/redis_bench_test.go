@@ -258,7 +258,8 @@ func TestRedisGenericPathPerWave(t *testing.T) {
 
 // BenchmarkClusterBatch is a cluster's all-or-nothing batch on Redis
 // (docs/performance.md, "Round trips per batch"), directly and a
-// millisecond away: each op is one batch on the "on" site and one on the
+// millisecond away, on the fast path and on the generic one (the module
+// with compression on): each op is one batch on the "on" site and one on the
 // "off" site, alternated. It reports the medians of both (on-ms,
 // off-ms), their ratio, Redis's commands and the process's round trips
 // per item (INFO commandstats, a go-redis hook), and, a millisecond
@@ -272,37 +273,43 @@ func BenchmarkClusterBatch(b *testing.B) {
 		b.Skip("redis-server is not installed")
 	}
 	direct := map[string]time.Duration{}
-	for _, dist := range []time.Duration{0, time.Millisecond} {
-		addr := startRedisServer(b)
-		relay, err := tcprelay.New(addr)
-		if err != nil {
-			b.Fatal(err)
-		}
-		relay.SetDelay(dist)
-		cb := startClusterBatch(b, relay.Addr())
-		added := relayAdds(b, addr, relay.Addr())
-		for _, op := range []string{"patch", "create"} {
-			for _, n := range []int{20, 100} {
-				name := fmt.Sprintf("redis=+%s/%s/items=%d", dist, op, n)
-				b.Run(name, func(b *testing.B) {
-					on, off := cb.alternate(b, addr, op, n)
-					b.ReportMetric(ms(on.median), "on-ms")
-					b.ReportMetric(ms(off.median), "off-ms")
-					b.ReportMetric(float64(on.median)/float64(off.median), "on/off")
-					b.ReportMetric(on.cmds/float64(n), "redis-cmds/item")
-					b.ReportMetric(on.rts/float64(n), "redis-rt/item")
-					key := op + fmt.Sprint(n)
-					if dist == 0 {
-						direct[key] = on.median
-					} else if d, ok := direct[key]; ok {
-						b.ReportMetric(float64(on.median-d)/float64(added), "seq-rt/batch")
-					}
-				})
+	for _, path := range []struct{ name, compression string }{{"fast", ""}, {"generic", "compression flate"}} {
+		for _, dist := range []time.Duration{0, time.Millisecond} {
+			addr := startRedisServer(b)
+			relay, err := tcprelay.New(addr)
+			if err != nil {
+				b.Fatal(err)
 			}
+			relay.SetDelay(dist)
+			cb := startClusterBatchWith(b, relay.Addr(), path.compression)
+			added := relayAdds(b, addr, relay.Addr())
+			for _, op := range []string{"patch", "create"} {
+				for _, n := range []int{20, 100} {
+					key := fmt.Sprintf("path=%s/%s/items=%d", path.name, op, n)
+					b.Run(fmt.Sprintf("redis=+%s/%s", dist, key), func(b *testing.B) {
+						on, off := cb.alternate(b, addr, op, n)
+						report(b, on, off, n)
+						if dist == 0 {
+							direct[key] = on.median
+						} else if d, ok := direct[key]; ok {
+							b.ReportMetric(float64(on.median-d)/float64(added), "seq-rt/batch")
+						}
+					})
+				}
+			}
+			_ = caddy.Stop()
+			_ = relay.Close()
 		}
-		_ = caddy.Stop()
-		_ = relay.Close()
 	}
+}
+
+// report reports what alternate measured of a batch of n items.
+func report(b *testing.B, on, off measured, n int) {
+	b.ReportMetric(ms(on.median), "on-ms")
+	b.ReportMetric(ms(off.median), "off-ms")
+	b.ReportMetric(float64(on.median)/float64(off.median), "on/off")
+	b.ReportMetric(on.cmds/float64(n), "redis-cmds/item")
+	b.ReportMetric(on.rts/float64(n), "redis-rt/item")
 }
 
 // measured is what alternate measured of one site.
