@@ -30,6 +30,8 @@ type Relay struct {
 	closed bool
 	// delay is added to every byte on its way to the target (SetDelay).
 	delay time.Duration
+	// observe sees every read from a client (Observe).
+	observe func([]byte)
 
 	wg sync.WaitGroup // the accept loop and every pair's pumps
 }
@@ -212,8 +214,11 @@ func (r *Relay) pump(p *pair, toUpstream bool) {
 		defer close(queue)
 		write = func(b []byte) (int, error) {
 			r.mu.Lock()
-			at := time.Now().Add(r.delay)
+			at, observe := time.Now().Add(r.delay), r.observe
 			r.mu.Unlock()
+			if observe != nil {
+				observe(b)
+			}
 			select {
 			case queue <- chunk{at, append([]byte(nil), b...)}:
 				return len(b), nil
@@ -254,6 +259,16 @@ func (r *Relay) SetDelay(d time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.delay = d
+}
+
+// Observe makes f see every read from a client on its way to the
+// target, before it is sent on: a request, for a client that waits for
+// each answer before it sends the next (as a Redis client does on one
+// connection). f runs on the relay's goroutines, one per connection.
+func (r *Relay) Observe(f func(b []byte)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.observe = f
 }
 
 // delayed writes the chunks sent on the channel it returns to dst, each

@@ -271,8 +271,7 @@ func isTimeout(err error) bool {
 }
 
 // TestDelay: with a delay set, each request reaches the target that much
-// later, so that an exchange takes it more; requests in flight together
-// each take it once, not one after another.
+// later, so that an exchange takes it more; Observe sees each request.
 func TestDelay(t *testing.T) {
 	r, c := relayed(t)
 	r.SetDelay(30 * time.Millisecond)
@@ -284,7 +283,19 @@ func TestDelay(t *testing.T) {
 		t.Errorf("an exchange took %s, want at least the delay", took)
 	}
 	r.SetDelay(0)
+	var seen []string
+	var mu sync.Mutex
+	r.Observe(func(b []byte) {
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, string(b))
+	})
 	if _, err := c.ask("ping", time.Second); err != nil {
 		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != 1 || !strings.HasPrefix(seen[0], "ping") {
+		t.Errorf("observed %q, want the request", seen)
 	}
 }
