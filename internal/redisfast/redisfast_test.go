@@ -16,6 +16,7 @@ import (
 	storageredis "github.com/pberkel/caddy-storage-redis"
 
 	"github.com/caddy-batch/caddy-batch/batchapp"
+	"github.com/caddy-batch/caddy-batch/durable"
 	"github.com/caddy-batch/caddy-batch/internal/redisfast"
 )
 
@@ -244,5 +245,53 @@ func TestForRefuses(t *testing.T) {
 	var nothing fs.FS
 	if fast, why := redisfast.For(nothing, nil); fast != nil || why == "" {
 		t.Error("a storage that is not the module got a fast path")
+	}
+}
+
+// TestRenewLease: a lease is renewed in one script only while its key
+// holds what this instance last stored (or, for its first renewal,
+// while segment 0 is there), and then holds the module's bytes for the
+// new value, with its folder's names answered; a value another instance
+// compressed cannot be compared, and says so.
+func TestRenewLease(t *testing.T) {
+	ctx := context.Background()
+	mr := miniredis.RunT(t)
+	m, f := module(t, mr, "caddy", nil), fast(t, module(t, mr, "caddy", nil))
+	dir := "batch/v1/journal/s1"
+	lease, seg0 := dir+"/lease", dir+"/seg.00000000"
+	if _, err := f.RenewLease(ctx, lease, nil, seg0, []byte(`{"renewal":1}`)); !errors.Is(err, durable.ErrKeyGone) {
+		t.Fatalf("no segment 0: %v, want ErrKeyGone", err)
+	}
+	if err := f.Store(ctx, seg0, []byte("intent")); err != nil {
+		t.Fatal(err)
+	}
+	names, err := f.RenewLease(ctx, lease, nil, seg0, []byte(`{"renewal":1}`))
+	if err != nil || !slices.Equal(names, []string{"lease", "seg.00000000"}) {
+		t.Fatalf("first renewal: %v, %v", names, err)
+	}
+	if got, err := m.Load(ctx, lease); err != nil || string(got) != `{"renewal":1}` {
+		t.Fatalf("the module reads %q, %v", got, err)
+	}
+	if _, err := f.RenewLease(ctx, lease, []byte(`{"renewal":1}`), "", []byte(`{"renewal":2}`)); err != nil {
+		t.Fatalf("second renewal: %v", err)
+	}
+	if _, err := f.RenewLease(ctx, lease, []byte(`{"renewal":1}`), "", []byte(`{"renewal":3}`)); !errors.Is(err, durable.ErrKeyChanged) {
+		t.Fatalf("a renewal over another value: %v, want ErrKeyChanged", err)
+	}
+	if got, _ := m.Load(ctx, lease); string(got) != `{"renewal":2}` {
+		t.Errorf("a refused renewal wrote %q", got)
+	}
+	compressing := module(t, mr, "caddy", func(rs *storageredis.RedisStorage) { rs.Compression = storageredis.CompressionFlate })
+	if err := compressing.Store(ctx, lease, []byte(strings.Repeat(`{"renewal":4}`, 20))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.RenewLease(ctx, lease, []byte(`{"renewal":4}`), "", []byte(`{"renewal":5}`)); !errors.Is(err, durable.ErrUndecidable) {
+		t.Errorf("a compressed value: %v, want ErrUndecidable", err)
+	}
+	if err := f.Delete(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.RenewLease(ctx, lease, []byte(`{"renewal":2}`), "", []byte(`{"renewal":3}`)); !errors.Is(err, durable.ErrKeyGone) {
+		t.Errorf("a lease gone: %v, want ErrKeyGone", err)
 	}
 }

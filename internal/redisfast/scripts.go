@@ -66,3 +66,29 @@ for i = 1, #KEYS do
   else lost[#lost + 1] = i end
 end
 return lost`)
+
+// renewScript is a lease's conditional renewal: if the lease key holds
+// the value this process last stored (or, for its first renewal, if
+// segment 0 is there), the module's Store of the new value; then the
+// names in the lease's folder, for the caller to look for a higher
+// epoch. It answers {0, names} once stored, 1 for a key not there, 2
+// for another value, 3 for a value compressed or encrypted.
+// KEYS = {lease key, its folder, the folder's parent, ..., guard key};
+// ARGV = {"prev" or "guard", the previous value in base64, the new
+// envelope, score, name in folder, name in parent, ...}.
+var renewScript = redis.NewScript(`
+local last = #KEYS
+if ARGV[1] == 'prev' then
+  local v = redis.call('GET', KEYS[1])
+  if not v then return 1 end
+  local sd = cjson.decode(v)
+  if sd.compression ~= 0 or sd.encryption ~= 0 then return 3 end
+  if sd.value ~= ARGV[2] then return 2 end
+elseif redis.call('EXISTS', KEYS[last]) == 0 then
+  return 1
+end
+for i = 2, last - 1 do
+  if redis.call('ZADD', KEYS[i], ARGV[4], ARGV[i + 3]) == 0 then break end
+end
+redis.call('SET', KEYS[1], ARGV[3])
+return {0, redis.call('ZRANGE', KEYS[2], 0, -1)}`)

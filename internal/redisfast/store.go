@@ -2,6 +2,7 @@ package redisfast
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"path"
@@ -77,6 +78,55 @@ func (s *Store) DeleteAll(ctx context.Context, keys []string) error {
 		return fmt.Errorf("deleting %s in Redis: %w", strings.Join(keys, ", "), err)
 	}
 	return nil
+}
+
+// RenewLease renews a lease in one round trip (durable.LeaseRenewer):
+// the check, the module's Store of next, and the listing of its folder.
+func (s *Store) RenewLease(ctx context.Context, key string, prev []byte, guard string, next []byte) ([]string, error) {
+	modified := time.Now()
+	env, err := json.Marshal(&envelope{Value: next, Modified: modified, Size: int64(len(next))})
+	if err != nil {
+		return nil, fmt.Errorf("encoding %s: %w", key, err)
+	}
+	keys, names := s.chain(key)
+	mode := "prev"
+	if prev == nil {
+		mode = "guard"
+		keys = append(keys, path.Join(s.prefix, guard))
+	} else {
+		// The guard's place: the script reads its keys' count.
+		keys = append(keys, keys[0])
+	}
+	args := append([]any{mode, base64.StdEncoding.EncodeToString(prev), env, strconv.FormatInt(modified.Unix(), 10)}, names...)
+	res, err := s.eval(ctx, renewScript, keys, args...)
+	if err != nil {
+		return nil, fmt.Errorf("renewing %s in Redis: %w", key, err)
+	}
+	return renewed(key, res)
+}
+
+// renewed is what renewScript answered.
+func renewed(key string, res any) ([]string, error) {
+	switch res {
+	case int64(1):
+		return nil, durable.ErrKeyGone
+	case int64(2):
+		return nil, durable.ErrKeyChanged
+	case int64(3):
+		return nil, durable.ErrUndecidable
+	}
+	parts, ok := res.([]any)
+	if !ok || len(parts) != 2 {
+		return nil, fmt.Errorf("renewing %s in Redis: the script answered %v", key, res)
+	}
+	members, _ := parts[1].([]any)
+	names := make([]string, 0, len(members))
+	for _, m := range members {
+		if n, ok := m.(string); ok {
+			names = append(names, n)
+		}
+	}
+	return names, nil
 }
 
 // chain is the Redis key of key, then the folders it is listed in, from
