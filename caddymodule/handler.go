@@ -337,7 +337,7 @@ func (h *Handler) serveBatch(w http.ResponseWriter, r *http.Request, a admission
 	obs.saga = sagaOf(journal)
 	result := batch.Run(r.Context(), plan, batch.Runtime{
 		Send: send, Locks: obs.locks(sc.locks), Slots: h.slots, Observer: h.slots.observer(),
-		Journal: journal, Throttles: h.slots.throttles, Client: durable.Credentials(r.Header),
+		Journal: journal, Throttles: h.slots.throttles, Client: durable.Credentials(r.Header, sc.gateway.ScopeHeaders),
 	})
 	obs.finished(plan, result)
 	return keyed.write(w, result)

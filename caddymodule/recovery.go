@@ -44,7 +44,7 @@ func (h *Handler) finish(r *http.Request, next caddyhttp.Handler, sc scope, job 
 		// Undos wait out the upstream's throttle of the client they
 		// undo for, as that client's batches do.
 		Throttles: h.slots.throttles,
-		Client:    durable.Credentials(job.Snap.Header),
+		Client:    durable.Credentials(job.Snap.Header, sc.gateway.ScopeHeaders),
 	}
 	var (
 		res *batch.Result
