@@ -30,7 +30,9 @@ func (run *batchRun) lock(clientCtx, batchCtx context.Context) bool {
 	}
 	slices.Sort(keys)
 	for _, key := range slices.Compact(keys) {
+		start := run.trace.now()
 		unlock, err := run.rt.Locks.Lock(batchCtx, key)
+		run.trace.lockWaited(start, err)
 		if err != nil {
 			run.locks.release()
 			ref := RefuseLock(key, err, LockWait{Client: clientCtx, Batch: batchCtx, BatchTimeout: run.batchSettings.BatchTimeout})
@@ -86,7 +88,9 @@ func (run *batchRun) lockOne(clientCtx, batchCtx context.Context, i int, id stri
 	key, timeout := run.state[i].tgt.paths.Key(id), run.state[i].tgt.settings.ItemTimeout
 	lockCtx, cancel := context.WithTimeout(batchCtx, timeout)
 	defer cancel()
+	start := run.trace.now()
 	unlock, err := run.rt.Locks.Lock(lockCtx, key)
+	run.trace.lockWaited(start, err)
 	if err != nil {
 		run.refuseItem(context.WithoutCancel(clientCtx), i, RefuseLock(key, err, LockWait{Client: clientCtx, Batch: batchCtx, BatchTimeout: run.batchSettings.BatchTimeout, ItemTimeout: timeout}), err)
 		return nil, false
