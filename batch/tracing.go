@@ -145,6 +145,15 @@ func (tr *runTrace) span(kind requestKind, i int, id string) *reqSpan {
 	return &reqSpan{tr: tr, kind: kind, index: i, id: id}
 }
 
+// undoSpan is the span of item i's undo, of the write whose span is of
+// (invalid when that write was not traced here: a recovery's).
+func (tr *runTrace) undoSpan(i int, id string, of trace.SpanID) *reqSpan {
+	if tr == nil {
+		return nil
+	}
+	return &reqSpan{tr: tr, kind: kindUndo, index: i, id: id, undoes: of}
+}
+
 // listSpan is the span of a LIST that reads ids ids.
 func (tr *runTrace) listSpan(ids int) *reqSpan {
 	if tr == nil {
