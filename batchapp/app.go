@@ -22,6 +22,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-batch/caddy-batch/durable"
+	"github.com/caddy-batch/caddy-batch/internal/traceprop"
 )
 
 func init() {
@@ -69,6 +70,9 @@ type App struct {
 	sweeper       *durable.Sweeper
 	state         *appState
 	stop, stopped chan struct{}
+	// prop are the propagators of Caddy's tracing, whose headers a
+	// recovery's request does not carry (finishThrough).
+	prop *traceprop.Propagation
 }
 
 type appState struct {
@@ -107,6 +111,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 	a.journals = durable.NewJournals(storage, a.leases, a.logger)
 	a.sweeper = durable.NewSweeper(storage, a.logger)
 	a.state = &appState{failed: map[string]string{}}
+	a.prop = traceprop.New()
 	return nil
 }
 

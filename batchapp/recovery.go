@@ -177,6 +177,10 @@ func (a *App) finishThrough(in durable.Origin, job Job) (*batch.Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The batch's span context is not sent through the routes again: a
+	// tracing there starts a trace of the recovery's own, which the
+	// batch handler links to the batch's (docs/operations.md, "Traces").
+	a.prop.Strip(req.Header)
 	var (
 		res       *batch.Result
 		finishErr error
