@@ -6,7 +6,11 @@ package e2e
 
 import (
 	"encoding/json"
+	"io/fs"
 	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -28,6 +32,7 @@ func init() {
 	httpcaddyfile.RegisterHandlerDirective("batchtest_spans", func(httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 		return spanTap{}, nil
 	})
+	httpcaddyfile.RegisterDirectiveOrder("batchtest_spans", httpcaddyfile.After, "tracing")
 }
 
 // recordedSpans are every span that ended in a tracer provider a
@@ -366,6 +371,58 @@ func TestTracingRetryLinksToTheBatch(t *testing.T) {
 	for _, req := range api.Requests() {
 		if tp := req.Header.Get("Traceparent"); strings.Contains(tp, trace6) {
 			t.Errorf("%s %s carried the stored traceparent %q", req.Method, req.Path, tp)
+		}
+	}
+}
+
+// storedTraceparent is the traceparent a journal in dir holds: the
+// dead batch's span, after Caddy's tracing wrote it into the header.
+var storedTraceparent = regexp.MustCompile(`00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]`)
+
+// A recovery of a saga whose gateway died under tracing starts a trace
+// of its own, linked to the span context the journal kept; no request
+// it sends carries the stored traceparent.
+func TestTracingRecoveryLinksToTheDeadBatch(t *testing.T) {
+	tc := deadSagaCases[0]
+	tc.traced = true
+	dir, addr := t.TempDir(), freeAddr(t)
+	api := tc.api()
+	upstream, before := deadSaga(t, tc, api, dir, addr, 2*time.Second)
+	var stored string
+	filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && stored == "" {
+			raw, _ := os.ReadFile(path)
+			stored = storedTraceparent.FindString(string(raw))
+		}
+		return nil
+	})
+	if stored == "" {
+		t.Fatal("the journal holds no traceparent")
+	}
+	deadTrace, deadSpan := stored[3:35], stored[36:52]
+	api.ResetLog()
+	startJournalGatewayAt(t, api, upstream, addr, dir, "lease 1s\n\t\trecovery_interval 100ms", "\tbatchtest_spans\n"+tc.recoverySite())
+	waitRecovered(t, api, tc.collection, before, dir, 15*time.Second)
+
+	var recovery sdktrace.ReadOnlySpan
+	eventually(t, 5*time.Second, "the recovery's span ends", func() bool {
+		for _, s := range recordedSpans.Ended() {
+			if s.SpanKind() == trace.SpanKindServer && attrsOf(s)["batch.finish"] == "recovered" {
+				recovery = s
+				return true
+			}
+		}
+		return false
+	})
+	if recovery.SpanContext().TraceID().String() == deadTrace {
+		t.Error("the recovery runs in the dead batch's trace")
+	}
+	if links := recovery.Links(); len(links) != 1 || links[0].SpanContext.TraceID().String() != deadTrace || links[0].SpanContext.SpanID().String() != deadSpan {
+		t.Errorf("the recovery's links %+v, want the stored %s", links, stored)
+	}
+	for _, req := range api.Requests() {
+		if strings.Contains(req.Header.Get("Traceparent"), deadTrace) {
+			t.Errorf("%s %s carried the stored traceparent", req.Method, req.Path)
 		}
 	}
 }
