@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
@@ -73,6 +74,9 @@ type App struct {
 	// prop are the propagators of Caddy's tracing, whose headers a
 	// recovery's request does not carry (finishThrough).
 	prop *traceprop.Propagation
+	// events is the config's events app, which the module's events go
+	// through (events.go).
+	events *caddyevents.App
 }
 
 type appState struct {
@@ -112,6 +116,11 @@ func (a *App) Provision(ctx caddy.Context) error {
 	a.sweeper = durable.NewSweeper(storage, a.logger)
 	a.state = &appState{failed: map[string]string{}}
 	a.prop = traceprop.New()
+	ev, err := ctx.App("events")
+	if err != nil {
+		return fmt.Errorf("batch: loading the events app: %w", err)
+	}
+	a.events = ev.(*caddyevents.App)
 	return nil
 }
 

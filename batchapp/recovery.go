@@ -57,6 +57,9 @@ func (a *App) finish(r *durable.Recovered) error {
 		return err
 	}
 	a.logRecovered(r, res, time.Since(start))
+	if res.Outcome == batch.RollbackFailed {
+		EmitLeftBehind(LeftBehind{Saga: r.Saga, Source: "recovery", Server: r.Origin.Server, Resource: r.Snapshot.Path, Op: r.Snapshot.Op, Result: res})
+	}
 	return nil
 }
 

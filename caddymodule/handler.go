@@ -346,7 +346,7 @@ func (h *Handler) serveBatch(w http.ResponseWriter, r *http.Request, a admission
 		Trace: h.tracing(r.Context()),
 	})
 	markSaga(r.Context(), obs.saga, result)
-	obs.finished(plan, result)
+	obs.finished(r.Context(), plan, result)
 	return keyed.write(w, result)
 }
 
