@@ -77,6 +77,8 @@ type gateway struct {
 	// admin is the admin endpoint's address (host:port) where a test
 	// turns it on; off otherwise.
 	admin string
+	// globals are more global options (an events block, say).
+	globals string
 }
 
 // startGateway serves the site body (Caddyfile directives, with UPSTREAM
@@ -138,6 +140,9 @@ func (g *gateway) config(site string) string {
 	}
 	if g.admin != "" {
 		globals = strings.Replace(globals, "admin off", "admin "+g.admin, 1)
+	}
+	if g.globals != "" {
+		globals = strings.Replace(globals, "{\n", "{\n"+g.globals+"\n", 1)
 	}
 	return globals + "http://" + g.addr + " {\n" + strings.ReplaceAll(site, "UPSTREAM", g.upstream) + "\n}\n"
 }
