@@ -134,9 +134,7 @@ func (s *sender) send(to *target, req *SubRequest, o sendOpts, beforeSend func()
 		if h.retryAfter == "" {
 			slept := s.tr.now()
 			sleep(o.wait, time.Until(h.until.Add(jitter(delay))))
-			if s.tr != nil {
-				s.tr.throttleHeld(time.Since(slept))
-			}
+			s.tr.throttleHeld(time.Since(slept))
 		}
 		last = resp
 	}
@@ -176,9 +174,7 @@ func (s *sender) read(ctx context.Context, to *target, req *SubRequest, sp *reqS
 func (s *sender) acquire(ctx context.Context, resource string, urgent bool) (func(), error) {
 	for {
 		waited, err := s.throttles.wait(ctx, s.client, resource)
-		if s.tr != nil {
-			s.tr.throttleHeld(waited)
-		}
+		s.tr.throttleHeld(waited)
 		if err != nil {
 			return nil, err
 		}

@@ -131,12 +131,8 @@ func newBatchMetrics() *BatchMetrics {
 		SagaActions: counter("saga_actions_total",
 			`Operators' actions on sagas through this instance's admin endpoint, by action (retry, resolve) and result: "resolved", "left_behind", or "refused".`,
 			[]string{"action", "result"}),
-		EventsEmitted: counter("events_emitted_total",
-			"Caddy events (batch.saga.left_behind, batch.saga.resolved) handed to the events app, by event.",
-			[]string{"event"}),
-		EventsDropped: counter("events_dropped_total",
-			`Caddy events not emitted, by event and reason: "queue_full" (the handlers were slower than the events came) or "no_config" (no running config, at exit).`,
-			[]string{"event", "reason"}),
+		EventsEmitted: counter("events_emitted_total", "Caddy events (batch.saga.left_behind, batch.saga.resolved) handed to the events app, by event.", []string{"event"}),
+		EventsDropped: counter("events_dropped_total", `Caddy events not emitted, by event and reason: "queue_full" (the handlers were slower than the events came) or "no_config" (no running config, at exit).`, []string{"event", "reason"}),
 	}
 }
 
