@@ -109,15 +109,23 @@ func subscribed(tap string) string {
 		"\n\t\ton batch.saga.resolved batchtest_events " + tap + "\n\t}"
 }
 
+// startSubscribedGateway is startAdminGateway serving operatedSite("put"),
+// whose events tap handles.
+func startSubscribedGateway(t *testing.T, api *legacyapi.API, tap string) *gateway {
+	t.Helper()
+	g := &gateway{API: api, client: &http.Client{Timeout: 60 * time.Second}, addr: freeAddr(t),
+		upstream: newUpstream(t, api), storage: "storage file_system " + t.TempDir(), admin: freeAddr(t), globals: subscribed(tap)}
+	g.start(t, operatedSite("put"))
+	return g
+}
+
 // A batch that leaves an item behind, a retry that leaves it still, a
 // retry that finishes it and an operator's resolve of another are each
 // an event with its data: the saga, where it ran, the item and why; no
 // pre-image.
 func TestEventsOfASagaLeftBehind(t *testing.T) {
 	api := seededAPI()
-	g := &gateway{API: api, client: &http.Client{Timeout: 60 * time.Second}, addr: freeAddr(t),
-		upstream: newUpstream(t, api), storage: "storage file_system " + t.TempDir(), admin: freeAddr(t), globals: subscribed("A")}
-	g.start(t, operatedSite("put"))
+	g := startSubscribedGateway(t, api, "A")
 	saga := leaveWidget17Behind(t, g)
 
 	e := awaitEvent(t, "batch.saga.left_behind", saga, func(e heard) bool { return e.Data["source"] == "batch" })
@@ -168,9 +176,7 @@ func containsAny(s string, subs ...string) bool {
 // the new config's handler hears it, the old one's does not.
 func TestEventsGoThroughTheRunningConfig(t *testing.T) {
 	api := seededAPI()
-	g := &gateway{API: api, client: &http.Client{Timeout: 60 * time.Second}, addr: freeAddr(t),
-		upstream: newUpstream(t, api), storage: "storage file_system " + t.TempDir(), admin: freeAddr(t), globals: subscribed("blocking")}
-	g.start(t, operatedSite("put"))
+	g := startSubscribedGateway(t, api, "blocking")
 	saga := leaveWidget17Behind(t, g)
 	select {
 	case <-blockingTap.entered:

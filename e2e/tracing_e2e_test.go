@@ -285,6 +285,23 @@ func TestTracingResendsAndUndos(t *testing.T) {
 	}
 }
 
+// finishSpan waits for the server span of a recovery or retry (how:
+// "recovered" or "retried") to end, and returns it.
+func finishSpan(t testing.TB, how string) sdktrace.ReadOnlySpan {
+	t.Helper()
+	var found sdktrace.ReadOnlySpan
+	eventually(t, 5*time.Second, "the "+how+" saga's span ends", func() bool {
+		for _, s := range recordedSpans.Ended() {
+			if s.SpanKind() == trace.SpanKindServer && attrsOf(s)["batch.finish"] == how {
+				found = s
+				return true
+			}
+		}
+		return false
+	})
+	return found
+}
+
 func countNames(names map[string][]sdktrace.ReadOnlySpan) map[string]int {
 	m := map[string]int{}
 	for k, v := range names {
@@ -339,16 +356,7 @@ func TestTracingRetryLinksToTheBatch(t *testing.T) {
 	api.ResetLog()
 	g.adminDo(t, "POST", "/batch/sagas/"+saga+"/retry", map[string]any{"headers": map[string]string{"Authorization": "Bearer s3cret"}})
 
-	var retry sdktrace.ReadOnlySpan
-	eventually(t, 5*time.Second, "the retry's span ends", func() bool {
-		for _, s := range recordedSpans.Ended() {
-			if s.SpanKind() == trace.SpanKindServer && attrsOf(s)["batch.finish"] == "retried" {
-				retry = s
-				return true
-			}
-		}
-		return false
-	})
+	retry := finishSpan(t, "retried")
 	if retry.SpanContext().TraceID() == batchSpan.SpanContext().TraceID() {
 		t.Error("the retry runs in the batch's trace, not one of its own")
 	}
@@ -404,16 +412,7 @@ func TestTracingRecoveryLinksToTheDeadBatch(t *testing.T) {
 	startJournalGatewayAt(t, api, upstream, addr, dir, "lease 1s\n\t\trecovery_interval 100ms", "\tbatchtest_spans\n"+tc.recoverySite())
 	waitRecovered(t, api, tc.collection, before, dir, 15*time.Second)
 
-	var recovery sdktrace.ReadOnlySpan
-	eventually(t, 5*time.Second, "the recovery's span ends", func() bool {
-		for _, s := range recordedSpans.Ended() {
-			if s.SpanKind() == trace.SpanKindServer && attrsOf(s)["batch.finish"] == "recovered" {
-				recovery = s
-				return true
-			}
-		}
-		return false
-	})
+	recovery := finishSpan(t, "recovered")
 	if recovery.SpanContext().TraceID().String() == deadTrace {
 		t.Error("the recovery runs in the dead batch's trace")
 	}
