@@ -35,15 +35,18 @@ func newTraced(s Sender) *traced {
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	ctx, span := tp.Tracer("test").Start(context.Background(), "server", trace.WithSpanKind(trace.SpanKindServer))
-	w3c := propagation.TraceContext{}
-	inject := func(ctx context.Context, h http.Header) {
-		for _, f := range w3c.Fields() {
-			h.Del(f)
-		}
-		w3c.Inject(ctx, propagation.HeaderCarrier(h))
-	}
 	return &traced{rec: rec, ctx: ctx, batch: span,
-		rt: Runtime{Send: s, Trace: &Tracing{Tracer: span.TracerProvider().Tracer("caddy-batch"), Inject: inject}}}
+		rt: Runtime{Send: s, Trace: &Tracing{Tracer: span.TracerProvider().Tracer("caddy-batch"), Inject: injectW3C}}}
+}
+
+// injectW3C writes ctx's span context as W3C trace context, as Caddy's
+// default propagators do.
+func injectW3C(ctx context.Context, h http.Header) {
+	w3c := propagation.TraceContext{}
+	for _, f := range w3c.Fields() {
+		h.Del(f)
+	}
+	w3c.Inject(ctx, propagation.HeaderCarrier(h))
 }
 
 // run runs r on /widgets and ends the batch span.
