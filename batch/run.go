@@ -11,7 +11,9 @@
 // item's state goes through batchRun.transition (run.go), which is where
 // a Journal sees it. What one item knows and decides alone (its request,
 // its proof, its undo) are methods of its itemState and target; the
-// sending of every sub-request is the run's sender (sending.go).
+// sending of every sub-request is the run's sender (sending.go), and the
+// spans of those requests and the batch span's events are the run's
+// runTrace and each request's reqSpan (tracing.go).
 package batch
 
 import (
