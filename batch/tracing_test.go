@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/caddy-batch/caddy-batch/internal/itemlock"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
@@ -282,4 +283,38 @@ func spanText(t testing.TB, s sdktrace.ReadOnlySpan) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// An envelope's operations are item spans, each with its own operation
+// and resource, and the one whose url names a created item carries its
+// id; the batch span is the envelope's.
+func TestTracingEnvelope(t *testing.T) {
+	t.Parallel()
+	p, prob := admitEnvelope(t, shop(t), userWithPosts)
+	if prob != nil {
+		t.Fatalf("refused: %d %s", prob.Status, prob.Detail)
+	}
+	f := newShopAPI("/users", "/users/100/posts")
+	tc := newTraced(f)
+	tc.rt.Locks = &itemlock.Local{}
+	if res := Run(tc.ctx, p, tc.rt); res.Outcome != Succeeded {
+		t.Fatalf("outcome %s", res.Outcome)
+	}
+	tc.batch.End()
+	items := named(tc.client(), "batch item POST")
+	equal(t, "item spans", len(items), 3)
+	resources := map[string]int{}
+	for _, s := range items {
+		a := attrs(s.Attributes())
+		equal(t, "batch.op", a["batch.op"], "create")
+		resources[a["batch.resource"]]++
+		if a["batch.item.id"] == "" {
+			t.Errorf("span %v names no created id", a)
+		}
+	}
+	equal(t, "spans on /users", resources["/users"], 1)
+	equal(t, "spans on posts", resources["/users/{user}/posts"], 2)
+	b := attrs(tc.server(t).Attributes())
+	equal(t, "the batch span's op", b["batch.op"], "envelope")
+	equal(t, "the batch span's resource", b["batch.resource"], "/batch")
 }
