@@ -357,6 +357,9 @@ func TestTracingRetryLinksToTheBatch(t *testing.T) {
 	g.adminDo(t, "POST", "/batch/sagas/"+saga+"/retry", map[string]any{"headers": map[string]string{"Authorization": "Bearer s3cret"}})
 
 	retry := finishSpan(t, "retried")
+	if got := attrsOf(retry)["batch.saga"]; got != saga {
+		t.Errorf("the retry's span names saga %q, want %q", got, saga)
+	}
 	if retry.SpanContext().TraceID() == batchSpan.SpanContext().TraceID() {
 		t.Error("the retry runs in the batch's trace, not one of its own")
 	}
