@@ -77,7 +77,9 @@ func (run *batchRun) undoItem(ctx context.Context, i int) {
 	c := &Compensation{Method: u.Method, Path: u.Path, Found: run.items[i].Compensation.found()}
 	req := st.tgt.undoRequest(run.plan.header, run.plan.key.forItem(i, ":undo"), u)
 	_ = run.transition(ctx, i, PhaseUndoing, req, func(it *ItemResult, _ *itemState) { it.Compensation = c })
-	resp, err := run.retrying(ctx, i, req, c)
+	sp := run.trace.undoSpan(i, run.items[i].ID, st.writeSpan)
+	defer sp.end(&run.mu, &run.items[i])
+	resp, err := run.retrying(ctx, i, req, c, sp)
 	switch {
 	case errors.Is(err, errFence) && run.lease.saw(err):
 		// Another instance finishes the saga: this item is its to undo.
@@ -127,7 +129,9 @@ func (run *batchRun) resolve(ctx context.Context, i int) bool {
 		st.noUndo = "the create went unanswered and the id of what it may have created cannot be learned, so that item, if any, is left behind"
 		return true
 	}
-	resp, err := run.retrying(ctx, i, run.state[i].tgt.read(run.plan.header, id), nil)
+	sp := run.trace.span(kindProof, i, id)
+	defer sp.end(&run.mu, &run.items[i])
+	resp, err := run.retrying(ctx, i, run.state[i].tgt.read(run.plan.header, id), nil, sp)
 	if resp == nil || !is2xx(resp.Status) && !gone(resp.Status) {
 		why := fmt.Sprintf("answered %d", statusOf(resp))
 		if resp == nil {
@@ -149,7 +153,9 @@ func (run *batchRun) resend(ctx context.Context, i int) (resolved, undo bool) {
 		return false, false
 	}
 	_ = run.transition(ctx, i, PhaseUndoing, st.sent, nil)
-	resp, _ := run.retrying(ctx, i, st.sent, nil)
+	sp := run.trace.span(kindResend, i, run.items[i].ID)
+	defer sp.end(&run.mu, &run.items[i])
+	resp, _ := run.retrying(ctx, i, st.sent, nil, sp)
 	if resp == nil || resp.Resent || resp.Status >= 300 && resp.Status < 400 || provesNothing(resp.Status) {
 		return false, false
 	}
@@ -232,7 +238,9 @@ func (run *batchRun) resolveByRead(ctx context.Context, i int, resp *SubResponse
 // proved reads item i and tells whether it is as proof asks before its
 // undo is sent; where it is not, the item is settled as the read shows.
 func (run *batchRun) proved(ctx context.Context, i int, proof *Proof) bool {
-	resp, err := run.retrying(ctx, i, run.state[i].tgt.read(run.plan.header, run.items[i].ID), nil)
+	sp := run.trace.span(kindProof, i, run.items[i].ID)
+	defer sp.end(&run.mu, &run.items[i])
+	resp, err := run.retrying(ctx, i, run.state[i].tgt.read(run.plan.header, run.items[i].ID), nil, sp)
 	if resp == nil {
 		run.settle(ctx, i, RollbackFailed, "the item could not be read to prove it is as the batch left it: "+asNoAnswer(err).reason, nil)
 		return false
@@ -258,7 +266,9 @@ func (run *batchRun) proved(ctx context.Context, i int, proof *Proof) bool {
 // alreadyUndone reads an item whose undo a dead saga may have sent, and
 // reports whether it is already as the undo would leave it.
 func (run *batchRun) alreadyUndone(ctx context.Context, i int) bool {
-	resp, _ := run.retrying(ctx, i, run.state[i].tgt.read(run.plan.header, run.items[i].ID), nil)
+	sp := run.trace.span(kindProof, i, run.items[i].ID)
+	defer sp.end(&run.mu, &run.items[i])
+	resp, _ := run.retrying(ctx, i, run.state[i].tgt.read(run.plan.header, run.items[i].ID), nil, sp)
 	if resp == nil {
 		return false
 	}
@@ -273,12 +283,13 @@ func (run *batchRun) alreadyUndone(ctx context.Context, i int) bool {
 // retrying sends a compensation-step request until it is answered with a
 // status not worth retrying, at most compensation_retries times more,
 // each attempt within compensation_timeout and all within ctx. c, if
-// given, counts the attempts and keeps the last one's status or error.
-func (run *batchRun) retrying(ctx context.Context, i int, req *SubRequest, c *Compensation) (*SubResponse, error) {
+// given, counts the attempts and keeps the last one's status or error;
+// sp, if given, makes a span of each attempt.
+func (run *batchRun) retrying(ctx context.Context, i int, req *SubRequest, c *Compensation, sp *reqSpan) (*SubResponse, error) {
 	s := run.state[i].tgt.settings
 	budget := limit{"the compensation's budget", compensationBudget(s, run.backoff)}
 	for attempt := 1; ; attempt++ {
-		resp, err := run.send(i, req, sendOpts{wait: ctx, ctx: ctx, urgent: true, timeout: limit{"compensation_timeout", s.CompensationTimeout}, parent: budget})
+		resp, err := run.send(i, req, sendOpts{wait: ctx, ctx: ctx, urgent: true, timeout: limit{"compensation_timeout", s.CompensationTimeout}, parent: budget, span: sp})
 		if resp == nil && (errors.Is(err, slots.ErrNoSlot) || errors.Is(err, ErrThrottleWait)) {
 			err = &noAnswer{http.StatusGatewayTimeout, "no slot of max_in_flight came free, or the upstream's throttle did not lift, within " + budget.String(), err}
 		}

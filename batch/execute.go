@@ -226,7 +226,9 @@ func (run *batchRun) executeItem(clientCtx, batchCtx context.Context, i int) boo
 		}
 		defer unlock()
 	}
-	o := sendOpts{wait: batchCtx, ctx: ctx, timeout: limit{"item_timeout", t.settings.ItemTimeout}, parent: run.sender.batchTimeout}
+	sp := run.trace.span(kindItem, i, id)
+	defer sp.end(&run.mu, &run.items[i])
+	o := sendOpts{wait: batchCtx, ctx: ctx, timeout: limit{"item_timeout", t.settings.ItemTimeout}, parent: run.sender.batchTimeout, span: sp}
 	if t.kind.Writes() {
 		// req stays as it was sent, for a resend.
 		o.sending = func() error {
@@ -238,6 +240,8 @@ func (run *batchRun) executeItem(clientCtx, batchCtx context.Context, i int) boo
 		}
 	}
 	resp, err := run.send(i, req, o)
+	// Read by the item's undo, which runs once the item's goroutine ended.
+	run.state[i].writeSpan = sp.spanID()
 	switch {
 	case errors.Is(err, errJournal):
 		run.failByGateway(ctx, i, "the saga's journal could not record the write, so it was not sent", err)

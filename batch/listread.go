@@ -31,6 +31,7 @@ type listReads struct {
 	sender      *sender
 	concurrency int
 	header      http.Header // the client's, forwarded (Plan.header)
+	trace       *runTrace   // nil when nothing is traced
 
 	mu        sync.Mutex
 	requests  int // LISTs sent
@@ -65,7 +66,9 @@ func (l *listReads) read(ctx context.Context, t *target, indices []int, ids []st
 	sent := fanOut(ctx, l.concurrency, upTo(len(groups)), stop, func(ctx context.Context, g int) {
 		req := newSubRequest(l.header, t, http.MethodGet, t.collectionPath, nil, "")
 		req.RawQuery = query + f.Query(groups[g])
-		elems, failure := l.list(ctx, t, req)
+		sp := l.trace.listSpan(len(groups[g]))
+		elems, failure := l.list(ctx, t, req, sp)
+		sp.endList(failure)
 		if failure != nil {
 			failure.IDs = len(groups[g])
 			l.mu.Lock()
@@ -111,10 +114,10 @@ func (c *listClaims) take(i int) bool {
 	return true
 }
 
-// list sends one LIST and returns the elements of its answer's array, or
-// why there are none to use.
-func (l *listReads) list(ctx context.Context, t *target, req *SubRequest) ([]json.RawMessage, *ListFailure) {
-	resp, err := l.sender.read(ctx, t, req)
+// list sends one LIST, traced by sp, and returns the elements of its
+// answer's array, or why there are none to use.
+func (l *listReads) list(ctx context.Context, t *target, req *SubRequest, sp *reqSpan) ([]json.RawMessage, *ListFailure) {
+	resp, err := l.sender.read(ctx, t, req, sp)
 	switch {
 	case resp == nil:
 		return nil, &ListFailure{Reason: "no_answer", Detail: asNoAnswer(err).reason}

@@ -30,7 +30,10 @@ func (run *batchRun) lock(clientCtx, batchCtx context.Context) bool {
 	}
 	slices.Sort(keys)
 	keys = slices.Compact(keys)
+	// One wait for all of them, as the batch span's lock_wait counts it.
+	start := run.trace.now()
 	unlocks, failed, err := itemlock.LockAll(batchCtx, run.rt.Locks, keys)
+	run.trace.lockWaited(start, err)
 	if err != nil {
 		ref := RefuseLock(keys[max(failed, 0)], err, LockWait{Client: clientCtx, Batch: batchCtx, BatchTimeout: run.batchSettings.BatchTimeout})
 		run.refusal = &refusal{status: ref.Status, detail: ref.Detail, retryAfter: ref.RetryAfter, cause: err}
@@ -96,7 +99,9 @@ func (run *batchRun) lockOne(clientCtx, batchCtx context.Context, i int, id stri
 	key, timeout := run.state[i].tgt.paths.Key(id), run.state[i].tgt.settings.ItemTimeout
 	lockCtx, cancel := context.WithTimeout(batchCtx, timeout)
 	defer cancel()
+	start := run.trace.now()
 	unlock, err := run.rt.Locks.Lock(lockCtx, key)
+	run.trace.lockWaited(start, err)
 	if err != nil {
 		run.refuseItem(context.WithoutCancel(clientCtx), i, RefuseLock(key, err, LockWait{Client: clientCtx, Batch: batchCtx, BatchTimeout: run.batchSettings.BatchTimeout, ItemTimeout: timeout}), err)
 		return nil, false

@@ -67,7 +67,9 @@ func (run *batchRun) preflightRead(i int) func(ctx context.Context, i int) bool 
 
 func (run *batchRun) readPreimage(ctx context.Context, i int) bool {
 	req := run.state[i].tgt.read(run.plan.header, run.items[i].ID)
-	resp, err := run.sender.read(ctx, run.state[i].tgt, req)
+	sp := run.trace.span(kindPreflight, i, run.items[i].ID)
+	defer sp.end(&run.mu, &run.items[i])
+	resp, err := run.sender.read(ctx, run.state[i].tgt, req, sp)
 	t := run.state[i].tgt
 	declarative := t.kind == policy.OpDelete && t.settings.DeleteSemantics == policy.Declarative
 	ok := true
@@ -116,7 +118,9 @@ func (run *batchRun) listedPreimage(ctx context.Context, i int, elem json.RawMes
 func (run *batchRun) checkFree(ctx context.Context, i int) bool {
 	id := run.items[i].ID
 	req := run.state[i].tgt.read(run.plan.header, id)
-	resp, err := run.sender.read(ctx, run.state[i].tgt, req)
+	sp := run.trace.span(kindPreflight, i, id)
+	defer sp.end(&run.mu, &run.items[i])
+	resp, err := run.sender.read(ctx, run.state[i].tgt, req, sp)
 	if resp != nil && gone(resp.Status) {
 		return true
 	}

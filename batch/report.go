@@ -143,12 +143,18 @@ func (run *batchRun) failureStatus(firstFailure int, batchCtx context.Context) i
 
 // describeLeft names an item a rollback left behind, and why.
 func (it *ItemResult) describeLeft() string {
-	reason := it.Error
-	if c := it.Compensation; c != nil && c.Error != "" {
-		reason = c.Error
-	}
+	reason := it.LeftReason()
 	if reason == "" {
 		return it.describe()
 	}
 	return it.describe() + ": " + reason
+}
+
+// LeftReason is why a rollback left the item behind: its undo's error,
+// else its own; it quotes what the legacy API answered, never a body.
+func (it *ItemResult) LeftReason() string {
+	if c := it.Compensation; c != nil && c.Error != "" {
+		return c.Error
+	}
+	return it.Error
 }

@@ -11,7 +11,9 @@
 // item's state goes through batchRun.transition (run.go), which is where
 // a Journal sees it. What one item knows and decides alone (its request,
 // its proof, its undo) are methods of its itemState and target; the
-// sending of every sub-request is the run's sender (sending.go).
+// sending of every sub-request is the run's sender (sending.go), and the
+// spans of those requests and the batch span's events are the run's
+// runTrace and each request's reqSpan (tracing.go).
 package batch
 
 import (
@@ -21,6 +23,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/caddy-batch/caddy-batch/internal/itemlock"
 	"github.com/caddy-batch/caddy-batch/policy"
@@ -50,6 +54,9 @@ type Runtime struct {
 	// Client names whose batch this is, for Throttles: a hash of its
 	// credentials.
 	Client string
+	// Trace makes a span of every request the run sends, beneath the
+	// span in its context; nil makes none (docs/operations.md, "Traces").
+	Trace *Tracing
 }
 
 // Slots bound the sub-requests in flight across all the batches of a
@@ -68,7 +75,10 @@ type Slots interface {
 // unknown. Compensations run detached from ctx's cancellation, with their
 // own timeouts.
 func Run(ctx context.Context, p *Plan, rt Runtime) *Result {
-	return newBatchRun(p, rt, compensationBackoff).do(ctx)
+	run := newBatchRun(p, rt, compensationBackoff)
+	res := run.do(ctx)
+	run.trace.finish(ctx, p, res)
+	return res
 }
 
 // batchRun is one run of a planned batch or envelope: every item's
@@ -84,6 +94,7 @@ type batchRun struct {
 	allOrNothing, saga bool
 	rt                 Runtime // its Journal and Locks; sender sends
 	sender             *sender
+	trace              *runTrace // nil when nothing is traced
 	backoff            func(attempt int) time.Duration
 
 	// mu guards the items' state: items run on their own goroutines.
@@ -157,17 +168,23 @@ type itemState struct {
 	// inFlightUntil is when a write that a dead saga recorded as being
 	// sent, with no answer, is over for sure: it is resolved after.
 	inFlightUntil time.Time
+	// writeSpan is the span of the item's own request, which its undo's
+	// span names (batch.compensation.of); invalid when nothing was
+	// traced, or the write was another process's.
+	writeSpan trace.SpanID
 }
 
 func newBatchRun(p *Plan, rt Runtime, backoff func(int) time.Duration) *batchRun {
 	if rt.Journal == nil {
 		rt.Journal = NoJournal{}
 	}
+	tr := newRunTrace(rt)
 	run := &batchRun{
 		plan:          p,
 		batchSettings: p.settings,
 		rt:            rt,
-		sender:        newSender(rt, p.settings.BatchTimeout),
+		trace:         tr,
+		sender:        newSender(rt, p.settings.BatchTimeout, tr),
 		backoff:       backoff,
 		allOrNothing:  p.Atomicity == policy.AllOrNothing,
 		saga:          p.Saga(),
@@ -175,7 +192,7 @@ func newBatchRun(p *Plan, rt Runtime, backoff func(int) time.Duration) *batchRun
 		items:         make([]ItemResult, len(p.Items)),
 		state:         make([]itemState, len(p.Items)),
 	}
-	run.lists = &listReads{sender: run.sender, concurrency: p.settings.Concurrency, header: p.header}
+	run.lists = &listReads{sender: run.sender, concurrency: p.settings.Concurrency, header: p.header, trace: tr}
 	if p.envelope() {
 		run.writers = map[string][]int{}
 	}
@@ -216,7 +233,10 @@ func (run *batchRun) do(ctx context.Context) *Result {
 		return run.report(ctx, batchCtx)
 	}
 	defer run.locks.release()
-	if err := run.rt.Journal.Begin(ctx, run.plan); err != nil {
+	start := run.trace.now()
+	err := run.rt.Journal.Begin(ctx, run.plan)
+	run.trace.journalStored(start, err)
+	if err != nil {
 		// Nothing was written, and nothing may be.
 		run.refusal = &refusal{status: http.StatusServiceUnavailable, cause: err,
 			detail: "the saga's journal could not be written, so the batch was not started; nothing was changed"}
@@ -241,11 +261,15 @@ func (run *batchRun) end(ctx, batchCtx context.Context, undo bool) *Result {
 	run.checkLease(ctx)
 	if lost := run.lease.loss(); lost != nil {
 		res := run.endLost(ctx, batchCtx, lost)
+		start := run.trace.now()
 		run.rt.Journal.End(context.WithoutCancel(ctx), res)
+		run.trace.journalStored(start, nil)
 		return res
 	}
 	res := run.report(ctx, batchCtx)
+	start := run.trace.now()
 	run.rt.Journal.End(context.WithoutCancel(ctx), res)
+	run.trace.journalStored(start, nil)
 	return res
 }
 
@@ -325,7 +349,10 @@ func (run *batchRun) transition(ctx context.Context, i int, phase Phase, req *Su
 	// Outside the lock, so that a journal can store the records of
 	// several items in one write; an item's own transitions come from
 	// one goroutine, in order.
-	return run.rt.Journal.Record(ctx, t)
+	start := run.trace.now()
+	err := run.rt.Journal.Record(ctx, t)
+	run.trace.journalStored(start, err)
+	return err
 }
 
 // snapshot is the saga as it stands, for a journal to keep.

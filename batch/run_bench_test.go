@@ -6,6 +6,9 @@ import (
 	"strings"
 	"testing"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/caddy-batch/caddy-batch/internal/itemlock"
 	"github.com/caddy-batch/caddy-batch/internal/slots"
 )
@@ -24,6 +27,35 @@ func BenchmarkRunBatchCreate(b *testing.B) {
 		if res.Outcome != Succeeded {
 			b.Fatalf("outcome %s", res.Outcome)
 		}
+	}
+}
+
+// BenchmarkRunBatchCreateTraced is BenchmarkRunBatchCreate without and
+// with Runtime.Trace, under a provider that records every span and
+// exports none: what the spans of a batch's requests cost the engine,
+// per item (docs/performance.md, "Tracing").
+func BenchmarkRunBatchCreateTraced(b *testing.B) {
+	p := mustPlan(b, newRequest("POST", "/widgets", elements(100)))
+	fifo := slots.NewFIFO(16)
+	for _, traced := range []bool{false, true} {
+		b.Run(fmt.Sprintf("trace=%v", traced), func(b *testing.B) {
+			ctx, rt := context.Background(), Runtime{Locks: &itemlock.Local{}, Slots: fifo}
+			if traced {
+				tp := sdktrace.NewTracerProvider()
+				var span interface{ End(...trace.SpanEndOption) }
+				ctx, span = tp.Tracer("bench").Start(ctx, "batch")
+				defer span.End()
+				rt.Trace = &Tracing{Tracer: tp.Tracer("caddy-batch"), Inject: injectW3C}
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				rt.Send = newFake()
+				if res := Run(ctx, p, rt); res.Outcome != Succeeded {
+					b.Fatalf("outcome %s", res.Outcome)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(p.Items)), "ns/item")
+		})
 	}
 }
 

@@ -30,13 +30,17 @@ type sender struct {
 	// batchTimeout is the batch's deadline, which a read's wait counts
 	// against, named for the client.
 	batchTimeout limit
+	// tr is told how long the upstream's throttle held requests back;
+	// nil when nothing is traced.
+	tr *runTrace
 }
 
-// newSender is the sender of a run under rt, within batchTimeout.
-func newSender(rt Runtime, batchTimeout time.Duration) *sender {
+// newSender is the sender of a run under rt, within batchTimeout, traced
+// by tr.
+func newSender(rt Runtime, batchTimeout time.Duration, tr *runTrace) *sender {
 	s := &sender{
 		upstream: rt.Send, slots: rt.Slots, throttles: rt.Throttles, client: rt.Client,
-		observer: rt.Observer, batchTimeout: limit{"batch_timeout", batchTimeout},
+		observer: rt.Observer, batchTimeout: limit{"batch_timeout", batchTimeout}, tr: tr,
 	}
 	if s.throttles == nil {
 		s.throttles = NewThrottles(nil)
@@ -62,6 +66,9 @@ type sendOpts struct {
 	// the request first leaves (the journal's record of a write); its
 	// error sends nothing.
 	sending func() error
+	// span makes a span of each attempt and writes its context into the
+	// attempt's header; nil when nothing is traced.
+	span *reqSpan
 }
 
 // send sends req to to's resource as the comment on sender says. The
@@ -92,9 +99,16 @@ func (s *sender) send(to *target, req *SubRequest, o sendOpts, beforeSend func()
 			release()
 			return nil, err
 		}
+		sub, ctx := req.clone(), o.ctx
+		if o.span != nil {
+			// Only the attempt's copy carries its span: what the journal
+			// keeps, and a resend repeats, is the request as planned.
+			ctx = o.span.start(ctx, to, sub)
+		}
 		start := time.Now()
-		resp, err := s.within(o.ctx, o.timeout, o.parent, req.clone())
+		resp, err := s.within(ctx, o.timeout, o.parent, sub)
 		s.observe(time.Since(start), resp, err)
+		o.span.answered(resp, err)
 		delay, ok := throttledWithin(to.settings.MaxThrottleWait, resp)
 		if !ok {
 			release()
@@ -118,7 +132,9 @@ func (s *sender) send(to *target, req *SubRequest, o sendOpts, beforeSend func()
 			s.throttles.waited(resource)
 		}
 		if h.retryAfter == "" {
+			slept := s.tr.now()
 			sleep(o.wait, time.Until(h.until.Add(jitter(delay))))
+			s.tr.throttleHeld(time.Since(slept))
 		}
 		last = resp
 	}
@@ -138,11 +154,11 @@ func leaving(attempt int, sending, beforeSend func() error) error {
 }
 
 // read sends a read of the batch under item_timeout, within the batch's
-// deadline (ctx), its wait for a slot included. A read that could not
-// start in time got no answer. No read waits for a saga's lease: only
+// deadline (ctx), its wait for a slot included, traced by sp. A read
+// that could not start in time got no answer. No read waits for a saga's lease: only
 // writes are fenced.
-func (s *sender) read(ctx context.Context, to *target, req *SubRequest) (*SubResponse, error) {
-	resp, err := s.send(to, req, sendOpts{wait: ctx, ctx: ctx, timeout: limit{"item_timeout", to.settings.ItemTimeout}, parent: s.batchTimeout}, nil)
+func (s *sender) read(ctx context.Context, to *target, req *SubRequest, sp *reqSpan) (*SubResponse, error) {
+	resp, err := s.send(to, req, sendOpts{wait: ctx, ctx: ctx, timeout: limit{"item_timeout", to.settings.ItemTimeout}, parent: s.batchTimeout, span: sp}, nil)
 	if resp == nil && (errors.Is(err, slots.ErrNoSlot) || errors.Is(err, ErrThrottleWait)) {
 		reason := "no slot of max_in_flight came free within " + s.batchTimeout.String()
 		if errors.Is(err, ErrThrottleWait) {
@@ -157,7 +173,9 @@ func (s *sender) read(ctx context.Context, to *target, req *SubRequest) (*SubRes
 // for a slot, and again for a hold that came while it waited.
 func (s *sender) acquire(ctx context.Context, resource string, urgent bool) (func(), error) {
 	for {
-		if err := s.throttles.wait(ctx, s.client, resource); err != nil {
+		waited, err := s.throttles.wait(ctx, s.client, resource)
+		s.tr.throttleHeld(waited)
+		if err != nil {
 			return nil, err
 		}
 		release, err := s.slot(ctx, urgent)

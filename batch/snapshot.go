@@ -185,6 +185,7 @@ func resume(ctx context.Context, snap *Snapshot, lookup func(path string) (polic
 		// still promise. (Reached only when nothing was applied.)
 		res.Outcome = RolledBack
 	}
+	run.trace.finish(ctx, p, res)
 	return res, nil
 }
 

@@ -78,18 +78,22 @@ func (t *Throttles) current(client, resource string, now time.Time) (throttleHol
 // at once, and never sooner). A hold that lasts past ctx's deadline
 // returns a *HeldBack at once: the request cannot be sent in time, and
 // the API has already said what it would answer. A ctx that ends while
-// waiting returns ErrThrottleWait.
-func (t *Throttles) wait(ctx context.Context, client, resource string) error {
+// waiting returns ErrThrottleWait. It returns how long it waited.
+func (t *Throttles) wait(ctx context.Context, client, resource string) (time.Duration, error) {
+	var began time.Time
 	for {
 		now := time.Now()
 		h, ok := t.current(client, resource, now)
 		if !ok {
-			return nil
+			return waitedSince(began, now), nil
+		}
+		if began.IsZero() {
+			began = now
 		}
 		at := h.until.Add(jitter(h.delay))
 		if deadline, ok := ctx.Deadline(); ok {
 			if h.until.After(deadline) {
-				return &HeldBack{Status: h.status, RetryAfter: h.retryAfter, Until: h.until}
+				return waitedSince(began, now), &HeldBack{Status: h.status, RetryAfter: h.retryAfter, Until: h.until}
 			}
 			// The jitter spreads the held requests; it must not make one
 			// miss a deadline the moment itself meets.
@@ -101,10 +105,19 @@ func (t *Throttles) wait(ctx context.Context, client, resource string) error {
 		select {
 		case <-ctx.Done():
 			timer.Stop()
-			return fmt.Errorf("%w: %w", ErrThrottleWait, context.Cause(ctx))
+			return waitedSince(began, time.Now()), fmt.Errorf("%w: %w", ErrThrottleWait, context.Cause(ctx))
 		case <-timer.C:
 		}
 	}
+}
+
+// waitedSince is how long a wait that began at began (zero: it never
+// waited) lasted until now.
+func waitedSince(began, now time.Time) time.Duration {
+	if began.IsZero() {
+		return 0
+	}
+	return now.Sub(began)
 }
 
 // jitter is how much later than its moment a held request goes: up to

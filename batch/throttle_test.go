@@ -305,14 +305,14 @@ func TestThrottleReleaseIsJittered(t *testing.T) {
 		throttles := NewThrottles(nil)
 		moment := time.Now().Add(200 * time.Millisecond)
 		throttles.hold("ada", "/widgets", throttleHold{until: moment, delay: 200 * time.Millisecond, status: 429, retryAfter: "1"}, time.Now())
-		if err := throttles.wait(context.Background(), "ada", "/widgets"); err != nil || time.Now().Before(moment) {
+		if _, err := throttles.wait(context.Background(), "ada", "/widgets"); err != nil || time.Now().Before(moment) {
 			t.Errorf("wait returned %v at %v, before the moment %v", err, time.Now(), moment)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 		defer cancel()
 		throttles.hold("bob", "/widgets", throttleHold{until: time.Now().Add(time.Second), delay: time.Second, status: 429, retryAfter: "1"}, time.Now())
 		var held *HeldBack
-		if err := throttles.wait(ctx, "bob", "/widgets"); !errors.As(err, &held) || held.Status != 429 || held.RetryAfter != "1" {
+		if _, err := throttles.wait(ctx, "bob", "/widgets"); !errors.As(err, &held) || held.Status != 429 || held.RetryAfter != "1" {
 			t.Errorf("a hold past the deadline: %v, want a HeldBack with 429 and Retry-After 1", err)
 		}
 	})

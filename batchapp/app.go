@@ -19,9 +19,11 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 	"go.uber.org/zap"
 
 	"github.com/caddy-batch/caddy-batch/durable"
+	"github.com/caddy-batch/caddy-batch/internal/traceprop"
 )
 
 func init() {
@@ -69,6 +71,12 @@ type App struct {
 	sweeper       *durable.Sweeper
 	state         *appState
 	stop, stopped chan struct{}
+	// prop are the propagators of Caddy's tracing, whose headers a
+	// recovery's request does not carry (finishThrough).
+	prop *traceprop.Propagation
+	// events is the config's events app, which the module's events go
+	// through (events.go).
+	events *caddyevents.App
 }
 
 type appState struct {
@@ -109,6 +117,12 @@ func (a *App) Provision(ctx caddy.Context) error {
 	a.journals = durable.NewJournals(storage, a.leases, a.logger)
 	a.sweeper = durable.NewSweeper(storage, a.logger)
 	a.state = &appState{failed: map[string]string{}}
+	a.prop = traceprop.New()
+	ev, err := ctx.App("events")
+	if err != nil {
+		return fmt.Errorf("batch: loading the events app: %w", err)
+	}
+	a.events = ev.(*caddyevents.App)
 	return nil
 }
 

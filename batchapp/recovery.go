@@ -57,6 +57,9 @@ func (a *App) finish(r *durable.Recovered) error {
 		return err
 	}
 	a.logRecovered(r, res, time.Since(start))
+	if res.Outcome == batch.RollbackFailed {
+		EmitLeftBehind(LeftBehind{Saga: r.Saga, Source: "recovery", Server: r.Origin.Server, Resource: r.Snapshot.Path, Op: r.Snapshot.Op, Result: res})
+	}
 	return nil
 }
 
@@ -177,6 +180,10 @@ func (a *App) finishThrough(in durable.Origin, job Job) (*batch.Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The batch's span context is not sent through the routes again: a
+	// tracing there starts a trace of the recovery's own, which the
+	// batch handler links to the batch's (docs/operations.md, "Traces").
+	a.prop.Strip(req.Header)
 	var (
 		res       *batch.Result
 		finishErr error

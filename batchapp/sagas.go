@@ -66,8 +66,10 @@ func (a *App) retrySaga(ctx context.Context, saga string, header http.Header, ca
 	defer a.countSagas(context.WithoutCancel(ctx))
 	a.logAction("retry", saga, caller, res.LeftBehind, zap.String("outcome", string(res.Outcome)), zap.Int("compensations", res.Compensations))
 	if res.Outcome == batch.RollbackFailed {
+		EmitLeftBehind(LeftBehind{Saga: saga, Source: "retry", Server: before.Server, Resource: before.Resource, Op: before.Op, Result: res})
 		return a.journals.Saga(ctx, saga)
 	}
+	emitResolved(saga, "retry", before.Server, before.Resource, before.Op, "", len(before.LeftBehind))
 	return resolvedView(before, res), nil
 }
 
@@ -98,6 +100,7 @@ func (a *App) resolveSaga(ctx context.Context, saga, reason, caller string) (*du
 		why = []string{v.Reason}
 	}
 	a.logAction("resolve", saga, caller, why, zap.Strings("items", v.ItemIDs()), zap.String("was", v.State), zap.String("reason", reason))
+	emitResolved(saga, "operator", v.Server, v.Resource, v.Op, reason, len(v.LeftBehind))
 	ended := time.Now()
 	v.State, v.Ended = durable.StateResolved, &ended
 	return v, nil

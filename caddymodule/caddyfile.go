@@ -88,6 +88,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    idempotency_ttl      <duration>
 //	    journal              [on|off]
 //	    scope_query          <param...>
+//	    scope_headers        <header...>
 //	    id_format            any|integer|uuid
 //	    stamped_fields       <member...>
 //	    envelope             <path>

@@ -63,7 +63,7 @@ var configMistakes = []configMistake{
 	{name: "unknown option, misspelt", config: batchBlock(caddyLines("\tmax_item 5"), usersResource), line: 3, syntax: true,
 		want: `unknown batch option "max_item": did you mean max_items?`},
 	{name: "unknown option", config: batchBlock(caddyLines("\tparallelism 4"), usersResource), line: 3, syntax: true,
-		want: `unknown batch option "parallelism" (this block takes resource, envelope, openapi, atomicity, allow_override, max_items, max_body_size, max_response_size, concurrency, max_in_flight, max_throttle_wait, item_timeout, batch_timeout, ids_param, id_field, delete_semantics, restore_deleted, restore_updated, compensation_retries, compensation_timeout, idempotent_upstream, conditional_writes, item_locks, idempotency_ttl, journal, scope_query, id_format, stamped_fields)`},
+		want: `unknown batch option "parallelism" (this block takes resource, envelope, openapi, atomicity, allow_override, max_items, max_body_size, max_response_size, concurrency, max_in_flight, max_throttle_wait, item_timeout, batch_timeout, ids_param, id_field, delete_semantics, restore_deleted, restore_updated, compensation_retries, compensation_timeout, idempotent_upstream, conditional_writes, item_locks, idempotency_ttl, journal, scope_query, scope_headers, id_format, stamped_fields)`},
 	{name: "unknown option in a resource", config: batchBlock(caddyLines("\tresource /users {", "\t\tcolection GET", "\t}")), line: 4, syntax: true,
 		want: `unknown batch option "colection": did you mean collection?`},
 	{name: "resource subdirective outside a resource", config: batchBlock(caddyLines("\tcollection GET"), usersResource), line: 3, syntax: true,

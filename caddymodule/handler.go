@@ -23,6 +23,7 @@ import (
 	"github.com/caddy-batch/caddy-batch/internal/options"
 	"github.com/caddy-batch/caddy-batch/internal/problem"
 	"github.com/caddy-batch/caddy-batch/internal/telemetry"
+	"github.com/caddy-batch/caddy-batch/internal/traceprop"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
@@ -85,6 +86,9 @@ type Handler struct {
 	journals     *durable.Journals
 	// headless are the resources whose API answered HEAD 405.
 	headless *headless
+	// prop are the propagators of Caddy's tracing, which write each
+	// sub-request's span context (docs/operations.md, "Traces").
+	prop *traceprop.Propagation
 }
 
 // Resource is one collection of the legacy API and its items.
@@ -166,6 +170,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.config = cfg
 	h.headless = new(headless)
+	h.prop = traceprop.New()
 	for _, g := range cfg.gaps {
 		h.logger.Warn(g.Warning(), zap.String("resource", g.Resource), zap.String("op", g.Op.String()))
 	}
@@ -337,9 +342,11 @@ func (h *Handler) serveBatch(w http.ResponseWriter, r *http.Request, a admission
 	obs.saga = sagaOf(journal)
 	result := batch.Run(r.Context(), plan, batch.Runtime{
 		Send: send, Locks: obs.locks(sc.locks), Slots: h.slots, Observer: h.slots.observer(),
-		Journal: journal, Throttles: h.slots.throttles, Client: durable.Credentials(r.Header),
+		Journal: journal, Throttles: h.slots.throttles, Client: durable.Credentials(r.Header, sc.gateway.ScopeHeaders),
+		Trace: h.tracing(r.Context()),
 	})
-	obs.finished(plan, result)
+	markSaga(r.Context(), obs.saga, result)
+	obs.finished(r.Context(), plan, result)
 	return keyed.write(w, result)
 }
 

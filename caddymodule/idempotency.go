@@ -69,7 +69,7 @@ func (i *idempotency) watch(r *http.Request, sc scope, plan *batch.Plan) *keyedB
 	if key == "" {
 		return nil
 	}
-	record, lock := durable.IdempotencyRecord(key, durable.Credentials(r.Header), sc.resource, sc.collection, op.String())
+	record, lock := durable.IdempotencyRecord(key, durable.Credentials(r.Header, sc.gateway.ScopeHeaders), sc.resource, sc.collection, op.String())
 	return &keyedBatch{
 		idem:     i,
 		r:        r,
@@ -241,7 +241,7 @@ func (i *idempotency) settleRecovered(ctx context.Context, sc scope, snap *batch
 	if snap.KeyQuoted {
 		key = `"` + key + `"`
 	}
-	recordKey, _ := durable.IdempotencyRecord(key, durable.Credentials(snap.Header),
+	recordKey, _ := durable.IdempotencyRecord(key, durable.Credentials(snap.Header, sc.gateway.ScopeHeaders),
 		sc.resource, sc.collection, snap.Op)
 	rec := durable.NewAnswerRecorder()
 	if err := res.Write(rec); err != nil {

@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"context"
 	"net"
 	"net/http"
 	"slices"
@@ -9,10 +10,12 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
 	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/batchapp"
 	"github.com/caddy-batch/caddy-batch/internal/itemlock"
 	"github.com/caddy-batch/caddy-batch/internal/recorder"
 	"github.com/caddy-batch/caddy-batch/internal/telemetry"
@@ -114,12 +117,25 @@ func (o *observation) rejected(status int, detail string) {
 	}
 }
 
-// finished records a batch that was run.
-func (o *observation) finished(plan *batch.Plan, res *batch.Result) {
+// finished records a batch that was run, whose request had ctx. A
+// batch that left items behind is an event too, emitted once the saga's
+// locks are released (they are, once batch.Run returned).
+func (o *observation) finished(ctx context.Context, plan *batch.Plan, res *batch.Result) {
 	took := time.Since(o.start)
 	setOutcome(o.repl, len(plan.Items), string(res.Outcome))
 	telemetry.Metrics.Finished(o.labels, res, took)
 	o.log(plan, res, took)
+	if res.Outcome == batch.RollbackFailed {
+		saga := o.saga
+		if res.LeaseLost {
+			saga = res.Kept
+		}
+		lb := batchapp.LeftBehind{Saga: saga, Source: "batch", Server: o.labels.Server, Resource: o.labels.Resource, Op: plan.Op.String(), Result: res}
+		if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+			lb.TraceID = sc.TraceID().String()
+		}
+		batchapp.EmitLeftBehind(lb)
+	}
 	for _, f := range res.ListFailures {
 		telemetry.Metrics.ListFallbacks.WithLabelValues(o.labels.Server, o.labels.Resource, f.Reason).Inc()
 		if ce := o.logger.Check(zapcore.WarnLevel, "batch: a LIST through list_filter could not be used; its ids were read one by one"); ce != nil {

@@ -35,8 +35,11 @@ func (h *Handler) offer(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 // sent through next as r's own would be, and answers what became of it.
 func (h *Handler) finish(r *http.Request, next caddyhttp.Handler, sc scope, job batchapp.Job) (*batch.Result, error) {
 	ctx := r.Context()
+	h.linkFinish(ctx, job, sagaOf(job.Journal))
+	send := newSubrequests(r, next, sc.settings.MaxBodySize)
+	send.strip = h.stripStored(ctx)
 	rt := batch.Runtime{
-		Send:     newSubrequests(r, next, sc.settings.MaxBodySize),
+		Send:     send,
 		Locks:    sc.locks,
 		Journal:  job.Journal,
 		Slots:    h.slots,
@@ -44,7 +47,8 @@ func (h *Handler) finish(r *http.Request, next caddyhttp.Handler, sc scope, job 
 		// Undos wait out the upstream's throttle of the client they
 		// undo for, as that client's batches do.
 		Throttles: h.slots.throttles,
-		Client:    durable.Credentials(job.Snap.Header),
+		Client:    durable.Credentials(job.Snap.Header, sc.gateway.ScopeHeaders),
+		Trace:     h.tracing(ctx),
 	}
 	var (
 		res *batch.Result

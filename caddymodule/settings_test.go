@@ -34,7 +34,7 @@ func TestSettingsInheritance(t *testing.T) {
 			{"path": "/tuned", "collection": ["GET"], "item": ["GET"], "atomicity": "all_or_nothing", "max_items": 3, "compensation_retries": 0, "allow_override": true,
 				"conditional_writes": false, "scope_query": ["api_key", "tenant"], "id_format": "uuid",
 				"stamped_fields": ["modified", "etag"],
-				"journal": false, "item_locks": "local", "idempotency_ttl": "2m"}
+				"journal": false, "item_locks": "local", "idempotency_ttl": "2m", "scope_headers": ["X-API-Key"]}
 		]
 	}`
 	if err := json.Unmarshal([]byte(raw), &h); err != nil {
@@ -62,6 +62,7 @@ func TestSettingsInheritance(t *testing.T) {
 	plainGateway.IdempotencyTTL, plainGateway.ItemLocks, plainGateway.MaxInFlight = time.Hour, policy.StorageLocks, 5
 	tunedGateway := plainGateway
 	tunedGateway.Journal, tunedGateway.ItemLocks, tunedGateway.IdempotencyTTL = false, policy.LocalLocks, 2*time.Minute
+	tunedGateway.ScopeHeaders = []string{"X-API-Key"}
 
 	for path, want := range map[string]policy.Settings{"/plain": plain, "/tuned": tuned} {
 		m, ok := h.policy.Lookup(path)
@@ -72,7 +73,7 @@ func TestSettingsInheritance(t *testing.T) {
 			t.Errorf("%s settings\n got %+v\nwant %+v", path, got, want)
 		}
 		wantGateway := map[string]policy.GatewaySettings{"/plain": plainGateway, "/tuned": tunedGateway}[path]
-		if got := m.Resource.Gateway; got != wantGateway {
+		if got := m.Resource.Gateway; !reflect.DeepEqual(got, wantGateway) {
 			t.Errorf("%s gateway settings\n got %+v\nwant %+v", path, got, wantGateway)
 		}
 	}

@@ -37,6 +37,9 @@ type subrequests struct {
 	vars        map[string]any
 	routeGroups map[string]struct{}
 	maxBody     int64
+	// strip, if set, deletes the tracing headers of a saga's stored
+	// header from each sub-request of a recovery that makes no spans.
+	strip func(http.Header)
 }
 
 // newSubrequests captures what every sub-request of r inherits. It runs
@@ -108,6 +111,9 @@ func (s *subrequests) prepare(ctx context.Context, sr *batch.SubRequest, rec *re
 	requestURI := sr.Path // what u.RequestURI() gives, sr.Path being escaped already
 	if sr.RawQuery != "" {
 		requestURI += "?" + sr.RawQuery
+	}
+	if s.strip != nil {
+		s.strip(sr.Header) // the sub-request's own copy
 	}
 	// A value, not a pointer: WithContext below copies it to the heap,
 	// and PrepareRequest copies that again; only one copy need be made

@@ -235,7 +235,7 @@ func TestStoredV1LeaseIsHonoured(t *testing.T) {
 // goldenClaim is the claim of golden-<name> again, with the fingerprint
 // its record was stored with (or another).
 func goldenClaim(name, fingerprint string) Claim {
-	key, lock := IdempotencyRecord("golden-"+name, Credentials(http.Header{"Authorization": {goldenAuthority}}), "/widgets", "/widgets", "update")
+	key, lock := IdempotencyRecord("golden-"+name, Credentials(http.Header{"Authorization": {goldenAuthority}}, nil), "/widgets", "/widgets", "update")
 	return Claim{Record: key, Lock: lock, Fingerprint: HashFields("PATCH", "/widgets", "", fingerprint),
 		Resource: "/widgets", Op: "update", Wait: time.Second, TTL: time.Hour, MaxRun: time.Minute}
 }
@@ -294,7 +294,7 @@ func TestStoredV1ExpiredRecordIsSwept(t *testing.T) {
 	if err != nil || swept.Deleted != 1 || swept.Indexed != len(before) {
 		t.Fatalf("swept %+v, %v; want every record indexed, 1 deleted", swept, err)
 	}
-	expired, _ := IdempotencyRecord("golden-expired", Credentials(http.Header{"Authorization": {goldenAuthority}}), "/widgets", "/widgets", "update")
+	expired, _ := IdempotencyRecord("golden-expired", Credentials(http.Header{"Authorization": {goldenAuthority}}, nil), "/widgets", "/widgets", "update")
 	if _, err := s.Load(context.Background(), expired); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("the expired record is still there: %v", err)
 	}

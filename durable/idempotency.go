@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"net/http"
 	"path"
+	"slices"
 	"strings"
 )
 
@@ -30,13 +31,29 @@ func IdempotencyLock(storageKey string) string {
 	return "batch_idem_" + strings.TrimPrefix(storageKey, IdempotencyPrefix+"/")
 }
 
-// Credentials hashes what says who the client is. Two clients with other
-// credentials never share a record, so neither can read the other's
-// answer by guessing its key; the record holds no credential itself.
-func Credentials(h http.Header) string {
-	return HashFields(
+// Credentials hashes what says who the client is: its Authorization and
+// Cookie, and the headers named in scopeHeaders (scope_headers: an API
+// keyed by X-API-Key). Two clients with other credentials never share a
+// record or a throttle hold, so neither can read the other's answer by
+// guessing its key; the record holds no credential itself. Without
+// scopeHeaders the hash is what older builds made, so the records they
+// kept are still found.
+func Credentials(h http.Header, scopeHeaders []string) string {
+	fields := []string{
 		"authorization", strings.Join(h.Values("Authorization"), "\n"),
-		"cookie", strings.Join(h.Values("Cookie"), "\n"))
+		"cookie", strings.Join(h.Values("Cookie"), "\n"),
+	}
+	// Canonical and sorted, so that two instances whose configurations
+	// spell or order them otherwise agree on who a client is.
+	names := make([]string, len(scopeHeaders))
+	for i, name := range scopeHeaders {
+		names[i] = http.CanonicalHeaderKey(name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		fields = append(fields, "header "+name, strings.Join(h.Values(name), "\n"))
+	}
+	return HashFields(fields...)
 }
 
 // HashFields hashes fields so that no two lists of fields share a hash:

@@ -79,6 +79,8 @@ type gateway struct {
 	admin string
 	// logs is the output of an instance run as a process of its own.
 	logs *syncBuffer
+	// globals are more global options (an events block, say).
+	globals string
 }
 
 // startGateway serves the site body (Caddyfile directives, with UPSTREAM
@@ -140,6 +142,9 @@ func (g *gateway) config(site string) string {
 	}
 	if g.admin != "" {
 		globals = strings.Replace(globals, "admin off", "admin "+g.admin, 1)
+	}
+	if g.globals != "" {
+		globals = strings.Replace(globals, "{\n", "{\n"+g.globals+"\n", 1)
 	}
 	return globals + "http://" + g.addr + " {\n" + strings.ReplaceAll(site, "UPSTREAM", g.upstream) + "\n}\n"
 }

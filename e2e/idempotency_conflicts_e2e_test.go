@@ -115,6 +115,44 @@ func TestIdempotencyScopedByCredentials(t *testing.T) {
 	}
 }
 
+// TestIdempotencyScopedByHeaders: under scope_headers X-API-Key, two
+// clients told apart only by that header each run their own batch with
+// the same key and request, and each retry replays its own; without it
+// they are one client, and the second is answered the first's batch.
+func TestIdempotencyScopedByHeaders(t *testing.T) {
+	body := `[{"id": 1, "name": "a"}]`
+	for _, tt := range []struct {
+		name, site string
+		apart      bool
+	}{
+		{"scope_headers X-API-Key", strings.Replace(idemSite, "scope_query tenant", "scope_query tenant\n\t\tscope_headers X-API-Key", 1), true},
+		{"no scope_headers", idemSite, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			api := seededAPI()
+			g := startIdemGateway(t, api, t.TempDir(), tt.site)
+			send := func(apiKey string) response {
+				return g.do(t, "PATCH", "/api/widgets", body, "Idempotency-Key", "shared", "X-API-Key", apiKey)
+			}
+			if r := send("alice"); r.Status != 200 || r.Header.Get("Idempotent-Replayed") != "" {
+				t.Fatalf("alice: %v", r)
+			}
+			api.ResetLog()
+			r := send("bob")
+			replayed := r.Header.Get("Idempotent-Replayed") == "true"
+			if writes := len(writes(api.Requests())); tt.apart && (replayed || writes != 1) {
+				t.Errorf("bob was answered alice's batch (replayed %t, %d writes upstream): the key is shared across X-API-Keys", replayed, writes)
+			} else if !tt.apart && (!replayed || writes != 0) {
+				t.Errorf("without scope_headers bob is not alice (replayed %t, %d writes): the test no longer shows why the option exists", replayed, writes)
+			}
+			api.ResetLog()
+			if r := send("alice"); r.Header.Get("Idempotent-Replayed") != "true" || len(api.Requests()) > 0 {
+				t.Errorf("alice's own retry was not replayed: %v", r)
+			}
+		})
+	}
+}
+
 // TestIdempotencyRefusedBatchGivesItsKeyBack: a batch refused before it
 // sent anything (another write held its item) is not recorded: the
 // client was told to try again, and the same key then runs.

@@ -17,6 +17,9 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	caddy.DefaultStorage.Path = dir
+	// Caddy's tracing exports nowhere: the tests read spans through the
+	// span tap (tracing_e2e_test.go), and no collector is listening.
+	os.Setenv("OTEL_TRACES_EXPORTER", "none")
 	code := m.Run()
 	os.RemoveAll(dir)
 	removeBinary()

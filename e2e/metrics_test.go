@@ -105,7 +105,8 @@ var labelValues = map[string]*regexp.Regexp{
 	"state":     regexp.MustCompile(`^(running|orphaned|stuck|left_behind)$`),
 	"action":    regexp.MustCompile(`^(retry|resolve)$`),
 	"request":   regexp.MustCompile(`^(batch|single)$`),
-	"reason":    regexp.MustCompile(`^(no_answer|status|body)$`),
+	"reason":    regexp.MustCompile(`^(no_answer|status|body|queue_full|no_config)$`),
+	"event":     regexp.MustCompile(`^batch\.saga\.(left_behind|resolved)$`),
 	// A template: literal segments and {variables}; the tests' ids are
 	// numbers, and no test's template has a segment that is a number
 	// (a literal one starts with a letter: /v1/api/gadgets).

@@ -61,6 +61,8 @@ type deadSagaCase struct {
 	body       string
 	nth        int
 	key        string // the client's Idempotency-Key, if any
+	// traced puts Caddy's tracing before the batch handler.
+	traced bool
 }
 
 // directive is the batch block of a dead saga's gateway, and of the one
@@ -154,7 +156,11 @@ func deadSaga(t *testing.T, tc deadSagaCase, api *legacyapi.API, dir, addr strin
 // the client's did, and a header set after it, which every request the
 // recovery sends must carry, as the batch's own sub-requests do.
 func (tc deadSagaCase) recoverySite() string {
-	return "\turi strip_prefix /v1\n\t" + tc.directive() + "\n\trequest_header X-Chain recovered\n\treverse_proxy UPSTREAM"
+	site := "\turi strip_prefix /v1\n\t" + tc.directive() + "\n\trequest_header X-Chain recovered\n\treverse_proxy UPSTREAM"
+	if tc.traced {
+		site = "\ttracing\n" + site
+	}
+	return site
 }
 
 // TestRecoverFinishesADeadSaga kills a saga mid-batch (the write in

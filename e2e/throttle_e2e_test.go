@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -124,14 +125,31 @@ func TestCreateAnswered503IsNotSentAgainE2E(t *testing.T) {
 
 // While one item of a client waits out a throttle, that client's other
 // batches to the resource wait too — the API receives none of their
-// requests before the moment — and another client's batches do not.
+// requests before the moment — and another client's batches do not. A
+// client is its Authorization, or a header named in scope_headers.
 func TestThrottleHoldsTheClientE2E(t *testing.T) {
-	g := startGateway(t, seededAPI(), throttleSite)
+	keyed := strings.Replace(throttleSite, "concurrency 1", "concurrency 1\n\t\tscope_headers X-API-Key", 1)
+	for _, tt := range []struct {
+		name, site, header, ada, bob string
+	}{
+		{"Authorization", throttleSite, "Authorization", "Bearer ada", "Bearer bob"},
+		{"scope_headers", keyed, "X-API-Key", "ada", "bob"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			holdsTheClient(t, tt.site, []string{tt.header, tt.ada}, []string{tt.header, tt.bob})
+		})
+	}
+}
+
+// holdsTheClient throttles ada's first GET, and shows ada's next batch
+// held until the moment and bob's not.
+func holdsTheClient(t *testing.T, site string, ada, bob []string) {
+	g := startGateway(t, seededAPI(), site)
 	g.API.Inject(throttled("GET", "/api/widgets/1", "1"))
 	waits := throttledWaits(t, "/api/widgets")
 	first := make(chan response, 1)
 	go func() {
-		r, err := g.try("GET", "/api/widgets?ids=1", nil, "Authorization", "Bearer ada")
+		r, err := g.try("GET", "/api/widgets?ids=1", nil, ada...)
 		if err != nil {
 			r = response{Status: -1, Body: []byte(err.Error())}
 		}
@@ -144,10 +162,10 @@ func TestThrottleHoldsTheClientE2E(t *testing.T) {
 		}
 	}
 	throttledAt := sentAt(g.API, "GET", "/api/widgets/1")[0]
-	if resp := g.do(t, "GET", "/api/widgets?ids=3", nil, "Authorization", "Bearer bob"); resp.Status != 200 {
+	if resp := g.do(t, "GET", "/api/widgets?ids=3", nil, bob...); resp.Status != 200 {
 		t.Errorf("another client's batch: %s", resp)
 	}
-	if resp := g.do(t, "GET", "/api/widgets?ids=2", nil, "Authorization", "Bearer ada"); resp.Status != 200 {
+	if resp := g.do(t, "GET", "/api/widgets?ids=2", nil, ada...); resp.Status != 200 {
 		t.Errorf("the same client's other batch: %s", resp)
 	}
 	if resp := <-first; resp.Status != 200 {

@@ -1,7 +1,11 @@
 package policy
 
 import (
+	"errors"
 	"fmt"
+	"net/http"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -23,6 +27,10 @@ type GatewaySettings struct {
 	// Journal says an all-or-nothing write batch keeps its saga in
 	// storage, so that another process can finish it if this one dies.
 	Journal bool
+	// ScopeHeaders names the headers that, beside Authorization and
+	// Cookie, say who a client is (an API keyed by X-API-Key): its
+	// Idempotency-Key records and throttle holds are its own.
+	ScopeHeaders []string
 }
 
 // GatewayDefaults returns the gateway's settings README's
@@ -42,6 +50,39 @@ const (
 	AutoInFlightMin = 4
 	AutoInFlightMax = 32
 )
+
+// checkScopeHeaders refuses a scope_headers name that is not a header
+// name, one named twice, and Authorization or Cookie, which always say
+// who a client is.
+func (g GatewaySettings) checkScopeHeaders() error {
+	var errs []error
+	for i, name := range g.ScopeHeaders {
+		canonical := http.CanonicalHeaderKey(name)
+		switch {
+		case !validHeaderName(name):
+			errs = append(errs, OptionError("scope_headers", fmt.Errorf("scope_headers names %q, which is not a header name: name each header that identifies a client, e.g. scope_headers X-API-Key", name)))
+		case canonical == "Authorization" || canonical == "Cookie":
+			errs = append(errs, OptionError("scope_headers", fmt.Errorf("scope_headers names %s, which always identifies a client: remove it from scope_headers", name)))
+		case slices.ContainsFunc(g.ScopeHeaders[:i], func(n string) bool { return http.CanonicalHeaderKey(n) == canonical }):
+			errs = append(errs, OptionError("scope_headers", fmt.Errorf("scope_headers names %q twice: keep one", name)))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// validHeaderName reports whether name is an HTTP field name (RFC 9110,
+// section 5.1: a token).
+func validHeaderName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for _, c := range []byte(name) {
+		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
 
 // checkAutoInFlight refuses bounds of max_in_flight auto that cannot
 // work.

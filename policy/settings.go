@@ -325,7 +325,7 @@ func Validate(s Settings, g GatewaySettings) error {
 		errs = append(errs, OptionError("ids_param",
 			fmt.Errorf("ids_param must not be %q: the gateway reads that parameter as a method override; choose another name, e.g. ids", s.IDsParam)))
 	}
-	errs = append(errs, s.checkScopeQuery(), s.checkStampedFields(), g.checkAutoInFlight())
+	errs = append(errs, s.checkScopeQuery(), s.checkStampedFields(), g.checkAutoInFlight(), g.checkScopeHeaders())
 	return errors.Join(errs...)
 }
 

@@ -124,6 +124,16 @@ type Options struct {
 	// Default: none.
 	ScopeQuery []string `json:"scope_query,omitempty"`
 
+	// The headers that, beside `Authorization` and `Cookie`, say who a
+	// client is, e.g. `["X-API-Key"]` for an API keyed by that header:
+	// its `Idempotency-Key` records and the holds of an upstream that
+	// throttled it are its own, and another client's key or throttle
+	// never reaches it. Without it, clients that send neither
+	// `Authorization` nor `Cookie` are one client to the gateway. A
+	// resource's list replaces the handler's
+	// ([details](docs/configuration.md#scope_headers)). Default: none.
+	ScopeHeaders []string `json:"scope_headers,omitempty"`
+
 	// What the upstream's ids are, so that two spellings of one item are
 	// one item: under `integer`, `03`, `+3` and `3` are the id `3`
 	// (leading zeros and sign dropped; the canonical text is what is
@@ -359,6 +369,8 @@ var optionTable = []option{
 		func(o *Options, l *Level) (**bool, *bool) { return &o.Journal, &l.Journal }),
 	list("scope_query", "<param...>", "query parameter names", "tenant api_key",
 		func(o *Options, l *Level) (*[]string, *[]string) { return &o.ScopeQuery, &l.ScopeQuery }),
+	list("scope_headers", "<header...>", "header names", "X-API-Key",
+		func(o *Options, l *Level) (*[]string, *[]string) { return &o.ScopeHeaders, &l.ScopeHeaders }),
 	word("id_format", "any|integer|uuid", "integer", policy.ParseIDFormat,
 		func(o *Options, l *Level) (*string, *policy.IDFormat) { return &o.IDFormat, &l.IDFormat }),
 	list("stamped_fields", "<member...>", "member names", "updated_at",

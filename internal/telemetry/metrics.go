@@ -65,6 +65,9 @@ type BatchMetrics struct {
 	// SagaActions are operators' retries and resolves, by action and
 	// result.
 	SagaActions *prometheus.CounterVec
+	// EventsEmitted are the Caddy events handed to the events app, by
+	// event; EventsDropped those that were not, by event and reason.
+	EventsEmitted, EventsDropped *prometheus.CounterVec
 }
 
 // Label values of the outcome label besides the engine's outcomes, and
@@ -128,6 +131,8 @@ func newBatchMetrics() *BatchMetrics {
 		SagaActions: counter("saga_actions_total",
 			`Operators' actions on sagas through this instance's admin endpoint, by action (retry, resolve) and result: "resolved", "left_behind", or "refused".`,
 			[]string{"action", "result"}),
+		EventsEmitted: counter("events_emitted_total", "Caddy events (batch.saga.left_behind, batch.saga.resolved) handed to the events app, by event.", []string{"event"}),
+		EventsDropped: counter("events_dropped_total", `Caddy events not emitted, by event and reason: "queue_full" (the handlers were slower than the events came) or "no_config" (no running config, at exit).`, []string{"event", "reason"}),
 	}
 }
 
@@ -148,7 +153,7 @@ func histogram(name, help string, buckets []float64, labels []string) *prometheu
 }
 
 func (m *BatchMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.Batches, m.items, m.duration, m.itemsPerBatch, m.compensations, m.lockWait, m.lockConflicts, m.Replays, m.Recovered, m.ListFallbacks, m.Throttled, m.pending, m.Slots, m.Sagas, m.SagaActions}
+	return []prometheus.Collector{m.Batches, m.items, m.duration, m.itemsPerBatch, m.compensations, m.lockWait, m.lockConflicts, m.Replays, m.Recovered, m.ListFallbacks, m.Throttled, m.pending, m.Slots, m.Sagas, m.SagaActions, m.EventsEmitted, m.EventsDropped}
 }
 
 // ThrottledWait counts a throttling answer waited out on resource (its

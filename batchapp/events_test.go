@@ -1,0 +1,86 @@
+package batchapp
+
+import (
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/internal/telemetry"
+)
+
+// recordEvents makes the package's emitter deliver to the test, for the
+// test's life.
+func recordEvents(t *testing.T) <-chan queued {
+	got := make(chan queued, 10)
+	old := events
+	events = &emitter{ch: make(chan queued, eventQueueSize), deliver: func(q queued) { got <- q }}
+	t.Cleanup(func() { events = old })
+	return got
+}
+
+// A left_behind event lists at most 100 items, with the count of all of
+// them, each with its reason, and no pre-image.
+func TestLeftBehindEventIsBounded(t *testing.T) {
+	got := recordEvents(t)
+	res := &batch.Result{Outcome: batch.RollbackFailed}
+	for i := range 150 {
+		res.Items = append(res.Items, batch.ItemResult{Index: i, ID: "w", Outcome: batch.RollbackFailed,
+			Compensation: &batch.Compensation{Error: "answered 404", Found: []byte(`{"secret":"PREIMAGE"}`)}})
+	}
+	res.Items = append(res.Items, batch.ItemResult{Index: 150, Outcome: batch.RolledBack})
+	EmitLeftBehind(LeftBehind{Saga: "s1", Source: "batch", Result: res})
+	q := <-got
+	items := q.data["items"].([]map[string]any)
+	if q.name != EventLeftBehind || q.data["count"] != 150 || len(items) != 100 || q.data["truncated"] != true || q.data["kept"] != true {
+		t.Fatalf("event %s %v", q.name, q.data)
+	}
+	if items[0]["reason"] != "answered 404" || items[0]["id"] != "w" {
+		t.Errorf("item %v", items[0])
+	}
+	for _, it := range items {
+		for k := range it {
+			if k != "index" && k != "id" && k != "reason" {
+				t.Errorf("item member %q", k)
+			}
+		}
+	}
+}
+
+// A full queue drops the event and counts it; no emit waits for the
+// handlers.
+func TestFullQueueDrops(t *testing.T) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	e := &emitter{ch: make(chan queued, 1), deliver: func(queued) {
+		entered <- struct{}{}
+		<-release
+	}}
+	dropped := telemetry.Metrics.EventsDropped.WithLabelValues("test.event", "queue_full")
+	before := value(dropped)
+	done := make(chan struct{})
+	go func() {
+		e.emit("test.event", nil)
+		<-entered // the handler runs the first, and blocks
+		e.emit("test.event", nil)
+		e.emit("test.event", nil)
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("an emit waited for the handlers")
+	}
+	if n := value(dropped) - before; n != 1 {
+		t.Errorf("dropped %v events, want 1", n)
+	}
+	close(release)
+	<-entered
+}
+
+func value(c prometheus.Counter) float64 {
+	var m dto.Metric
+	_ = c.Write(&m)
+	return m.GetCounter().GetValue()
+}
