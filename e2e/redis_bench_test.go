@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -129,6 +130,12 @@ func batchBody(op string, n int) (method string, body []byte) {
 // send sends one batch to the site at base, and returns how long it took.
 func (cb *clusterBatch) send(t testing.TB, base, op string, n int) time.Duration {
 	t.Helper()
+	return cb.sendKeyed(t, base, op, n, "")
+}
+
+// sendKeyed is send with an Idempotency-Key ("" for none).
+func (cb *clusterBatch) sendKeyed(t testing.TB, base, op string, n int, key string) time.Duration {
+	t.Helper()
 	method, body := batchBody(op, n)
 	want := http.StatusOK
 	if op == "create" {
@@ -136,6 +143,9 @@ func (cb *clusterBatch) send(t testing.TB, base, op string, n int) time.Duration
 	}
 	req, _ := http.NewRequest(method, base+"/api/widgets", bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
 	start := time.Now()
 	resp, err := cb.client.Do(req)
 	drain(t, resp, err, want)
@@ -169,12 +179,22 @@ func (r *roundTrips) reset() (total int, by map[string]int) {
 }
 
 // purposeOf is what the request b (RESP: *n, then $len and each
-// argument) is for: its command, and a script's first key.
+// argument) is for: its command, and a script's first key; ":idem" is
+// added to a request that names an Idempotency-Key's record, its lock
+// or its expiry entry.
 func purposeOf(b []byte) string {
 	parts := strings.Split(string(b), "\r\n")
 	if len(parts) < 3 {
 		return "?"
 	}
+	if s := string(b); strings.Contains(s, "batch/v1/idem") || strings.Contains(s, "batch_idem_") {
+		return commandOf(parts) + ":idem"
+	}
+	return commandOf(parts)
+}
+
+// commandOf is purposeOf for the request's parts, without the key.
+func commandOf(parts []string) string {
 	name := strings.ToLower(parts[2])
 	if (name == "evalsha" || name == "eval") && len(parts) > 8 {
 		if strings.Contains(parts[8], "/locks/") {
@@ -227,6 +247,77 @@ func TestRedisRoundTripsPerBatch(t *testing.T) {
 	if keys := by["script:keys"]; keys > 2*(1+100)+2 || total > keys+1+by["script:locks"] {
 		t.Errorf("%d round trips, %d of them stores and deletes", total, keys)
 	}
+}
+
+// TestRedisRoundTripsPerKeyedBatch: on a real Redis, on the fast path,
+// a 100-item all-or-nothing PATCH with an Idempotency-Key pays two
+// round trips for its key (docs/performance.md, "Round trips per
+// batch"): one script claims it (the lock found free, the record
+// absent, the expiry entry and the record stored), one stores the
+// answer over the claim; the same key again is one round trip, and
+// replayed. Nothing else names the key: no lock taken, no record read.
+func TestRedisRoundTripsPerKeyedBatch(t *testing.T) {
+	if !hasRedisServer() {
+		t.Skip("redis-server is not installed (INFO commandstats needs a real Redis)")
+	}
+	addr := startRedisServer(t)
+	cb := startClusterBatch(t, addr)
+	if path, why := fastPath(); path != "redis" {
+		t.Fatalf("the fast path is off: %s", why)
+	}
+	cb.sendKeyed(t, cb.on, "patch", 100, "warm-up") // scripts loaded, connections made
+	if _, err := redisCommand(addr, "CONFIG", "RESETSTAT"); err != nil {
+		t.Fatal(err)
+	}
+	cb.rt.reset()
+	_, body := batchBody("patch", 100)
+	if status := cb.patchKeyed(t, body, "key-1"); status != http.StatusOK {
+		t.Fatalf("the keyed batch: %d", status)
+	}
+	time.Sleep(100 * time.Millisecond) // the removal, after the answer
+	total, by := cb.rt.reset()
+	cmds, byCmd := commandCalls(t, addr)
+	t.Logf("%d round trips %v; %d commands %v", total, by, cmds, byCmd)
+	// The claim's script names the record's lock first, the answer's
+	// the record.
+	if key := keyRoundTrips(by); key != 2 || by["script:locks:idem"] != 1 || by["script:keys:idem"] != 1 {
+		t.Errorf("%d round trips name the key (%v), want 2 scripts: the claim and the answer", key, by)
+	}
+	// The same request again is replayed, after one round trip.
+	if status := cb.patchKeyed(t, body, "key-1"); status != http.StatusOK {
+		t.Errorf("the keyed batch again: %d, want its answer replayed", status)
+	}
+	if total, by := cb.rt.reset(); keyRoundTrips(by) != 1 || total != 1 {
+		t.Errorf("the key used again: %v, want one round trip, for the key", by)
+	}
+}
+
+// patchKeyed sends body as a PATCH with an Idempotency-Key to the "on"
+// site, and answers its status.
+func (cb *clusterBatch) patchKeyed(t *testing.T, body []byte, key string) int {
+	t.Helper()
+	req, _ := http.NewRequest("PATCH", cb.on+"/api/widgets", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := cb.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	return resp.StatusCode
+}
+
+// keyRoundTrips is how many of the round trips counted by purpose name
+// an Idempotency-Key.
+func keyRoundTrips(by map[string]int) int {
+	n := 0
+	for purpose, c := range by {
+		if strings.HasSuffix(purpose, ":idem") {
+			n += c
+		}
+	}
+	return n
 }
 
 // TestRedisGenericPathPerWave: with compression on, the Redis module
