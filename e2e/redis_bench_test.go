@@ -7,8 +7,10 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -110,11 +112,11 @@ func startClusterBatchWith(t testing.TB, redisAddr, compression string) *cluster
 func fastPath() (string, string) { return batchapp.StoragePath(caddy.ActiveContext().Storage()) }
 
 // batchBody is an all-or-nothing batch of n items: a PATCH of widgets 1
-// to n, or a CREATE of n new ones.
+// to n ("patch", or "keyed-patch"), or a CREATE of n new ones.
 func batchBody(op string, n int) (method string, body []byte) {
 	elems := make([]string, n)
 	for i := range elems {
-		if op == "patch" {
+		if strings.HasSuffix(op, "patch") {
 			elems[i] = fmt.Sprintf(`{"id":%d,"name":"n%d"}`, i+1, time.Now().UnixNano()%1000)
 		} else {
 			elems[i] = fmt.Sprintf(`{"name":"c%d"}`, i)
@@ -133,10 +135,14 @@ func (cb *clusterBatch) send(t testing.TB, base, op string, n int) time.Duration
 	return cb.sendKeyed(t, base, op, n, "")
 }
 
-// sendKeyed is send with an Idempotency-Key ("" for none).
+// sendKeyed is send with an Idempotency-Key ("" for none; a new one
+// for each "keyed-patch").
 func (cb *clusterBatch) sendKeyed(t testing.TB, base, op string, n int, key string) time.Duration {
 	t.Helper()
 	method, body := batchBody(op, n)
+	if key == "" && strings.HasPrefix(op, "keyed-") {
+		key = "bench-" + strconv.FormatInt(keysSent.Add(1), 10) + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	}
 	want := http.StatusOK
 	if op == "create" {
 		want = http.StatusCreated
@@ -151,6 +157,9 @@ func (cb *clusterBatch) sendKeyed(t testing.TB, base, op string, n int, key stri
 	drain(t, resp, err, want)
 	return time.Since(start)
 }
+
+// keysSent numbers the Idempotency-Keys of "keyed-patch" batches.
+var keysSent atomic.Int64
 
 // roundTrips counts what the process sends Redis, as the relay sees it:
 // one request per read (a Redis client waits for each answer before it
@@ -345,8 +354,9 @@ func TestRedisGenericPathPerWave(t *testing.T) {
 // BenchmarkClusterBatch is a cluster's all-or-nothing batch on Redis
 // (docs/performance.md, "Round trips per batch"), directly and a
 // millisecond away, on the fast path and on the generic one (the module
-// with compression on): each op is one batch on the "on" site and one on the
-// "off" site, alternated. It reports the medians of both (on-ms,
+// with compression on): each op (a PATCH, a PATCH with a new
+// Idempotency-Key each time, a CREATE) is one batch on the "on" site and
+// one on the "off" site, alternated. It reports the medians of both (on-ms,
 // off-ms), their ratio, Redis's commands and the process's round trips
 // per item (INFO commandstats, and the relay between them), and, a millisecond
 // away, the sequential round trips per batch: the time added by the
@@ -365,7 +375,7 @@ func BenchmarkClusterBatch(b *testing.B) {
 			cb := startClusterBatchWith(b, addr, path.compression)
 			cb.relay.SetDelay(dist)
 			added := relayAdds(b, addr, cb.relay.Addr())
-			for _, op := range []string{"patch", "create"} {
+			for _, op := range []string{"patch", "keyed-patch", "create"} {
 				for _, n := range []int{20, 100} {
 					key := fmt.Sprintf("path=%s/%s/items=%d", path.name, op, n)
 					b.Run(fmt.Sprintf("redis=+%s/%s", dist, key), func(b *testing.B) {
