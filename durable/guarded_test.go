@@ -9,7 +9,6 @@ import (
 	"maps"
 	"path"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,34 +18,18 @@ import (
 )
 
 // guardedMem is a memStorage that checks and stores at once
-// (GuardedStorer), as the Redis fast path does, and counts its calls:
-// StoreIf apart, and every other call by its name.
+// (GuardedStorer), as the Redis fast path does, and counts its calls
+// (counting; StoreIf as "store if").
 type guardedMem struct {
-	*memStorage
+	*counting
+	mem *memStorage
 	// undecidable makes StoreIf answer ErrUndecidable, as the fast path
 	// does for a value another instance compressed.
 	undecidable bool
-
-	cmu   sync.Mutex
-	calls map[string]int
 }
 
 func newGuardedMem(s *memStorage) *guardedMem {
-	return &guardedMem{memStorage: s, calls: map[string]int{}}
-}
-
-func (g *guardedMem) add(op string) {
-	g.cmu.Lock()
-	defer g.cmu.Unlock()
-	g.calls[op]++
-}
-
-func (g *guardedMem) take() map[string]int {
-	g.cmu.Lock()
-	defer g.cmu.Unlock()
-	out := g.calls
-	g.calls = map[string]int{}
-	return out
+	return &guardedMem{counting: newCounting(s), mem: s}
 }
 
 func (g *guardedMem) StoreIf(_ context.Context, free, key string, want []byte, writes []KeyValue) ([]byte, error) {
@@ -55,17 +38,18 @@ func (g *guardedMem) StoreIf(_ context.Context, free, key string, want []byte, w
 		return nil, ErrUndecidable
 	}
 	// The lock's table, then the keys: no TryLock comes between.
-	g.memLocks.mu.Lock()
-	defer g.memLocks.mu.Unlock()
-	if _, held := g.memLocks.held[free]; held && free != "" {
+	m := g.mem
+	m.memLocks.mu.Lock()
+	defer m.memLocks.mu.Unlock()
+	if _, held := m.memLocks.held[free]; held && free != "" {
 		return nil, fmt.Errorf("%w (held elsewhere)", itemlock.ErrLocked)
 	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.fail != nil {
-		return nil, g.fail
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.fail != nil {
+		return nil, m.fail
 	}
-	held, ok := g.keys[key]
+	held, ok := m.keys[key]
 	switch {
 	case want == nil && ok:
 		return held, ErrKeyChanged
@@ -75,31 +59,11 @@ func (g *guardedMem) StoreIf(_ context.Context, free, key string, want []byte, w
 		return held, ErrKeyChanged
 	}
 	for _, w := range writes {
-		g.stores++
-		g.keys[w.Key] = append([]byte(nil), w.Value...)
-		g.modified[w.Key] = time.Now()
+		m.stores++
+		m.keys[w.Key] = append([]byte(nil), w.Value...)
+		m.modified[w.Key] = time.Now()
 	}
 	return held, nil
-}
-
-func (g *guardedMem) Store(ctx context.Context, key string, value []byte) error {
-	g.add("store")
-	return g.memStorage.Store(ctx, key, value)
-}
-
-func (g *guardedMem) Load(ctx context.Context, key string) ([]byte, error) {
-	g.add("load")
-	return g.memStorage.Load(ctx, key)
-}
-
-func (g *guardedMem) TryLock(ctx context.Context, name string) (bool, error) {
-	g.add("lock")
-	return g.memStorage.TryLock(ctx, name)
-}
-
-func (g *guardedMem) Lock(ctx context.Context, name string) error {
-	g.add("lock")
-	return g.memStorage.Lock(ctx, name)
 }
 
 // TestClaimAtOnce: on a storage that checks and stores at once, a keyed

@@ -214,13 +214,12 @@ func commandOf(parts []string) string {
 	return name
 }
 
-// TestRedisRoundTripsPerBatch: on a real Redis, on the fast path, a
-// 100-item all-or-nothing PATCH with the journal and storage item locks
-// sends no command of the module's folder index from the client (every
-// store and delete is one script), takes and lets go of its hundred
-// locks in a few scripts, not one per item, and asks Redis for nothing
-// else but one listing.
-func TestRedisRoundTripsPerBatch(t *testing.T) {
+// warmFastPath starts the two sites on a redis-server of the test's
+// own, on the fast path, sends one 100-item batch of op (the scripts
+// loaded, the connections made), and resets Redis's and the relay's
+// counts; it answers the sites and Redis's address.
+func warmFastPath(t *testing.T, op string) (*clusterBatch, string) {
+	t.Helper()
 	if !hasRedisServer() {
 		t.Skip("redis-server is not installed (INFO commandstats needs a real Redis)")
 	}
@@ -229,11 +228,22 @@ func TestRedisRoundTripsPerBatch(t *testing.T) {
 	if path, why := fastPath(); path != "redis" {
 		t.Fatalf("the fast path is off: %s", why)
 	}
-	cb.send(t, cb.on, "patch", 100) // scripts loaded, connections made
+	cb.send(t, cb.on, op, 100)
 	if _, err := redisCommand(addr, "CONFIG", "RESETSTAT"); err != nil {
 		t.Fatal(err)
 	}
 	cb.rt.reset()
+	return cb, addr
+}
+
+// TestRedisRoundTripsPerBatch: on a real Redis, on the fast path, a
+// 100-item all-or-nothing PATCH with the journal and storage item locks
+// sends no command of the module's folder index from the client (every
+// store and delete is one script), takes and lets go of its hundred
+// locks in a few scripts, not one per item, and asks Redis for nothing
+// else but one listing.
+func TestRedisRoundTripsPerBatch(t *testing.T) {
+	cb, addr := warmFastPath(t, "patch")
 	cb.send(t, cb.on, "patch", 100)
 	time.Sleep(100 * time.Millisecond) // the removal, after the answer
 	total, by := cb.rt.reset()
@@ -266,19 +276,7 @@ func TestRedisRoundTripsPerBatch(t *testing.T) {
 // answer over the claim; the same key again is one round trip, and
 // replayed. Nothing else names the key: no lock taken, no record read.
 func TestRedisRoundTripsPerKeyedBatch(t *testing.T) {
-	if !hasRedisServer() {
-		t.Skip("redis-server is not installed (INFO commandstats needs a real Redis)")
-	}
-	addr := startRedisServer(t)
-	cb := startClusterBatch(t, addr)
-	if path, why := fastPath(); path != "redis" {
-		t.Fatalf("the fast path is off: %s", why)
-	}
-	cb.sendKeyed(t, cb.on, "patch", 100, "warm-up") // scripts loaded, connections made
-	if _, err := redisCommand(addr, "CONFIG", "RESETSTAT"); err != nil {
-		t.Fatal(err)
-	}
-	cb.rt.reset()
+	cb, addr := warmFastPath(t, "keyed-patch")
 	_, body := batchBody("patch", 100)
 	if status := cb.patchKeyed(t, body, "key-1"); status != http.StatusOK {
 		t.Fatalf("the keyed batch: %d", status)
