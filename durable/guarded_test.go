@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"maps"
 	"path"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -221,27 +222,24 @@ func TestClaimAtOnceFenced(t *testing.T) {
 
 // TestStoredV1IdempotencyRecordsDecideAtOnce: the records an older
 // instance stored are decided by the claim at once as by the claim
-// under the lock (TestStoredV1IdempotencyRecordsStillDecide).
+// under the lock (whose verdicts TestStoredV1IdempotencyRecordsStillDecide
+// pins), with the same record.
 func TestStoredV1IdempotencyRecordsDecideAtOnce(t *testing.T) {
 	t.Parallel()
-	keys := NewKeys(newGuardedMem(storedV1(t)), NewLeases(time.Minute), zap.NewNop())
-	for _, c := range []struct {
-		name, fingerprint string
-		want              Verdict
-	}{
-		{"replay", "fp-replay", Replay},
-		{"replay", "fp-other", Mismatch},
-		{"not-kept", "fp-not-kept", NotKept},
-		{"abandoned", "fp-abandoned", Abandoned},
-		{"in-flight", "fp-in-flight", InFlight},
-		{"expired", "fp-expired", Proceed},
-	} {
-		d, err := keys.Claim(context.Background(), goldenClaim(c.name, c.fingerprint))
-		if err != nil || d.Verdict != c.want {
-			t.Errorf("%s with %s: %v (%v), want %v", c.name, c.fingerprint, d.Verdict, err, c.want)
+	ctx := context.Background()
+	locked := NewKeys(storedV1(t), NewLeases(time.Minute), zap.NewNop())
+	atOnce := NewKeys(newGuardedMem(storedV1(t)), NewLeases(time.Minute), zap.NewNop())
+	for _, c := range [][2]string{{"replay", "fp-replay"}, {"replay", "fp-other"}, {"not-kept", "fp-not-kept"},
+		{"abandoned", "fp-abandoned"}, {"in-flight", "fp-in-flight"}, {"expired", "fp-expired"}} {
+		want, errL := locked.Claim(ctx, goldenClaim(c[0], c[1]))
+		got, errF := atOnce.Claim(ctx, goldenClaim(c[0], c[1]))
+		if errL != nil || errF != nil || got.Verdict != want.Verdict || !reflect.DeepEqual(got.Record, want.Record) {
+			t.Errorf("%s with %s: at once %v %+v (%v), under the lock %v %+v (%v)", c[0], c[1], got.Verdict, got.Record, errF, want.Verdict, want.Record, errL)
 		}
-		if d.Held != nil {
-			d.Held.Release()
+		for _, d := range []Decision{want, got} {
+			if d.Held != nil {
+				d.Held.Release()
+			}
 		}
 	}
 }
