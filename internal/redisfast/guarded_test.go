@@ -97,6 +97,18 @@ func TestStoreIfChecks(t *testing.T) {
 	if got, err := m.Load(ctx, record); err != nil || string(got) != string(v1) {
 		t.Fatalf("the module reads %q, %v", got, err)
 	}
+	// An empty value, as the module stores nil: held as empty, and
+	// written over when that is what was read.
+	if err := m.Store(ctx, record, nil); err != nil {
+		t.Fatal(err)
+	}
+	held, err := f.StoreIf(ctx, lock, record, nil, write(v1))
+	if !errors.Is(err, durable.ErrKeyChanged) || held == nil || len(held) != 0 {
+		t.Fatalf("an empty value: %q, %v, want ErrKeyChanged and empty", held, err)
+	}
+	if _, err := f.StoreIf(ctx, lock, record, held, write(v1)); err != nil {
+		t.Fatalf("over an empty value: %v", err)
+	}
 	compressing := module(t, mr, "caddy", func(rs *storageredis.RedisStorage) { rs.Compression = storageredis.CompressionFlate })
 	if err := compressing.Store(ctx, record, []byte(strings.Repeat(`{"v":1}`, 20))); err != nil {
 		t.Fatal(err)

@@ -98,7 +98,8 @@ return {0, redis.call('ZRANGE', KEYS[2], 0, -1)}`)
 // with none expected, is absent), the module's Store of each write in
 // turn. It answers {0, what the key held}, {1} for a lock held, {2} for
 // a key not there, {3, what it held} for another value, {4} for a value
-// compressed, encrypted or not the module's envelope.
+// compressed, encrypted or not the module's envelope. An empty value
+// (null in the envelope) compares as "".
 // KEYS = {lock key (or the guarded key again), guarded key, then for
 // each write: its key, its folder, the folder's parent, ...};
 // ARGV = {"lock" or "", "absent" or "equals", the expected value in
@@ -111,7 +112,9 @@ local v = redis.call('GET', KEYS[2])
 if v then
   local ok, sd = pcall(cjson.decode, v)
   if not ok or type(sd) ~= 'table' or sd.compression ~= 0 or sd.encryption ~= 0 then return {4} end
-  if ARGV[2] == 'absent' or sd.value ~= ARGV[3] then return {3, v} end
+  local val = sd.value
+  if val == cjson.null then val = '' end
+  if ARGV[2] == 'absent' or val ~= ARGV[3] then return {3, v} end
 elseif ARGV[2] == 'equals' then
   return {2}
 end
