@@ -2,7 +2,6 @@ package durable
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -73,8 +72,8 @@ func expiryKey(recordKey string, expires time.Time, width time.Duration) string 
 // the record is written, in buckets of width: a record is never in storage unindexed (an
 // entry whose record's write failed is dropped by the sweep).
 func fileExpiry(ctx context.Context, s Storage, recordKey string, expires time.Time, width time.Duration) error {
-	b, _ := json.Marshal(expiryEntry{Version: 1, Record: recordKey, Expires: expires})
-	if err := s.Store(ctx, expiryKey(recordKey, expires, width), b); err != nil {
+	entry := expiryWrite(recordKey, expires, width)
+	if err := s.Store(ctx, entry.Key, entry.Value); err != nil {
 		return fmt.Errorf("indexing %s under its expiry: %w", recordKey, err)
 	}
 	return nil

@@ -138,6 +138,18 @@ type Decision struct {
 // claims it for this batch. The error is set only when ctx ended while
 // the claim waited for the key's lock: the client is gone.
 func (k *Keys) Claim(ctx context.Context, c Claim) (Decision, error) {
+	if gs, ok := k.storage.(GuardedStorer); ok {
+		if d, done, err := k.claimAtOnce(ctx, gs, c); done {
+			return d, err
+		}
+	}
+	return k.claimLocked(ctx, c)
+}
+
+// claimLocked is Claim under the record's storage lock: the check and
+// the claim in several calls, which no other claim or sweep comes
+// between.
+func (k *Keys) claimLocked(ctx context.Context, c Claim) (Decision, error) {
 	lockCtx, cancel := context.WithTimeout(ctx, c.Wait)
 	unlock, err := Lock(lockCtx, k.storage, c.Lock, LockPoll, func(err error) {
 		k.logger.Error("releasing a storage lock", zap.String("lock", c.Lock), zap.Error(err))
@@ -161,7 +173,17 @@ func (k *Keys) Claim(ctx context.Context, c Claim) (Decision, error) {
 	if rec != nil && !rec.expired(at) {
 		return Decision{Verdict: verdictOf(rec, c.Fingerprint, at), Record: rec}, nil
 	}
-	claimed := &Record{
+	claimed := k.newClaim(c, at)
+	if err := storeIndexed(ctx, k.storage, c.Record, claimed, c.TTL); err != nil {
+		return Decision{Verdict: Unavailable, Err: err}, nil
+	}
+	wrote, _ := json.Marshal(claimed)
+	return Decision{Verdict: Proceed, Held: k.hold(c, claimed, wrote, at)}, nil
+}
+
+// newClaim is the record of c claimed at at.
+func (k *Keys) newClaim(c Claim, at time.Time) *Record {
+	return &Record{
 		Version:     1,
 		State:       StateInFlight,
 		Fingerprint: c.Fingerprint,
@@ -172,14 +194,15 @@ func (k *Keys) Claim(ctx context.Context, c Claim) (Decision, error) {
 		Created:     at,
 		Expires:     at.Add(c.TTL),
 	}
-	if err := storeIndexed(ctx, k.storage, c.Record, claimed, c.TTL); err != nil {
-		return Decision{Verdict: Unavailable, Err: err}, nil
-	}
-	held := &Held{keys: k, key: c.Record, record: claimed, lease: newHolder(k.leases.Length)}
-	held.wrote, _ = json.Marshal(claimed)
+}
+
+// hold is the claim of c, stored at at as wrote, its lease renewed from
+// now on.
+func (k *Keys) hold(c Claim, claimed *Record, wrote []byte, at time.Time) *Held {
+	held := &Held{keys: k, key: c.Record, record: claimed, lease: newHolder(k.leases.Length), wrote: wrote}
 	held.lease.prove(at)
 	held.release = k.leases.Hold(held.renew, c.MaxRun)
-	return Decision{Verdict: Proceed, Held: held}, nil
+	return held
 }
 
 // verdictOf is what a live record says of a request with fingerprint.
@@ -233,7 +256,7 @@ func (h *Held) renew() {
 	next, _ := json.Marshal(&rec)
 	ctx, cancel := context.WithTimeout(context.Background(), h.keys.leases.Length/3)
 	defer cancel()
-	if err := h.storeOver(ctx, next); err != nil {
+	if err := h.storeOver(ctx, nil, next); err != nil {
 		var lost *lostLease
 		if errors.As(err, &lost) {
 			h.lease.lose(lost.why)
@@ -244,11 +267,22 @@ func (h *Held) renew() {
 	h.lease.prove(start)
 }
 
-// storeOver stores next as the record, if the record is still what this
-// process last wrote; a *lostLease if it is not.
-func (h *Held) storeOver(ctx context.Context, next []byte) error {
+// storeOver stores entry (if any; an expiry entry, filed first) and
+// next as the record, if the record is still what this process last
+// wrote; a *lostLease if it is not.
+func (h *Held) storeOver(ctx context.Context, entry *KeyValue, next []byte) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if gs, ok := h.keys.storage.(GuardedStorer); ok {
+		if done, err := h.storeOverAtOnce(ctx, gs, entry, next); done {
+			return err
+		}
+	}
+	if entry != nil {
+		if err := h.keys.storage.Store(ctx, entry.Key, entry.Value); err != nil {
+			return fmt.Errorf("indexing %s under its expiry: %w", h.key, err)
+		}
+	}
 	b, err := h.keys.storage.Load(ctx, h.key)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -317,14 +351,12 @@ func (h *Held) storeAnswer(ctx context.Context, a *Answer, outcome string, ttl t
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StorageTimeout)
 	defer cancel()
 	done := h.keys.answered(h.record, a, outcome, ttl, limit)
-	if err := fileExpiry(ctx, h.keys.storage, h.key, done.sweepsAfter(), bucketWidth(ttl)); err != nil {
-		return err
-	}
 	b, err := json.Marshal(done)
 	if err != nil {
 		return err
 	}
-	err = h.storeOver(ctx, b)
+	entry := expiryWrite(h.key, done.sweepsAfter(), bucketWidth(ttl))
+	err = h.storeOver(ctx, &entry, b)
 	if _, lost := errors.AsType[*lostLease](err); lost {
 		return ErrClaimLost
 	}

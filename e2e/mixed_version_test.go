@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -44,6 +45,36 @@ func TestMixedVersionCluster(t *testing.T) {
 	t.Run("a key used on the new instance is replayed by the old", func(t *testing.T) {
 		testClusterReplay(t, api, a, b)
 	})
+	t.Run("a key running on the old instance is in use on the new, then replayed by it", func(t *testing.T) {
+		testKeyInUseAcross(t, api, b, a)
+	})
+	t.Run("a key running on the new instance is in use on the old, then replayed by it", func(t *testing.T) {
+		testKeyInUseAcross(t, api, a, b)
+	})
+}
+
+// testKeyInUseAcross: while a keyed batch runs on a (the upstream slow),
+// the same request with its key sent to b is told the key is in use and
+// sends nothing upstream; once a answered, b replays a's answer. On
+// the fast path the claim checks the key's lock and record in one
+// script, and an older build's claim takes the lock: either way each
+// sees the other's claim (docs/durability.md, "The Redis fast path").
+func testKeyInUseAcross(t *testing.T, api *legacyapi.API, a, b *gateway) {
+	key := []string{"Idempotency-Key", "in-use-" + a.URL, "Authorization", "Bearer alice"}
+	body := `[{"id": 5, "name": "a"}, {"id": 6, "name": "b"}]`
+	api.ResetLog()
+	var wg sync.WaitGroup
+	var first response
+	var firstErr error
+	wg.Go(func() { first, firstErr = a.try("PATCH", "/api/widgets", body, key...) })
+	eventually(t, 5*time.Second, "the batch's first write", func() bool { return len(writes(api.Requests())) > 0 })
+	checkIdemProblem(t, b.do(t, "PATCH", "/api/widgets", body, key...), 409, "idempotency-key-in-use")
+	wg.Wait()
+	if firstErr != nil || first.Status != 200 {
+		t.Fatalf("the batch: %v, %v", first, firstErr)
+	}
+	api.ResetLog()
+	checkReplay(t, api, first, b.do(t, "PATCH", "/api/widgets", body, key...))
 }
 
 // oldCaddyBinary is the cmd/caddy of the revision before the Redis fast

@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -33,7 +36,7 @@ const clusterBatchSites = `{
 	admin off
 	auto_https off
 	persist_config off
-	storage redis {
+	storage redis CLIENT {
 		address REDIS
 		key_prefix bench
 		COMPRESSION
@@ -84,6 +87,14 @@ func startClusterBatch(t testing.TB, redisAddr string) *clusterBatch {
 // for the storage (e.g. "compression flate"; "" for none).
 func startClusterBatchWith(t testing.TB, redisAddr, compression string) *clusterBatch {
 	t.Helper()
+	return startClusterBatchVia(t, redisAddr, func(relayed string) (string, string, string) { return "", relayed, compression })
+}
+
+// startClusterBatchVia is startClusterBatch with the storage's client
+// type, address and further options given by storage, from the relay's
+// address.
+func startClusterBatchVia(t testing.TB, redisAddr string, storage func(relayed string) (client, address, options string)) *clusterBatch {
+	t.Helper()
 	api := legacyapi.New(legacyapi.Collection{Path: "/api/widgets", AssignIDs: true, Seed: records("w", 1, 100)})
 	srv := httptest.NewServer(api)
 	relay, err := tcprelay.New(redisAddr)
@@ -99,7 +110,8 @@ func startClusterBatchWith(t testing.TB, redisAddr, compression string) *cluster
 	relay.Observe(cb.rt.observe)
 	on, off := freeAddr(t), freeAddr(t)
 	cb.on, cb.off = "http://"+on, "http://"+off
-	config := strings.NewReplacer("ON", on, "OFF", off, "REDIS", relay.Addr(), "UPSTREAM", srv.Listener.Addr().String(), "COMPRESSION", compression).Replace(clusterBatchSites)
+	client, address, options := storage(relay.Addr())
+	config := strings.NewReplacer("ON", on, "OFF", off, "CLIENT", client, "REDIS", address, "UPSTREAM", srv.Listener.Addr().String(), "COMPRESSION", options).Replace(clusterBatchSites)
 	loadCaddyfile(t, config)
 	t.Cleanup(func() { _ = caddy.Stop() })
 	return cb
@@ -109,11 +121,11 @@ func startClusterBatchWith(t testing.TB, redisAddr, compression string) *cluster
 func fastPath() (string, string) { return batchapp.StoragePath(caddy.ActiveContext().Storage()) }
 
 // batchBody is an all-or-nothing batch of n items: a PATCH of widgets 1
-// to n, or a CREATE of n new ones.
+// to n ("patch", or "keyed-patch"), or a CREATE of n new ones.
 func batchBody(op string, n int) (method string, body []byte) {
 	elems := make([]string, n)
 	for i := range elems {
-		if op == "patch" {
+		if strings.HasSuffix(op, "patch") {
 			elems[i] = fmt.Sprintf(`{"id":%d,"name":"n%d"}`, i+1, time.Now().UnixNano()%1000)
 		} else {
 			elems[i] = fmt.Sprintf(`{"name":"c%d"}`, i)
@@ -129,18 +141,34 @@ func batchBody(op string, n int) (method string, body []byte) {
 // send sends one batch to the site at base, and returns how long it took.
 func (cb *clusterBatch) send(t testing.TB, base, op string, n int) time.Duration {
 	t.Helper()
+	return cb.sendKeyed(t, base, op, n, "")
+}
+
+// sendKeyed is send with an Idempotency-Key ("" for none; a new one
+// for each "keyed-patch").
+func (cb *clusterBatch) sendKeyed(t testing.TB, base, op string, n int, key string) time.Duration {
+	t.Helper()
 	method, body := batchBody(op, n)
+	if key == "" && strings.HasPrefix(op, "keyed-") {
+		key = "bench-" + strconv.FormatInt(keysSent.Add(1), 10) + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	}
 	want := http.StatusOK
 	if op == "create" {
 		want = http.StatusCreated
 	}
 	req, _ := http.NewRequest(method, base+"/api/widgets", bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
 	start := time.Now()
 	resp, err := cb.client.Do(req)
 	drain(t, resp, err, want)
 	return time.Since(start)
 }
+
+// keysSent numbers the Idempotency-Keys of "keyed-patch" batches.
+var keysSent atomic.Int64
 
 // roundTrips counts what the process sends Redis, as the relay sees it:
 // one request per read (a Redis client waits for each answer before it
@@ -169,12 +197,22 @@ func (r *roundTrips) reset() (total int, by map[string]int) {
 }
 
 // purposeOf is what the request b (RESP: *n, then $len and each
-// argument) is for: its command, and a script's first key.
+// argument) is for: its command, and a script's first key; ":idem" is
+// added to a request that names an Idempotency-Key's record, its lock
+// or its expiry entry.
 func purposeOf(b []byte) string {
 	parts := strings.Split(string(b), "\r\n")
 	if len(parts) < 3 {
 		return "?"
 	}
+	if s := string(b); strings.Contains(s, "batch/v1/idem") || strings.Contains(s, "batch_idem_") {
+		return commandOf(parts) + ":idem"
+	}
+	return commandOf(parts)
+}
+
+// commandOf is purposeOf for the request's parts, without the key.
+func commandOf(parts []string) string {
 	name := strings.ToLower(parts[2])
 	if (name == "evalsha" || name == "eval") && len(parts) > 8 {
 		if strings.Contains(parts[8], "/locks/") {
@@ -185,13 +223,12 @@ func purposeOf(b []byte) string {
 	return name
 }
 
-// TestRedisRoundTripsPerBatch: on a real Redis, on the fast path, a
-// 100-item all-or-nothing PATCH with the journal and storage item locks
-// sends no command of the module's folder index from the client (every
-// store and delete is one script), takes and lets go of its hundred
-// locks in a few scripts, not one per item, and asks Redis for nothing
-// else but one listing.
-func TestRedisRoundTripsPerBatch(t *testing.T) {
+// warmFastPath starts the two sites on a redis-server of the test's
+// own, on the fast path, sends one 100-item batch of op (the scripts
+// loaded, the connections made), and resets Redis's and the relay's
+// counts; it answers the sites and Redis's address.
+func warmFastPath(t *testing.T, op string) (*clusterBatch, string) {
+	t.Helper()
 	if !hasRedisServer() {
 		t.Skip("redis-server is not installed (INFO commandstats needs a real Redis)")
 	}
@@ -200,16 +237,36 @@ func TestRedisRoundTripsPerBatch(t *testing.T) {
 	if path, why := fastPath(); path != "redis" {
 		t.Fatalf("the fast path is off: %s", why)
 	}
-	cb.send(t, cb.on, "patch", 100) // scripts loaded, connections made
+	cb.send(t, cb.on, op, 100)
 	if _, err := redisCommand(addr, "CONFIG", "RESETSTAT"); err != nil {
 		t.Fatal(err)
 	}
 	cb.rt.reset()
+	return cb, addr
+}
+
+// TestRedisRoundTripsPerBatch: on a real Redis, on the fast path, a
+// 100-item all-or-nothing PATCH with the journal and storage item locks
+// sends no command of the module's folder index from the client (every
+// store and delete is one script), takes and lets go of its hundred
+// locks in a few scripts, not one per item, and asks Redis for nothing
+// else but one listing.
+func TestRedisRoundTripsPerBatch(t *testing.T) {
+	cb, addr := warmFastPath(t, "patch")
 	cb.send(t, cb.on, "patch", 100)
 	time.Sleep(100 * time.Millisecond) // the removal, after the answer
 	total, by := cb.rt.reset()
 	cmds, byCmd := commandCalls(t, addr)
 	t.Logf("%d round trips %v; %d commands %v", total, by, cmds, byCmd)
+	checkPerWave(t, total, by)
+}
+
+// checkPerWave checks the round trips of a 100-item PATCH on the fast
+// path, counted by purpose: no folder-index command sent by the client,
+// the locks taken and let go together, nothing but stores, deletes, one
+// listing and the locks.
+func checkPerWave(t *testing.T, total int, by map[string]int) {
+	t.Helper()
 	for _, c := range []string{"zadd", "zrem", "exists", "del", "set"} {
 		if by[c] > 0 {
 			t.Errorf("%d %s sent by the client: the fast path's scripts should hold them", by[c], c)
@@ -227,6 +284,65 @@ func TestRedisRoundTripsPerBatch(t *testing.T) {
 	if keys := by["script:keys"]; keys > 2*(1+100)+2 || total > keys+1+by["script:locks"] {
 		t.Errorf("%d round trips, %d of them stores and deletes", total, keys)
 	}
+}
+
+// TestRedisRoundTripsPerKeyedBatch: on a real Redis, on the fast path,
+// a 100-item all-or-nothing PATCH with an Idempotency-Key pays two
+// round trips for its key (docs/performance.md, "Round trips per
+// batch"): one script claims it (the lock found free, the record
+// absent, the expiry entry and the record stored), one stores the
+// answer over the claim; the same key again is one round trip, and
+// replayed. Nothing else names the key: no lock taken, no record read.
+func TestRedisRoundTripsPerKeyedBatch(t *testing.T) {
+	cb, addr := warmFastPath(t, "keyed-patch")
+	_, body := batchBody("patch", 100)
+	if status := cb.patchKeyed(t, body, "key-1"); status != http.StatusOK {
+		t.Fatalf("the keyed batch: %d", status)
+	}
+	time.Sleep(100 * time.Millisecond) // the removal, after the answer
+	total, by := cb.rt.reset()
+	cmds, byCmd := commandCalls(t, addr)
+	t.Logf("%d round trips %v; %d commands %v", total, by, cmds, byCmd)
+	// The claim's script names the record's lock first, the answer's
+	// the record.
+	if key := keyRoundTrips(by); key != 2 || by["script:locks:idem"] != 1 || by["script:keys:idem"] != 1 {
+		t.Errorf("%d round trips name the key (%v), want 2 scripts: the claim and the answer", key, by)
+	}
+	// The same request again is replayed, after one round trip.
+	if status := cb.patchKeyed(t, body, "key-1"); status != http.StatusOK {
+		t.Errorf("the keyed batch again: %d, want its answer replayed", status)
+	}
+	if total, by := cb.rt.reset(); keyRoundTrips(by) != 1 || total != 1 {
+		t.Errorf("the key used again: %v, want one round trip, for the key", by)
+	}
+}
+
+// patchKeyed sends body as a PATCH with an Idempotency-Key to the "on"
+// site, and answers its status.
+func (cb *clusterBatch) patchKeyed(t *testing.T, body []byte, key string) int {
+	t.Helper()
+	req, _ := http.NewRequest("PATCH", cb.on+"/api/widgets", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := cb.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	return resp.StatusCode
+}
+
+// keyRoundTrips is how many of the round trips counted by purpose name
+// an Idempotency-Key.
+func keyRoundTrips(by map[string]int) int {
+	n := 0
+	for purpose, c := range by {
+		if strings.HasSuffix(purpose, ":idem") {
+			n += c
+		}
+	}
+	return n
 }
 
 // TestRedisGenericPathPerWave: with compression on, the Redis module
@@ -254,8 +370,9 @@ func TestRedisGenericPathPerWave(t *testing.T) {
 // BenchmarkClusterBatch is a cluster's all-or-nothing batch on Redis
 // (docs/performance.md, "Round trips per batch"), directly and a
 // millisecond away, on the fast path and on the generic one (the module
-// with compression on): each op is one batch on the "on" site and one on the
-// "off" site, alternated. It reports the medians of both (on-ms,
+// with compression on): each op (a PATCH, a PATCH with a new
+// Idempotency-Key each time, a CREATE) is one batch on the "on" site and
+// one on the "off" site, alternated. It reports the medians of both (on-ms,
 // off-ms), their ratio, Redis's commands and the process's round trips
 // per item (INFO commandstats, and the relay between them), and, a millisecond
 // away, the sequential round trips per batch: the time added by the
@@ -274,7 +391,7 @@ func BenchmarkClusterBatch(b *testing.B) {
 			cb := startClusterBatchWith(b, addr, path.compression)
 			cb.relay.SetDelay(dist)
 			added := relayAdds(b, addr, cb.relay.Addr())
-			for _, op := range []string{"patch", "create"} {
+			for _, op := range []string{"patch", "keyed-patch", "create"} {
 				for _, n := range []int{20, 100} {
 					key := fmt.Sprintf("path=%s/%s/items=%d", path.name, op, n)
 					b.Run(fmt.Sprintf("redis=+%s/%s", dist, key), func(b *testing.B) {

@@ -92,3 +92,40 @@ for i = 2, last - 1 do
 end
 redis.call('SET', KEYS[1], ARGV[3])
 return {0, redis.call('ZRANGE', KEYS[2], 0, -1)}`)
+
+// storeIfScript is durable.GuardedStorer's StoreIf: if the lock is free
+// (when one is named) and the guarded key holds the expected value (or,
+// with none expected, is absent), the module's Store of each write in
+// turn. It answers {0, what the key held}, {1} for a lock held, {2} for
+// a key not there, {3, what it held} for another value, {4} for a value
+// compressed, encrypted or not the module's envelope. An empty value
+// (null in the envelope) compares as "".
+// KEYS = {lock key (or the guarded key again), guarded key, then for
+// each write: its key, its folder, the folder's parent, ...};
+// ARGV = {"lock" or "", "absent" or "equals", the expected value in
+// base64, score, number of writes, then for each write: how many KEYS
+// it has, its envelope, its name in its folder, the folder's name in
+// its parent, ...}.
+var storeIfScript = redis.NewScript(`
+if ARGV[1] == 'lock' and redis.call('EXISTS', KEYS[1]) == 1 then return {1} end
+local v = redis.call('GET', KEYS[2])
+if v then
+  local ok, sd = pcall(cjson.decode, v)
+  if not ok or type(sd) ~= 'table' or sd.compression ~= 0 or sd.encryption ~= 0 then return {4} end
+  local val = sd.value
+  if val == cjson.null then val = '' end
+  if ARGV[2] == 'absent' or val ~= ARGV[3] then return {3, v} end
+elseif ARGV[2] == 'equals' then
+  return {2}
+end
+local k, a = 3, 6
+for w = 1, tonumber(ARGV[5]) do
+  local n = tonumber(ARGV[a])
+  for i = 1, n - 1 do
+    if redis.call('ZADD', KEYS[k + i], ARGV[4], ARGV[a + 1 + i]) == 0 then break end
+  end
+  redis.call('SET', KEYS[k], ARGV[a + 1])
+  k, a = k + n, a + n + 1
+end
+if v then return {0, v} end
+return {0}`)
