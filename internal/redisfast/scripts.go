@@ -23,9 +23,12 @@ return 1`)
 // KEYS = for each key: the key, its folder, the folder's parent, ...;
 // ARGV = {number of keys, then for each: how many KEYS it has, its name
 // in its folder, the folder's name in its parent, ...}.
-var deleteScript = redis.NewScript(`
-local k, a = 1, 2
-for c = 1, tonumber(ARGV[1]) do
+var deleteScript = redis.NewScript(`local k, a = 1, 2` + deleteLoop)
+
+// deleteLoop is deleteScript's body, from KEYS[k] and ARGV[a] on, the
+// number of keys at ARGV[a - 1].
+const deleteLoop = `
+for c = 1, tonumber(ARGV[a - 1]) do
   local n = tonumber(ARGV[a])
   a = a + 1
   redis.call('ZREM', KEYS[k + 1], ARGV[a])
@@ -36,7 +39,42 @@ for c = 1, tonumber(ARGV[1]) do
   redis.call('DEL', KEYS[k])
   k, a = k + n, a + n - 1
 end
-return 1`)
+return 0`
+
+// deleteIfScript is durable.AtomicRemover's DeleteAllIf: deleteScript,
+// only while a saga's lease is the caller's (docs/durability.md, "A
+// saga never writes after it lost its lease"): the lease key holds the
+// expected value ("equals"), or is not there ("absent"), or is not
+// checked (""), and its folder lists no lease key (the journal's
+// "lease", epoch 0, or "lease.<8 digits>.<owner>") of a higher epoch, nor
+// another of the same epoch. It answers 0 once deleted, 1 for a lease
+// key not there, 2 for another value (or one compressed or encrypted,
+// which this process never stores), 3 for a lease key that outranks it.
+// KEYS = {lease key, its folder, then deleteScript's}; ARGV = {"equals",
+// "absent" or "", the expected value in base64, epoch, the lease key's
+// name in its folder, then deleteScript's}.
+var deleteIfScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if ARGV[1] == 'absent' and v then return 2 end
+if ARGV[1] == 'equals' then
+  if not v then return 1 end
+  local ok, sd = pcall(cjson.decode, v)
+  if not ok or type(sd) ~= 'table' or sd.compression ~= 0 or sd.encryption ~= 0 then return 2 end
+  local val = sd.value
+  if val == cjson.null then val = '' end
+  if val ~= ARGV[2] then return 2 end
+end
+local epoch = tonumber(ARGV[3])
+for _, m in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+  local e = nil
+  if m == 'lease' then e = 0
+  else
+    e = tonumber(string.match(m, '^lease%.(%d%d%d%d%d%d%d%d)%.') or '')
+    if e == 0 then e = nil end
+  end
+  if e and (e > epoch or (e == epoch and m ~= ARGV[4])) then return 3 end
+end
+local k, a = 3, 6` + deleteLoop)
 
 // lockScript takes each free lock as the module's Lock does (SET NX PX),
 // and answers, for each, 1 if taken.
