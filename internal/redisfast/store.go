@@ -141,6 +141,44 @@ func (s *Store) RenewLease(ctx context.Context, key string, prev []byte, guard s
 	return renewed(key, res)
 }
 
+// ClaimLease stores a takeover's lease key in one round trip
+// (durable.LeaseClaimer): the check of the old record and of the
+// folder's lease keys, and the module's Store of next.
+func (s *Store) ClaimLease(ctx context.Context, key string, epoch int, seenKey string, seen, next []byte) error {
+	modified := time.Now()
+	env, err := json.Marshal(&envelope{Value: next, Modified: modified, Size: int64(len(next))})
+	if err != nil {
+		return fmt.Errorf("encoding %s: %w", key, err)
+	}
+	keys, names := s.chain(key)
+	mode := "nolease"
+	if seenKey != "" {
+		mode = "equals"
+		keys = append(keys, path.Join(s.prefix, seenKey))
+	} else {
+		// The old key's place: the script reads its keys' count.
+		keys = append(keys, keys[0])
+	}
+	args := append([]any{mode, base64.StdEncoding.EncodeToString(seen), epoch, path.Base(key), env, strconv.FormatInt(modified.Unix(), 10)}, names...)
+	res, err := s.eval(ctx, claimScript, keys, args...)
+	if err != nil {
+		return fmt.Errorf("claiming %s in Redis: %w", key, err)
+	}
+	switch res {
+	case int64(0):
+		return nil
+	case int64(1):
+		return durable.ErrKeyGone
+	case int64(2):
+		return durable.ErrKeyChanged
+	case int64(3):
+		return durable.ErrOutranked
+	case int64(4):
+		return durable.ErrUndecidable
+	}
+	return fmt.Errorf("claiming %s in Redis: the script answered %v", key, res)
+}
+
 // renewed is what renewScript answered.
 func renewed(key string, res any) ([]string, error) {
 	switch res {
@@ -201,4 +239,5 @@ var (
 	_ durable.TryLocker     = (*Store)(nil)
 	_ durable.LockLoser     = (*Store)(nil)
 	_ durable.AtomicRemover = (*Store)(nil)
+	_ durable.LeaseClaimer  = (*Store)(nil)
 )
