@@ -1,9 +1,11 @@
 package durable
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io/fs"
+	"path"
 	"strings"
 	"sync"
 	"time"
@@ -106,12 +108,37 @@ func (c *countingStorage) Unlock(ctx context.Context, name string) error {
 // call (AtomicRemover), as the Redis fast path does.
 type atomicCounting struct{ *countingStorage }
 
-func (a atomicCounting) DeleteAll(ctx context.Context, keys []string) error {
+func (a atomicCounting) DeleteAllIf(ctx context.Context, g LeaseGuard, keys []string) error {
 	a.count("delete all", journalPrefix)
+	if err := checkLeaseGuard(ctx, a.memStorage, g); err != nil {
+		return err
+	}
 	for _, k := range keys {
 		if err := a.memStorage.Delete(ctx, k); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return err
 		}
+	}
+	return nil
+}
+
+// checkLeaseGuard is an AtomicRemover's check of g, as the Redis fast
+// path's script makes it (uncounted: it is part of the one call).
+func checkLeaseGuard(ctx context.Context, s Storage, g LeaseGuard) error {
+	b, err := s.Load(ctx, g.Key)
+	switch {
+	case errors.Is(err, fs.ErrNotExist) && g.Holds != nil:
+		return ErrKeyGone
+	case err != nil && !errors.Is(err, fs.ErrNotExist):
+		return err
+	case err == nil && g.Absent, err == nil && g.Holds != nil && !bytes.Equal(b, g.Holds):
+		return ErrKeyChanged
+	}
+	names, err := listNames(ctx, s, path.Dir(g.Key))
+	if err != nil {
+		return err
+	}
+	if outranks(names, g.Epoch, g.Key) != nil {
+		return ErrOutranked
 	}
 	return nil
 }

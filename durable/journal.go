@@ -489,7 +489,13 @@ func (j *Journal) End(ctx context.Context, res *batch.Result) {
 		})
 		return
 	}
-	if err := j.removeJournal(ctx); err != nil {
+	err := j.removeJournal(ctx)
+	if _, lost := errors.AsType[*lostLease](err); lost {
+		// The journal is the new owner's (removeJournal said so).
+		owned.forget(j.saga)
+		return
+	}
+	if err != nil {
 		// A journal left in storage would be taken for a saga cut
 		// short, and undone, once its lease lapsed: keep the lease and
 		// try again. One whose every store failed may never have been

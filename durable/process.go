@@ -2,6 +2,7 @@ package durable
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -88,6 +89,9 @@ func (j *Journal) endLater(hurry <-chan struct{}, end func(context.Context) erro
 		}
 		j.stopRenewal()
 		err := end(context.Background())
+		if _, lost := errors.AsType[*lostLease](err); lost {
+			return // the journal is the new owner's: nothing to retry
+		}
 		if err == nil {
 			j.js.logger.Info("removed the saga's journal from storage after it failed", zap.String("saga", j.saga), zap.Int("tries", try))
 			return

@@ -182,18 +182,8 @@ func (js *Journals) claim(ctx context.Context, saga string, seen leaseView) (*Re
 	rec := leaseRecord(epoch, start.Add(js.leases.Length), 0)
 	sctx, cancel := context.WithTimeout(ctx, StorageTimeout)
 	defer cancel()
-	if err := js.storage.Store(sctx, key, rec); err != nil {
-		return nil, "claiming the saga's lease", err
-	}
-	names, err := listNames(sctx, js.storage, journalDir(saga))
-	if err != nil {
-		return nil, "reading the saga's lease again", err
-	}
-	if outranks(names, epoch, key) != nil {
-		return nil, "", errSteppedBack
-	}
-	if same, err := js.unchanged(sctx, seen, names); err != nil || !same {
-		return nil, "", errSteppedBack
+	if doing, err := js.claimKey(sctx, saga, seen, epoch, key, rec); err != nil {
+		return nil, doing, err
 	}
 	if !owned.add(saga) {
 		return nil, "", errOwned
@@ -210,6 +200,53 @@ func (js *Journals) claim(ctx context.Context, saga string, seen leaseView) (*Re
 	j.startRenewal()
 	r := &Recovered{Saga: saga, Origin: st.intent.Origin, Started: st.intent.Started, Snapshot: st.snap, Dead: seen.lease(st.intent), Journal: j}
 	return r, "", nil
+}
+
+// claimKey writes the claim's lease key of epoch, key, holding rec, and
+// proves the claim (errSteppedBack if not): in one call on a
+// LeaseClaimer, otherwise written first, then the folder listed and the
+// old record read again. An error comes with what was being done, or
+// none when the claim stepped back.
+func (js *Journals) claimKey(ctx context.Context, saga string, seen leaseView, epoch int, key string, rec []byte) (string, error) {
+	if lc, ok := js.storage.(LeaseClaimer); ok {
+		err := lc.ClaimLease(ctx, key, epoch, seen.key, seen.raw, rec)
+		switch {
+		case errors.Is(err, ErrKeyGone), errors.Is(err, ErrKeyChanged), errors.Is(err, ErrOutranked):
+			return "", errSteppedBack
+		case !errors.Is(err, ErrUndecidable):
+			if err != nil {
+				return "claiming the saga's lease", err
+			}
+			return "", nil
+		}
+	}
+	if err := js.storage.Store(ctx, key, rec); err != nil {
+		return "claiming the saga's lease", err
+	}
+	names, err := listNames(ctx, js.storage, journalDir(saga))
+	if err != nil {
+		return "reading the saga's lease again", err
+	}
+	if outranks(names, epoch, key) != nil {
+		return "", errSteppedBack
+	}
+	if same, err := js.unchanged(ctx, seen, names); err != nil || !same {
+		return "", errSteppedBack
+	}
+	return "", nil
+}
+
+// LeaseClaimer is a storage that makes a takeover's claim in one call,
+// at once (the Redis fast path): no renewal or other claim comes between
+// its checks and its write.
+type LeaseClaimer interface {
+	// ClaimLease stores next under key, the lease key of epoch, if
+	// seenKey holds seen (ErrKeyGone, ErrKeyChanged if not), or, with
+	// seenKey "", if key's folder lists no epoch-0 lease key
+	// (ErrKeyChanged if it does); and if that folder lists no other lease
+	// key of epoch or a higher one (ErrOutranked). ErrUndecidable: the
+	// storage cannot compare what seenKey holds.
+	ClaimLease(ctx context.Context, key string, epoch int, seenKey string, seen, next []byte) error
 }
 
 // unchanged reports whether the lease record seen is still there, by

@@ -2,6 +2,7 @@ package durable
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path"
 	"slices"
@@ -28,9 +29,16 @@ func (j *Journal) removeJournal(ctx context.Context) error {
 	if j.renewals > 0 || j.epoch > 0 {
 		written = append(written, leaseKeyOf(j.saga, j.epoch, Owner()))
 	}
+	g := j.leaseGuardLocked()
 	j.mu.Unlock()
 	if ar, ok := j.js.storage.(AtomicRemover); ok && j.epoch == 0 {
-		return j.js.removeAtOnce(ctx, ar, j.saga, written)
+		err := j.js.removeAtOnce(ctx, ar, g, j.saga, written)
+		if lost, ok := errors.AsType[*lostLease](err); ok {
+			j.lease.lose(lost.why)
+			j.takenOver.Store(lost.takenOver)
+			j.logLost(lost.why)
+		}
+		return err
 	}
 	if err := j.js.removeKeys(ctx, j.saga, landed, written); err != nil {
 		return err
@@ -77,19 +85,46 @@ func (js *Journals) removeKeys(ctx context.Context, saga string, marked bool, un
 	return deleteTogether(ctx, js.storage, keys[1:])
 }
 
+// leaseGuardLocked is the check under which the saga's removal deletes
+// anything at once: its lease key holds what this process last stored
+// there, or, never stored, is not there (unless a renewal whose outcome
+// is unknown may have stored it), and no other instance outranks it.
+// j.mu is held.
+func (j *Journal) leaseGuardLocked() LeaseGuard {
+	return LeaseGuard{
+		Key:    leaseKeyOf(j.saga, j.epoch, Owner()),
+		Epoch:  j.epoch,
+		Holds:  j.leaseBytes,
+		Absent: j.leaseBytes == nil && j.renewals == 0,
+	}
+}
+
 // removeAtOnce deletes every key of saga's journal in one call, in the
-// order removalOrder gives: a removal that cannot be cut short needs no
-// end marker (one an earlier attempt stored goes too).
-func (js *Journals) removeAtOnce(ctx context.Context, ar AtomicRemover, saga string, unlisted []string) error {
+// order removalOrder gives, if g holds: a removal that cannot be cut
+// short needs no end marker (one an earlier attempt stored goes too). A
+// guard that fails is a *lostLease, and nothing is deleted.
+func (js *Journals) removeAtOnce(ctx context.Context, ar AtomicRemover, g LeaseGuard, saga string, unlisted []string) error {
 	names, err := listNames(ctx, js.storage, journalDir(saga))
 	if err != nil {
 		return fmt.Errorf("listing %s: %w", journalDir(saga), err)
+	}
+	if len(names) == 0 {
+		// Its stores list every key at once: nothing is left (an earlier
+		// attempt whose answer was lost removed it).
+		return nil
 	}
 	keys := removalOrder(saga, names, unlisted)
 	if !slices.Contains(names, endName) {
 		keys = keys[:len(keys)-1]
 	}
-	if err := ar.DeleteAll(ctx, keys); err != nil {
+	switch err := ar.DeleteAllIf(ctx, g, keys); {
+	case errors.Is(err, ErrKeyGone):
+		return &lostLease{why: "the saga's lease is gone from storage (the storage lost it, or an operator deleted it)"}
+	case errors.Is(err, ErrKeyChanged):
+		return &lostLease{"another instance wrote the saga's lease", true}
+	case errors.Is(err, ErrOutranked):
+		return &lostLease{"another instance took the saga over", true}
+	case err != nil:
 		return err
 	}
 	return removeEmptyFolder(ctx, js.storage, journalDir(saga))

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
+
+	"go.uber.org/zap"
 )
 
 // stubRenewer answers every renewal with names and err.
@@ -48,6 +51,54 @@ func TestRenewAtOnce(t *testing.T) {
 		case tc.lost && lost.takenOver != tc.takenBy:
 			t.Errorf("%s: taken over %v, want %v", tc.name, lost.takenOver, tc.takenBy)
 		case tc.unproven != (err != nil && !tc.lost):
+			t.Errorf("%s: %v", tc.name, err)
+		}
+	}
+}
+
+// stubClaimer is a memStorage whose one-call claims answer err.
+type stubClaimer struct {
+	*memStorage
+	err error
+}
+
+func (s stubClaimer) ClaimLease(context.Context, string, int, string, []byte, []byte) error {
+	return s.err
+}
+
+// TestTakeoverClaimAtOnce: what a storage that claims a lease in one call answers is
+// read as the claim in several calls reads it: an old record gone or
+// changed, or a lease key that outranks the claim, steps back, with
+// nothing written by this process; a failed call is an error of the
+// claim; a value the storage cannot compare goes the generic way.
+func TestTakeoverClaimAtOnce(t *testing.T) {
+	key := leaseKeyOf("s", 1, Owner())
+	for _, tc := range []struct {
+		name    string
+		err     error
+		stepped bool
+		failed  bool
+		generic bool
+	}{
+		{"claimed", nil, false, false, false},
+		{"old record gone", ErrKeyGone, true, false, false},
+		{"old record changed", ErrKeyChanged, true, false, false},
+		{"outranked", ErrOutranked, true, false, false},
+		{"the call failed", errors.New("timeout"), false, true, false},
+		{"undecidable", ErrUndecidable, false, false, true},
+	} {
+		s := stubClaimer{newMemStorage(), tc.err}
+		js := NewJournals(s, NewLeases(time.Minute), zap.NewNop())
+		doing, err := js.claimKey(context.Background(), "s", leaseView{}, 1, key, []byte("rec"))
+		_, stored := s.memStorage.Load(context.Background(), key)
+		switch {
+		case tc.stepped != errors.Is(err, errSteppedBack) || tc.stepped && doing != "":
+			t.Errorf("%s: %q %v, stepped back %v", tc.name, doing, err, tc.stepped)
+		case tc.failed != (err != nil && doing != ""):
+			t.Errorf("%s: %q %v, failed %v", tc.name, doing, err, tc.failed)
+		case tc.generic != (stored == nil):
+			t.Errorf("%s: stored by the generic way %v, want %v", tc.name, stored == nil, tc.generic)
+		case !tc.stepped && !tc.failed && err != nil:
 			t.Errorf("%s: %v", tc.name, err)
 		}
 	}

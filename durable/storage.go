@@ -44,10 +44,33 @@ type FolderRemover interface {
 // AtomicRemover is a storage that deletes several keys at once, in one
 // call (the Redis fast path): nobody sees some of them deleted and not
 // the others, so a journal's removal needs no end marker to be safe to
-// cut short.
+// cut short. It deletes them only while a saga's lease is still the
+// caller's, checked in the same call: an owner paused or cut off past
+// its lease must not delete the journal of the instance that took the
+// saga over (docs/durability.md, "A saga never writes after it lost its
+// lease").
 type AtomicRemover interface {
-	DeleteAll(ctx context.Context, keys []string) error
+	// DeleteAllIf deletes keys if g holds, and otherwise nothing:
+	// ErrKeyGone or ErrKeyChanged when g's key is not as g expects,
+	// ErrOutranked when its folder lists a lease key that outranks it.
+	DeleteAllIf(ctx context.Context, g LeaseGuard, keys []string) error
 }
+
+// LeaseGuard is the check of an AtomicRemover's removal: the lease key
+// Key, of Epoch, holds Holds (or, with Absent, is not there; with
+// neither, its value is not checked), and its folder lists no lease key
+// of a higher epoch, nor another of Epoch.
+type LeaseGuard struct {
+	Key    string
+	Epoch  int
+	Holds  []byte
+	Absent bool
+}
+
+// ErrOutranked is an AtomicRemover's answer when the lease's folder
+// lists a lease key that outranks the guard's: another instance took the
+// saga over.
+var ErrOutranked = errors.New("the folder holds a lease key of a higher epoch, or another of the same epoch")
 
 // removeEmptyFolder removes dir once its keys are deleted, where the
 // storage keeps folders.

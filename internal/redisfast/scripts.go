@@ -23,9 +23,12 @@ return 1`)
 // KEYS = for each key: the key, its folder, the folder's parent, ...;
 // ARGV = {number of keys, then for each: how many KEYS it has, its name
 // in its folder, the folder's name in its parent, ...}.
-var deleteScript = redis.NewScript(`
-local k, a = 1, 2
-for c = 1, tonumber(ARGV[1]) do
+var deleteScript = redis.NewScript(`local k, a = 1, 2` + deleteLoop)
+
+// deleteLoop is deleteScript's body, from KEYS[k] and ARGV[a] on, the
+// number of keys at ARGV[a - 1].
+const deleteLoop = `
+for c = 1, tonumber(ARGV[a - 1]) do
   local n = tonumber(ARGV[a])
   a = a + 1
   redis.call('ZREM', KEYS[k + 1], ARGV[a])
@@ -36,7 +39,84 @@ for c = 1, tonumber(ARGV[1]) do
   redis.call('DEL', KEYS[k])
   k, a = k + n, a + n - 1
 end
-return 1`)
+return 0`
+
+// deleteIfScript is durable.AtomicRemover's DeleteAllIf: deleteScript,
+// only while a saga's lease is the caller's (docs/durability.md, "A
+// saga never writes after it lost its lease"): the lease key holds the
+// expected value ("equals"), or is not there ("absent"), or is not
+// checked (""), and its folder lists no lease key (the journal's
+// "lease", epoch 0, or "lease.<8 digits>.<owner>") of a higher epoch, nor
+// another of the same epoch. It answers 0 once deleted, 1 for a lease
+// key not there, 2 for another value (or one compressed or encrypted,
+// which this process never stores), 3 for a lease key that outranks it.
+// KEYS = {lease key, its folder, then deleteScript's}; ARGV = {"equals",
+// "absent" or "", the expected value in base64, epoch, the lease key's
+// name in its folder, then deleteScript's}.
+var deleteIfScript = redis.NewScript(outrankedFn + `
+local v = redis.call('GET', KEYS[1])
+if ARGV[1] == 'absent' and v then return 2 end
+if ARGV[1] == 'equals' then
+  if not v then return 1 end
+  local ok, sd = pcall(cjson.decode, v)
+  if not ok or type(sd) ~= 'table' or sd.compression ~= 0 or sd.encryption ~= 0 then return 2 end
+  local val = sd.value
+  if val == cjson.null then val = '' end
+  if val ~= ARGV[2] then return 2 end
+end
+if outranked(KEYS[2], tonumber(ARGV[3]), ARGV[4]) then return 3 end
+local k, a = 3, 6` + deleteLoop)
+
+// outrankedFn is a Lua function: whether folder lists a lease key of
+// the journal ("lease", epoch 0, or "lease.<8 digits>.<owner>") of a
+// higher epoch than epoch, or another of epoch than mine.
+const outrankedFn = `
+local function outranked(folder, epoch, mine)
+  for _, m in ipairs(redis.call('ZRANGE', folder, 0, -1)) do
+    local e = nil
+    if m == 'lease' then e = 0
+    else
+      e = tonumber(string.match(m, '^lease%.(%d%d%d%d%d%d%d%d)%.') or '')
+      if e == 0 then e = nil end
+    end
+    if e and (e > epoch or (e == epoch and m ~= mine)) then return true end
+  end
+  return false
+end
+`
+
+// claimScript is durable.LeaseClaimer's ClaimLease, a takeover's claim
+// (docs/durability.md, "A saga never writes after it lost its lease"):
+// if the old owner's lease record is as the takeover watched it (its
+// key holds the value seen, or, where there was none, the folder lists
+// no "lease") and the folder lists no lease key of the new epoch or a
+// higher one, the module's Store of the new lease key. It answers 0
+// once stored, 1 for the old key gone, 2 for another value or a "lease"
+// written since, 3 for a lease key that outranks the claim, 4 for an
+// old value compressed, encrypted or not the module's envelope.
+// KEYS = {new lease key, its folder, the folder's parent, ..., old key
+// (or the new one again)}; ARGV = {"equals" or "nolease", the value seen
+// in base64, epoch, the new key's name in its folder, its envelope,
+// score, its name in its folder, the folder's name in its parent, ...}.
+var claimScript = redis.NewScript(outrankedFn + `
+local last = #KEYS
+if ARGV[1] == 'equals' then
+  local v = redis.call('GET', KEYS[last])
+  if not v then return 1 end
+  local ok, sd = pcall(cjson.decode, v)
+  if not ok or type(sd) ~= 'table' or sd.compression ~= 0 or sd.encryption ~= 0 then return 4 end
+  local val = sd.value
+  if val == cjson.null then val = '' end
+  if val ~= ARGV[2] then return 2 end
+elseif redis.call('ZSCORE', KEYS[2], 'lease') then
+  return 2
+end
+if outranked(KEYS[2], tonumber(ARGV[3]), ARGV[4]) then return 3 end
+for i = 2, last - 1 do
+  if redis.call('ZADD', KEYS[i], ARGV[6], ARGV[i + 5]) == 0 then break end
+end
+redis.call('SET', KEYS[1], ARGV[5])
+return 0`)
 
 // lockScript takes each free lock as the module's Lock does (SET NX PX),
 // and answers, for each, 1 if taken.

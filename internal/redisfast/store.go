@@ -67,17 +67,53 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 // in one round trip and at once (durable.AtomicRemover): nobody sees
 // some deleted and not others.
 func (s *Store) DeleteAll(ctx context.Context, keys []string) error {
-	var all []string
-	args := []any{len(keys)}
+	all, args := s.deletion(keys)
+	if err := s.run(ctx, deleteScript, all, args...); err != nil {
+		return fmt.Errorf("deleting %s in Redis: %w", strings.Join(keys, ", "), err)
+	}
+	return nil
+}
+
+// DeleteAllIf is DeleteAll under g, checked in the same script
+// (durable.AtomicRemover): a saga's journal goes only while its lease
+// is still this process's (docs/durability.md, "The Redis fast path").
+func (s *Store) DeleteAllIf(ctx context.Context, g durable.LeaseGuard, keys []string) error {
+	lease := path.Join(s.prefix, g.Key)
+	mode := ""
+	switch {
+	case g.Holds != nil:
+		mode = "equals"
+	case g.Absent:
+		mode = "absent"
+	}
+	all, del := s.deletion(keys)
+	args := append([]any{mode, base64.StdEncoding.EncodeToString(g.Holds), g.Epoch, path.Base(g.Key)}, del...)
+	res, err := s.eval(ctx, deleteIfScript, append([]string{lease, path.Dir(lease)}, all...), args...)
+	if err != nil {
+		return fmt.Errorf("deleting %s in Redis: %w", strings.Join(keys, ", "), err)
+	}
+	switch res {
+	case int64(0):
+		return nil
+	case int64(1):
+		return durable.ErrKeyGone
+	case int64(2):
+		return durable.ErrKeyChanged
+	case int64(3):
+		return durable.ErrOutranked
+	}
+	return fmt.Errorf("deleting %s in Redis: the script answered %v", strings.Join(keys, ", "), res)
+}
+
+// deletion is deleteScript's KEYS and ARGV for keys.
+func (s *Store) deletion(keys []string) (all []string, args []any) {
+	args = []any{len(keys)}
 	for _, key := range keys {
 		chain, names := s.chain(key)
 		all = append(all, chain...)
 		args = append(append(args, len(chain)), names...)
 	}
-	if err := s.run(ctx, deleteScript, all, args...); err != nil {
-		return fmt.Errorf("deleting %s in Redis: %w", strings.Join(keys, ", "), err)
-	}
-	return nil
+	return all, args
 }
 
 // RenewLease renews a lease in one round trip (durable.LeaseRenewer):
@@ -103,6 +139,44 @@ func (s *Store) RenewLease(ctx context.Context, key string, prev []byte, guard s
 		return nil, fmt.Errorf("renewing %s in Redis: %w", key, err)
 	}
 	return renewed(key, res)
+}
+
+// ClaimLease stores a takeover's lease key in one round trip
+// (durable.LeaseClaimer): the check of the old record and of the
+// folder's lease keys, and the module's Store of next.
+func (s *Store) ClaimLease(ctx context.Context, key string, epoch int, seenKey string, seen, next []byte) error {
+	modified := time.Now()
+	env, err := json.Marshal(&envelope{Value: next, Modified: modified, Size: int64(len(next))})
+	if err != nil {
+		return fmt.Errorf("encoding %s: %w", key, err)
+	}
+	keys, names := s.chain(key)
+	mode := "nolease"
+	if seenKey != "" {
+		mode = "equals"
+		keys = append(keys, path.Join(s.prefix, seenKey))
+	} else {
+		// The old key's place: the script reads its keys' count.
+		keys = append(keys, keys[0])
+	}
+	args := append([]any{mode, base64.StdEncoding.EncodeToString(seen), epoch, path.Base(key), env, strconv.FormatInt(modified.Unix(), 10)}, names...)
+	res, err := s.eval(ctx, claimScript, keys, args...)
+	if err != nil {
+		return fmt.Errorf("claiming %s in Redis: %w", key, err)
+	}
+	switch res {
+	case int64(0):
+		return nil
+	case int64(1):
+		return durable.ErrKeyGone
+	case int64(2):
+		return durable.ErrKeyChanged
+	case int64(3):
+		return durable.ErrOutranked
+	case int64(4):
+		return durable.ErrUndecidable
+	}
+	return fmt.Errorf("claiming %s in Redis: the script answered %v", key, res)
 }
 
 // renewed is what renewScript answered.
@@ -161,7 +235,9 @@ func (s *Store) eval(ctx context.Context, script *redis.Script, keys []string, a
 
 // Interface guards
 var (
-	_ durable.Storage   = (*Store)(nil)
-	_ durable.TryLocker = (*Store)(nil)
-	_ durable.LockLoser = (*Store)(nil)
+	_ durable.Storage       = (*Store)(nil)
+	_ durable.TryLocker     = (*Store)(nil)
+	_ durable.LockLoser     = (*Store)(nil)
+	_ durable.AtomicRemover = (*Store)(nil)
+	_ durable.LeaseClaimer  = (*Store)(nil)
 )

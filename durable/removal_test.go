@@ -1,0 +1,106 @@
+package durable
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/caddy-batch/caddy-batch/batch"
+)
+
+// removerMem is a memStorage that deletes several keys at once under a
+// lease's guard (AtomicRemover), checked as the Redis fast path's
+// script checks it; before runs first, as another instance's write
+// that lands just before the removal.
+type removerMem struct {
+	*memStorage
+	before func(ctx context.Context)
+
+	mu       sync.Mutex
+	removals int
+}
+
+func (g *removerMem) DeleteAllIf(ctx context.Context, guard LeaseGuard, keys []string) error {
+	g.mu.Lock()
+	g.removals++
+	g.mu.Unlock()
+	if g.before != nil {
+		g.before(ctx)
+	}
+	if err := checkLeaseGuard(ctx, g.memStorage, guard); err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if err := g.memStorage.Delete(ctx, k); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
+}
+
+// TestAtomicRemovalUnderTheLease: a saga whose lease another instance
+// took between its fence and its removal (a takeover's key of a higher
+// epoch, or the lease key written by another, lands just before the
+// removal's one call) deletes nothing of the journal, and its lease is
+// lost, taken over, for good: the removal is not retried. Without
+// anything landing, the journal goes whole.
+func TestAtomicRemovalUnderTheLease(t *testing.T) {
+	other := []byte(`{"owner":"another instance","epoch":1}`)
+	for _, tc := range []struct {
+		name string
+		land func(saga string) string // the key another instance stores
+	}{
+		{"nothing lands", nil},
+		{"a higher epoch", func(saga string) string { return leaseKeyOf(saga, 1, "another instance") }},
+		{"the lease written by another", func(saga string) string { return leaseKey(saga) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			inBubble(t, func(t *testing.T) { removalUnderTheLease(t, tc.land, other) })
+		})
+	}
+}
+
+func removalUnderTheLease(t *testing.T, land func(string) string, other []byte) {
+	s := &removerMem{memStorage: newMemStorage()}
+	js := NewJournals(s, NewLeases(time.Minute), zap.NewNop())
+	j := js.New(Origin{})
+	landed := ""
+	if land != nil {
+		landed = land(j.Saga())
+		s.before = func(ctx context.Context) {
+			if err := s.memStorage.Store(ctx, landed, other); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	res := batch.Run(context.Background(), updatePlan(t, widgets(t), 3), batch.Runtime{Send: &upstream{}, Journal: j})
+	if res.Outcome != batch.Succeeded {
+		t.Fatalf("outcome %s: %s", res.Outcome, res.Detail)
+	}
+	time.Sleep(2 * time.Minute) // a retry, if any, would run by now
+	left := s.memStorage.keysUnder(journalDir(j.Saga()))
+	s.mu.Lock()
+	removals := s.removals
+	s.mu.Unlock()
+	if removals != 1 {
+		t.Errorf("%d removals, want 1 (none retried)", removals)
+	}
+	if land == nil {
+		if len(left) != 0 || j.takenOver.Load() {
+			t.Errorf("left %v, taken over %v; want the journal gone", left, j.takenOver.Load())
+		}
+		return
+	}
+	if !slices.Contains(left, segmentKey(j.Saga(), 0)) || !slices.Contains(left, landed) {
+		t.Errorf("left %v, want the whole journal and %s", left, landed)
+	}
+	if j.lostErr() == nil || !j.takenOver.Load() {
+		t.Errorf("lease lost %v, taken over %v; want lost to another instance", j.lostErr(), j.takenOver.Load())
+	}
+}
