@@ -92,17 +92,7 @@ func (s *Store) DeleteAllIf(ctx context.Context, g durable.LeaseGuard, keys []st
 	if err != nil {
 		return fmt.Errorf("deleting %s in Redis: %w", strings.Join(keys, ", "), err)
 	}
-	switch res {
-	case int64(0):
-		return nil
-	case int64(1):
-		return durable.ErrKeyGone
-	case int64(2):
-		return durable.ErrKeyChanged
-	case int64(3):
-		return durable.ErrOutranked
-	}
-	return fmt.Errorf("deleting %s in Redis: the script answered %v", strings.Join(keys, ", "), res)
+	return guardVerdict(res, "deleting "+strings.Join(keys, ", "))
 }
 
 // deletion is deleteScript's KEYS and ARGV for keys.
@@ -164,19 +154,7 @@ func (s *Store) ClaimLease(ctx context.Context, key string, epoch int, seenKey s
 	if err != nil {
 		return fmt.Errorf("claiming %s in Redis: %w", key, err)
 	}
-	switch res {
-	case int64(0):
-		return nil
-	case int64(1):
-		return durable.ErrKeyGone
-	case int64(2):
-		return durable.ErrKeyChanged
-	case int64(3):
-		return durable.ErrOutranked
-	case int64(4):
-		return durable.ErrUndecidable
-	}
-	return fmt.Errorf("claiming %s in Redis: the script answered %v", key, res)
+	return guardVerdict(res, "claiming "+key)
 }
 
 // renewed is what renewScript answered.
@@ -241,3 +219,22 @@ var (
 	_ durable.AtomicRemover = (*Store)(nil)
 	_ durable.LeaseClaimer  = (*Store)(nil)
 )
+
+// guardVerdict is what the answer of a script guarded by the lease
+// (deleteIfScript, claimScript) means: 0 done, or why it wrote nothing.
+// doing names the call, for an answer no script gives.
+func guardVerdict(res any, doing string) error {
+	switch res {
+	case int64(0):
+		return nil
+	case int64(1):
+		return durable.ErrKeyGone
+	case int64(2):
+		return durable.ErrKeyChanged
+	case int64(3):
+		return durable.ErrOutranked
+	case int64(4):
+		return durable.ErrUndecidable
+	}
+	return fmt.Errorf("%s in Redis: the script answered %v", doing, res)
+}
