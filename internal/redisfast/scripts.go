@@ -5,16 +5,37 @@ import "github.com/redis/go-redis/v9"
 // The scripts, each one round trip and atomic (run with EVALSHA, and
 // EVAL once after a restart of Redis forgot them).
 
-// storeScript is the module's Store: the key's folder entries, from its
-// own folder upward, stopping after the first that was there already
-// (its score still updated), then the value.
+// storeFn is a Lua function, the module's Store: the key's folder
+// entries, from its own folder upward, stopping after the first that was
+// there already (its score still updated), then the value. The key is
+// KEYS[k], its folders KEYS[k+1] to KEYS[k+n-1], and their names ARGV[a]
+// on.
+const storeFn = `
+local function store(k, n, a, score, value)
+  for i = 1, n - 1 do
+    if redis.call('ZADD', KEYS[k + i], score, ARGV[a + i - 1]) == 0 then break end
+  end
+  redis.call('SET', KEYS[k], value)
+end
+`
+
+// plainValueFn is a Lua function: the value a stored envelope holds, ""
+// for null, or nil where the fast path cannot compare it (not the
+// module's envelope, or compressed or encrypted).
+const plainValueFn = `
+local function plainValue(v)
+  local ok, sd = pcall(cjson.decode, v)
+  if not ok or type(sd) ~= 'table' or sd.compression ~= 0 or sd.encryption ~= 0 then return nil end
+  if sd.value == cjson.null then return '' end
+  return sd.value
+end
+`
+
+// storeScript is the module's Store (storeFn).
 // KEYS = {key, folder, parent folder, ...}; ARGV = {value, score, name in
 // folder, name in parent, ...}.
-var storeScript = redis.NewScript(`
-for i = 2, #KEYS do
-  if redis.call('ZADD', KEYS[i], ARGV[2], ARGV[i + 1]) == 0 then break end
-end
-redis.call('SET', KEYS[1], ARGV[1])
+var storeScript = redis.NewScript(storeFn + `
+store(1, #KEYS, 3, ARGV[2], ARGV[1])
 return 1`)
 
 // deleteScript is the module's Delete of each key in turn, all at once:
@@ -53,16 +74,12 @@ return 0`
 // KEYS = {lease key, its folder, then deleteScript's}; ARGV = {"equals",
 // "absent" or "", the expected value in base64, epoch, the lease key's
 // name in its folder, then deleteScript's}.
-var deleteIfScript = redis.NewScript(outrankedFn + `
+var deleteIfScript = redis.NewScript(outrankedFn + plainValueFn + `
 local v = redis.call('GET', KEYS[1])
 if ARGV[1] == 'absent' and v then return 2 end
 if ARGV[1] == 'equals' then
   if not v then return 1 end
-  local ok, sd = pcall(cjson.decode, v)
-  if not ok or type(sd) ~= 'table' or sd.compression ~= 0 or sd.encryption ~= 0 then return 2 end
-  local val = sd.value
-  if val == cjson.null then val = '' end
-  if val ~= ARGV[2] then return 2 end
+  if plainValue(v) ~= ARGV[2] then return 2 end
 end
 if outranked(KEYS[2], tonumber(ARGV[3]), ARGV[4]) then return 3 end
 local k, a = 3, 6` + deleteLoop)
@@ -98,24 +115,19 @@ end
 // (or the new one again)}; ARGV = {"equals" or "nolease", the value seen
 // in base64, epoch, the new key's name in its folder, its envelope,
 // score, its name in its folder, the folder's name in its parent, ...}.
-var claimScript = redis.NewScript(outrankedFn + `
+var claimScript = redis.NewScript(outrankedFn + plainValueFn + storeFn + `
 local last = #KEYS
 if ARGV[1] == 'equals' then
   local v = redis.call('GET', KEYS[last])
   if not v then return 1 end
-  local ok, sd = pcall(cjson.decode, v)
-  if not ok or type(sd) ~= 'table' or sd.compression ~= 0 or sd.encryption ~= 0 then return 4 end
-  local val = sd.value
-  if val == cjson.null then val = '' end
+  local val = plainValue(v)
+  if val == nil then return 4 end
   if val ~= ARGV[2] then return 2 end
 elseif redis.call('ZSCORE', KEYS[2], 'lease') then
   return 2
 end
 if outranked(KEYS[2], tonumber(ARGV[3]), ARGV[4]) then return 3 end
-for i = 2, last - 1 do
-  if redis.call('ZADD', KEYS[i], ARGV[6], ARGV[i + 5]) == 0 then break end
-end
-redis.call('SET', KEYS[1], ARGV[5])
+store(1, last - 1, 7, ARGV[6], ARGV[5])
 return 0`)
 
 // lockScript takes each free lock as the module's Lock does (SET NX PX),
@@ -156,7 +168,7 @@ return lost`)
 // KEYS = {lease key, its folder, the folder's parent, ..., guard key};
 // ARGV = {"prev" or "guard", the previous value in base64, the new
 // envelope, score, name in folder, name in parent, ...}.
-var renewScript = redis.NewScript(`
+var renewScript = redis.NewScript(storeFn + `
 local last = #KEYS
 if ARGV[1] == 'prev' then
   local v = redis.call('GET', KEYS[1])
@@ -167,10 +179,7 @@ if ARGV[1] == 'prev' then
 elseif redis.call('EXISTS', KEYS[last]) == 0 then
   return 1
 end
-for i = 2, last - 1 do
-  if redis.call('ZADD', KEYS[i], ARGV[4], ARGV[i + 3]) == 0 then break end
-end
-redis.call('SET', KEYS[1], ARGV[3])
+store(1, last - 1, 5, ARGV[4], ARGV[3])
 return {0, redis.call('ZRANGE', KEYS[2], 0, -1)}`)
 
 // storeIfScript is durable.GuardedStorer's StoreIf: if the lock is free
@@ -186,14 +195,12 @@ return {0, redis.call('ZRANGE', KEYS[2], 0, -1)}`)
 // base64, score, number of writes, then for each write: how many KEYS
 // it has, its envelope, its name in its folder, the folder's name in
 // its parent, ...}.
-var storeIfScript = redis.NewScript(`
+var storeIfScript = redis.NewScript(plainValueFn + storeFn + `
 if ARGV[1] == 'lock' and redis.call('EXISTS', KEYS[1]) == 1 then return {1} end
 local v = redis.call('GET', KEYS[2])
 if v then
-  local ok, sd = pcall(cjson.decode, v)
-  if not ok or type(sd) ~= 'table' or sd.compression ~= 0 or sd.encryption ~= 0 then return {4} end
-  local val = sd.value
-  if val == cjson.null then val = '' end
+  local val = plainValue(v)
+  if val == nil then return {4} end
   if ARGV[2] == 'absent' or val ~= ARGV[3] then return {3, v} end
 elseif ARGV[2] == 'equals' then
   return {2}
@@ -201,10 +208,7 @@ end
 local k, a = 3, 6
 for w = 1, tonumber(ARGV[5]) do
   local n = tonumber(ARGV[a])
-  for i = 1, n - 1 do
-    if redis.call('ZADD', KEYS[k + i], ARGV[4], ARGV[a + 1 + i]) == 0 then break end
-  end
-  redis.call('SET', KEYS[k], ARGV[a + 1])
+  store(k, n, a + 2, ARGV[4], ARGV[a + 1])
   k, a = k + n, a + n + 1
 end
 if v then return {0, v} end
