@@ -208,10 +208,13 @@ func (run *batchRun) notAttempted(ctx context.Context, i, dep int) {
 func (run *batchRun) executeItem(clientCtx, batchCtx context.Context, i int) bool {
 	t, id := run.state[i].tgt, run.items[i].ID
 	ctx := context.WithoutCancel(clientCtx)
-	if !t.kind.Writes() {
+	key := "" // a read carries no Idempotency-Key
+	if t.kind.Writes() {
+		key = run.plan.key.forItem(i, "")
+	} else {
 		ctx = batchCtx // a read is cut by the batch's deadline and its client
 	}
-	req := t.itemRequest(run.plan.header, id, run.state[i].body, run.plan.key.forItem(i, ""))
+	req := t.itemRequest(run.plan.header, id, run.state[i].body, key)
 	if etag := run.state[i].preETag; etag != "" {
 		// Whoever changed the item since the preflight read it, the write
 		// must not land on their change: 412 is this item's failure.
