@@ -5,8 +5,9 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"strings"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // GatewaySettings are a resource's settings that only the gateway reads,
@@ -59,7 +60,7 @@ func (g GatewaySettings) checkScopeHeaders() error {
 	for i, name := range g.ScopeHeaders {
 		canonical := http.CanonicalHeaderKey(name)
 		switch {
-		case !validHeaderName(name):
+		case !httpguts.ValidHeaderFieldName(name):
 			errs = append(errs, OptionError("scope_headers", fmt.Errorf("scope_headers names %q, which is not a header name: name each header that identifies a client, e.g. scope_headers X-API-Key", name)))
 		case canonical == "Authorization" || canonical == "Cookie":
 			errs = append(errs, OptionError("scope_headers", fmt.Errorf("scope_headers names %s, which always identifies a client: remove it from scope_headers", name)))
@@ -68,20 +69,6 @@ func (g GatewaySettings) checkScopeHeaders() error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// validHeaderName reports whether name is an HTTP field name (RFC 9110,
-// section 5.1: a token).
-func validHeaderName(name string) bool {
-	if name == "" {
-		return false
-	}
-	for _, c := range []byte(name) {
-		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
-			return false
-		}
-	}
-	return true
 }
 
 // checkAutoInFlight refuses bounds of max_in_flight auto that cannot
