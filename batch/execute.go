@@ -35,11 +35,14 @@ func (run *batchRun) execute(clientCtx, batchCtx context.Context) {
 			}
 		})
 	}
+	ahead := run.recordsAhead(clientCtx, pending)
 	run.started = fanOut(batchCtx, run.batchSettings.Concurrency, pending, stop, func(batchCtx context.Context, i int) {
+		ahead.next(i)
 		if !run.executeItem(clientCtx, batchCtx, i) && run.allOrNothing {
 			halt()
 		}
 	})
+	ahead.settleUnsent(clientCtx)
 	for i, it := range run.plan.Items {
 		if it.firstWithID != i {
 			first := run.items[it.firstWithID]
@@ -208,18 +211,12 @@ func (run *batchRun) notAttempted(ctx context.Context, i, dep int) {
 func (run *batchRun) executeItem(clientCtx, batchCtx context.Context, i int) bool {
 	t, id := run.state[i].tgt, run.items[i].ID
 	ctx := context.WithoutCancel(clientCtx)
-	key := "" // a read carries no Idempotency-Key
-	if t.kind.Writes() {
-		key = run.plan.key.forItem(i, "")
-	} else {
+	if !t.kind.Writes() {
 		ctx = batchCtx // a read is cut by the batch's deadline and its client
 	}
-	req := t.itemRequest(run.plan.header, id, run.state[i].body, key)
-	if etag := run.state[i].preETag; etag != "" {
-		// Whoever changed the item since the preflight read it, the write
-		// must not land on their change: 412 is this item's failure.
-		req.Header.Set("If-Match", etag)
-	}
+	run.mu.Lock()
+	req := run.request(i)
+	run.mu.Unlock()
 	if t.kind.Writes() && !run.saga {
 		// A partial batch's write locks its item only while in flight,
 		// as a single write through the gateway does.
@@ -256,6 +253,26 @@ func (run *batchRun) executeItem(clientCtx, batchCtx context.Context, i int) boo
 		return false // the batch ran out of time before the item could start
 	}
 	return run.answered(ctx, i, req, resp, err)
+}
+
+// request is item i's own request, made the first time it is asked
+// for. run.mu is held.
+func (run *batchRun) request(i int) *SubRequest {
+	st := &run.state[i]
+	if st.request != nil {
+		return st.request
+	}
+	key := "" // a read carries no Idempotency-Key
+	if st.tgt.kind.Writes() {
+		key = run.plan.key.forItem(i, "")
+	}
+	st.request = st.tgt.itemRequest(run.plan.header, run.items[i].ID, st.body, key)
+	if st.preETag != "" {
+		// Whoever changed the item since the preflight read it, the write
+		// must not land on their change: 412 is this item's failure.
+		st.request.Header.Set("If-Match", st.preETag)
+	}
+	return st.request
 }
 
 // errJournal wraps the error of a write's record in the journal, which

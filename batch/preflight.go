@@ -25,6 +25,9 @@ func (run *batchRun) preflight(ctx context.Context) bool {
 			targets = append(targets, i)
 		}
 	}
+	if aj, ok := run.rt.Journal.(AheadJournal); ok && len(targets) > 0 {
+		aj.RecordAhead(ctx) // the intent, stored while the reads go (ahead.go)
+	}
 	stop := make(chan struct{})
 	halt := sync.OnceFunc(func() { close(stop) })
 	if !run.plan.envelope() && run.plan.Op != policy.OpCreate {

@@ -149,6 +149,9 @@ type itemState struct {
 	settled  bool            // nothing left to send: a declarative delete of a missing item
 	failure  bool            // the item's own request failed or went unanswered
 	sent     *SubRequest     // the item's write as sent, which a resend repeats
+	// request is the item's own request, made once: the record that it
+	// is about to be sent may go ahead of it (ahead.go).
+	request *SubRequest
 	// createdFrom says where a created item's id came from: "location",
 	// "body" or "element"; only an element's id can be wrong about
 	// where the upstream put the item.

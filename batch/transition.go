@@ -36,6 +36,17 @@ type LockWatcher interface {
 	WatchLocks(lost func() error)
 }
 
+// AheadJournal is a Journal that can store the record of a write before
+// the write's turn comes (docs/durability.md, "Records stored ahead"):
+// the saga records the writes of the next waves while this one is in
+// flight, so that a write waits for no store of its own. The saga still
+// Records the PhaseSending transition when the write leaves, which
+// returns once the record it kept ahead is stored. With no transition,
+// RecordAhead stores the intent while the preflight reads.
+type AheadJournal interface {
+	RecordAhead(ctx context.Context, ts ...Transition)
+}
+
 // ErrLeaseUnproven marks a write not sent because the saga's lease could
 // not be proven in time: the storage did not answer.
 var ErrLeaseUnproven = errors.New("the saga's lease in storage could not be proven (the storage did not answer in time), so nothing more was sent")

@@ -126,7 +126,12 @@ func (u *slowWrites) writes() []string {
 // time.
 func oneAtATime(t *testing.T, n int) *batch.Plan {
 	t.Helper()
-	s := policy.Defaults()
+	return oneAtATimeWith(t, n, policy.Defaults())
+}
+
+// oneAtATimeWith is oneAtATime under the settings s.
+func oneAtATimeWith(t *testing.T, n int, s policy.Settings) *batch.Plan {
+	t.Helper()
 	s.Concurrency = 1
 	s.BatchTimeout = 5 * time.Second
 	p, err := policy.New([]policy.ResourceSpec{{
@@ -168,9 +173,14 @@ func TestStorageHangingPastTheLapse(t *testing.T) {
 				go func() { time.Sleep(fenceLease * 3 / 2); close(heal) }()
 			}
 		}}
-		res := batch.Run(context.Background(), oneAtATime(t, 4), batch.Runtime{Send: up, Journal: js.New(Origin{})})
-		if got := up.writes(); len(got) != 2 {
-			t.Errorf("writes sent %v, want the first two only", got)
+		res := batch.Run(context.Background(), oneAtATime(t, 8), batch.Runtime{Send: up, Journal: js.New(Origin{})})
+		// The records of the two writes after the second went ahead of
+		// them (docs/durability.md, "Records stored ahead"), and may
+		// have landed before the hang: those are sent, under a lease
+		// still proven, and the store that hangs is a later write's.
+		// Never the fifth.
+		if got := up.writes(); len(got) < 2 || len(got) > 4 {
+			t.Errorf("writes sent %v, want the first two, and at most the two after", got)
 		}
 		checkNeverSucceededAfterLoss(t, res)
 	})
@@ -203,25 +213,34 @@ func TestRenewalsRefused(t *testing.T) {
 
 // A storage blip shorter than the lease loses nothing: a renewal it
 // fails leaves the lease unproven, the writes wait, and go on once the
-// next renewal proves it; one that fails a write's journal store fails
-// that item (503: the gateway's storage), and the batch is undone
-// cleanly once the storage is back, its lease never lost.
+// next renewal proves it; a store of records kept ahead of their writes
+// that it fails is made again by the write; one that fails a write's own
+// journal store fails that item (503: the gateway's storage), and the
+// batch is undone cleanly once the storage is back, its lease never
+// lost.
 func TestStorageBlipLosesNothing(t *testing.T) {
+	perWrite := policy.Defaults()
+	perWrite.IdempotentUpstream = true // no record goes ahead of its write
 	for _, tc := range []struct {
-		name  string
-		calls string // the calls the blip fails: "lease" (renewals) or "" (all)
-		want  batch.Outcome
+		name     string
+		calls    string // the calls the blip fails: "lease" (renewals) or "" (all)
+		settings policy.Settings
+		want     batch.Outcome
 	}{
-		{"renewals", leaseName, batch.Succeeded},
-		{"every call", "", batch.RolledBack},
+		{"renewals", leaseName, policy.Defaults(), batch.Succeeded},
+		// Whether the store of the third write's record, gone ahead of
+		// it, lands before the blip or not, nothing is lost: the batch
+		// goes on, or the write is not sent and the batch is undone.
+		{"every call, records ahead", "", policy.Defaults(), ""},
+		{"every call, a store per write", "", perWrite, batch.RolledBack},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			inBubble(t, func(t *testing.T) { storageBlip(t, tc.calls, tc.want) })
+			inBubble(t, func(t *testing.T) { storageBlip(t, tc.calls, tc.settings, tc.want) })
 		})
 	}
 }
 
-func storageBlip(t *testing.T, calls string, want batch.Outcome) {
+func storageBlip(t *testing.T, calls string, settings policy.Settings, want batch.Outcome) {
 	s := newFaulty()
 	js := NewJournals(s, NewLeases(fenceLease), zap.NewNop())
 	up := &slowWrites{d: fenceLease / 4, during: func(n int) {
@@ -235,7 +254,13 @@ func storageBlip(t *testing.T, calls string, want batch.Outcome) {
 			go func() { time.Sleep(fenceLease / 3); s.setHook(nil) }()
 		}
 	}}
-	res := batch.Run(context.Background(), oneAtATime(t, 6), batch.Runtime{Send: up, Journal: js.New(Origin{})})
+	res := batch.Run(context.Background(), oneAtATimeWith(t, 6, settings), batch.Runtime{Send: up, Journal: js.New(Origin{})})
+	if want == "" {
+		want = batch.RolledBack
+		if res.Outcome == batch.Succeeded {
+			want = batch.Succeeded
+		}
+	}
 	if res.Outcome != want || res.LeaseLost {
 		t.Errorf("outcome %s (lease lost: %v), want %s: %s", res.Outcome, res.LeaseLost, want, res.Detail)
 	}
@@ -316,7 +341,11 @@ func TestOwnerPausedAcrossATakeover(t *testing.T) {
 		recovered := <-finished
 		close(wake)
 		res := <-done
-		if recovered.Outcome != batch.RolledBack {
+		// Item 0's answer may not be stored: item 1's record went ahead
+		// of it (docs/durability.md, "Records stored ahead"), so its
+		// write waited for no store. The takeover then reads item 0 back,
+		// and this upstream reads every item as it was: nothing to undo.
+		if recovered.Outcome != batch.RolledBack && recovered.Outcome != batch.Failed {
 			t.Errorf("the takeover ended %s: %s", recovered.Outcome, recovered.Detail)
 		}
 		if got := up.writes(); len(got) != 2 {

@@ -237,9 +237,10 @@ func (o *ownedSagas) forget(saga string) {
 // memory and goes with the next stored segment: losing it to a crash
 // makes the recovery know less (an answered item looks unanswered, and is
 // resolved as unknown), never believe something false. So a batch costs
-// about one storage write per item written, not one per transition; and
-// the intent waits for the first segment, since nothing before the first
-// write needs undoing.
+// about one storage write per wave of writes, not one per transition; the
+// intent waits for the first segment, since nothing before the first
+// write needs undoing, unless the preflight reads meanwhile; and an
+// update's records may be stored ahead of their writes (RecordAhead).
 type Journal struct {
 	js   *Journals
 	saga string
@@ -261,6 +262,17 @@ type Journal struct {
 	// lastIn is the store that took each item's latest record, so that
 	// a store that failed keeps again only what no later store took.
 	lastIn map[int]uint64
+	// ahead are the items whose write's record went ahead of the write
+	// (RecordAhead), aheadKept how many such records no store took yet,
+	// intentAhead whether the intent is to be stored with no write
+	// waiting, and storingAhead whether a store runs for them; ending
+	// stops those stores once the saga ends.
+	ahead                             map[int]bool
+	aheadKept                         int
+	intentAhead, storingAhead, ending bool
+	// removing is set once a removal of the journal began: a later one
+	// lists what is left, where the first knows what was stored.
+	removing bool
 	// stored is set once anything may be in storage (a store that failed
 	// may have written it all the same), and landed once a store
 	// returned without an error.
@@ -298,7 +310,7 @@ func (js *Journals) New(origin Origin) *Journal {
 func (j *Journal) Saga() string { return j.saga }
 
 func newJournalOf(j *Journal) *Journal {
-	j.at, j.lastIn = map[int]int{}, map[int]uint64{}
+	j.at, j.lastIn, j.ahead = map[int]int{}, map[int]uint64{}, map[int]bool{}
 	j.stores.failed, j.stores.ended = map[uint64]error{}, map[uint64]bool{}
 	j.committed = sync.NewCond(&j.mu)
 	if j.lease == nil {
@@ -326,6 +338,22 @@ func (j *Journal) Begin(_ context.Context, p *batch.Plan) error {
 func (j *Journal) Record(ctx context.Context, t batch.Transition) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	if t.Phase == batch.PhaseSending && j.ahead[t.Index] {
+		delete(j.ahead, t.Index)
+		if _, kept := j.at[t.Index]; !kept && j.lostErr() == nil {
+			return j.landedAhead(ctx, t)
+		}
+	}
+	j.keep(t)
+	if (t.Phase == batch.PhaseSending || t.Phase == batch.PhaseUndoing) && j.lostErr() == nil {
+		return j.commit(ctx)
+	}
+	return nil
+}
+
+// keep keeps t's record for the next store, over any record of the same
+// item that no store took yet. j.mu is held.
+func (j *Journal) keep(t batch.Transition) {
 	if k, ok := j.at[t.Index]; ok {
 		j.items[k].Item = t.Item
 	} else {
@@ -333,10 +361,66 @@ func (j *Journal) Record(ctx context.Context, t batch.Transition) error {
 		j.items = append(j.items, itemRecord{Index: t.Index, Item: t.Item})
 	}
 	j.stores.kept++
-	if (t.Phase == batch.PhaseSending || t.Phase == batch.PhaseUndoing) && j.lostErr() == nil {
-		return j.commit(ctx)
+}
+
+// RecordAhead keeps the records that items' writes are about to be sent
+// before their turn comes, and starts storing them at once, with the
+// intent while it is not stored, so that the write, when its turn comes,
+// finds its record in storage and waits for no store
+// (batch.AheadJournal; docs/durability.md, "Records stored ahead"). The
+// saga calls it only for writes whose outcome a recovery reads back when
+// no answer was recorded, and then Records the same PhaseSending
+// transition when the write leaves; and with no record, to store the
+// intent while the preflight reads.
+func (j *Journal) RecordAhead(ctx context.Context, ts ...batch.Transition) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.lostErr() != nil || j.ending {
+		return
 	}
-	return nil
+	for _, t := range ts {
+		j.keep(t)
+		j.ahead[t.Index] = true
+		j.aheadKept++
+	}
+	j.intentAhead = j.intent != nil
+	if !j.storingAhead && (j.aheadKept > 0 || j.intentAhead) {
+		j.storingAhead = true
+		go j.storeAhead(context.WithoutCancel(ctx))
+	}
+}
+
+// storeAhead stores the intent, and the records kept ahead of their
+// writes, while any wait, as stores may start, until the saga ends.
+func (j *Journal) storeAhead(ctx context.Context) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for (j.aheadKept > 0 || j.intentAhead) && !j.ending && j.lostErr() == nil {
+		if j.mayStart() {
+			j.store(ctx)
+			continue
+		}
+		j.committed.Wait()
+	}
+	j.storingAhead = false
+	j.committed.Broadcast() // End may be waiting for this to stop
+}
+
+// landedAhead returns once the store that took t's record, kept ahead
+// of its write, has ended: at once when it has. A store that failed
+// kept the record again, and the write waits for the next. j.mu is held.
+func (j *Journal) landedAhead(ctx context.Context, t batch.Transition) error {
+	for {
+		if _, kept := j.at[t.Index]; kept {
+			j.keep(t)
+			return j.commit(ctx)
+		}
+		n := j.lastIn[t.Index]
+		if j.stores.done(n) {
+			return j.stores.failed[n]
+		}
+		j.committed.Wait()
+	}
 }
 
 // Fence returns once the saga may send a write (batch.Journal): its
@@ -403,7 +487,7 @@ func (j *Journal) flush(ctx context.Context, n uint64) error {
 	}
 	at, began := now(), time.Now()
 	in, items := j.intent, j.items
-	j.items = nil
+	j.items, j.aheadKept, j.intentAhead = nil, 0, false
 	clear(j.at)
 	seq := 0
 	if in == nil {
@@ -462,9 +546,11 @@ func (j *Journal) keepAgain(items []itemRecord, n uint64) {
 // journal is the new owner's.
 func (j *Journal) End(ctx context.Context, res *batch.Result) {
 	j.mu.Lock()
-	for j.stores.inFlight > 0 {
-		// Every write waits for its store, so none should be left; a
-		// removal must never race one.
+	j.ending = true
+	for j.stores.inFlight > 0 || j.storingAhead {
+		// Every write waits for its store, so none should be left but
+		// those of records kept ahead of writes never sent; a removal
+		// must never race one.
 		j.committed.Wait()
 	}
 	stored, landed := j.stored, j.landed
@@ -526,6 +612,9 @@ func (j *Journal) fenceEnd(ctx context.Context) error {
 // included, takes it over once the lease lapses. The saga's run must not
 // end the journal after that (a dead gateway does nothing).
 func (j *Journal) Abandon() {
+	j.mu.Lock()
+	j.ending = true
+	j.mu.Unlock()
 	j.stopRenewal()
 	owned.forget(j.saga)
 }

@@ -30,9 +30,18 @@ func (j *Journal) removeJournal(ctx context.Context) error {
 		written = append(written, leaseKeyOf(j.saga, j.epoch, Owner()))
 	}
 	g := j.leaseGuardLocked()
+	var stored []string
+	if !j.removing {
+		// The first removal knows every key the journal stored, or may
+		// have (a store that failed may have written): no listing.
+		for seq := range max(j.seq, 1) {
+			stored = append(stored, path.Base(segmentKey(j.saga, seq)))
+		}
+	}
+	j.removing = true
 	j.mu.Unlock()
 	if ar, ok := j.js.storage.(AtomicRemover); ok && j.epoch == 0 {
-		err := j.js.removeAtOnce(ctx, ar, g, j.saga, written)
+		err := j.js.removeAtOnce(ctx, ar, g, j.saga, stored, written)
 		if lost, ok := errors.AsType[*lostLease](err); ok {
 			j.lease.lose(lost.why)
 			j.takenOver.Store(lost.takenOver)
@@ -103,15 +112,18 @@ func (j *Journal) leaseGuardLocked() LeaseGuard {
 // order removalOrder gives, if g holds: a removal that cannot be cut
 // short needs no end marker (one an earlier attempt stored goes too). A
 // guard that fails is a *lostLease, and nothing is deleted.
-func (js *Journals) removeAtOnce(ctx context.Context, ar AtomicRemover, g LeaseGuard, saga string, unlisted []string) error {
-	names, err := listNames(ctx, js.storage, journalDir(saga))
-	if err != nil {
-		return fmt.Errorf("listing %s: %w", journalDir(saga), err)
-	}
-	if len(names) == 0 {
-		// Its stores list every key at once: nothing is left (an earlier
-		// attempt whose answer was lost removed it).
-		return nil
+func (js *Journals) removeAtOnce(ctx context.Context, ar AtomicRemover, g LeaseGuard, saga string, stored, unlisted []string) error {
+	names := stored
+	if names == nil {
+		var err error
+		if names, err = listNames(ctx, js.storage, journalDir(saga)); err != nil {
+			return fmt.Errorf("listing %s: %w", journalDir(saga), err)
+		}
+		if len(names) == 0 {
+			// Its stores list every key at once: nothing is left (an
+			// earlier attempt whose answer was lost removed it).
+			return nil
+		}
 	}
 	keys := removalOrder(saga, names, unlisted)
 	if !slices.Contains(names, endName) {

@@ -1,0 +1,190 @@
+package durable
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/caddy-batch/caddy-batch/batch"
+)
+
+// namedWidgets is an upstream that keeps its widgets' names, all "old"
+// at first: a read shows what the writes did.
+type namedWidgets struct {
+	mu     sync.Mutex
+	names  map[string]string
+	writes map[string]int // writes (not reads) by path
+	// before runs as a write arrives, before it is applied.
+	before func(sr *batch.SubRequest)
+}
+
+func newNamedWidgets() *namedWidgets {
+	return &namedWidgets{names: map[string]string{}, writes: map[string]int{}}
+}
+
+func (u *namedWidgets) Send(_ context.Context, sr *batch.SubRequest) (*batch.SubResponse, error) {
+	id := sr.Path[strings.LastIndex(sr.Path, "/")+1:]
+	if sr.Method != http.MethodGet {
+		if u.before != nil {
+			u.before(sr)
+		}
+		var body struct{ Name string }
+		_ = json.Unmarshal(sr.Body, &body)
+		u.mu.Lock()
+		u.writes[sr.Path]++
+		u.names[id] = body.Name
+		u.mu.Unlock()
+	}
+	u.mu.Lock()
+	name := u.names[id]
+	u.mu.Unlock()
+	if name == "" {
+		name = "old"
+	}
+	return &batch.SubResponse{Status: 200, Header: http.Header{"Content-Type": {"application/json"}},
+		Body: []byte(`{"id":` + id + `,"name":"` + name + `"}`)}, nil
+}
+
+func (u *namedWidgets) written() map[string]int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	out := map[string]int{}
+	for k, v := range u.writes {
+		out[k] = v
+	}
+	return out
+}
+
+// Records stored ahead of their writes (docs/durability.md, "Records
+// stored ahead"): a gateway that dies mid-batch leaves records of
+// writes it never sent. The takeover reads those items back, finds them
+// as they were, and sends them nothing; it undoes exactly the writes
+// that were sent, and every widget is as it was.
+func TestRecordsAheadRecoveredByReading(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
+		s := newMemStorage()
+		p := widgets(t) // concurrency 8
+		up := newNamedWidgets()
+		dead := NewJournals(s, NewLeases(30*time.Millisecond), zap.NewNop())
+		j := dead.New(Origin{Server: "srv0", Method: "PATCH", URI: "/widgets"})
+		died, gone := make(chan struct{}), make(chan struct{})
+		defer close(gone)
+		var once sync.Once
+		writes := 0
+		up.before = func(*batch.SubRequest) {
+			up.mu.Lock()
+			writes++
+			n := writes
+			up.mu.Unlock()
+			if n == 10 {
+				once.Do(func() {
+					j.Abandon()
+					close(died)
+				})
+			}
+			if n >= 10 {
+				<-gone // the gateway died with these writes in flight
+			}
+		}
+		go batch.Run(context.Background(), updatePlan(t, p, 40), batch.Runtime{Send: up, Journal: j})
+		<-died
+		time.Sleep(time.Millisecond) // the stores already started land
+		st, err := dead.load(context.Background(), j.Saga())
+		if err != nil {
+			t.Fatal(err)
+		}
+		sent := up.written()
+		unsent := 0
+		for _, it := range st.snap.Items {
+			if it.Phase == batch.PhaseSending && sent["/widgets/"+it.ID] == 0 {
+				unsent++
+			}
+		}
+		if unsent == 0 {
+			t.Fatal("no record of a write never sent is in the journal: nothing went ahead")
+		}
+
+		js := NewJournals(s, NewLeases(time.Minute), zap.NewNop())
+		finished := make(chan *batch.Result, 1)
+		finish := func(r *Recovered) error {
+			up.before = nil
+			res, err := batch.Resume(context.Background(), r.Snapshot, p.Lookup, nil, batch.Runtime{Send: up, Journal: r.Journal})
+			finished <- res
+			return err
+		}
+		scanAfterLease(t, js, finish, func(saga, doing string, err error) { t.Errorf("%s: %s: %v", saga, doing, err) })
+		res := <-finished
+		if res.Outcome != batch.RolledBack {
+			t.Errorf("the takeover ended %s: %s", res.Outcome, res.Detail)
+		}
+		for id, name := range up.names {
+			if name != "old" {
+				t.Errorf("widget %s is %q after the takeover, want old", id, name)
+			}
+		}
+		after := up.written()
+		for path, n := range after {
+			if sent[path] == 0 {
+				t.Errorf("%s was written %d times by the takeover, though the batch never wrote it", path, n)
+			}
+		}
+		t.Logf("%d records of writes never sent; %d writes before the death, %d after", unsent, len(sent), len(after))
+	})
+}
+
+// A batch that stops (an item failed) settles the items whose records
+// went ahead and which were never sent: once stored (with the first
+// undo's record), a recovery knows they were never sent, and does not
+// read them.
+func TestRecordsAheadSettledWhenTheBatchStops(t *testing.T) {
+	s := newMemStorage()
+	js := NewJournals(s, NewLeases(time.Minute), zap.NewNop())
+	j := js.New(Origin{})
+	up := newNamedWidgets()
+	checked := false
+	up.before = func(sr *batch.SubRequest) {
+		if sr.Method == http.MethodPatch && sr.Path == "/widgets/3" {
+			return
+		}
+		if sr.Method != http.MethodPut || checked {
+			return
+		}
+		checked = true // the first undo: its record is stored
+		st, err := js.load(context.Background(), j.Saga())
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		sent := up.written()
+		for _, it := range st.snap.Items {
+			if it.Phase == batch.PhaseSending && sent["/widgets/"+it.ID] == 0 {
+				t.Errorf("item %s: recorded as being sent, never sent, and not settled", it.ID)
+			}
+		}
+	}
+	fail := &failing{namedWidgets: up, path: "/widgets/3"}
+	p := oneAtATime(t, 8) // one at a time: the next item's record is ahead when item 3 fails
+	res := batch.Run(context.Background(), p, batch.Runtime{Send: fail, Journal: j})
+	if res.Outcome != batch.RolledBack || !checked {
+		t.Fatalf("outcome %s (an undo checked: %v): %s", res.Outcome, checked, res.Detail)
+	}
+}
+
+// failing fails the writes to path with 500, and sends the rest on.
+type failing struct {
+	*namedWidgets
+	path string
+}
+
+func (f *failing) Send(ctx context.Context, sr *batch.SubRequest) (*batch.SubResponse, error) {
+	if sr.Method != http.MethodGet && sr.Path == f.path {
+		return &batch.SubResponse{Status: 500, Header: http.Header{}}, nil
+	}
+	return f.namedWidgets.Send(ctx, sr)
+}
