@@ -17,14 +17,20 @@ func preferences(h http.Header) iter.Seq2[string, string] {
 	return func(yield func(name, value string) bool) {
 		for _, line := range h.Values("Prefer") {
 			for _, pref := range strings.Split(line, ",") {
-				pref, _, _ = strings.Cut(pref, ";")
-				name, value, _ := strings.Cut(pref, "=")
-				if !yield(strings.TrimSpace(name), strings.Trim(strings.TrimSpace(value), `"`)) {
+				if !yield(parsePreference(pref)) {
 					return
 				}
 			}
 		}
 	}
+}
+
+// parsePreference reads one preference of a Prefer list: its name, and
+// its value unquoted; its parameters are dropped.
+func parsePreference(pref string) (name, value string) {
+	pref, _, _ = strings.Cut(pref, ";")
+	name, value, _ = strings.Cut(pref, "=")
+	return strings.TrimSpace(name), strings.Trim(strings.TrimSpace(value), `"`)
 }
 
 // preferredAtomicity reads "Prefer: atomicity=partial" (or
@@ -57,6 +63,29 @@ func IsAsync(h http.Header) bool {
 		}
 	}
 	return false
+}
+
+// withoutPreference returns h without the preference named name in its
+// Prefer headers (a header left with none is removed); h is changed.
+func withoutPreference(h http.Header, name string) http.Header {
+	var kept []string
+	for _, line := range h.Values("Prefer") {
+		var prefs []string
+		for _, pref := range strings.Split(line, ",") {
+			n, _ := parsePreference(pref)
+			if pref = strings.TrimSpace(pref); pref != "" && !strings.EqualFold(n, name) {
+				prefs = append(prefs, pref)
+			}
+		}
+		if len(prefs) > 0 {
+			kept = append(kept, strings.Join(prefs, ", "))
+		}
+	}
+	h.Del("Prefer")
+	for _, line := range kept {
+		h.Add("Prefer", line)
+	}
+	return h
 }
 
 // preferenceApplied is the Preference-Applied value for a mode a client

@@ -80,9 +80,10 @@ type JobPlan struct {
 // A refusal is a problem to answer with: 400 names the element, by
 // "line N" in JSON Lines (from 1, blank lines counted) and "item N" in
 // an array (its index from 0, as a synchronous batch names it); 413 is
-// past a limit of lim (an element larger than MaxElement named as a 400
-// is, a JSON Lines line measured without its line end); 415 a body that
-// is neither JSON nor JSON Lines, or is encoded. When chunk fails, the
+// past a limit of lim, and names an element larger than MaxElement in
+// the same way (a JSON Lines line is measured without its line end, and
+// neither is read further than MaxElement and a little); 415 is a body
+// that is neither JSON nor JSON Lines, or is encoded. When chunk fails, the
 // admission stops: the problem is a 503 (storage-unavailable, nothing
 // was started) and the error is chunk's, for the caller's log.
 func AdmitJob(r *http.Request, m policy.Match, op policy.Op, lim JobLimits, chunk func(first int, items []ItemSnapshot) error) (*JobPlan, *problem.Details, error) {
@@ -90,7 +91,10 @@ func AdmitJob(r *http.Request, m policy.Match, op policy.Op, lim JobLimits, chun
 		return nil, prob, nil
 	}
 	s := m.Resource.Settings
-	plan := &JobPlan{Spec: Snapshot{Version: SnapshotVersion, Op: op.String(), Path: m.Path(), Header: forwardHeader(r.Header)}}
+	// The job's requests are each answered before the next step: the
+	// client's respond-async was the job's, not theirs.
+	header := withoutPreference(forwardHeader(r.Header), "respond-async")
+	plan := &JobPlan{Spec: Snapshot{Version: SnapshotVersion, Op: op.String(), Path: m.Path(), Header: header}}
 	plan.Atomicity, plan.PreferenceApplied = atomicityOf(r.Header, op, s)
 	if op.Writes() {
 		key := newIdempotencyKey(r.Header.Get("Idempotency-Key"))
@@ -98,14 +102,14 @@ func AdmitJob(r *http.Request, m policy.Match, op policy.Op, lim JobLimits, chun
 	}
 	a := &admission{lim: lim, atomic: plan.Atomicity == policy.AllOrNothing, allowOverride: s.AllowOverride,
 		digest: sha256.New(), chunks: chunker{send: chunk}}
-	prob := a.admit(r, op, s, &plan.Spec.Query)
+	query, prob := a.admit(r, op, s)
 	if prob == nil {
 		prob = a.chunks.flush()
 	}
 	if prob != nil {
 		return nil, prob, a.chunks.err
 	}
-	plan.Items, plan.Digest = a.items, a.digest.Sum(nil)
+	plan.Spec.Query, plan.Items, plan.Digest = query, a.items, a.digest.Sum(nil)
 	return plan, nil, nil
 }
 
@@ -120,52 +124,52 @@ type admission struct {
 	chunks        chunker
 }
 
-// admit reads the job's ids or body, and sets *query to the query its
+// admit reads the job's ids or body, and returns the query its
 // sub-requests carry.
-func (a *admission) admit(r *http.Request, op policy.Op, s policy.Settings, query *string) *problem.Details {
+func (a *admission) admit(r *http.Request, op policy.Op, s policy.Settings) (string, *problem.Details) {
 	if op == policy.OpGet || op == policy.OpDelete {
-		return a.ids(r.URL.RawQuery, op, s, query)
+		return a.ids(r.URL.RawQuery, op, s)
 	}
-	*query = policy.WithoutParam(r.URL.RawQuery, policy.MethodParam)
+	query := policy.WithoutParam(r.URL.RawQuery, policy.MethodParam)
 	if a.atomic {
-		if prob := unscopedParam(*query, s); prob != nil {
-			return prob
+		if prob := unscopedParam(query, s); prob != nil {
+			return "", prob
 		}
 	}
-	return a.body(r, newElementRules(op, s, "item"))
+	return query, a.body(r, op, s)
 }
 
-// ids admits a GET or DELETE job's ids, from its query.
-func (a *admission) ids(rawQuery string, op policy.Op, s policy.Settings, query *string) *problem.Details {
-	ids, rest, prob := idsFromQuery(rawQuery, s, countLimit{a.lim.MaxItems, "max_job_items"})
+// ids admits a GET or DELETE job's ids, from its query, and returns the
+// rest of the query.
+func (a *admission) ids(rawQuery string, op policy.Op, s policy.Settings) (string, *problem.Details) {
+	ids, query, prob := idsFromQuery(rawQuery, s, countLimit{a.lim.MaxItems, "max_job_items"})
 	if prob != nil {
-		return prob
+		return "", prob
 	}
 	items, prob := itemsFromIDs(ids, op, s.IDFormat)
 	if prob != nil {
-		return prob
+		return "", prob
 	}
 	if a.atomic && op.Writes() {
-		if prob := unscopedParam(rest, s); prob != nil {
-			return prob
+		if prob := unscopedParam(query, s); prob != nil {
+			return "", prob
 		}
 	}
-	*query = rest
 	for _, it := range items {
 		if prob := a.room(); prob != nil {
-			return prob
+			return "", prob
 		}
 		a.items++
 		if prob := a.chunks.add(it.plannedSnapshot()); prob != nil {
-			return prob
+			return "", prob
 		}
 	}
-	return nil
+	return query, nil
 }
 
 // body admits a CREATE or UPDATE job's elements, from its body.
-func (a *admission) body(r *http.Request, rules *elementRules) *problem.Details {
-	limit := sizeLimit{a.lim.MaxBody, "max_job_body_size"}
+func (a *admission) body(r *http.Request, op policy.Op, s policy.Settings) *problem.Details {
+	limit := a.bodyLimit()
 	if prob := refusedBody(r, limit, isJobBody, "JSON (application/json) or JSON Lines (application/x-ndjson, application/jsonl)"); prob != nil {
 		return prob
 	}
@@ -175,10 +179,9 @@ func (a *admission) body(r *http.Request, rules *elementRules) *problem.Details 
 	}
 	var prob *problem.Details
 	if isJSONLines(r.Header.Get("Content-Type")) {
-		rules.noun = "line"
-		prob = a.lines(body, rules)
+		prob = a.lines(body, newElementRules(op, s, "line"))
 	} else {
-		prob = a.array(body, rules)
+		prob = a.array(body, newElementRules(op, s, "item"))
 	}
 	switch {
 	case prob != nil:
@@ -189,12 +192,14 @@ func (a *admission) body(r *http.Request, rules *elementRules) *problem.Details 
 	return nil
 }
 
+func (a *admission) bodyLimit() sizeLimit { return sizeLimit{a.lim.MaxBody, "max_job_body_size"} }
+
 // readFailure is the problem of a body that could not be read: past
 // limit, or cut off.
-func readFailure(err error, limit int64) *problem.Details {
+func readFailure(err error, limit sizeLimit) *problem.Details {
 	var tooBig *http.MaxBytesError
 	if errors.As(err, &tooBig) {
-		return sizeLimit{limit, "max_job_body_size"}.tooLarge()
+		return limit.tooLarge()
 	}
 	return invalid("reading the body: %v", err)
 }
@@ -210,7 +215,7 @@ func (a *admission) lines(body io.Reader, rules *elementRules) *problem.Details 
 		case errors.Is(err, errLineTooLong):
 			return a.elementTooLarge(position{"line", n})
 		case err != nil && err != io.EOF:
-			return readFailure(err, a.lim.MaxBody)
+			return readFailure(err, a.bodyLimit())
 		}
 		if elem := bytes.Trim(line, jsonSpace); len(elem) > 0 {
 			if prob := a.element(rules, n, bytes.Clone(elem)); prob != nil {
@@ -254,7 +259,8 @@ func readLine(in *bufio.Reader, buf []byte, most int64) ([]byte, error) {
 
 // array admits a JSON array body, an element at a time.
 func (a *admission) array(body io.Reader, rules *elementRules) *problem.Details {
-	dec := json.NewDecoder(body)
+	bound := &elementBound{r: body, most: a.lim.MaxElement + elementSlack}
+	dec := json.NewDecoder(bound)
 	open, err := dec.Token()
 	switch {
 	case err == io.EOF:
@@ -264,13 +270,18 @@ func (a *admission) array(body io.Reader, rules *elementRules) *problem.Details 
 	case open != json.Delim('['):
 		return invalid("the body is a JSON %s; a job's body is a JSON array of objects, or JSON Lines of objects (Content-Type: application/x-ndjson)", tokenKind(open))
 	}
-	for i := 0; dec.More(); i++ {
-		var elem json.RawMessage // its own: the item keeps it
-		if err := dec.Decode(&elem); err != nil {
-			return a.notJSON(err, dec)
+	for i := 0; ; i++ {
+		bound.start = dec.InputOffset()
+		if !dec.More() {
+			break
 		}
-		if int64(len(elem)) > a.lim.MaxElement {
+		var elem json.RawMessage // its own: the item keeps it
+		err := dec.Decode(&elem)
+		switch {
+		case errors.Is(err, errElementTooLarge) || int64(len(elem)) > a.lim.MaxElement:
 			return a.elementTooLarge(itemAt(i))
+		case err != nil:
+			return a.notJSON(err, dec)
 		}
 		if prob := a.element(rules, i, elem); prob != nil {
 			return prob
@@ -288,6 +299,36 @@ func (a *admission) array(body io.Reader, rules *elementRules) *problem.Details 
 	return nil
 }
 
+// elementSlack is what an array's decoder may read past an element's
+// most bytes before elementBound stops it: the white space and comma
+// before the element, and the decoder's look-ahead.
+const elementSlack = 64 << 10
+
+// errElementTooLarge is elementBound's error.
+var errElementTooLarge = errors.New("element too large")
+
+// elementBound stops an array's decoder once it has read most bytes past
+// start, where the value it is decoding begins, so that an element too
+// large is refused before it is read whole, not once it is: a decoder
+// holds a whole value before it returns it.
+type elementBound struct {
+	r                 io.Reader
+	read, start, most int64
+}
+
+func (b *elementBound) Read(p []byte) (int, error) {
+	left := b.start + b.most - b.read
+	if left <= 0 {
+		return 0, errElementTooLarge
+	}
+	if int64(len(p)) > left {
+		p = p[:left]
+	}
+	n, err := b.r.Read(p)
+	b.read += int64(n)
+	return n, err
+}
+
 // notJSON is the problem of an array body the decoder stopped on.
 func (a *admission) notJSON(err error, dec *json.Decoder) *problem.Details {
 	var syntax *json.SyntaxError
@@ -297,7 +338,7 @@ func (a *admission) notJSON(err error, dec *json.Decoder) *problem.Details {
 	case err == io.EOF || errors.Is(err, io.ErrUnexpectedEOF):
 		return invalid("the body is not valid JSON: it ends at byte %d, inside its array", dec.InputOffset())
 	}
-	return readFailure(err, a.lim.MaxBody)
+	return readFailure(err, a.bodyLimit())
 }
 
 // tokenKind names the JSON kind a value's first token opens.

@@ -137,6 +137,16 @@ func TestIsAsync(t *testing.T) {
 	}
 }
 
+// TestWithoutPreference: a job's requests carry the client's other
+// preferences, not respond-async.
+func TestWithoutPreference(t *testing.T) {
+	t.Parallel()
+	h := http.Header{"Prefer": {"respond-async", "wait=5, Respond-Async; x=1 ,return=minimal"}}
+	equal(t, "Prefer", fmt.Sprint(withoutPreference(h, "respond-async")["Prefer"]), "[wait=5, return=minimal]")
+	h = http.Header{"Prefer": {"respond-async"}}
+	equal(t, "a Prefer left with nothing", len(withoutPreference(h, "respond-async")["Prefer"]), 0)
+}
+
 // TestJobArrayAndLinesAgree: the same elements as an array and as JSON
 // Lines (blank lines, CRLF, no last line end) give the same chunks and
 // digest; the chunks hold what a synchronous batch's Snapshot would.
@@ -191,6 +201,7 @@ func TestJobPlan(t *testing.T) {
 	equal(t, "key", s.Key, "k1")
 	equal(t, "key quoted", s.KeyQuoted, true)
 	equal(t, "header", s.Header.Get("X-Tenant"), "t1")
+	equal(t, "the job's own preference is not its requests'", fmt.Sprint(s.Header.Values("Prefer")), "[atomicity=partial]")
 	equal(t, "atomicity", a.plan.Atomicity, policy.Partial)
 	equal(t, "Preference-Applied", a.plan.PreferenceApplied, "atomicity=partial")
 	equal(t, "no items in the spec", len(s.Items), 0)
@@ -316,7 +327,9 @@ func TestJobLimits(t *testing.T) {
 		{"max_job_body_size exactly", unknownLength(linesRequest("PATCH", lines(100))), limit(func(l *JobLimits) { l.MaxBody = int64(len(lines(100))) }), []specMod{partial}, 0, nil},
 		{"an element past max_body_size", linesRequest("POST", "{}\n\n"+`{"name":"`+strings.Repeat("x", 64)+`"}`+"\n{}"), limit(func(l *JobLimits) { l.MaxElement = 64 }), []specMod{partial}, 413, []string{"line 3 is larger than max_body_size (64 bytes)"}},
 		{"a long line past max_body_size", linesRequest("POST", `{"name":"`+strings.Repeat("x", 200<<10)+`"}`), limit(func(l *JobLimits) { l.MaxElement = 100 << 10 }), []specMod{partial}, 413, []string{"line 1 is larger"}},
-		{"an element of max_body_size, CRLF", linesRequest("POST", "{}\r\n"+`{"name":"`+strings.Repeat("x", 64-12)+`"}`+"\r\n"), limit(func(l *JobLimits) { l.MaxElement = 64 }), []specMod{partial}, 0, nil},
+		{"an element of max_body_size, CRLF", linesRequest("POST", "{}\r\n"+`{"name":"`+strings.Repeat("x", 64-11)+`"}`+"\r\n"), limit(func(l *JobLimits) { l.MaxElement = 64 }), []specMod{partial}, 0, nil},
+		{"an array's element of max_body_size", newRequest("POST", "/widgets", "[{},\n  "+`{"name":"`+strings.Repeat("x", 64-11)+`"}`+"\n]"), limit(func(l *JobLimits) { l.MaxElement = 64 }), []specMod{partial}, 0, nil},
+		{"a line of max_body_size and one more byte", linesRequest("POST", `{"name":"`+strings.Repeat("x", 64-11)+`"} `), limit(func(l *JobLimits) { l.MaxElement = 64 }), []specMod{partial}, 413, []string{"line 1"}},
 		{"an array's element past max_body_size", newRequest("POST", "/widgets", `[{}, {"name":"`+strings.Repeat("x", 64)+`"}]`), limit(func(l *JobLimits) { l.MaxElement = 64 }), []specMod{partial}, 413, []string{"item 1 is larger than max_body_size"}},
 		{"Content-Encoding", linesRequest("POST", "{}", "Content-Encoding", "gzip"), nil, []specMod{partial}, 415, []string{"gzip"}},
 		{"Content-Encoding identity", linesRequest("POST", "{}", "Content-Encoding", "identity"), nil, []specMod{partial}, 0, nil},
@@ -336,6 +349,40 @@ func TestJobLimits(t *testing.T) {
 			refused(t, a, c.status, c.detail...)
 		})
 	}
+}
+
+// TestJobElementNotReadWhole: an element past max_body_size is refused
+// once its first max_body_size bytes (and a little) are read, not once
+// it is whole.
+func TestJobElementNotReadWhole(t *testing.T) {
+	t.Parallel()
+	huge := `{"name":"` + strings.Repeat("x", 8<<20) + `"}`
+	for _, c := range []struct{ name, contentType, body, named string }{
+		{"JSON Lines", ndjson, "{}\n" + huge + "\n{}", "line 2"},
+		{"array", "application/json", "[{}, " + huge + ", {}]", "item 1"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			body := &countingReader{r: strings.NewReader(c.body)}
+			r := newRequest("POST", "/widgets", "", "Content-Type", c.contentType)
+			r.Body, r.ContentLength = io.NopCloser(body), -1
+			refused(t, admitJob(t, r, func(l *JobLimits) { l.MaxElement = 1 << 20 }, partial), 413, c.named, "max_body_size (1048576 bytes)")
+			if body.n > 2<<20 {
+				t.Errorf("read %d bytes of the body to refuse an element past 1 MiB", body.n)
+			}
+		})
+	}
+}
+
+type countingReader struct {
+	r io.Reader
+	n int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += n
+	return n, err
 }
 
 // TestJobChunks: chunks hold at most 1,000 items and about 1 MiB of
