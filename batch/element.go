@@ -97,17 +97,16 @@ func (r *elementRules) item(n int, elem json.RawMessage) (Item, *problem.Details
 // the id, so that a job of 100,000 items holds a few megabytes however
 // long its ids are; two ids sharing those 128 bits are beyond any body's
 // reach.
-type idSet map[[16]byte]int32
+type idSet map[[16]byte]int
 
 // add records id at n, unless it is there already: then it returns the
-// first position that gave it, and true. n fits an int32: a body of
-// max_job_body_size has fewer elements.
+// first position that gave it, and true.
 func (s idSet) add(id string, n int) (int, bool) {
 	sum := sha256.Sum256([]byte(id))
 	key := [16]byte(sum[:16])
 	if first, dup := s[key]; dup {
-		return int(first), true
+		return first, true
 	}
-	s[key] = int32(n)
+	s[key] = n
 	return n, false
 }

@@ -348,7 +348,6 @@ func readElements(r *http.Request, s policy.Settings) ([]json.RawMessage, []byte
 // readBody reads a batch's JSON body once, within max_body_size.
 func readBody(r *http.Request, s policy.Settings) ([]byte, *problem.Details) {
 	limit := sizeLimit{s.MaxBodySize, "max_body_size"}
-	tooLarge := limit.tooLarge
 	if prob := refusedBody(r, limit, isJSON, "JSON (application/json)"); prob != nil {
 		return nil, prob
 	}
@@ -359,13 +358,13 @@ func readBody(r *http.Request, s policy.Settings) ([]byte, *problem.Details) {
 		var tooBig *http.MaxBytesError
 		switch {
 		case errors.As(err, &tooBig):
-			return nil, tooLarge()
+			return nil, limit.tooLarge()
 		case err != nil:
 			return nil, invalid("reading the body: %v", err)
 		}
 	}
 	if int64(len(body)) > s.MaxBodySize {
-		return nil, tooLarge()
+		return nil, limit.tooLarge()
 	}
 	return body, nil
 }
@@ -395,6 +394,8 @@ func isJSON(contentType string) bool {
 	return err == nil && (mt == "application/json" || strings.HasPrefix(mt, "application/") && strings.HasSuffix(mt, "+json"))
 }
 
+// itemsFromElements applies the element rules to a synchronous batch's
+// elements, each named by its index.
 func itemsFromElements(elems []json.RawMessage, op policy.Op, s policy.Settings) ([]Item, *problem.Details) {
 	rules := newElementRules(op, s, "item")
 	items := make([]Item, len(elems))

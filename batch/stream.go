@@ -16,7 +16,7 @@ import (
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
-// JobLimits bound what a bulk job may be given.
+// JobLimits bound what a bulk job may be given; each is at least 1.
 type JobLimits struct {
 	// MaxItems is the most items a job may have (max_job_items).
 	MaxItems int
@@ -308,7 +308,8 @@ const elementSlack = 64 << 10
 var errElementTooLarge = errors.New("element too large")
 
 // elementBound stops an array's decoder once it has read most bytes past
-// start, where the value it is decoding begins, so that an element too
+// start, where the decoder stood before the value it is decoding (the
+// comma and white space before the value count), so that an element too
 // large is refused before it is read whole, not once it is: a decoder
 // holds a whole value before it returns it.
 type elementBound struct {
@@ -362,8 +363,8 @@ func (a *admission) elementTooLarge(pos position) *problem.Details {
 	return &d
 }
 
-// element admits the element at n, once the job has room for it. elem
-// is the item's to keep.
+// element admits the element at n, once the job has room for it. elem,
+// without the white space around it, is the item's to keep.
 func (a *admission) element(rules *elementRules, n int, elem json.RawMessage) *problem.Details {
 	if prob := a.room(); prob != nil {
 		return prob
@@ -373,7 +374,7 @@ func (a *admission) element(rules *elementRules, n int, elem json.RawMessage) *p
 		return prob
 	}
 	a.items++
-	a.digest.Write(bytes.Trim(elem, jsonSpace))
+	a.digest.Write(elem)
 	a.digest.Write([]byte{'\n'})
 	return a.chunks.add(it.plannedSnapshot())
 }
