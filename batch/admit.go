@@ -23,11 +23,20 @@ func Admit(r *http.Request, m policy.Match) (op policy.Op, isBatch bool, plan *P
 		return op, true, nil, &d
 	case !isBatch:
 		return op, false, nil, nil
-	case !m.Resource.BatchEnabled(op):
-		d := problem.New(http.StatusMethodNotAllowed, "method-not-allowed",
-			fmt.Sprintf("batch %s is not enabled for %s", op, m.Resource.Collection))
-		return op, true, nil, &d
+	}
+	if prob := disabled(op, m); prob != nil {
+		return op, true, nil, prob
 	}
 	plan, prob = parsePlan(r, m, op)
 	return op, true, plan, prob
+}
+
+// disabled refuses a batch operation that is off for m's resource.
+func disabled(op policy.Op, m policy.Match) *problem.Details {
+	if m.Resource.BatchEnabled(op) {
+		return nil
+	}
+	d := problem.New(http.StatusMethodNotAllowed, "method-not-allowed",
+		fmt.Sprintf("batch %s is not enabled for %s", op, m.Resource.Collection))
+	return &d
 }

@@ -103,9 +103,7 @@ func parsePlan(r *http.Request, m policy.Match, op policy.Op) (*Plan, *problem.D
 		settings:  s,
 		header:    forwardHeader(r.Header),
 	}
-	if a, ok := preferredAtomicity(r.Header); ok && s.AllowOverride {
-		p.Atomicity, p.PreferenceApplied = a, preferenceApplied(a)
-	}
+	p.Atomicity, p.PreferenceApplied = atomicityOf(r.Header, op, s)
 	if op.Writes() {
 		p.key = newIdempotencyKey(r.Header.Get("Idempotency-Key"))
 	}
@@ -114,7 +112,7 @@ func parsePlan(r *http.Request, m policy.Match, op policy.Op) (*Plan, *problem.D
 	switch op {
 	case policy.OpGet, policy.OpDelete:
 		var ids []string
-		ids, query, prob = idsFromQuery(r.URL.RawQuery, s)
+		ids, query, prob = idsFromQuery(r.URL.RawQuery, s, countLimit{s.MaxItems, "max_items"})
 		if prob == nil {
 			p.Items, prob = itemsFromIDs(ids, op, s.IDFormat)
 		}
@@ -137,6 +135,16 @@ func parsePlan(r *http.Request, m policy.Match, op policy.Op) (*Plan, *problem.D
 		p.Items[i].tgt = t
 	}
 	return p, nil
+}
+
+// atomicityOf is the atomicity a batch runs under: its operation's,
+// unless the client chose one (Prefer: atomicity=…) and the resource
+// allows it (allow_override); then also the Preference-Applied answer.
+func atomicityOf(h http.Header, op policy.Op, s policy.Settings) (policy.Atomicity, string) {
+	if a, ok := preferredAtomicity(h); ok && s.AllowOverride {
+		return a, preferenceApplied(a)
+	}
+	return s.Atomicity[op], ""
 }
 
 // unscopedParam refuses a parameter of an all-or-nothing write batch's
@@ -172,17 +180,35 @@ func invalid(format string, args ...any) *problem.Details {
 	return &d
 }
 
-func tooMany(n int, s policy.Settings) *problem.Details {
+// countLimit is a limit on a batch's items, and the option that sets it.
+type countLimit struct {
+	most   int
+	option string
+}
+
+func (l countLimit) tooMany(n int) *problem.Details {
 	d := problem.New(http.StatusRequestEntityTooLarge, "too-many-items",
-		fmt.Sprintf("the batch has %d items; max_items allows at most %d", n, s.MaxItems))
+		fmt.Sprintf("the batch has %d items; %s allows at most %d", n, l.option, l.most))
+	return &d
+}
+
+// sizeLimit is a limit on a body's bytes, and the option that sets it.
+type sizeLimit struct {
+	most   int64
+	option string
+}
+
+func (l sizeLimit) tooLarge() *problem.Details {
+	d := problem.New(http.StatusRequestEntityTooLarge, "body-too-large",
+		fmt.Sprintf("the body is larger than %s (%d bytes)", l.option, l.most))
 	return &d
 }
 
 // idsFromQuery takes the ids out of the query, and returns the rest of it
 // for the sub-requests. Ids are split on literal commas before they are
 // unescaped, so an id may hold a comma as %2C; repeated ids parameters
-// add up.
-func idsFromQuery(rawQuery string, s policy.Settings) ([]string, string, *problem.Details) {
+// add up. More than most ids are refused.
+func idsFromQuery(rawQuery string, s policy.Settings, most countLimit) ([]string, string, *problem.Details) {
 	var ids, rest []string
 	err := policy.EachParam(rawQuery, func(pair, key, value string) error {
 		if key == policy.MethodParam {
@@ -211,8 +237,8 @@ func idsFromQuery(rawQuery string, s policy.Settings) ([]string, string, *proble
 			s.IDsParam, s.IDsParam)
 	case len(ids) == 1 && ids[0] == "":
 		return nil, "", invalid("the %s parameter is empty: give one or more ids, separated by commas", s.IDsParam)
-	case len(ids) > s.MaxItems:
-		return nil, "", tooMany(len(ids), s)
+	case len(ids) > most.most:
+		return nil, "", most.tooMany(len(ids))
 	}
 	return ids, strings.Join(rest, "&"), nil
 }
@@ -221,7 +247,7 @@ func itemsFromIDs(ids []string, op policy.Op, format policy.IDFormat) ([]Item, *
 	items := make([]Item, len(ids))
 	seen := make(map[string]int, len(ids))
 	for i, id := range ids {
-		id, prob := checkID(i, id, format)
+		id, prob := checkID(itemAt(i), id, format)
 		if prob != nil {
 			return nil, prob
 		}
@@ -238,17 +264,18 @@ func itemsFromIDs(ids []string, op policy.Op, format policy.IDFormat) ([]Item, *
 	return items, nil
 }
 
-// checkID returns the canonical text of item i's id under the format,
-// which is what the batch sends, locks, compares for duplicates and
-// reports (docs/configuration.md, "id_format"), or the problem with it.
-func checkID(i int, id string, format policy.IDFormat) (string, *problem.Details) {
+// checkID returns the canonical text of the id of the item at pos under
+// the format, which is what the batch sends, locks, compares for
+// duplicates and reports (docs/configuration.md, "id_format"), or the
+// problem with it.
+func checkID(pos position, id string, format policy.IDFormat) (string, *problem.Details) {
 	// A hostile id is refused for what it is, whatever the format.
 	if reason := badID(id); reason != "" {
-		return "", invalid("item %d: id %q %s", i, id, reason)
+		return "", invalid("%v: id %q %s", pos, id, reason)
 	}
 	canonical, err := format.Canonical(id)
 	if err != nil {
-		return "", invalid("item %d: %v", i, err)
+		return "", invalid("%v: %v", pos, err)
 	}
 	return canonical, nil
 }
@@ -312,7 +339,7 @@ func readElements(r *http.Request, s policy.Settings) ([]json.RawMessage, []byte
 	case len(elems) == 0:
 		return nil, nil, invalid("the batch is empty: send one or more items")
 	case len(elems) > s.MaxItems:
-		return nil, nil, tooMany(len(elems), s)
+		return nil, nil, countLimit{s.MaxItems, "max_items"}.tooMany(len(elems))
 	}
 	digest := sha256.Sum256(body)
 	return elems, digest[:], nil
@@ -320,23 +347,9 @@ func readElements(r *http.Request, s policy.Settings) ([]json.RawMessage, []byte
 
 // readBody reads a batch's JSON body once, within max_body_size.
 func readBody(r *http.Request, s policy.Settings) ([]byte, *problem.Details) {
-	tooLarge := func() *problem.Details {
-		d := problem.New(http.StatusRequestEntityTooLarge, "body-too-large",
-			fmt.Sprintf("the body is larger than max_body_size (%d bytes)", s.MaxBodySize))
-		return &d
-	}
-	if r.ContentLength > s.MaxBodySize {
-		return nil, tooLarge()
-	}
-	if ct := r.Header.Get("Content-Type"); ct != "" && !isJSON(ct) {
-		d := problem.New(http.StatusUnsupportedMediaType, "unsupported-media-type",
-			fmt.Sprintf("a batch body must be JSON (application/json), not %q", ct))
-		return nil, &d
-	}
-	if ce := r.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
-		d := problem.New(http.StatusUnsupportedMediaType, "unsupported-media-type",
-			fmt.Sprintf("a batch body must not be encoded (Content-Encoding %q)", ce))
-		return nil, &d
+	limit := sizeLimit{s.MaxBodySize, "max_body_size"}
+	if prob := refusedBody(r, limit, isJSON, "JSON (application/json)"); prob != nil {
+		return nil, prob
 	}
 	var body []byte
 	if r.Body != nil {
@@ -345,15 +358,35 @@ func readBody(r *http.Request, s policy.Settings) ([]byte, *problem.Details) {
 		var tooBig *http.MaxBytesError
 		switch {
 		case errors.As(err, &tooBig):
-			return nil, tooLarge()
+			return nil, limit.tooLarge()
 		case err != nil:
 			return nil, invalid("reading the body: %v", err)
 		}
 	}
 	if int64(len(body)) > s.MaxBodySize {
-		return nil, tooLarge()
+		return nil, limit.tooLarge()
 	}
 	return body, nil
+}
+
+// refusedBody applies the rules a batch's body meets before a byte of it
+// is read: a Content-Length within limit, a media type that accepted
+// takes (what names them for the client), no Content-Encoding.
+func refusedBody(r *http.Request, limit sizeLimit, accepted func(contentType string) bool, what string) *problem.Details {
+	if r.ContentLength > limit.most {
+		return limit.tooLarge()
+	}
+	if ct := r.Header.Get("Content-Type"); ct != "" && !accepted(ct) {
+		d := problem.New(http.StatusUnsupportedMediaType, "unsupported-media-type",
+			fmt.Sprintf("a batch body must be %s, not %q", what, ct))
+		return &d
+	}
+	if ce := r.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+		d := problem.New(http.StatusUnsupportedMediaType, "unsupported-media-type",
+			fmt.Sprintf("a batch body must not be encoded (Content-Encoding %q)", ce))
+		return &d
+	}
+	return nil
 }
 
 func isJSON(contentType string) bool {
@@ -361,55 +394,17 @@ func isJSON(contentType string) bool {
 	return err == nil && (mt == "application/json" || strings.HasPrefix(mt, "application/") && strings.HasSuffix(mt, "+json"))
 }
 
+// itemsFromElements applies the element rules to a synchronous batch's
+// elements, each named by its index.
 func itemsFromElements(elems []json.RawMessage, op policy.Op, s policy.Settings) ([]Item, *problem.Details) {
-	idField := s.IDField
+	rules := newElementRules(op, s, "item")
 	items := make([]Item, len(elems))
-	seen := make(map[string]int, len(elems))
 	for i, elem := range elems {
-		elem = bytes.TrimSpace(elem)
-		if kind := jsonvalue.Kind(elem); kind != "object" {
-			return nil, invalid("item %d: must be a JSON object, not a JSON %s", i, kind)
-		}
-		var members map[string]json.RawMessage
-		if err := json.Unmarshal(elem, &members); err != nil {
-			return nil, invalid("item %d: %v", i, err)
-		}
-		it := Item{Body: elem, firstWithID: i}
-		rawID, hasID := members[idField]
-		if hasID && string(rawID) == "null" {
-			hasID = false
-		}
-		if !hasID {
-			if op == policy.OpUpdate {
-				return nil, invalid("item %d: has no %q field, so there is no item to update", i, idField)
-			}
-			items[i] = it
-			continue
-		}
-		id, ok := jsonvalue.ID(rawID)
-		if !ok {
-			what := "a JSON " + jsonvalue.Kind(rawID)
-			if what == "a JSON number" {
-				what = "the number " + string(rawID) + ", which has a fraction or an exponent"
-			}
-			return nil, invalid("item %d: field %q must be a string or an integer, not %s", i, idField, what)
-		}
-		id, prob := checkID(i, id, s.IDFormat)
+		it, prob := rules.item(i, elem)
 		if prob != nil {
 			return nil, prob
 		}
-		it.ID = id
-		if op == policy.OpUpdate {
-			if j, dup := seen[id]; dup {
-				return nil, invalid("items %d and %d both have id %q: each id may appear once in a batch update", j, i, id)
-			}
-			seen[id] = i
-			delete(members, idField)
-			for name := range members {
-				it.fields = append(it.fields, name)
-			}
-			it.Body, _ = json.Marshal(members) // re-encoding decoded JSON cannot fail
-		}
+		it.firstWithID = i
 		items[i] = it
 	}
 	return items, nil

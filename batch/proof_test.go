@@ -9,6 +9,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/caddy-batch/caddy-batch/internal/slots"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
@@ -385,13 +386,16 @@ func TestJournalFailureStopsTheWrite(t *testing.T) {
 }
 
 // countingSlots stands for max_in_flight: it counts who asked, and how.
-type countingSlots struct{ normal, urgent atomic.Int32 }
+type countingSlots struct{ normal, urgent, background atomic.Int32 }
 
-func (s *countingSlots) Acquire(_ context.Context, urgent bool) (func(), error) {
-	if urgent {
+func (s *countingSlots) Acquire(_ context.Context, p slots.Priority) (func(), error) {
+	if p.Urgent {
 		s.urgent.Add(1)
 	} else {
 		s.normal.Add(1)
+	}
+	if p.Background {
+		s.background.Add(1)
 	}
 	return func() {}, nil
 }
@@ -405,5 +409,20 @@ func TestEverySubRequestTakesASlot(t *testing.T) {
 	// 2 preflight reads and 2 writes; then the proof read and the undo.
 	equal(t, "normal slots", slots.normal.Load(), 4)
 	equal(t, "urgent slots", slots.urgent.Load(), 2)
+	equal(t, "background slots", slots.background.Load(), 0)
 	equal(t, "sent", len(f.sent()), 6)
+}
+
+// TestBackgroundRunTakesBackgroundSlots: a run set Background (a bulk
+// job's) asks every slot in a background lane, its undos in the urgent
+// one.
+func TestBackgroundRunTakesBackgroundSlots(t *testing.T) {
+	t.Parallel()
+	f := newFake().seed("1", "2").on("PATCH", "/widgets/2", reply(500, ``))
+	counted := &countingSlots{}
+	p := mustPlan(t, newRequest("PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":1}]`), concurrency(1))
+	newBatchRun(p, Runtime{Send: f, Slots: counted, Background: true}, noBackoff).do(context.Background())
+	equal(t, "normal slots", counted.normal.Load(), 4)
+	equal(t, "urgent slots", counted.urgent.Load(), 2)
+	equal(t, "background slots", counted.background.Load(), 6)
 }

@@ -27,6 +27,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/caddy-batch/caddy-batch/internal/itemlock"
+	"github.com/caddy-batch/caddy-batch/internal/slots"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
@@ -43,6 +44,12 @@ type Runtime struct {
 	// Slots bound the sub-requests in flight across batches
 	// (max_in_flight); nil bounds nothing beyond Concurrency.
 	Slots Slots
+	// Background takes the run's slots below every synchronous batch's,
+	// all background runs together at most half of them
+	// (slots.FIFO.BackgroundCap): what a bulk job's runs set, so that an
+	// interactive batch always finds slots free or freeing. A
+	// synchronous batch leaves it false.
+	Background bool
 	// Observer is told what every sub-request's answer showed, so that
 	// slots whose number follows the upstream (max_in_flight auto) move;
 	// nil observes nothing.
@@ -65,8 +72,10 @@ type Slots interface {
 	// Acquire waits for a slot until ctx is done, and returns the
 	// function that frees it. Waiters are served in the order they came,
 	// except that an urgent one (a compensation) goes before every
-	// waiter that is not: undos are never starved by new batches.
-	Acquire(ctx context.Context, urgent bool) (release func(), err error)
+	// waiter that is not, so that undos are never starved by new
+	// batches, and a background one (a bulk job's) after every
+	// synchronous one of the same urgency (slots.FIFO).
+	Acquire(ctx context.Context, p slots.Priority) (release func(), err error)
 }
 
 // Run executes a planned batch and returns its result. Sub-requests keep

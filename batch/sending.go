@@ -22,11 +22,14 @@ import (
 // It knows nothing of items or journals: what a saga must do just
 // before a request leaves comes in as sendOpts' hooks.
 type sender struct {
-	upstream  Sender
-	slots     Slots // nil bounds nothing beyond Concurrency
-	throttles *Throttles
-	client    string   // whose holds apply (Runtime.Client)
-	observer  Observer // nil observes nothing
+	upstream Sender
+	slots    Slots // nil bounds nothing beyond Concurrency
+	// background takes every slot in a background lane
+	// (Runtime.Background).
+	background bool
+	throttles  *Throttles
+	client     string   // whose holds apply (Runtime.Client)
+	observer   Observer // nil observes nothing
 	// batchTimeout is the batch's deadline, which a read's wait counts
 	// against, named for the client.
 	batchTimeout limit
@@ -39,7 +42,7 @@ type sender struct {
 // by tr.
 func newSender(rt Runtime, batchTimeout time.Duration, tr *runTrace) *sender {
 	s := &sender{
-		upstream: rt.Send, slots: rt.Slots, throttles: rt.Throttles, client: rt.Client,
+		upstream: rt.Send, slots: rt.Slots, background: rt.Background, throttles: rt.Throttles, client: rt.Client,
 		observer: rt.Observer, batchTimeout: limit{"batch_timeout", batchTimeout}, tr: tr,
 	}
 	if s.throttles == nil {
@@ -191,12 +194,13 @@ func (s *sender) acquire(ctx context.Context, resource string, urgent bool) (fun
 	}
 }
 
-// slot waits for a slot of max_in_flight, if the runtime bounds them.
+// slot waits for a slot of max_in_flight, if the runtime bounds them,
+// in the lane of the request's urgency and the run's class.
 func (s *sender) slot(ctx context.Context, urgent bool) (func(), error) {
 	if s.slots == nil {
 		return func() {}, nil
 	}
-	return s.slots.Acquire(ctx, urgent)
+	return s.slots.Acquire(ctx, slots.Priority{Urgent: urgent, Background: s.background})
 }
 
 // within sends req, giving up after timeout or at parent's deadline

@@ -95,10 +95,16 @@ func (p *Plan) Snapshot() *Snapshot {
 		s.Query = p.Items[0].tgt.query
 	}
 	for i, it := range p.Items {
-		s.Items[i] = ItemSnapshot{ID: it.ID, Element: it.Body, Fields: it.fields, Outcome: NotAttempted}
+		s.Items[i] = it.plannedSnapshot()
 		snapshotOperation(&s.Items[i], it.operation, it.tgt, it.ID)
 	}
 	return s
+}
+
+// plannedSnapshot is an item of a batch as a journal keeps it before
+// anything is sent: what it is, not yet attempted.
+func (it Item) plannedSnapshot() ItemSnapshot {
+	return ItemSnapshot{ID: it.ID, Element: it.Body, Fields: it.fields, Outcome: NotAttempted}
 }
 
 // snapshotOperation adds to an envelope's item what makes it an

@@ -50,9 +50,11 @@ func (p *pooledSlots) observer() batch.Observer {
 }
 
 // Observe tells the adaptive limit what one sub-request's answer
-// showed, and moves the slots where it goes.
+// showed, and moves the slots where it goes. The limit is told the slots
+// Used, not those in flight: while the background cap holds bulk jobs
+// back the limit counts as used, so that it grows under jobs alone.
 func (p *pooledSlots) Observe(latency time.Duration, overloaded bool) {
-	if n, changed := p.limit.Observe(latency, p.InFlight(), overloaded); changed {
+	if n, changed := p.limit.Observe(latency, p.Used(), overloaded); changed {
 		p.SetCap(n)
 	}
 }

@@ -22,6 +22,14 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// The lanes of Acquire, for the tests' tables.
+var (
+	normal           = Priority{}
+	urgent           = Priority{Urgent: true}
+	urgentBackground = Priority{Urgent: true, Background: true}
+	background       = Priority{Background: true}
+)
+
 func equal[T comparable](t testing.TB, what string, got, want T) {
 	t.Helper()
 	if got != want {
@@ -29,19 +37,19 @@ func equal[T comparable](t testing.TB, what string, got, want T) {
 	}
 }
 
-// queueUp starts one Acquire per entry of urgent, in that order, each
+// queueUp starts one Acquire per entry of lanes, in that order, each
 // only once the one before it waits, so that the arrival order is
 // known. Each waiter, once served, appends its index to the returned
 // order and releases at once.
-func queueUp(t *testing.T, s *FIFO, urgent []bool) (order func() []int, wait func()) {
+func queueUp(t *testing.T, s *FIFO, lanes []Priority) (order func() []int, wait func()) {
 	t.Helper()
 	var mu sync.Mutex
 	var got []int
 	var wg sync.WaitGroup
 	base := s.Waiting()
-	for i, u := range urgent {
+	for i, p := range lanes {
 		wg.Go(func() {
-			release, err := s.Acquire(context.Background(), u)
+			release, err := s.Acquire(context.Background(), p)
 			if err != nil {
 				t.Errorf("waiter %d: %v", i, err)
 				return
@@ -73,7 +81,7 @@ func TestSlotsBoundUnderLoad(t *testing.T) {
 					if r%7 == g%7 {
 						cancel() // some give up before or while they wait
 					}
-					release, err := s.Acquire(ctx, (g+r)%5 == 0)
+					release, err := s.Acquire(ctx, Priority{Urgent: (g+r)%5 == 0})
 					cancel()
 					if err != nil {
 						if !errors.Is(err, ErrNoSlot) || !errors.Is(err, context.Canceled) {
@@ -107,11 +115,11 @@ func TestSlotsBoundUnderLoad(t *testing.T) {
 func TestSlotsServeInArrivalOrder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := NewFIFO(1)
-		release, err := s.Acquire(context.Background(), false)
+		release, err := s.Acquire(context.Background(), Priority{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		order, wait := queueUp(t, s, make([]bool, 8))
+		order, wait := queueUp(t, s, make([]Priority, 8))
 		release()
 		wait()
 		if got := order(); !slices.Equal(got, []int{0, 1, 2, 3, 4, 5, 6, 7}) {
@@ -126,11 +134,11 @@ func TestSlotsServeInArrivalOrder(t *testing.T) {
 func TestSlotsUrgentGoFirst(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := NewFIFO(1)
-		release, err := s.Acquire(context.Background(), false)
+		release, err := s.Acquire(context.Background(), Priority{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		order, wait := queueUp(t, s, []bool{false, false, false, true, true, false, true})
+		order, wait := queueUp(t, s, []Priority{normal, normal, normal, urgent, urgent, normal, urgent})
 		release()
 		wait()
 		if got, want := order(), []int{3, 4, 6, 0, 1, 2, 5}; !slices.Equal(got, want) {
@@ -147,7 +155,7 @@ func TestSlotsUrgentUnderSaturation(t *testing.T) {
 		s := NewFIFO(n)
 		var releases []func()
 		for range n {
-			r, err := s.Acquire(context.Background(), false)
+			r, err := s.Acquire(context.Background(), Priority{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -159,7 +167,7 @@ func TestSlotsUrgentUnderSaturation(t *testing.T) {
 		var servedNormal atomic.Int64
 		for range 50 {
 			normals.Go(func() {
-				if r, err := s.Acquire(ctx, false); err == nil {
+				if r, err := s.Acquire(ctx, Priority{}); err == nil {
 					servedNormal.Add(1)
 					<-ctx.Done() // keep it: the storm does not let go
 					r()
@@ -169,7 +177,7 @@ func TestSlotsUrgentUnderSaturation(t *testing.T) {
 		waitFor(t, "the queue of batches", func() bool { return s.Waiting() == 50 })
 		got := make(chan func(), 1)
 		go func() {
-			r, err := s.Acquire(context.Background(), true)
+			r, err := s.Acquire(context.Background(), Priority{Urgent: true})
 			if err != nil {
 				t.Error(err)
 			}
@@ -209,10 +217,10 @@ func TestSlotsCancelledWaiterLeaksNothing(t *testing.T) {
 	t.Run("while waiting", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			s := NewFIFO(1)
-			hold, _ := s.Acquire(context.Background(), false)
+			hold, _ := s.Acquire(context.Background(), Priority{})
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 			defer cancel()
-			_, err := s.Acquire(ctx, false)
+			_, err := s.Acquire(ctx, Priority{})
 			if !errors.Is(err, ErrNoSlot) || !errors.Is(err, context.DeadlineExceeded) {
 				t.Errorf("Acquire past the deadline: %v, want ErrNoSlot wrapping context.DeadlineExceeded", err)
 			}
@@ -230,7 +238,7 @@ func TestSlotsCancelledWaiterLeaksNothing(t *testing.T) {
 			s := NewFIFO(1)
 			ctx, cancel := context.WithCancel(context.Background())
 			cancel()
-			if _, err := s.Acquire(ctx, true); !errors.Is(err, ErrNoSlot) {
+			if _, err := s.Acquire(ctx, Priority{Urgent: true}); !errors.Is(err, ErrNoSlot) {
 				t.Errorf("Acquire with a done context: %v, want ErrNoSlot", err)
 			}
 			if s.InFlight() != 0 {
@@ -242,11 +250,11 @@ func TestSlotsCancelledWaiterLeaksNothing(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			s := NewFIFO(1)
 			for i := range 300 {
-				hold, _ := s.Acquire(context.Background(), false)
+				hold, _ := s.Acquire(context.Background(), Priority{})
 				ctx, cancel := context.WithCancel(context.Background())
 				first := make(chan error, 1)
 				go func() {
-					r, err := s.Acquire(ctx, i%2 == 0)
+					r, err := s.Acquire(ctx, Priority{Urgent: i%2 == 0})
 					if err == nil {
 						r()
 					}
@@ -255,7 +263,7 @@ func TestSlotsCancelledWaiterLeaksNothing(t *testing.T) {
 				waitFor(t, "the first waiter", func() bool { return s.Waiting() == 1 })
 				second := make(chan func(), 1)
 				go func() {
-					r, err := s.Acquire(context.Background(), false)
+					r, err := s.Acquire(context.Background(), Priority{})
 					if err != nil {
 						t.Error(err)
 					}
@@ -288,20 +296,20 @@ func TestSlotsCancelledWaiterLeaksNothing(t *testing.T) {
 func TestSlotsReleaseIsIdempotent(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := NewFIFO(2)
-		a, _ := s.Acquire(context.Background(), false)
-		b, _ := s.Acquire(context.Background(), false)
+		a, _ := s.Acquire(context.Background(), Priority{})
+		b, _ := s.Acquire(context.Background(), Priority{})
 		a()
 		a()
 		if s.InFlight() != 1 {
 			t.Fatalf("InFlight %d after releasing one slot twice, want 1", s.InFlight())
 		}
-		c, err := s.Acquire(context.Background(), false)
+		c, err := s.Acquire(context.Background(), Priority{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 		defer cancel()
-		if _, err := s.Acquire(ctx, false); err == nil {
+		if _, err := s.Acquire(ctx, Priority{}); err == nil {
 			t.Fatal("a third holder of two slots")
 		}
 		b()
@@ -327,7 +335,7 @@ func TestSlotsNeedOne(t *testing.T) {
 func TestSlotsSetCap(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := NewFIFO(1)
-		held, err := s.Acquire(context.Background(), false)
+		held, err := s.Acquire(context.Background(), Priority{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -335,7 +343,7 @@ func TestSlotsSetCap(t *testing.T) {
 		var releases = make(chan func(), 3)
 		for _, urgent := range []bool{false, true, false} {
 			go func() {
-				release, err := s.Acquire(context.Background(), urgent)
+				release, err := s.Acquire(context.Background(), Priority{Urgent: urgent})
 				if err != nil {
 					t.Error(err)
 					return
