@@ -1,0 +1,174 @@
+package durable
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"path"
+	"strings"
+	"time"
+)
+
+// Quota is what a client may have of the jobs (README, "Bulk jobs").
+type Quota struct {
+	// PerClient is max_jobs_per_client: the jobs one identity has queued,
+	// running, paused or cancelling across the cluster.
+	PerClient int
+	// Queued is max_queued_jobs: the jobs waiting in the queue, which is
+	// the cluster's, as this instance allows it.
+	Queued int
+	// Waits says the job would wait in the queue (this instance has no
+	// free max_jobs slot for it): only then does Queued apply.
+	Waits bool
+}
+
+// Retry-After of a refused start: a client's own jobs take minutes to
+// end; the queue moves as any job of the cluster ends.
+const (
+	clientQuotaRetry = time.Minute
+	queueQuotaRetry  = 30 * time.Second
+)
+
+// QuotaError refuses a start over a quota (429): Retry-After says when to
+// try again.
+type QuotaError struct {
+	RetryAfter time.Duration
+	Reason     string
+}
+
+func (e *QuotaError) Error() string { return e.Reason }
+
+// CheckQuota refuses, with a *QuotaError, a start the client's quota or
+// the queue has no room for; Register checks again, under a lock.
+func (js *Jobs) CheckQuota(ctx context.Context, client string, q Quota) error {
+	ids, err := listNames(ctx, js.storage, path.Join(jobClientsPrefix, client))
+	if err != nil {
+		return fmt.Errorf("counting the client's jobs: %w", err)
+	}
+	if len(ids) >= q.PerClient {
+		return &QuotaError{RetryAfter: clientQuotaRetry, Reason: fmt.Sprintf(
+			"this client has %d jobs not ended, and may have %d (max_jobs_per_client): wait for one to end, or cancel one", len(ids), q.PerClient)}
+	}
+	if !q.Waits {
+		return nil
+	}
+	queued, err := js.queued(ctx)
+	if err != nil {
+		return err
+	}
+	if queued >= q.Queued {
+		return &QuotaError{RetryAfter: queueQuotaRetry, Reason: fmt.Sprintf(
+			"%d jobs wait to run, and %d may (max_queued_jobs): try again once the queue moved", queued, q.Queued)}
+	}
+	return nil
+}
+
+// queued counts the jobs of the cluster that wait to run: of the active
+// ones (job-active), those whose progress says queued.
+func (js *Jobs) queued(ctx context.Context) (int, error) {
+	names, err := listNames(ctx, js.storage, jobActivePrefix)
+	if err != nil {
+		return 0, fmt.Errorf("listing the active jobs: %w", err)
+	}
+	n := 0
+	for _, name := range names {
+		_, id, _ := strings.Cut(name, ".")
+		rec, err := readJob(ctx, js.storage, id)
+		if err != nil {
+			continue // gone since, or another build's: not this queue's
+		}
+		v, err := viewJob(ctx, js.storage, rec)
+		if err != nil {
+			return 0, err
+		}
+		if v.progress.State == JobQueued {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// Register makes a job of what st staged, under the identity's lock so
+// that two starts of one client do not both pass its quota: rec is the
+// job (Register fills its id, version and token hash, and Created if
+// zero; Deadline must be set), cred the headers its requests forward. It
+// answers the job, held at epoch 0 and queued, and its token, which is
+// nowhere else: the client has it, the storage only its hash. Over a
+// quota it answers a *QuotaError and keeps the staging, for the caller
+// to discard.
+func (js *Jobs) Register(ctx context.Context, st *Staging, rec *JobRecord, cred http.Header, q Quota) (*HeldJob, string, error) {
+	name := jobClientLock(rec.Client)
+	lctx, cancel := context.WithTimeout(ctx, sweepLockWait)
+	unlock, err := Lock(lctx, js.storage, name, LockPoll, js.unlockFailed(name))
+	cancel()
+	if err != nil {
+		return nil, "", fmt.Errorf("locking the client's jobs to count them: %w", err)
+	}
+	defer unlock()
+	if err := js.CheckQuota(ctx, rec.Client, q); err != nil {
+		return nil, "", err
+	}
+	token, sum := newToken()
+	rec.Version, rec.ID, rec.TokenSHA256 = 1, st.id, sum
+	if rec.Created.IsZero() {
+		rec.Created = now().UTC()
+	}
+	if rec.Deadline.Before(rec.Created) || rec.Client == "" {
+		return nil, "", errors.New("a job needs a deadline after its creation, and a client identity")
+	}
+	hj := &HeldJob{jobs: js, rec: rec}
+	if err := js.storeNew(ctx, hj, cred); err != nil {
+		return nil, "", err
+	}
+	return hj, token, nil
+}
+
+// storeNew writes a registered job's keys, the record before the indexes
+// that name it: a crash in between leaves a job the sweep finds by its
+// staging's expiry entry and deletes with everything that names it.
+func (js *Jobs) storeNew(ctx context.Context, hj *HeldJob, cred http.Header) error {
+	s, rec := js.storage, hj.rec
+	cb, err := json.Marshal(storedCredentials{Version: 1, Header: cred})
+	if err != nil {
+		return err
+	}
+	if err := s.Store(ctx, jobKey(rec.ID, credentialsName), cb); err != nil {
+		return fmt.Errorf("storing the job's credentials: %w", err)
+	}
+	if err := hj.WriteProgress(ctx, JobProgress{State: JobQueued}); err != nil {
+		return err
+	}
+	jb, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	if err := s.Store(ctx, jobKey(rec.ID, jobName), jb); err != nil {
+		return fmt.Errorf("storing the job: %w", err)
+	}
+	for _, key := range []string{rec.indexKey(jobIndexActive), rec.activeKey(), rec.clientKey()} {
+		if err := s.Store(ctx, key, rec.entry()); err != nil {
+			return fmt.Errorf("indexing the job: %w", err)
+		}
+	}
+	return nil
+}
+
+// storedCredentials is batch/v1/jobs/<id>/credentials: the headers the
+// job's requests forward (Authorization, Cookie, the scope headers), kept
+// apart from the record so that the end erases them without rewriting it.
+type storedCredentials struct {
+	Version int         `json:"v"`
+	Header  http.Header `json:"header"`
+}
+
+// Credentials reads the headers the job's requests forward.
+func (hj *HeldJob) Credentials(ctx context.Context) (http.Header, error) {
+	var c storedCredentials
+	found, err := loadJSON(ctx, hj.jobs.storage, jobKey(hj.rec.ID, credentialsName), &c)
+	if err == nil && !found {
+		err = fmt.Errorf("job %s has no credentials stored", hj.rec.ID)
+	}
+	return c.Header, err
+}
