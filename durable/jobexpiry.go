@@ -16,9 +16,9 @@ import (
 
 // The jobs' expiry index, batch/v1/job-expiry/<bucket end>/<id>, swept by
 // the Idempotency-Key records' sweeper (expiry.go), with its lock and
-// pace: first a staging's entry, filed before its first chunk; then, the
-// job registered, the same entry is filed again for when the job may go
-// (Ended + ttl, or, while it runs, Deadline + ttl). A sibling of the
+// pace: first a staging's entry, filed before its first chunk; the job
+// registered, one for Deadline + ttl instead; the job ended, one for
+// Ended + ttl instead. A sibling of the
 // records' index, so that a build that knows no jobs never sweeps their
 // entries.
 const jobExpiryPrefix = "batch/v1/job-expiry"
@@ -30,6 +30,10 @@ type jobExpiryEntry struct {
 	Job     string    `json:"job"`
 	Expires time.Time `json:"expires"`
 }
+
+// lapses is when a job that never ended may go: its deadline + ttl, by
+// when it has ended, or its owners are long gone.
+func (rec *JobRecord) lapses() time.Time { return rec.Deadline.Add(rec.TTL) }
 
 // jobExpiryKey is the entry of job id expiring at expires, in the buckets
 // of a ttl.
@@ -97,7 +101,7 @@ func (sw *Sweeper) sweepJobEntry(ctx context.Context, entry string, at time.Time
 		if err != nil && !errors.Is(err, errUnreadable) {
 			return err
 		}
-		expires, state := rec.Deadline.Add(rec.TTL), jobIndexActive
+		expires, state := rec.lapses(), jobIndexActive
 		if err == nil && v.ended() {
 			expires, state = v.progress.Ended.Add(rec.TTL), v.progress.State
 		}

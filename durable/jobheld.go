@@ -42,8 +42,8 @@ func (hj *HeldJob) WriteProgress(ctx context.Context, p JobProgress) error {
 
 // End ends the job with final (its state one a job ends in, Ended set),
 // in an order a crash at any point leaves sweepable: the final progress
-// first (monitors see the end), then the expiry entry at Ended + ttl,
-// the job-index entry renamed to the end state, the job-active and
+// first (monitors see the end), then the expiry entry at Ended + ttl
+// (instead of the one at Deadline + ttl), the job-index entry renamed to the end state, the job-active and
 // job-clients entries removed (the quota freed), and last what the job
 // needs no more: its credentials, input and lease. The cancel mark and
 // the results stay for the monitors, until the job expires or is
@@ -56,13 +56,17 @@ func (hj *HeldJob) End(ctx context.Context, final JobProgress) error {
 	if err := hj.WriteProgress(ctx, final); err != nil {
 		return err
 	}
-	if err := fileJobExpiry(ctx, s, rec.ID, final.Ended.Add(rec.TTL), rec.TTL); err != nil {
+	expires := final.Ended.Add(rec.TTL)
+	if err := fileJobExpiry(ctx, s, rec.ID, expires, rec.TTL); err != nil {
 		return err
 	}
 	if err := s.Store(ctx, rec.indexKey(final.State), rec.entry()); err != nil {
 		return fmt.Errorf("indexing job %s as %s: %w", rec.ID, final.State, err)
 	}
 	var errs []error
+	if lapses := jobExpiryKey(rec.ID, rec.lapses(), rec.TTL); lapses != jobExpiryKey(rec.ID, expires, rec.TTL) {
+		errs = append(errs, deleteKey(ctx, s, lapses))
+	}
 	for _, key := range []string{rec.indexKey(jobIndexActive), rec.activeKey(), rec.clientKey(), jobKey(rec.ID, credentialsName)} {
 		errs = append(errs, deleteKey(ctx, s, key))
 	}

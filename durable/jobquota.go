@@ -74,7 +74,7 @@ func (js *Jobs) queued(ctx context.Context) (int, error) {
 	}
 	n := 0
 	for _, name := range names {
-		_, id, _ := strings.Cut(name, ".")
+		id := name[strings.LastIndexByte(name, '.')+1:] // <created>.<id>
 		rec, err := readJob(ctx, js.storage, id)
 		if err != nil {
 			continue // gone since, or another build's: not this queue's
@@ -119,7 +119,7 @@ func (js *Jobs) Register(ctx context.Context, st *Staging, rec *JobRecord, cred 
 		return nil, "", errors.New("a job needs a deadline after its creation, and a client identity")
 	}
 	hj := &HeldJob{jobs: js, rec: rec}
-	if err := js.storeNew(ctx, hj, cred); err != nil {
+	if err := js.storeNew(ctx, st, hj, cred); err != nil {
 		return nil, "", err
 	}
 	return hj, token, nil
@@ -127,8 +127,10 @@ func (js *Jobs) Register(ctx context.Context, st *Staging, rec *JobRecord, cred 
 
 // storeNew writes a registered job's keys, the record before the indexes
 // that name it: a crash in between leaves a job the sweep finds by its
-// staging's expiry entry and deletes with everything that names it.
-func (js *Jobs) storeNew(ctx context.Context, hj *HeldJob, cred http.Header) error {
+// staging's expiry entry and deletes with everything that names it. The
+// job is then filed for its deadline + ttl (by then it has ended, or its
+// owners are long gone) instead of its staging's time.
+func (js *Jobs) storeNew(ctx context.Context, st *Staging, hj *HeldJob, cred http.Header) error {
 	s, rec := js.storage, hj.rec
 	cb, err := json.Marshal(storedCredentials{Version: 1, Header: cred})
 	if err != nil {
@@ -152,7 +154,10 @@ func (js *Jobs) storeNew(ctx context.Context, hj *HeldJob, cred http.Header) err
 			return fmt.Errorf("indexing the job: %w", err)
 		}
 	}
-	return nil
+	if err := fileJobExpiry(ctx, s, rec.ID, rec.lapses(), rec.TTL); err != nil {
+		return err
+	}
+	return deleteKey(ctx, s, jobExpiryKey(rec.ID, st.expires, st.ttl))
 }
 
 // storedCredentials is batch/v1/jobs/<id>/credentials: the headers the
