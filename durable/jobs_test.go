@@ -317,3 +317,104 @@ func TestJobProgressTally(t *testing.T) {
 		t.Errorf("tally %+v: want 6 done, 2 succeeded, 2 failed", p)
 	}
 }
+
+// A cancel of a queued job nothing was written for ends it at once, and
+// frees the client's quota; of a running job, marks it cancelling until
+// its owner ends it (a second cancel changes nothing); of an ended job,
+// changes nothing.
+func TestJobCancel(t *testing.T) {
+	t.Parallel()
+	bubble(t, func(t *testing.T) {
+		s := newMemStorage()
+		js := NewJobs(s, zap.NewNop())
+		ctx := context.Background()
+		one := Quota{PerClient: 1, Queued: 16}
+
+		queued, token, err := startJob(t, js, 3, goldenClient, one)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := queued.Record().ID
+		st, err := js.Cancel(ctx, id, token, "client")
+		if err != nil || st.State != JobCancelled || st.Ended == nil || st.Outcome != "" {
+			t.Fatalf("cancelled while queued: %+v, %v; want it cancelled at once", st, err)
+		}
+		for _, key := range []string{jobKey(id, credentialsName), jobKey(id, inputName+"/00000000"), queued.Record().activeKey(), queued.Record().clientKey(), queued.Record().indexKey(jobIndexActive)} {
+			if _, err := s.Load(ctx, key); err == nil {
+				t.Errorf("%s is still there after the job ended", key)
+			}
+		}
+		if _, err := s.Load(ctx, queued.Record().indexKey(JobCancelled)); err != nil {
+			t.Errorf("the job is not indexed as cancelled: %v", err)
+		}
+		if _, err := s.Load(ctx, progressKey(id, 1)); err != nil {
+			t.Errorf("the end is not written at the epoch a claim would take: %v", err)
+		}
+
+		running, token, err := startJob(t, js, 3, goldenClient, one)
+		if err != nil {
+			t.Fatalf("a start after the cancelled job ended: %v", err)
+		}
+		id = running.Record().ID
+		p := JobProgress{State: JobRunning, Started: now().UTC()}
+		p.Tally(createdRange(0, 1))
+		if err := running.WriteProgress(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			if st, err := js.Cancel(ctx, id, token, "client"); err != nil || st.State != JobCancelling {
+				t.Errorf("cancelled while running: %+v, %v", st, err)
+			}
+		}
+		var mark cancelMark
+		if found, err := loadJSON(ctx, s, jobKey(id, cancelName), &mark); !found || err != nil || mark.By != "client" || mark.Version != 1 {
+			t.Errorf("cancel mark %+v (%v, %v)", mark, found, err)
+		}
+
+		ended, token := mustStart(t, js, 1)
+		endJob(t, ended)
+		if st, err := js.Cancel(ctx, ended.Record().ID, token, "admin"); err != nil || st.State != JobSucceeded {
+			t.Errorf("cancelled once ended: %+v, %v; want it as it ended", st, err)
+		}
+		if _, err := s.Load(ctx, jobKey(ended.Record().ID, cancelName)); err == nil {
+			t.Error("an ended job was marked cancelled")
+		}
+	})
+}
+
+// Remove refuses a job not ended; an ended one goes whole, with its
+// index and expiry entries, and is unknown after.
+func TestJobRemove(t *testing.T) {
+	t.Parallel()
+	bubble(t, func(t *testing.T) {
+		s := newMemStorage()
+		js := NewJobs(s, zap.NewNop())
+		ctx := context.Background()
+		hj, token := mustStart(t, js, 4)
+		id := hj.Record().ID
+		if err := js.Remove(ctx, id, token); !errors.Is(err, ErrJobNotEnded) {
+			t.Errorf("removing a queued job: %v", err)
+		}
+		if err := hj.AppendResults(ctx, 0, createdRange(0, 4)); err != nil {
+			t.Fatal(err)
+		}
+		p := JobProgress{State: JobRunning, Started: now().UTC()}
+		p.Tally(createdRange(0, 4))
+		if err := hj.WriteProgress(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := js.Cancel(ctx, id, token, "client"); err != nil {
+			t.Fatal(err)
+		}
+		endJob(t, hj)
+		if err := js.Remove(ctx, id, token); err != nil {
+			t.Fatal(err)
+		}
+		if left := s.keysUnder("batch"); len(left) != 0 {
+			t.Errorf("a removed job left %v", left)
+		}
+		if _, err := js.Status(ctx, id, token); !errors.Is(err, ErrUnknownJob) {
+			t.Errorf("a removed job's status: %v", err)
+		}
+	})
+}
