@@ -15,7 +15,7 @@ import (
 type JobProgress struct {
 	Version int `json:"v"`
 	// State is one of the Job* states; Outcome is the batch outcome once
-	// ended (empty for a cancelled partial job: README, "Bulk jobs").
+	// ended (empty for a cancelled partial job, whose state says it).
 	State   string `json:"state"`
 	Outcome string `json:"outcome,omitempty"`
 	// Cursor is the index of the first item not finished: the results

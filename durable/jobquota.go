@@ -11,7 +11,8 @@ import (
 	"time"
 )
 
-// Quota is what a client may have of the jobs (README, "Bulk jobs").
+// Quota is what a client may have of the jobs (docs/durability.md,
+// "Bulk jobs in storage").
 type Quota struct {
 	// PerClient is max_jobs_per_client: the jobs one identity has queued,
 	// running, paused or cancelling across the cluster.

@@ -23,8 +23,9 @@ import (
 // streams the pages that follow each other without a gap, which is the
 // longest finished prefix of the job, one page in memory at a time.
 
-// ResultBodyLimit bounds the body a result line keeps (README, "Bulk
-// jobs"): a longer one is cut, at a UTF-8 boundary, into body_text.
+// ResultBodyLimit bounds the body a result line keeps, so that a page of
+// a window stays small: a longer one is cut, at a UTF-8 boundary, into
+// body_text.
 const ResultBodyLimit = 4 << 10
 
 // ResultLine is one item of a job's results: the item as a synchronous

@@ -18,10 +18,10 @@ import (
 	"go.uber.org/zap"
 )
 
-// Bulk jobs (README, "Bulk jobs"): a batch that outlives its request,
-// kept in storage so that any instance can carry it on and answer its
-// monitors. Every value stored is JSON, or JSON Lines under a first line,
-// carrying "v":1:
+// Bulk jobs (docs/durability.md, "Bulk jobs in storage"): a batch that
+// outlives its request, kept in storage so that any instance can carry it
+// on and answer its monitors. Every value stored is JSON, or JSON Lines
+// under a first line, carrying "v":1:
 //
 //	batch/v1/jobs/<id>/job                   JobRecord, written once
 //	batch/v1/jobs/<id>/credentials           the forwarded headers; deleted at the end
@@ -64,8 +64,7 @@ const (
 // so that nobody learns a job exists without its token (404).
 var ErrUnknownJob = errors.New("no such job")
 
-// The states of a job (README, "Bulk jobs"): the first four before it
-// ends, the rest after.
+// The states of a job: the first four before it ends, the rest after.
 const (
 	JobQueued         = "queued"
 	JobRunning        = "running"

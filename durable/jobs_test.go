@@ -241,7 +241,7 @@ func statusJSON(t *testing.T, st *JobStatus) map[string]any {
 
 // A job's status through its life: queued, running, cancelling once
 // marked, then its end with the times and outcome, and absent once its
-// ttl passed. Its members are exactly the README's, times null until
+// ttl passed. Its members are exactly a job status's, times null until
 // known.
 func TestJobStatusStates(t *testing.T) {
 	t.Parallel()

@@ -11,8 +11,9 @@ import (
 	"github.com/caddy-batch/caddy-batch/internal/itemlock"
 )
 
-// JobStatus is a job as its monitor shows it: exactly the members of the
-// README's "Bulk jobs" status, null where a time is not known yet.
+// JobStatus is a job as its monitor shows it: exactly the members of a
+// job's status, with null where a time is not known yet (expires until
+// the job ended).
 type JobStatus struct {
 	ID        string     `json:"id"`
 	State     string     `json:"state"`
