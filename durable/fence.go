@@ -39,13 +39,31 @@ import (
 // so of a renewal and a takeover that race, at least one sees the
 // other's write.
 
-// leaseKeyOf names the lease key of epoch for owner.
-func leaseKeyOf(saga string, epoch int, owner string) string {
-	if epoch == 0 {
-		return leaseKey(saga)
-	}
-	return path.Join(journalPrefix, saga, fmt.Sprintf("%s.%08d.%s", leaseName, epoch, ownerTag(owner)))
+// leaseFolder is a folder holding a fenced lease among its other keys: a
+// saga's journal folder, or a job's (docs/durability.md, "Bulk jobs in
+// storage"); the same rules fence both. guard is the key a first renewal
+// of epoch 0 must still find (the journal's intent, the job's record):
+// gone, the storage lost what the lease is for. what names it in the
+// reasons of a lost lease.
+type leaseFolder struct {
+	dir, guard, what string
 }
+
+// sagaLeases is the lease folder of a saga's journal.
+func sagaLeases(saga string) leaseFolder {
+	return leaseFolder{dir: journalDir(saga), guard: segmentKey(saga, 0), what: "saga"}
+}
+
+// key names the folder's lease key of epoch for owner.
+func (f leaseFolder) key(epoch int, owner string) string {
+	if epoch == 0 {
+		return path.Join(f.dir, leaseName)
+	}
+	return path.Join(f.dir, fmt.Sprintf("%s.%08d.%s", leaseName, epoch, ownerTag(owner)))
+}
+
+// leaseKeyOf names the lease key of a saga's epoch for owner.
+func leaseKeyOf(saga string, epoch int, owner string) string { return sagaLeases(saga).key(epoch, owner) }
 
 // ownerTag is owner as a key's name can hold it.
 func ownerTag(owner string) string {
@@ -233,31 +251,46 @@ func (e *lostLease) Error() string { return e.why }
 // lease, must still be there). A *lostLease says the lease is lost; any
 // other error leaves it unproven.
 func (js *Journals) renewLease(ctx context.Context, saga string, epoch int, prev, next []byte) error {
-	key := leaseKeyOf(saga, epoch, Owner())
-	if lr, ok := js.storage.(LeaseRenewer); ok {
-		if err := renewAtOnce(ctx, lr, saga, epoch, key, prev, next); !errors.Is(err, ErrUndecidable) {
+	return renewFolderLease(ctx, js.storage, sagaLeases(saga), epoch, prev, next)
+}
+
+// renewFolderLease is renewLease in the lease folder f: the release of a
+// lease too, whose next says it is released.
+func renewFolderLease(ctx context.Context, s Storage, f leaseFolder, epoch int, prev, next []byte) error {
+	key := f.key(epoch, Owner())
+	if lr, ok := s.(LeaseRenewer); ok {
+		if err := renewFolderAtOnce(ctx, lr, f, epoch, key, prev, next); !errors.Is(err, ErrUndecidable) {
 			return err
 		}
 	}
 	if prev != nil {
-		b, err := js.storage.Load(ctx, key)
+		b, err := s.Load(ctx, key)
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
-			return &lostLease{why: "the saga's lease is gone from storage (the storage lost it, or an operator deleted it)"}
+			return f.leaseGone()
 		case err != nil:
 			return err
 		case !bytes.Equal(b, prev):
-			return &lostLease{"another instance wrote the saga's lease", true}
+			return &lostLease{fmt.Sprintf("another instance wrote the %s's lease", f.what), true}
 		}
-	} else if _, err := js.storage.Modified(ctx, segmentKey(saga, 0)); errors.Is(err, fs.ErrNotExist) {
-		return &lostLease{why: "the saga's journal is gone from storage (the storage lost it, or an operator deleted it)"}
+	} else if _, err := s.Modified(ctx, f.guard); errors.Is(err, fs.ErrNotExist) {
+		return f.guardGone()
 	} else if err != nil {
 		return err
 	}
-	if err := js.storage.Store(ctx, key, next); err != nil {
+	if err := s.Store(ctx, key, next); err != nil {
 		return err
 	}
-	return js.outranked(ctx, saga, epoch, key)
+	return outrankedIn(ctx, s, f, epoch, key)
+}
+
+func (f leaseFolder) leaseGone() *lostLease {
+	return &lostLease{why: fmt.Sprintf("the %s's lease is gone from storage (the storage lost it, or an operator deleted it)", f.what)}
+}
+
+func (f leaseFolder) guardGone() *lostLease {
+	record := map[string]string{"saga": "journal", "job": "record"}[f.what]
+	return &lostLease{why: fmt.Sprintf("the %s's %s is gone from storage (the storage lost it, or an operator deleted it)", f.what, record)}
 }
 
 // LeaseRenewer is a storage that renews a lease in one call, at once
@@ -282,29 +315,34 @@ var (
 // renewAtOnce is renewLease on a LeaseRenewer: the same checks, in one
 // call.
 func renewAtOnce(ctx context.Context, lr LeaseRenewer, saga string, epoch int, key string, prev, next []byte) error {
+	return renewFolderAtOnce(ctx, lr, sagaLeases(saga), epoch, key, prev, next)
+}
+
+// renewFolderAtOnce is renewAtOnce in the lease folder f.
+func renewFolderAtOnce(ctx context.Context, lr LeaseRenewer, f leaseFolder, epoch int, key string, prev, next []byte) error {
 	guard := ""
 	if prev == nil {
-		guard = segmentKey(saga, 0)
+		guard = f.guard
 	}
 	names, err := lr.RenewLease(ctx, key, prev, guard, next)
 	switch {
 	case errors.Is(err, ErrKeyGone) && prev != nil:
-		return &lostLease{why: "the saga's lease is gone from storage (the storage lost it, or an operator deleted it)"}
+		return f.leaseGone()
 	case errors.Is(err, ErrKeyGone):
-		return &lostLease{why: "the saga's journal is gone from storage (the storage lost it, or an operator deleted it)"}
+		return f.guardGone()
 	case errors.Is(err, ErrKeyChanged):
-		return &lostLease{"another instance wrote the saga's lease", true}
+		return &lostLease{fmt.Sprintf("another instance wrote the %s's lease", f.what), true}
 	case err != nil:
 		return err
 	}
 	return outranks(names, epoch, key)
 }
 
-// outranked returns a *lostLease when the saga's folder holds a lease
+// outrankedIn returns a *lostLease when the lease folder f holds a lease
 // key of a higher epoch than epoch, or another key of the same epoch
 // than mine.
-func (js *Journals) outranked(ctx context.Context, saga string, epoch int, mine string) error {
-	names, err := listNames(ctx, js.storage, journalDir(saga))
+func outrankedIn(ctx context.Context, s Storage, f leaseFolder, epoch int, mine string) error {
+	names, err := listNames(ctx, s, f.dir)
 	if err != nil {
 		return err
 	}
@@ -331,9 +369,9 @@ func leaseRecord(epoch int, until time.Time, n int) []byte {
 	return b
 }
 
-// leaseView is a saga's lease as found in storage: the names in its
-// journal's folder, the key of its highest epoch and what is stored
-// there (no key: the lease is the intent's).
+// leaseView is a lease as found in storage: the names in its lease
+// folder, the key of its highest epoch and what is stored there (no key:
+// a saga's lease is its intent's).
 type leaseView struct {
 	names []string
 	epoch int
@@ -342,10 +380,15 @@ type leaseView struct {
 }
 
 // readLease lists saga's journal folder and reads its highest lease key.
-// A key listed and not there is being written (the Redis module lists a
-// key before it sets it), and read as empty.
 func (js *Journals) readLease(ctx context.Context, saga string) (leaseView, error) {
-	names, err := listNames(ctx, js.storage, journalDir(saga))
+	return readFolderLease(ctx, js.storage, sagaLeases(saga))
+}
+
+// readFolderLease lists the lease folder f and reads its highest lease
+// key. A key listed and not there is being written (the Redis module
+// lists a key before it sets it), and read as empty.
+func readFolderLease(ctx context.Context, s Storage, f leaseFolder) (leaseView, error) {
+	names, err := listNames(ctx, s, f.dir)
 	if err != nil {
 		return leaseView{}, err
 	}
@@ -355,8 +398,8 @@ func (js *Journals) readLease(ctx context.Context, saga string) (leaseView, erro
 		return v, nil
 	}
 	slices.Sort(keys)
-	v.epoch, v.key = epoch, path.Join(journalDir(saga), keys[0])
-	v.raw, err = js.storage.Load(ctx, v.key)
+	v.epoch, v.key = epoch, path.Join(f.dir, keys[0])
+	v.raw, err = s.Load(ctx, v.key)
 	if errors.Is(err, fs.ErrNotExist) {
 		err = nil
 	}

@@ -100,6 +100,12 @@ func (js *Jobs) queued(ctx context.Context) (int, error) {
 // quota it answers a *QuotaError and keeps the staging, for the caller
 // to discard.
 func (js *Jobs) Register(ctx context.Context, st *Staging, rec *JobRecord, cred http.Header, q Quota) (*HeldJob, string, error) {
+	if rec.Created.IsZero() {
+		rec.Created = now().UTC()
+	}
+	if !rec.Deadline.After(rec.Created) || rec.Client == "" {
+		return nil, "", errors.New("a job needs a deadline after its creation, and a client identity")
+	}
 	name := jobClientLock(rec.Client)
 	lctx, cancel := context.WithTimeout(ctx, sweepLockWait)
 	unlock, err := Lock(lctx, js.storage, name, LockPoll, js.unlockFailed(name))
@@ -113,12 +119,6 @@ func (js *Jobs) Register(ctx context.Context, st *Staging, rec *JobRecord, cred 
 	}
 	token, sum := newToken()
 	rec.Version, rec.ID, rec.TokenSHA256 = 1, st.id, sum
-	if rec.Created.IsZero() {
-		rec.Created = now().UTC()
-	}
-	if rec.Deadline.Before(rec.Created) || rec.Client == "" {
-		return nil, "", errors.New("a job needs a deadline after its creation, and a client identity")
-	}
 	hj := &HeldJob{jobs: js, rec: rec}
 	if err := js.storeNew(ctx, st, hj, cred); err != nil {
 		return nil, "", err
