@@ -63,7 +63,9 @@ func (f leaseFolder) key(epoch int, owner string) string {
 }
 
 // leaseKeyOf names the lease key of a saga's epoch for owner.
-func leaseKeyOf(saga string, epoch int, owner string) string { return sagaLeases(saga).key(epoch, owner) }
+func leaseKeyOf(saga string, epoch int, owner string) string {
+	return sagaLeases(saga).key(epoch, owner)
+}
 
 // ownerTag is owner as a key's name can hold it.
 func ownerTag(owner string) string {
