@@ -14,10 +14,11 @@ import (
 func TestJobSweepReadsOnlyWhatExpired(t *testing.T) {
 	t.Parallel()
 	bubble(t, func(t *testing.T) {
+		defer endHeld(t)
 		const kept, expired = 300, 5
 		mem := newMemStorage()
 		s := newCounting(mem)
-		js := NewJobs(s, zap.NewNop())
+		js := NewJobs(s, NewLeases(time.Minute), zap.NewNop())
 		ctx := context.Background()
 		for range expired {
 			hj, _ := mustStart(t, js, 3)
@@ -72,8 +73,9 @@ func TestJobSweepReadsOnlyWhatExpired(t *testing.T) {
 func TestJobSweepKeepsWhatItMustNotDelete(t *testing.T) {
 	t.Parallel()
 	bubble(t, func(t *testing.T) {
+		defer endHeld(t)
 		s := newMemStorage()
-		js := NewJobs(s, zap.NewNop())
+		js := NewJobs(s, NewLeases(time.Minute), zap.NewNop())
 		ctx := context.Background()
 		staged, err := js.Stage(ctx, time.Minute)
 		if err != nil {
@@ -131,8 +133,9 @@ func TestJobSweepKeepsWhatItMustNotDelete(t *testing.T) {
 func TestJobSweepFilesARunningJobAgain(t *testing.T) {
 	t.Parallel()
 	bubble(t, func(t *testing.T) {
+		defer endHeld(t)
 		s := newMemStorage()
-		js := NewJobs(s, zap.NewNop())
+		js := NewJobs(s, NewLeases(time.Minute), zap.NewNop())
 		ctx := context.Background()
 		hj, token := mustStart(t, js, 2)
 		id := hj.Record().ID

@@ -16,6 +16,7 @@ type HeldJob struct {
 	jobs  *Jobs
 	rec   *JobRecord
 	epoch int
+	lease *fencedLease
 	// page is the results page of the window being written, as stored
 	// (jobresults.go).
 	page resultsPage
@@ -27,8 +28,12 @@ func (hj *HeldJob) Record() *JobRecord { return hj.rec }
 // Epoch is the lease epoch the job is held under.
 func (hj *HeldJob) Epoch() int { return hj.epoch }
 
-// WriteProgress stores p as this epoch's progress.
+// WriteProgress stores p as this epoch's progress, once the lease is
+// proven: not at all once it is lost.
 func (hj *HeldJob) WriteProgress(ctx context.Context, p JobProgress) error {
+	if err := hj.fence(ctx); err != nil {
+		return err
+	}
 	p.Version = 1
 	b, err := json.Marshal(p)
 	if err != nil {
@@ -45,9 +50,11 @@ func (hj *HeldJob) WriteProgress(ctx context.Context, p JobProgress) error {
 // first (monitors see the end), then the expiry entry at Ended + ttl
 // (instead of the one at Deadline + ttl), the job-index entry renamed to the end state, the job-active and
 // job-clients entries removed (the quota freed), and last what the job
-// needs no more: its credentials, input and lease. The cancel mark and
-// the results stay for the monitors, until the job expires or is
-// removed.
+// needs no more: its credentials, input and lease (its renewals stopped
+// first). The cancel mark and the results stay for the monitors, until
+// the job expires or is removed. Once the final progress is stored, the
+// rest is written whether or not the lease still stands: the job ended,
+// and an owner that took it over meanwhile finds it so.
 func (hj *HeldJob) End(ctx context.Context, final JobProgress) error {
 	if !jobEnded(final.State) || final.Ended.IsZero() {
 		return fmt.Errorf("ending job %s as %q at %v: the end needs an end state and a time", hj.rec.ID, final.State, final.Ended)
@@ -71,6 +78,7 @@ func (hj *HeldJob) End(ctx context.Context, final JobProgress) error {
 		errs = append(errs, deleteKey(ctx, s, key))
 	}
 	errs = append(errs, deleteFolder(ctx, s, path.Join(jobDir(rec.ID), inputName)))
+	hj.lease.end("the job ended")
 	errs = append(errs, deleteLeases(ctx, s, rec.ID))
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("clearing job %s after its end: %w", rec.ID, err)

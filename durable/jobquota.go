@@ -96,7 +96,9 @@ func (js *Jobs) queued(ctx context.Context) (int, error) {
 // job (Register fills its id, version and token hash, and Created if
 // zero; Deadline must be set), cred the headers its requests forward. It
 // answers the job, held at epoch 0 and queued, and its token, which is
-// nowhere else: the client has it, the storage only its hash. Over a
+// nowhere else: the client has it, the storage only its hash. The job's
+// lease is this process's and renewed until the job ends or is released
+// (queued, it is released for whichever instance has room). Over a
 // quota it answers a *QuotaError and keeps the staging, for the caller
 // to discard.
 func (js *Jobs) Register(ctx context.Context, st *Staging, rec *JobRecord, cred http.Header, q Quota) (*HeldJob, string, error) {
@@ -119,20 +121,23 @@ func (js *Jobs) Register(ctx context.Context, st *Staging, rec *JobRecord, cred 
 	}
 	token, sum := newToken()
 	rec.Version, rec.ID, rec.TokenSHA256 = 1, st.id, sum
-	hj := &HeldJob{jobs: js, rec: rec}
-	if err := js.storeNew(ctx, st, hj, cred); err != nil {
+	start := now()
+	lease := leaseRecord(0, start.Add(js.leases.Length), 0)
+	if err := js.storeNew(ctx, st, rec, cred, lease); err != nil {
 		return nil, "", err
 	}
+	hj := &HeldJob{jobs: js, rec: rec, lease: holdLease(js.storage, js.leases, js.logger, jobLeases(rec.ID), 0, lease, start)}
 	return hj, token, nil
 }
 
-// storeNew writes a registered job's keys, the record before the indexes
-// that name it: a crash in between leaves a job the sweep finds by its
-// staging's expiry entry and deletes with everything that names it. The
-// job is then filed for its deadline + ttl (by then it has ended, or its
-// owners are long gone) instead of its staging's time.
-func (js *Jobs) storeNew(ctx context.Context, st *Staging, hj *HeldJob, cred http.Header) error {
-	s, rec := js.storage, hj.rec
+// storeNew writes a registered job's keys, its first progress (queued)
+// and lease (epoch 0, lease) before its record, and the record before
+// the indexes that name it: a crash in between leaves a job the sweep
+// finds by its staging's expiry entry and deletes with everything that
+// names it. The job is then filed for its deadline + ttl (by then it has
+// ended, or its owners are long gone) instead of its staging's time.
+func (js *Jobs) storeNew(ctx context.Context, st *Staging, rec *JobRecord, cred http.Header, lease []byte) error {
+	s := js.storage
 	cb, err := json.Marshal(storedCredentials{Version: 1, Header: cred})
 	if err != nil {
 		return err
@@ -140,8 +145,12 @@ func (js *Jobs) storeNew(ctx context.Context, st *Staging, hj *HeldJob, cred htt
 	if err := s.Store(ctx, jobKey(rec.ID, credentialsName), cb); err != nil {
 		return fmt.Errorf("storing the job's credentials: %w", err)
 	}
-	if err := hj.WriteProgress(ctx, JobProgress{State: JobQueued}); err != nil {
-		return err
+	pb, _ := json.Marshal(JobProgress{Version: 1, State: JobQueued})
+	if err := s.Store(ctx, progressKey(rec.ID, 0), pb); err != nil {
+		return fmt.Errorf("storing the job's progress: %w", err)
+	}
+	if err := s.Store(ctx, jobLeases(rec.ID).key(0, Owner()), lease); err != nil {
+		return fmt.Errorf("storing the job's lease: %w", err)
 	}
 	jb, err := json.Marshal(rec)
 	if err != nil {

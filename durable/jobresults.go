@@ -78,6 +78,9 @@ type resultsPage struct {
 // window's page is kept in memory until the next window's first append;
 // one taken over is read back from storage.
 func (hj *HeldJob) AppendResults(ctx context.Context, windowFirst int, items []batch.ItemResult) error {
+	if err := hj.fence(ctx); err != nil {
+		return err
+	}
 	p := &hj.page
 	if !p.loaded || p.head.First != windowFirst {
 		stored, err := loadPage(ctx, hj.jobs.storage, hj.rec.ID, windowFirst)

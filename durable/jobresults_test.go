@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"go.uber.org/zap"
@@ -53,7 +54,8 @@ func upTo(n int) []int {
 // and refuses a result that would leave a gap.
 func TestJobResultsLongestFinishedPrefix(t *testing.T) {
 	t.Parallel()
-	js := NewJobs(newMemStorage(), zap.NewNop())
+	defer endHeld(t)
+	js := NewJobs(newMemStorage(), NewLeases(time.Minute), zap.NewNop())
 	ctx := context.Background()
 	hj, token := mustStart(t, js, 12)
 	id := hj.Record().ID
@@ -85,7 +87,14 @@ func TestJobResultsLongestFinishedPrefix(t *testing.T) {
 		t.Error("a result past a full window's end was stored")
 	}
 	// Another instance carries window 8 on from what is stored.
-	next := &HeldJob{jobs: js, rec: hj.Record(), epoch: 1}
+	if err := hj.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	next, err := js.ClaimReleased(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.lease.end("the test ended")
 	if err := next.AppendResults(ctx, 8, createdRange(10, 1)); err == nil {
 		t.Error("a result that leaves a gap was stored")
 	}
@@ -101,7 +110,8 @@ func TestJobResultsLongestFinishedPrefix(t *testing.T) {
 // body_truncated; a shorter one stays as it was, JSON.
 func TestJobResultBodiesCutAt4KiB(t *testing.T) {
 	t.Parallel()
-	js := NewJobs(newMemStorage(), zap.NewNop())
+	defer endHeld(t)
+	js := NewJobs(newMemStorage(), NewLeases(time.Minute), zap.NewNop())
 	hj, token := mustStart(t, js, 3)
 	// "é" is two bytes: the 4 KiB boundary falls inside one.
 	long := `{"name":"` + "x" + strings.Repeat("é", 3000) + `"}`

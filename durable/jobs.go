@@ -122,14 +122,19 @@ type cancelMark struct {
 	By      string    `json:"by"`
 }
 
-// Jobs keeps the bulk jobs of one storage.
+// Jobs keeps the bulk jobs of one storage, those this process owns under
+// its leases.
 type Jobs struct {
 	storage Storage
+	leases  *Leases
 	logger  *zap.Logger
 }
 
-// NewJobs keeps jobs in s; logger hears of locks it could not release.
-func NewJobs(s Storage, logger *zap.Logger) *Jobs { return &Jobs{storage: s, logger: logger} }
+// NewJobs keeps jobs in s, owned under leases; logger hears of leases lost
+// and locks it could not release.
+func NewJobs(s Storage, leases *Leases, logger *zap.Logger) *Jobs {
+	return &Jobs{storage: s, leases: leases, logger: logger}
+}
 
 func jobDir(id string) string       { return path.Join(jobsPrefix, id) }
 func jobKey(id, name string) string { return path.Join(jobsPrefix, id, name) }

@@ -56,8 +56,31 @@ func startJob(t *testing.T, js *Jobs, n int, client string, q Quota) (*HeldJob, 
 	hj, token, err := js.Register(ctx, st, widgetsJob(n, client), http.Header{"Authorization": {"Bearer golden"}}, q)
 	if err != nil {
 		st.Discard(ctx)
+		return nil, "", err
 	}
-	return hj, token, err
+	held.Lock()
+	held.by[t] = append(held.by[t], hj)
+	held.Unlock()
+	return hj, token, nil
+}
+
+// held are the jobs each test started, whose leases renew until endHeld:
+// a lease left renewing keeps a bubble from ending (its Cleanup functions
+// run too late for that).
+var held = struct {
+	sync.Mutex
+	by map[*testing.T][]*HeldJob
+}{by: map[*testing.T][]*HeldJob{}}
+
+// endHeld stops renewing the leases of the jobs t started.
+func endHeld(t *testing.T) {
+	held.Lock()
+	jobs := held.by[t]
+	delete(held.by, t)
+	held.Unlock()
+	for _, hj := range jobs {
+		hj.lease.end("the test ended")
+	}
 }
 
 var roomy = Quota{PerClient: 100, Queued: 100}
@@ -102,7 +125,7 @@ func TestDiscardedStagingLeavesNothing(t *testing.T) {
 	t.Parallel()
 	s := newMemStorage()
 	ctx := context.Background()
-	st, err := NewJobs(s, zap.NewNop()).Stage(ctx, time.Hour)
+	st, err := NewJobs(s, NewLeases(time.Minute), zap.NewNop()).Stage(ctx, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,8 +149,9 @@ func TestDiscardedStagingLeavesNothing(t *testing.T) {
 func TestRacingRegistrationsOverQuota(t *testing.T) {
 	t.Parallel()
 	bubble(t, func(t *testing.T) {
+		defer endHeld(t)
 		s := newMemStorage()
-		js := NewJobs(s, zap.NewNop())
+		js := NewJobs(s, NewLeases(time.Minute), zap.NewNop())
 		mustStart(t, js, 1) // the client's first job
 		one := Quota{PerClient: 2, Queued: 16}
 		var wg sync.WaitGroup
@@ -176,8 +200,9 @@ func TestRacingRegistrationsOverQuota(t *testing.T) {
 // It is stored nowhere, in no form: only its hash is.
 func TestJobTokenIsTheOnlyKey(t *testing.T) {
 	t.Parallel()
+	defer endHeld(t)
 	s := newMemStorage()
-	js := NewJobs(s, zap.NewNop())
+	js := NewJobs(s, NewLeases(time.Minute), zap.NewNop())
 	ctx := context.Background()
 	hj, token := mustStart(t, js, 3)
 	other, otherToken := mustStart(t, js, 1)
@@ -246,7 +271,8 @@ func statusJSON(t *testing.T, st *JobStatus) map[string]any {
 func TestJobStatusStates(t *testing.T) {
 	t.Parallel()
 	bubble(t, func(t *testing.T) {
-		js := NewJobs(newMemStorage(), zap.NewNop())
+		defer endHeld(t)
+		js := NewJobs(newMemStorage(), NewLeases(time.Minute), zap.NewNop())
 		ctx := context.Background()
 		hj, token := mustStart(t, js, 4)
 		id := hj.Record().ID
@@ -325,8 +351,9 @@ func TestJobProgressTally(t *testing.T) {
 func TestJobCancel(t *testing.T) {
 	t.Parallel()
 	bubble(t, func(t *testing.T) {
+		defer endHeld(t)
 		s := newMemStorage()
-		js := NewJobs(s, zap.NewNop())
+		js := NewJobs(s, NewLeases(time.Minute), zap.NewNop())
 		ctx := context.Background()
 		one := Quota{PerClient: 1, Queued: 16}
 
@@ -335,6 +362,13 @@ func TestJobCancel(t *testing.T) {
 			t.Fatal(err)
 		}
 		id := queued.Record().ID
+		// Being started, its lease held: left to its owner.
+		if st, err := js.Cancel(ctx, id, token, "client"); err != nil || st.State != JobCancelling {
+			t.Fatalf("cancelled while being started: %+v, %v; want it left to its owner", st, err)
+		}
+		if err := queued.Release(ctx); err != nil { // put in the queue
+			t.Fatal(err)
+		}
 		st, err := js.Cancel(ctx, id, token, "client")
 		if err != nil || st.State != JobCancelled || st.Ended == nil || st.Outcome != "" {
 			t.Fatalf("cancelled while queued: %+v, %v; want it cancelled at once", st, err)
@@ -387,8 +421,9 @@ func TestJobCancel(t *testing.T) {
 func TestJobRemove(t *testing.T) {
 	t.Parallel()
 	bubble(t, func(t *testing.T) {
+		defer endHeld(t)
 		s := newMemStorage()
-		js := NewJobs(s, zap.NewNop())
+		js := NewJobs(s, NewLeases(time.Minute), zap.NewNop())
 		ctx := context.Background()
 		hj, token := mustStart(t, js, 4)
 		id := hj.Record().ID

@@ -27,7 +27,8 @@ import (
 //
 //   - job goldenRunningJob: a partial create of 3 widgets (chunks at 0
 //     and 2), running, item 0 and 1 done and their results stored
-//     (window 0), cancelled by its client and not ended yet;
+//     (window 0), cancelled by its client and not ended yet, its lease
+//     (epoch 0) released by an instance that stopped;
 //   - job goldenEndedJob: a partial create of one widget, whose answer's
 //     body was over 4 KiB, ended succeeded.
 const (
@@ -44,10 +45,10 @@ var goldenJobTokens = map[string]string{
 
 // goldenJobs stores the golden jobs in s, and answers what to replace in
 // what it stored to make the golden files: each job's id and token hash
-// by the golden ones.
+// by the golden ones, and this process's owner name by goldenOwner.
 func goldenJobs(t *testing.T, s Storage) (replace []string) {
 	t.Helper()
-	js := NewJobs(s, zap.NewNop())
+	js := NewJobs(s, NewLeases(time.Minute), zap.NewNop())
 	ctx := context.Background()
 	quota := Quota{PerClient: 2, Queued: 16}
 
@@ -98,7 +99,12 @@ func goldenJobs(t *testing.T, s Storage) (replace []string) {
 	if err := ended.End(ctx, p); err != nil {
 		t.Fatal(err)
 	}
-	return replace
+	// The running job's instance stops: its lease released.
+	time.Sleep(time.Second)
+	if err := running.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return append(replace, Owner(), goldenOwner)
 }
 
 // goldenStored is every key of s and its value, the golden replacements
@@ -138,6 +144,7 @@ func goldenFiles(t *testing.T, dir string) map[string]string {
 func TestJobsWriteStoredV1(t *testing.T) {
 	t.Parallel()
 	bubble(t, func(t *testing.T) {
+		defer endHeld(t)
 		s := newMemStorage()
 		got := goldenStored(s, goldenJobs(t, s))
 		want := goldenFiles(t, goldenJobsDir)
@@ -158,8 +165,9 @@ func TestJobsWriteStoredV1(t *testing.T) {
 func TestStoredV1JobsStillRead(t *testing.T) {
 	t.Parallel()
 	bubble(t, func(t *testing.T) {
+		defer endHeld(t)
 		s := storedFrom(t, goldenJobsDir)
-		js := NewJobs(s, zap.NewNop())
+		js := NewJobs(s, NewLeases(time.Minute), zap.NewNop())
 		ctx := context.Background()
 		runningToken, endedToken := goldenJobTokens[goldenRunningJob], goldenJobTokens[goldenEndedJob]
 
@@ -174,13 +182,20 @@ func TestStoredV1JobsStillRead(t *testing.T) {
 		if err != nil || rec.Key != "golden-job" || rec.Client != goldenClient || rec.Origin.Host != "example.com" || rec.JobsPath != "/api/jobs" {
 			t.Fatalf("the running job's record %+v, %v", rec, err)
 		}
-		hj := &HeldJob{jobs: js, rec: rec, epoch: 1}
+		// Released: another instance takes it at once.
+		hj, err := js.ClaimReleased(ctx, goldenRunningJob)
+		if err != nil || hj.Epoch() != 1 {
+			t.Fatalf("claiming the released job: %v", err)
+		}
 		chunk, err := hj.ReadChunk(ctx, 2)
 		if err != nil || len(chunk) != 1 || string(chunk[0].Element) != `{"name":"w2"}` {
 			t.Errorf("the running job's chunk at 2: %+v, %v", chunk, err)
 		}
 		if cred, err := hj.Credentials(ctx); err != nil || cred.Get("Authorization") != "Bearer golden" {
 			t.Errorf("the running job's credentials %v, %v", cred, err)
+		}
+		if err := hj.Release(ctx); err != nil {
+			t.Fatal(err)
 		}
 
 		st, err = js.Status(ctx, goldenEndedJob, endedToken)

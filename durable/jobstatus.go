@@ -89,10 +89,10 @@ func (js *Jobs) Cancel(ctx context.Context, id, token, by string) (*JobStatus, e
 	return v.status(), nil
 }
 
-// cancelQueued ends a queued job that nothing was written for, under the
-// lock a claim of it takes, so that no instance starts it meanwhile: the
-// claim that comes after reads it ended. The end is written at the next
-// epoch, which a claim would have taken.
+// cancelQueued ends a queued job that nothing was written for: it claims
+// the job's released lease, as an instance that would run it does, and
+// ends it under the next epoch. A job whose lease is not released (being
+// started, or run) is left to its owner, who sees the mark.
 func (js *Jobs) cancelQueued(ctx context.Context, v *jobView) (*JobStatus, error) {
 	name := jobLock(v.rec.ID)
 	lctx, cancel := context.WithTimeout(ctx, sweepLockWait)
@@ -109,9 +109,15 @@ func (js *Jobs) cancelQueued(ctx context.Context, v *jobView) (*JobStatus, error
 	if err != nil || v.progress.State != JobQueued || v.progress.Done != 0 {
 		return statusOf(v, err)
 	}
+	held, err := js.claimReleased(ctx, v.rec)
+	if errors.Is(err, ErrJobHeld) {
+		return v.status(), nil
+	}
+	if err != nil {
+		return nil, err
+	}
 	end := v.progress
 	end.State, end.Outcome, end.Ended = JobCancelled, "", now().UTC()
-	held := &HeldJob{jobs: js, rec: v.rec, epoch: v.epoch + 1}
 	if err := held.End(ctx, end); err != nil {
 		return nil, err
 	}
