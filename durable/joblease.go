@@ -28,9 +28,10 @@ func jobLeases(id string) leaseFolder {
 	return leaseFolder{dir: jobDir(id), guard: jobKey(id, jobName), what: "job"}
 }
 
-// ErrJobHeld refuses the claim of a job whose lease is not released:
-// its owner runs it, or is starting it. The next scan looks again.
-var ErrJobHeld = errors.New("the job's lease is held by its owner, not released")
+// ErrJobHeld refuses the claim of a job whose lease is not released: its
+// owner runs it or is starting it (the next scan looks again), or the
+// job ended.
+var ErrJobHeld = errors.New("the job's lease is not released: its owner holds it, or the job ended")
 
 // releasedRecord is the bytes of a released lease of epoch: standing
 // until now, for nobody.
