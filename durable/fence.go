@@ -253,37 +253,44 @@ func (e *lostLease) Error() string { return e.why }
 // lease, must still be there). A *lostLease says the lease is lost; any
 // other error leaves it unproven.
 func (js *Journals) renewLease(ctx context.Context, saga string, epoch int, prev, next []byte) error {
-	return renewFolderLease(ctx, js.storage, sagaLeases(saga), epoch, prev, next)
+	_, err := renewFolderLease(ctx, js.storage, sagaLeases(saga), epoch, prev, next)
+	return err
 }
 
-// renewFolderLease is renewLease in the lease folder f: the release of a
-// lease too, whose next says it is released.
-func renewFolderLease(ctx context.Context, s Storage, f leaseFolder, epoch int, prev, next []byte) error {
+// renewFolderLease is renewLease in the lease folder f (the release of a
+// lease too, whose next says it is released); it answers the names the
+// folder listed, which show what else is there (a job's cancel mark) at
+// no extra cost.
+func renewFolderLease(ctx context.Context, s Storage, f leaseFolder, epoch int, prev, next []byte) ([]string, error) {
 	key := f.key(epoch, Owner())
 	if lr, ok := s.(LeaseRenewer); ok {
-		if err := renewFolderAtOnce(ctx, lr, f, epoch, key, prev, next); !errors.Is(err, ErrUndecidable) {
-			return err
+		if names, err := renewFolderAtOnce(ctx, lr, f, epoch, key, prev, next); !errors.Is(err, ErrUndecidable) {
+			return names, err
 		}
 	}
 	if prev != nil {
 		b, err := s.Load(ctx, key)
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
-			return f.leaseGone()
+			return nil, f.leaseGone()
 		case err != nil:
-			return err
+			return nil, err
 		case !bytes.Equal(b, prev):
-			return &lostLease{fmt.Sprintf("another instance wrote the %s's lease", f.what), true}
+			return nil, &lostLease{fmt.Sprintf("another instance wrote the %s's lease", f.what), true}
 		}
 	} else if _, err := s.Modified(ctx, f.guard); errors.Is(err, fs.ErrNotExist) {
-		return f.guardGone()
+		return nil, f.guardGone()
 	} else if err != nil {
-		return err
+		return nil, err
 	}
 	if err := s.Store(ctx, key, next); err != nil {
-		return err
+		return nil, err
 	}
-	return outrankedIn(ctx, s, f, epoch, key)
+	names, err := listNames(ctx, s, f.dir)
+	if err != nil {
+		return nil, err
+	}
+	return names, outranks(names, epoch, key)
 }
 
 func (f leaseFolder) leaseGone() *lostLease {
@@ -317,11 +324,13 @@ var (
 // renewAtOnce is renewLease on a LeaseRenewer: the same checks, in one
 // call.
 func renewAtOnce(ctx context.Context, lr LeaseRenewer, saga string, epoch int, key string, prev, next []byte) error {
-	return renewFolderAtOnce(ctx, lr, sagaLeases(saga), epoch, key, prev, next)
+	_, err := renewFolderAtOnce(ctx, lr, sagaLeases(saga), epoch, key, prev, next)
+	return err
 }
 
-// renewFolderAtOnce is renewAtOnce in the lease folder f.
-func renewFolderAtOnce(ctx context.Context, lr LeaseRenewer, f leaseFolder, epoch int, key string, prev, next []byte) error {
+// renewFolderAtOnce is renewAtOnce in the lease folder f, answering the
+// names the folder listed.
+func renewFolderAtOnce(ctx context.Context, lr LeaseRenewer, f leaseFolder, epoch int, key string, prev, next []byte) ([]string, error) {
 	guard := ""
 	if prev == nil {
 		guard = f.guard
@@ -329,26 +338,15 @@ func renewFolderAtOnce(ctx context.Context, lr LeaseRenewer, f leaseFolder, epoc
 	names, err := lr.RenewLease(ctx, key, prev, guard, next)
 	switch {
 	case errors.Is(err, ErrKeyGone) && prev != nil:
-		return f.leaseGone()
+		return nil, f.leaseGone()
 	case errors.Is(err, ErrKeyGone):
-		return f.guardGone()
+		return nil, f.guardGone()
 	case errors.Is(err, ErrKeyChanged):
-		return &lostLease{fmt.Sprintf("another instance wrote the %s's lease", f.what), true}
+		return nil, &lostLease{fmt.Sprintf("another instance wrote the %s's lease", f.what), true}
 	case err != nil:
-		return err
+		return nil, err
 	}
-	return outranks(names, epoch, key)
-}
-
-// outrankedIn returns a *lostLease when the lease folder f holds a lease
-// key of a higher epoch than epoch, or another key of the same epoch
-// than mine.
-func outrankedIn(ctx context.Context, s Storage, f leaseFolder, epoch int, mine string) error {
-	names, err := listNames(ctx, s, f.dir)
-	if err != nil {
-		return err
-	}
-	return outranks(names, epoch, mine)
+	return names, outranks(names, epoch, key)
 }
 
 // outranks is outranked over a folder listed as names.

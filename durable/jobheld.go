@@ -48,10 +48,10 @@ func (hj *HeldJob) WriteProgress(ctx context.Context, p JobProgress) error {
 // End ends the job with final (its state one a job ends in, Ended set),
 // in an order a crash at any point leaves sweepable: the final progress
 // first (monitors see the end), then the expiry entry at Ended + ttl
-// (instead of the one at Deadline + ttl), the job-index entry renamed to the end state, the job-active and
-// job-clients entries removed (the quota freed), and last what the job
-// needs no more: its credentials, input and lease (its renewals stopped
-// first). The cancel mark and the results stay for the monitors, until
+// (instead of the one at Deadline + ttl), the job-index entry renamed to
+// the end state, the job-active and job-clients entries removed (the
+// quota freed), and last what the job needs no more: its credentials,
+// input and lease (its renewals stopped first). The cancel mark and the results stay for the monitors, until
 // the job expires or is removed. Once the final progress is stored, the
 // rest is written whether or not the lease still stands: the job ended,
 // and an owner that took it over meanwhile finds it so.

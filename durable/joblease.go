@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -60,7 +61,9 @@ type fencedLease struct {
 	// stored is what this process last stored at its lease key.
 	stored   []byte
 	renewals int
-	stop     func()
+	// listed is what the folder held at the last renewal.
+	listed []string
+	stop   func()
 }
 
 // holdLease starts renewing the lease of epoch this process stored as
@@ -86,7 +89,7 @@ func (l *fencedLease) renew() {
 	l.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), l.length/3)
 	defer cancel()
-	err := renewFolderLease(ctx, l.storage, l.folder, l.epoch, prev, next)
+	names, err := renewFolderLease(ctx, l.storage, l.folder, l.epoch, prev, next)
 	var lost *lostLease
 	switch {
 	case errors.As(err, &lost):
@@ -96,7 +99,7 @@ func (l *fencedLease) renew() {
 		l.logger.Warn("renewing a job's lease in storage; it writes nothing until a renewal proves it", zap.String("dir", l.folder.dir), zap.Error(err))
 	default:
 		l.mu.Lock()
-		l.stored = next
+		l.stored, l.listed = next, names
 		l.mu.Unlock()
 		if !l.prove(start) {
 			l.logger.Warn("a renewal of a job's lease did not prove it (too slow, or it lapsed meanwhile)", zap.String("dir", l.folder.dir), zap.Duration("took", now().Sub(start)))
@@ -122,10 +125,19 @@ func (l *fencedLease) release(ctx context.Context) error {
 	l.renewals++
 	next := releasedRecord(l.epoch, l.renewals)
 	l.mu.Unlock()
-	if err := renewFolderLease(ctx, l.storage, l.folder, l.epoch, prev, next); err != nil {
+	if _, err := renewFolderLease(ctx, l.storage, l.folder, l.epoch, prev, next); err != nil {
 		return fmt.Errorf("releasing the lease of %s: %w", l.folder.dir, err)
 	}
 	return nil
+}
+
+// CancelAsked reports whether the job's last renewal listed a cancel
+// mark: a cancel is seen within a third of the lease, at no extra
+// storage call.
+func (hj *HeldJob) CancelAsked() bool {
+	hj.lease.mu.Lock()
+	defer hj.lease.mu.Unlock()
+	return slices.Contains(hj.lease.listed, cancelName)
 }
 
 // Release gives the job up, for another instance (or this one) to claim

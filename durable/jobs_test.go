@@ -404,6 +404,15 @@ func TestJobCancel(t *testing.T) {
 		if found, err := loadJSON(ctx, s, jobKey(id, cancelName), &mark); !found || err != nil || mark.By != "client" || mark.Version != 1 {
 			t.Errorf("cancel mark %+v (%v, %v)", mark, found, err)
 		}
+		// The owner sees it at its next renewal: within a third of the
+		// lease.
+		if running.CancelAsked() {
+			t.Error("the owner saw the cancel before its next renewal")
+		}
+		time.Sleep(time.Minute/3 + time.Second)
+		if !running.CancelAsked() {
+			t.Error("the owner did not see the cancel at its next renewal")
+		}
 
 		ended, token := mustStart(t, js, 1)
 		endJob(t, ended)

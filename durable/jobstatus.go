@@ -67,7 +67,7 @@ func (js *Jobs) Status(ctx context.Context, id, token string) (*JobStatus, error
 
 // Cancel marks the job id cancelled, by "client" or "admin", and answers
 // its status. The owner of a running job sees the mark at its next
-// renewal and ends it; a queued job nothing was written for ends
+// renewal (HeldJob.CancelAsked) and ends it; a queued job nothing was written for ends
 // cancelled at once, since nobody would otherwise. An ended job is left
 // as it is (its monitor removes it instead), and a second cancel changes
 // nothing.
