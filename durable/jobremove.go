@@ -30,3 +30,19 @@ func (js *Jobs) Remove(ctx context.Context, id, token string) error {
 	}
 	return nil
 }
+
+// Abandon deletes a job just registered whose start was refused after
+// all (its first request answered 401, 403 or 407): nothing of it stays,
+// the record last, then its expiry entry. Its lease ends first, so that
+// no renewal writes it again.
+func (hj *HeldJob) Abandon(ctx context.Context) error {
+	hj.lease.end("the job's start was refused")
+	s, rec := hj.jobs.storage, hj.rec
+	if err := deleteJob(ctx, s, rec, jobIndexActive); err != nil {
+		return err
+	}
+	if err := deleteKey(ctx, s, jobExpiryKey(rec.ID, rec.lapses(), rec.TTL)); err != nil {
+		return fmt.Errorf("deleting the expiry entry of job %s: %w", rec.ID, err)
+	}
+	return nil
+}

@@ -21,11 +21,12 @@ import (
 // Bulk jobs (docs/durability.md, "Bulk jobs in storage"): a batch that
 // outlives its request, kept in storage so that any instance can carry it
 // on and answer its monitors. Every value stored is JSON, or JSON Lines
-// under a first line, carrying "v":1:
+// under a first line, carrying "v":1 (but the lease, a journal's Lease):
 //
 //	batch/v1/jobs/<id>/job                   JobRecord, written once
 //	batch/v1/jobs/<id>/credentials           the forwarded headers; deleted at the end
 //	batch/v1/jobs/<id>/cancel                the cancel mark
+//	batch/v1/jobs/<id>/lease[.<epoch>.<tag>] the fenced lease (joblease.go)
 //	batch/v1/jobs/<id>/progress.<epoch>      JobProgress, by that epoch's owner only
 //	batch/v1/jobs/<id>/input/<first %08d>    a chunk of the items as sent
 //	batch/v1/jobs/<id>/results/<first %08d>  a window's result lines, in request order

@@ -425,6 +425,31 @@ func TestJobCancel(t *testing.T) {
 	})
 }
 
+// A start refused after its registration (its first request answered
+// 401) leaves nothing.
+func TestAbandonedJobLeavesNothing(t *testing.T) {
+	t.Parallel()
+	bubble(t, func(t *testing.T) {
+		defer endHeld(t)
+		s := newMemStorage()
+		js := NewJobs(s, NewLeases(time.Minute), zap.NewNop())
+		hj, token := mustStart(t, js, 5)
+		if err := hj.Abandon(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if left := s.keysUnder("batch"); len(left) != 0 {
+			t.Errorf("an abandoned job left %v", left)
+		}
+		if _, err := js.Status(context.Background(), hj.Record().ID, token); !errors.Is(err, ErrUnknownJob) {
+			t.Errorf("an abandoned job's status: %v", err)
+		}
+		time.Sleep(time.Hour) // no renewal writes its lease again
+		if left := s.keysUnder("batch"); len(left) != 0 {
+			t.Errorf("an abandoned job's lease came back: %v", left)
+		}
+	})
+}
+
 // Remove refuses a job not ended; an ended one goes whole, with its
 // index and expiry entries, and is unknown after.
 func TestJobRemove(t *testing.T) {
