@@ -251,7 +251,7 @@ func (js *Jobs) open(ctx context.Context, id, token string) (*jobView, error) {
 	return v, nil
 }
 
-// view reads a job's latest progress: one listing of its folder, which
+// viewJob reads a job's latest progress: one listing of its folder, which
 // also shows the cancel mark, and one load.
 func viewJob(ctx context.Context, s Storage, rec *JobRecord) (*jobView, error) {
 	names, err := listNames(ctx, s, jobDir(rec.ID))
