@@ -5,7 +5,8 @@
 // the one way to take a storage lock, item locks held in the storage, the
 // saga journal (docs/durability.md, "Durability: the saga journal"), the
 // Idempotency-Key records and the decision of a claim (docs/durability.md,
-// "Idempotency-Key replay"), and the recovery scan that takes over the
+// "Idempotency-Key replay"), the bulk jobs' store (docs/durability.md,
+// "Bulk jobs in storage"), and the recovery scan that takes over the
 // sagas of dead owners and the sweeps of what is left behind. The
 // gateway adapts its storage to Storage, fills a saga's Origin, turns a
 // claim's Decision into an answer, and finishes a taken-over saga.

@@ -100,24 +100,40 @@ type Swept struct {
 	Elsewhere bool
 	// Buckets is how many passed buckets were swept.
 	Buckets int
-	// Deleted records expired; Kept were found not expired (filed again
-	// under their new expiry) or unreadable (left to the build that
-	// reads them); Indexed were written by a build without the index.
+	// Deleted records (or jobs) expired; Kept were found not expired
+	// (filed again under their new expiry) or unreadable (left to the
+	// build that reads them); Indexed were written by a build without
+	// the index.
 	Deleted, Kept, Indexed int
 }
 
-// Sweeper deletes the expired Idempotency-Key records of a storage, one
-// instance of a cluster at a time. It belongs to one config's app.
+// Sweeper deletes what expired under one expiry index of a storage (the
+// Idempotency-Key records', or the jobs'), one instance of a cluster at a
+// time. It belongs to one config's app.
 type Sweeper struct {
 	storage Storage
 	logger  *zap.Logger
+	index   expiryIndex
 	// unindexedNext is when the records a build without the index
 	// wrote are next looked for (indexUnindexedDue).
 	unindexedNext time.Time
 }
 
-// NewSweeper sweeps storage; logger hears of locks it could not release.
-func NewSweeper(s Storage, logger *zap.Logger) *Sweeper { return &Sweeper{storage: s, logger: logger} }
+// expiryIndex is what a Sweeper sweeps: the index's folder, what it does
+// with each entry of a passed bucket, and whether it looks for what a
+// build without the index wrote (the Idempotency-Key records, which
+// predate theirs).
+type expiryIndex struct {
+	prefix    string
+	sweep     func(sw *Sweeper, ctx context.Context, entry string, at time.Time, out *Swept) error
+	unindexed bool
+}
+
+// NewSweeper sweeps the Idempotency-Key records of storage; logger hears
+// of locks it could not release.
+func NewSweeper(s Storage, logger *zap.Logger) *Sweeper {
+	return &Sweeper{storage: s, logger: logger, index: expiryIndex{prefix: expiryPrefix, sweep: (*Sweeper).sweepEntry, unindexed: true}}
+}
 
 // unlockFailed logs a storage lock the sweep could not release (it
 // lapses on its own: Redis's in 5 s, the file system's in 10 s).
@@ -128,9 +144,9 @@ func (sw *Sweeper) unlockFailed(name string) func(error) {
 }
 
 // Sweep deletes what expired by at, if no other instance is sweeping:
-// the records filed under buckets that ended by then. Once a day for
-// the cluster, a sweep also indexes the records written by a build that
-// kept no index, so that they expire too.
+// what is filed under buckets that ended by then. Once a day for the
+// cluster, the Idempotency-Key records' sweep also indexes the records
+// written by a build that kept no index, so that they expire too.
 func (sw *Sweeper) Sweep(ctx context.Context, at time.Time) (Swept, error) {
 	// One try: a storage that cannot try a lock is given a moment in
 	// Lock (the Redis module's tries at once, then waits a second).
@@ -146,9 +162,12 @@ func (sw *Sweeper) Sweep(ctx context.Context, at time.Time) (Swept, error) {
 	defer unlock()
 	var done Swept
 	var errs []error
-	n, err := sw.indexUnindexedDue(ctx, at)
-	done.Indexed = n
-	errs = append(errs, err, sw.sweepBuckets(ctx, at, &done))
+	if sw.index.unindexed {
+		n, err := sw.indexUnindexedDue(ctx, at)
+		done.Indexed = n
+		errs = append(errs, err)
+	}
+	errs = append(errs, sw.sweepBuckets(ctx, at, &done))
 	return done, errors.Join(errs...)
 }
 
@@ -196,9 +215,9 @@ func (sw *Sweeper) indexUnindexedDue(ctx context.Context, at time.Time) (int, er
 
 // sweepBuckets sweeps each bucket that ended by at, oldest first.
 func (sw *Sweeper) sweepBuckets(ctx context.Context, at time.Time, out *Swept) error {
-	buckets, err := listNames(ctx, sw.storage, expiryPrefix)
+	buckets, err := listNames(ctx, sw.storage, sw.index.prefix)
 	if err != nil {
-		return fmt.Errorf("listing the expiry index: %w", err)
+		return fmt.Errorf("listing the expiry index %s: %w", sw.index.prefix, err)
 	}
 	slices.Sort(buckets)
 	var errs []error
@@ -211,12 +230,12 @@ func (sw *Sweeper) sweepBuckets(ctx context.Context, at time.Time, out *Swept) e
 			return errors.Join(append(errs, ctx.Err())...)
 		}
 		out.Buckets++
-		errs = append(errs, sw.sweepBucket(ctx, path.Join(expiryPrefix, b), at, out))
+		errs = append(errs, sw.sweepBucket(ctx, path.Join(sw.index.prefix, b), at, out))
 	}
 	return errors.Join(errs...)
 }
 
-// sweepBucket sweeps the records filed under one passed bucket, paced,
+// sweepBucket sweeps the entries filed under one passed bucket, paced,
 // and removes the bucket's emptied folder.
 func (sw *Sweeper) sweepBucket(ctx context.Context, bucket string, at time.Time, out *Swept) error {
 	names, err := listNames(ctx, sw.storage, bucket)
@@ -232,7 +251,7 @@ func (sw *Sweeper) sweepBucket(ctx context.Context, bucket string, at time.Time,
 			return errors.Join(append(errs, ctx.Err())...)
 		case <-pace.C:
 		}
-		errs = append(errs, sw.sweepEntry(ctx, path.Join(bucket, name), at, out))
+		errs = append(errs, sw.index.sweep(sw, ctx, path.Join(bucket, name), at, out))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err

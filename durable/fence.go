@@ -39,12 +39,32 @@ import (
 // so of a renewal and a takeover that race, at least one sees the
 // other's write.
 
-// leaseKeyOf names the lease key of epoch for owner.
-func leaseKeyOf(saga string, epoch int, owner string) string {
+// leaseFolder is a folder holding a fenced lease among its other keys: a
+// saga's journal folder, or a job's (docs/durability.md, "Bulk jobs in
+// storage"); the same rules fence both. guard is the key a first renewal
+// of epoch 0 must still find (the journal's intent, the job's record):
+// gone, the storage lost what the lease is for. what names it in the
+// reasons of a lost lease.
+type leaseFolder struct {
+	dir, guard, what string
+}
+
+// sagaLeases is the lease folder of a saga's journal.
+func sagaLeases(saga string) leaseFolder {
+	return leaseFolder{dir: journalDir(saga), guard: segmentKey(saga, 0), what: "saga"}
+}
+
+// key names the folder's lease key of epoch for owner.
+func (f leaseFolder) key(epoch int, owner string) string {
 	if epoch == 0 {
-		return leaseKey(saga)
+		return path.Join(f.dir, leaseName)
 	}
-	return path.Join(journalPrefix, saga, fmt.Sprintf("%s.%08d.%s", leaseName, epoch, ownerTag(owner)))
+	return path.Join(f.dir, fmt.Sprintf("%s.%08d.%s", leaseName, epoch, ownerTag(owner)))
+}
+
+// leaseKeyOf names the lease key of a saga's epoch for owner.
+func leaseKeyOf(saga string, epoch int, owner string) string {
+	return sagaLeases(saga).key(epoch, owner)
 }
 
 // ownerTag is owner as a key's name can hold it.
@@ -233,31 +253,53 @@ func (e *lostLease) Error() string { return e.why }
 // lease, must still be there). A *lostLease says the lease is lost; any
 // other error leaves it unproven.
 func (js *Journals) renewLease(ctx context.Context, saga string, epoch int, prev, next []byte) error {
-	key := leaseKeyOf(saga, epoch, Owner())
-	if lr, ok := js.storage.(LeaseRenewer); ok {
-		if err := renewAtOnce(ctx, lr, saga, epoch, key, prev, next); !errors.Is(err, ErrUndecidable) {
-			return err
+	_, err := renewFolderLease(ctx, js.storage, sagaLeases(saga), epoch, prev, next)
+	return err
+}
+
+// renewFolderLease is renewLease in the lease folder f (the release of a
+// lease too, whose next says it is released); it answers the names the
+// folder listed, which show what else is there (a job's cancel mark) at
+// no extra cost.
+func renewFolderLease(ctx context.Context, s Storage, f leaseFolder, epoch int, prev, next []byte) ([]string, error) {
+	key := f.key(epoch, Owner())
+	if lr, ok := s.(LeaseRenewer); ok {
+		if names, err := renewFolderAtOnce(ctx, lr, f, epoch, key, prev, next); !errors.Is(err, ErrUndecidable) {
+			return names, err
 		}
 	}
 	if prev != nil {
-		b, err := js.storage.Load(ctx, key)
+		b, err := s.Load(ctx, key)
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
-			return &lostLease{why: "the saga's lease is gone from storage (the storage lost it, or an operator deleted it)"}
+			return nil, f.leaseGone()
 		case err != nil:
-			return err
+			return nil, err
 		case !bytes.Equal(b, prev):
-			return &lostLease{"another instance wrote the saga's lease", true}
+			return nil, &lostLease{fmt.Sprintf("another instance wrote the %s's lease", f.what), true}
 		}
-	} else if _, err := js.storage.Modified(ctx, segmentKey(saga, 0)); errors.Is(err, fs.ErrNotExist) {
-		return &lostLease{why: "the saga's journal is gone from storage (the storage lost it, or an operator deleted it)"}
+	} else if _, err := s.Modified(ctx, f.guard); errors.Is(err, fs.ErrNotExist) {
+		return nil, f.guardGone()
 	} else if err != nil {
-		return err
+		return nil, err
 	}
-	if err := js.storage.Store(ctx, key, next); err != nil {
-		return err
+	if err := s.Store(ctx, key, next); err != nil {
+		return nil, err
 	}
-	return js.outranked(ctx, saga, epoch, key)
+	names, err := listNames(ctx, s, f.dir)
+	if err != nil {
+		return nil, err
+	}
+	return names, outranks(names, epoch, key)
+}
+
+func (f leaseFolder) leaseGone() *lostLease {
+	return &lostLease{why: fmt.Sprintf("the %s's lease is gone from storage (the storage lost it, or an operator deleted it)", f.what)}
+}
+
+func (f leaseFolder) guardGone() *lostLease {
+	record := map[string]string{"saga": "journal", "job": "record"}[f.what]
+	return &lostLease{why: fmt.Sprintf("the %s's %s is gone from storage (the storage lost it, or an operator deleted it)", f.what, record)}
 }
 
 // LeaseRenewer is a storage that renews a lease in one call, at once
@@ -282,33 +324,29 @@ var (
 // renewAtOnce is renewLease on a LeaseRenewer: the same checks, in one
 // call.
 func renewAtOnce(ctx context.Context, lr LeaseRenewer, saga string, epoch int, key string, prev, next []byte) error {
+	_, err := renewFolderAtOnce(ctx, lr, sagaLeases(saga), epoch, key, prev, next)
+	return err
+}
+
+// renewFolderAtOnce is renewAtOnce in the lease folder f, answering the
+// names the folder listed.
+func renewFolderAtOnce(ctx context.Context, lr LeaseRenewer, f leaseFolder, epoch int, key string, prev, next []byte) ([]string, error) {
 	guard := ""
 	if prev == nil {
-		guard = segmentKey(saga, 0)
+		guard = f.guard
 	}
 	names, err := lr.RenewLease(ctx, key, prev, guard, next)
 	switch {
 	case errors.Is(err, ErrKeyGone) && prev != nil:
-		return &lostLease{why: "the saga's lease is gone from storage (the storage lost it, or an operator deleted it)"}
+		return nil, f.leaseGone()
 	case errors.Is(err, ErrKeyGone):
-		return &lostLease{why: "the saga's journal is gone from storage (the storage lost it, or an operator deleted it)"}
+		return nil, f.guardGone()
 	case errors.Is(err, ErrKeyChanged):
-		return &lostLease{"another instance wrote the saga's lease", true}
+		return nil, &lostLease{fmt.Sprintf("another instance wrote the %s's lease", f.what), true}
 	case err != nil:
-		return err
+		return nil, err
 	}
-	return outranks(names, epoch, key)
-}
-
-// outranked returns a *lostLease when the saga's folder holds a lease
-// key of a higher epoch than epoch, or another key of the same epoch
-// than mine.
-func (js *Journals) outranked(ctx context.Context, saga string, epoch int, mine string) error {
-	names, err := listNames(ctx, js.storage, journalDir(saga))
-	if err != nil {
-		return err
-	}
-	return outranks(names, epoch, mine)
+	return names, outranks(names, epoch, key)
 }
 
 // outranks is outranked over a folder listed as names.
@@ -331,9 +369,9 @@ func leaseRecord(epoch int, until time.Time, n int) []byte {
 	return b
 }
 
-// leaseView is a saga's lease as found in storage: the names in its
-// journal's folder, the key of its highest epoch and what is stored
-// there (no key: the lease is the intent's).
+// leaseView is a lease as found in storage: the names in its lease
+// folder, the key of its highest epoch and what is stored there (no key:
+// a saga's lease is its intent's).
 type leaseView struct {
 	names []string
 	epoch int
@@ -342,10 +380,15 @@ type leaseView struct {
 }
 
 // readLease lists saga's journal folder and reads its highest lease key.
-// A key listed and not there is being written (the Redis module lists a
-// key before it sets it), and read as empty.
 func (js *Journals) readLease(ctx context.Context, saga string) (leaseView, error) {
-	names, err := listNames(ctx, js.storage, journalDir(saga))
+	return readFolderLease(ctx, js.storage, sagaLeases(saga))
+}
+
+// readFolderLease lists the lease folder f and reads its highest lease
+// key. A key listed and not there is being written (the Redis module
+// lists a key before it sets it), and read as empty.
+func readFolderLease(ctx context.Context, s Storage, f leaseFolder) (leaseView, error) {
+	names, err := listNames(ctx, s, f.dir)
 	if err != nil {
 		return leaseView{}, err
 	}
@@ -355,8 +398,8 @@ func (js *Journals) readLease(ctx context.Context, saga string) (leaseView, erro
 		return v, nil
 	}
 	slices.Sort(keys)
-	v.epoch, v.key = epoch, path.Join(journalDir(saga), keys[0])
-	v.raw, err = js.storage.Load(ctx, v.key)
+	v.epoch, v.key = epoch, path.Join(f.dir, keys[0])
+	v.raw, err = s.Load(ctx, v.key)
 	if errors.Is(err, fs.ErrNotExist) {
 		err = nil
 	}

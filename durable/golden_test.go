@@ -41,7 +41,10 @@ import (
 //     fingerprint HashFields("PATCH", "/widgets", "", "fp-<name>"):
 //     replay (done, answer kept), not-kept (done, answer too large),
 //     abandoned (in flight, its lease lapsed), in-flight (in flight,
-//     leased until 2126) and expired (done, its time up).
+//     leased until 2126) and expired (done, its time up);
+//   - under jobs/, a storage of its own: the bulk jobs' formats
+//     (jobsgolden_test.go). storedV1 holds them under keys beginning
+//     jobs/, which nothing reads.
 const (
 	goldenDir       = "testdata/stored-v1"
 	goldenDeadSaga  = "92b087ccc774f11242a1dde6d7d995bd"

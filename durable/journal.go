@@ -158,6 +158,10 @@ type Lease struct {
 	Expires time.Time `json:"expires"`
 	// Renewal counts the owner's writes of this lease (fence.go).
 	Renewal int `json:"renewal,omitempty"`
+	// Released says the owner gave the lease up (a job put in the queue,
+	// or its process stopping): another instance may claim it at once,
+	// without waiting for it to lapse (joblease.go).
+	Released bool `json:"released,omitempty"`
 }
 
 // Journals is where the saga journals live: a storage, and the

@@ -164,8 +164,8 @@ func (js *Journals) takeOver(ctx context.Context, saga string, seen leaseView, f
 }
 
 // errSteppedBack is a claim that found another instance's write: the
-// saga's owner renewed it, or another instance claimed it too.
-var errSteppedBack = errors.New("the saga's lease changed while it was claimed")
+// owner renewed its lease, or another instance claimed it too.
+var errSteppedBack = errors.New("the lease changed while it was claimed")
 
 // claim makes a saga whose lease record was seen as seen this process's,
 // under the next epoch: it writes its own lease key, then reads the old
@@ -208,29 +208,34 @@ func (js *Journals) claim(ctx context.Context, saga string, seen leaseView) (*Re
 // old record read again. An error comes with what was being done, or
 // none when the claim stepped back.
 func (js *Journals) claimKey(ctx context.Context, saga string, seen leaseView, epoch int, key string, rec []byte) (string, error) {
-	if lc, ok := js.storage.(LeaseClaimer); ok {
+	return claimFolderKey(ctx, js.storage, sagaLeases(saga), seen, epoch, key, rec)
+}
+
+// claimFolderKey is claimKey in the lease folder f.
+func claimFolderKey(ctx context.Context, s Storage, f leaseFolder, seen leaseView, epoch int, key string, rec []byte) (string, error) {
+	if lc, ok := s.(LeaseClaimer); ok {
 		err := lc.ClaimLease(ctx, key, epoch, seen.key, seen.raw, rec)
 		switch {
 		case errors.Is(err, ErrKeyGone), errors.Is(err, ErrKeyChanged), errors.Is(err, ErrOutranked):
 			return "", errSteppedBack
 		case !errors.Is(err, ErrUndecidable):
 			if err != nil {
-				return "claiming the saga's lease", err
+				return "claiming the " + f.what + "'s lease", err
 			}
 			return "", nil
 		}
 	}
-	if err := js.storage.Store(ctx, key, rec); err != nil {
-		return "claiming the saga's lease", err
+	if err := s.Store(ctx, key, rec); err != nil {
+		return "claiming the " + f.what + "'s lease", err
 	}
-	names, err := listNames(ctx, js.storage, journalDir(saga))
+	names, err := listNames(ctx, s, f.dir)
 	if err != nil {
-		return "reading the saga's lease again", err
+		return "reading the " + f.what + "'s lease again", err
 	}
 	if outranks(names, epoch, key) != nil {
 		return "", errSteppedBack
 	}
-	if same, err := js.unchanged(ctx, seen, names); err != nil || !same {
+	if same, err := unchanged(ctx, s, seen, names); err != nil || !same {
 		return "", errSteppedBack
 	}
 	return "", nil
@@ -253,11 +258,11 @@ type LeaseClaimer interface {
 // names (the folder as listed after the claim was written): the old
 // owner's key holds what it held, or, where there was none, the
 // owner's first renewal has not written one since.
-func (js *Journals) unchanged(ctx context.Context, seen leaseView, names []string) (bool, error) {
+func unchanged(ctx context.Context, s Storage, seen leaseView, names []string) (bool, error) {
 	if seen.key == "" {
 		return !slices.Contains(names, leaseName), nil
 	}
-	b, err := js.storage.Load(ctx, seen.key)
+	b, err := s.Load(ctx, seen.key)
 	if errors.Is(err, fs.ErrNotExist) {
 		return false, nil
 	}

@@ -1,0 +1,198 @@
+package durable
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/caddy-batch/caddy-batch/internal/itemlock"
+)
+
+// A job runs under a lease in its folder, with the rules that fence a
+// saga (fence.go; docs/durability.md, "A saga never writes after it lost
+// its lease"): epoch 0 is written by the start, each later owner claims
+// the next epoch under a key of its own, renewals are conditional, and
+// what the owner writes names its epoch. A job's owner may also give its
+// lease up (a graceful stop, a job put in the queue): the record then
+// says released, and another instance claims it at once, without waiting
+// for it to lapse.
+
+// jobLeases is the lease folder of a job: its lease keys sit beside its
+// record, which a first renewal of epoch 0 must find.
+func jobLeases(id string) leaseFolder {
+	return leaseFolder{dir: jobDir(id), guard: jobKey(id, jobName), what: "job"}
+}
+
+// ErrJobHeld refuses the claim of a job whose lease is not released: its
+// owner runs it or is starting it (the next scan looks again), or the
+// job ended.
+var ErrJobHeld = errors.New("the job's lease is not released: its owner holds it, or the job ended")
+
+// releasedRecord is the bytes of a released lease of epoch: standing
+// until now, for nobody.
+func releasedRecord(epoch, n int) []byte {
+	b, _ := json.Marshal(Lease{Owner: Owner(), Epoch: epoch, Expires: now(), Renewal: n, Released: true})
+	return b
+}
+
+// released reports whether the view's lease record says its owner gave
+// it up.
+func (v leaseView) released() bool {
+	var l Lease
+	return v.raw != nil && json.Unmarshal(v.raw, &l) == nil && l.Released
+}
+
+// fencedLease is a lease this process holds in a lease folder, renewed
+// every third of it by the process's Leases.
+type fencedLease struct {
+	storage Storage
+	folder  leaseFolder
+	epoch   int
+	logger  *zap.Logger
+	*holder
+
+	mu sync.Mutex
+	// stored is what this process last stored at its lease key.
+	stored   []byte
+	renewals int
+	// listed is what the folder held at the last renewal.
+	listed []string
+	stop   func()
+}
+
+// holdLease starts renewing the lease of epoch this process stored as
+// stored, in a call that began at start.
+func holdLease(s Storage, leases *Leases, logger *zap.Logger, f leaseFolder, epoch int, stored []byte, start time.Time) *fencedLease {
+	l := &fencedLease{storage: s, folder: f, epoch: epoch, logger: logger, holder: newHolder(leases.Length), stored: stored}
+	l.prove(start)
+	l.stop = leases.Hold(l.renew, 0)
+	return l
+}
+
+// renew proves the lease again: a renewal that finds it lost stops for
+// good; one whose storage calls fail leaves it unproven until the next.
+func (l *fencedLease) renew() {
+	if l.lostErr() != nil {
+		return
+	}
+	start := now()
+	l.mu.Lock()
+	prev := l.stored
+	l.renewals++
+	next := leaseRecord(l.epoch, start.Add(l.length), l.renewals)
+	l.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), l.length/3)
+	defer cancel()
+	names, err := renewFolderLease(ctx, l.storage, l.folder, l.epoch, prev, next)
+	var lost *lostLease
+	switch {
+	case errors.As(err, &lost):
+		l.lose(lost.why)
+		l.logger.Error("a job's lease is lost: this process writes nothing more for it", zap.String("dir", l.folder.dir), zap.Int("epoch", l.epoch), zap.String("why", lost.why))
+	case err != nil:
+		l.logger.Warn("renewing a job's lease in storage; it writes nothing until a renewal proves it", zap.String("dir", l.folder.dir), zap.Error(err))
+	default:
+		l.mu.Lock()
+		l.stored, l.listed = next, names
+		l.mu.Unlock()
+		if !l.prove(start) {
+			l.logger.Warn("a renewal of a job's lease did not prove it (too slow, or it lapsed meanwhile)", zap.String("dir", l.folder.dir), zap.Duration("took", now().Sub(start)))
+		}
+	}
+}
+
+// end stops the renewals, and makes the lease lost for good to this
+// process: nothing is written under it after.
+func (l *fencedLease) end(why string) {
+	l.stop() // waits for a renewal being written
+	l.lose(why)
+}
+
+// release gives the lease up for another instance to claim at once:
+// first lost to this process for good, then its record written released,
+// on a renewal's conditions, so that a lease another instance took
+// meanwhile is never written over.
+func (l *fencedLease) release(ctx context.Context) error {
+	l.end("this process released the lease")
+	l.mu.Lock()
+	prev := l.stored
+	l.renewals++
+	next := releasedRecord(l.epoch, l.renewals)
+	l.mu.Unlock()
+	if _, err := renewFolderLease(ctx, l.storage, l.folder, l.epoch, prev, next); err != nil {
+		return fmt.Errorf("releasing the lease of %s: %w", l.folder.dir, err)
+	}
+	return nil
+}
+
+// CancelAsked reports whether the job's last renewal listed a cancel
+// mark: a cancel is seen within a third of the lease, at no extra
+// storage call.
+func (hj *HeldJob) CancelAsked() bool {
+	hj.lease.mu.Lock()
+	defer hj.lease.mu.Unlock()
+	return slices.Contains(hj.lease.listed, cancelName)
+}
+
+// Release gives the job up, for another instance (or this one) to claim
+// at once: the job put in the queue, or this process stopping. This
+// HeldJob writes nothing after.
+func (hj *HeldJob) Release(ctx context.Context) error { return hj.lease.release(ctx) }
+
+// fence returns once the job's lease is proven with a sixth of it to
+// spare, or the *batch.LeaseLost once it is lost: every owner's write
+// waits for it.
+func (hj *HeldJob) fence(ctx context.Context) error { return hj.lease.fence(ctx) }
+
+// ClaimReleased takes the job id whose lease was released, under the
+// next epoch: ErrJobHeld when its lease is not released, or another
+// instance claims it first.
+func (js *Jobs) ClaimReleased(ctx context.Context, id string) (*HeldJob, error) {
+	if !validJobID(id) {
+		return nil, ErrUnknownJob
+	}
+	name := jobLock(id)
+	unlock, err := Lock(ctx, js.storage, name, 0, js.unlockFailed(name))
+	if errors.Is(err, itemlock.ErrLocked) {
+		return nil, ErrJobHeld
+	}
+	if err != nil {
+		return nil, fmt.Errorf("locking job %s to claim it: %w", id, err)
+	}
+	defer unlock()
+	rec, err := readJob(ctx, js.storage, id)
+	if err != nil {
+		return nil, err
+	}
+	return js.claimReleased(ctx, rec)
+}
+
+// claimReleased is ClaimReleased under the job's lock.
+func (js *Jobs) claimReleased(ctx context.Context, rec *JobRecord) (*HeldJob, error) {
+	f := jobLeases(rec.ID)
+	seen, err := readFolderLease(ctx, js.storage, f)
+	if err != nil {
+		return nil, fmt.Errorf("reading the lease of job %s: %w", rec.ID, err)
+	}
+	if !seen.released() {
+		return nil, ErrJobHeld
+	}
+	epoch := seen.epoch + 1
+	key := f.key(epoch, Owner())
+	start := now()
+	record := leaseRecord(epoch, start.Add(js.leases.Length), 0)
+	doing, err := claimFolderKey(ctx, js.storage, f, seen, epoch, key, record)
+	switch {
+	case errors.Is(err, errSteppedBack):
+		return nil, ErrJobHeld
+	case err != nil:
+		return nil, fmt.Errorf("%s: %w", doing, err)
+	}
+	return &HeldJob{jobs: js, rec: rec, epoch: epoch, lease: holdLease(js.storage, js.leases, js.logger, f, epoch, record, start)}, nil
+}

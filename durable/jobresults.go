@@ -1,0 +1,182 @@
+package durable
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/caddy-batch/caddy-batch/batch"
+)
+
+// A job's results are stored a page per window, batch/v1/jobs/<id>/
+// results/<window first %08d>: a first line {"v":1,"first":F,"count":N},
+// then one ResultLine a line for items F to F+N-1, in request order. The
+// owner stores a window's page again as the window goes on; a reader
+// streams the pages that follow each other without a gap, which is the
+// longest finished prefix of the job, one page in memory at a time.
+
+// ResultBodyLimit bounds the body a result line keeps, so that a page of
+// a window stays small: a longer one is cut, at a UTF-8 boundary, into
+// body_text.
+const ResultBodyLimit = 4 << 10
+
+// ResultLine is one item of a job's results: the item as a synchronous
+// batch answers it, and whether its body was cut.
+type ResultLine struct {
+	batch.ItemResult
+	BodyTruncated bool `json:"body_truncated,omitempty"`
+}
+
+// resultLine keeps it with its body cut to ResultBodyLimit.
+func resultLine(it batch.ItemResult) ResultLine {
+	line := ResultLine{ItemResult: it}
+	if len(it.Body) > ResultBodyLimit {
+		line.Body, line.BodyText, line.BodyTruncated = nil, cutUTF8(it.Body, ResultBodyLimit), true
+	} else if len(it.BodyText) > ResultBodyLimit {
+		line.BodyText, line.BodyTruncated = cutUTF8([]byte(it.BodyText), ResultBodyLimit), true
+	}
+	return line
+}
+
+// cutUTF8 is b cut to at most limit bytes, never inside a character.
+func cutUTF8(b []byte, limit int) string {
+	if len(b) > limit {
+		n := limit
+		for n > 0 && !utf8.RuneStart(b[n]) {
+			n--
+		}
+		b = b[:n]
+	}
+	return strings.ToValidUTF8(string(b), "\uFFFD")
+}
+
+// pageHead is the first line of a results page.
+type pageHead struct {
+	Version int `json:"v"`
+	First   int `json:"first"`
+	Count   int `json:"count"`
+}
+
+// resultsPage is the page of one window as its owner last stored it.
+type resultsPage struct {
+	loaded bool
+	head   pageHead
+	lines  []byte
+}
+
+// AppendResults adds the results of items, which follow those already
+// stored for the window that begins at windowFirst (their Index is the
+// item's index in the job), and stores the window's page again. The
+// window's page is kept in memory until the next window's first append;
+// one taken over is read back from storage.
+func (hj *HeldJob) AppendResults(ctx context.Context, windowFirst int, items []batch.ItemResult) error {
+	if err := hj.fence(ctx); err != nil {
+		return err
+	}
+	p := &hj.page
+	if !p.loaded || p.head.First != windowFirst {
+		stored, err := loadPage(ctx, hj.jobs.storage, hj.rec.ID, windowFirst)
+		if err != nil {
+			return err
+		}
+		*p = stored
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	for i, it := range items {
+		if want := windowFirst + p.head.Count + i; it.Index != want {
+			return fmt.Errorf("the results of job %s go on at item %d, not %d: a page holds a finished prefix of its window", hj.rec.ID, want, it.Index)
+		}
+		if err := enc.Encode(resultLine(it)); err != nil {
+			return err
+		}
+	}
+	head := pageHead{Version: 1, First: windowFirst, Count: p.head.Count + len(items)}
+	lines := append(slices.Clip(p.lines), buf.Bytes()...)
+	hb, _ := json.Marshal(head)
+	value := append(append(hb, '\n'), lines...)
+	if err := hj.jobs.storage.Store(ctx, chunkKey(hj.rec.ID, resultsName, windowFirst), value); err != nil {
+		return fmt.Errorf("storing the results of job %s from item %d: %w", hj.rec.ID, windowFirst, err)
+	}
+	p.head, p.lines = head, lines
+	return nil
+}
+
+// loadPage reads the results page of the window at first: empty when
+// none is stored.
+func loadPage(ctx context.Context, s Storage, id string, first int) (resultsPage, error) {
+	key := chunkKey(id, resultsName, first)
+	b, err := s.Load(ctx, key)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return resultsPage{loaded: true, head: pageHead{Version: 1, First: first}}, nil
+	case err != nil:
+		return resultsPage{}, err
+	}
+	head, lines, err := splitPage(key, b)
+	if err != nil {
+		return resultsPage{}, err
+	}
+	if head.First != first {
+		return resultsPage{}, fmt.Errorf("%s says it begins at item %d", key, head.First)
+	}
+	return resultsPage{loaded: true, head: head, lines: lines}, nil
+}
+
+// splitPage reads a stored page's first line, and the lines after it.
+func splitPage(key string, b []byte) (pageHead, []byte, error) {
+	first, lines, _ := bytes.Cut(b, []byte("\n"))
+	var head pageHead
+	if err := json.Unmarshal(first, &head); err != nil || head.Version != 1 {
+		return head, nil, fmt.Errorf("%s: %w", key, errUnreadable)
+	}
+	return head, lines, nil
+}
+
+// Results streams the job id's results to page, for the holder of its
+// token, a stored page at a time in request order, as far as the pages
+// follow each other (the longest finished prefix: all of them once the
+// job ended), and answers its status as it was before the first page.
+// A reader's memory holds one page, whatever the job's size.
+func (js *Jobs) Results(ctx context.Context, id, token string, page func([]byte) error) (*JobStatus, error) {
+	v, err := js.open(ctx, id, token)
+	if err != nil {
+		return nil, err
+	}
+	dir := path.Join(jobDir(id), resultsName)
+	names, err := listNames(ctx, js.storage, dir)
+	if err != nil {
+		return nil, fmt.Errorf("listing the results of job %s: %w", id, err)
+	}
+	firsts := make([]int, 0, len(names))
+	for _, name := range names {
+		if n, err := strconv.Atoi(name); err == nil {
+			firsts = append(firsts, n)
+		}
+	}
+	slices.Sort(firsts)
+	next := 0
+	for _, first := range firsts {
+		if first != next {
+			break // a window before it is not finished
+		}
+		p, err := loadPage(ctx, js.storage, id, first)
+		if err != nil {
+			return nil, err
+		}
+		if err := page(p.lines); err != nil {
+			return nil, err
+		}
+		next = first + p.head.Count
+	}
+	return v.status(), nil
+}
