@@ -75,7 +75,7 @@ func (run *batchRun) undoItem(ctx context.Context, i int) {
 		return
 	}
 	c := &Compensation{Method: u.Method, Path: u.Path, Found: run.items[i].Compensation.found()}
-	req := st.tgt.undoRequest(run.plan.header, run.plan.key.forItem(i, ":undo"), u)
+	req := st.tgt.undoRequest(run.plan.header, run.plan.key.forItem(run.plan.base()+i, ":undo"), u)
 	_ = run.transition(ctx, i, PhaseUndoing, req, func(it *ItemResult, _ *itemState) { it.Compensation = c })
 	sp := run.trace.undoSpan(i, run.items[i].ID, st.writeSpan)
 	defer sp.end(&run.mu, &run.items[i])

@@ -37,6 +37,10 @@ func (run *batchRun) execute(clientCtx, batchCtx context.Context) {
 	}
 	ahead := run.recordsAhead(clientCtx, pending)
 	run.started = fanOut(batchCtx, run.batchSettings.Concurrency, pending, stop, func(batchCtx context.Context, i int) {
+		if run.plan.window.stopped() {
+			halt() // the item stays not_attempted
+			return
+		}
 		ahead.next(i)
 		if !run.executeItem(clientCtx, batchCtx, i) && run.allOrNothing {
 			halt()
@@ -46,7 +50,7 @@ func (run *batchRun) execute(clientCtx, batchCtx context.Context) {
 	for i, it := range run.plan.Items {
 		if it.firstWithID != i {
 			first := run.items[it.firstWithID]
-			first.Index = i
+			first.Index = run.plan.base() + i
 			run.items[i], run.state[i] = first, run.state[it.firstWithID]
 		}
 	}
@@ -264,7 +268,7 @@ func (run *batchRun) request(i int) *SubRequest {
 	}
 	key := "" // a read carries no Idempotency-Key
 	if st.tgt.kind.Writes() {
-		key = run.plan.key.forItem(i, "")
+		key = run.plan.key.forItem(run.plan.base()+i, "")
 	}
 	st.request = st.tgt.itemRequest(run.plan.header, run.items[i].ID, st.body, key)
 	if st.preETag != "" {
@@ -286,7 +290,7 @@ var errJournal = errors.New("the saga's journal could not record the write")
 // that lost its lease (endLost).
 func (run *batchRun) send(i int, req *SubRequest, o sendOpts) (*SubResponse, error) {
 	fence := func() error {
-		if !run.saga || req.Method == http.MethodGet || req.Method == http.MethodHead || run.selfUndo.Load() {
+		if !run.journaled() || req.Method == http.MethodGet || req.Method == http.MethodHead || run.selfUndo.Load() {
 			return nil
 		}
 		if err := run.rt.Journal.Fence(o.wait); err != nil {
@@ -351,7 +355,9 @@ func (run *batchRun) answered(ctx context.Context, i int, req *SubRequest, resp 
 		default:
 			it.Outcome, st.failure = Failed, true
 		}
-		if !run.answer.keep(it, st, run.plan.copies(i), run.allOrNothing) {
+		if w := run.plan.window; w != nil {
+			w.keep(it)
+		} else if !run.answer.keep(it, st, run.plan.copies(i), run.allOrNothing) {
 			succeeded = false
 		}
 	})

@@ -51,6 +51,10 @@ type Plan struct {
 	header     http.Header
 	key        idempotencyKey
 	bodyDigest []byte // SHA-256 of the body as the client sent it
+
+	// window is set for a window of a bulk job (window.go): where its
+	// items sit in the job, and how their answers are kept.
+	window *windowing
 }
 
 // BodyDigest is the SHA-256 of the batch's body as the client sent it (of

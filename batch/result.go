@@ -65,7 +65,13 @@ type ItemResult struct {
 	// 405. It is not one of the kept headers, since a client learns it
 	// only when the batch answers with that status; see Result.Write.
 	challenge http.Header
+	// cut marks a body a job's window cut to its KeepBody (BodyCut).
+	cut bool
 }
+
+// BodyCut reports whether the item's body was cut: a job's window keeps
+// at most WindowOpts.KeepBody bytes of it, as body_text.
+func (it *ItemResult) BodyCut() bool { return it.cut }
 
 // Compensation is the request that undid an item, or tried to.
 type Compensation struct {
@@ -281,7 +287,7 @@ func (it *ItemResult) setResponse(resp *SubResponse) { it.setAnswer(answerOf(res
 
 // clearResponse forgets an answer that no longer describes the item.
 func (it *ItemResult) clearResponse() {
-	it.Status, it.Body, it.BodyText, it.Headers, it.Error, it.cause = 0, nil, "", nil, "", nil
+	it.Status, it.Body, it.BodyText, it.Headers, it.Error, it.cause, it.cut = 0, nil, "", nil, "", nil, false
 }
 
 // cutText returns at most limit bytes of b as valid UTF-8, cut on a rune

@@ -209,7 +209,7 @@ func newBatchRun(p *Plan, rt Runtime, backoff func(int) time.Duration) *batchRun
 		run.writers = map[string][]int{}
 	}
 	for i, it := range p.Items {
-		run.items[i] = ItemResult{Index: i, ID: it.ID, Outcome: NotAttempted}
+		run.items[i] = ItemResult{Index: p.base() + i, ID: it.ID, Outcome: NotAttempted}
 		run.state[i] = admittedState(it)
 		if eo := it.operation; eo != nil {
 			run.items[i].OperationID, run.items[i].Method, run.items[i].URL = eo.id, eo.method, eo.sentURL(it.tgt, it.ID)
@@ -351,7 +351,7 @@ func (run *batchRun) transition(ctx context.Context, i int, phase Phase, req *Su
 	if change != nil {
 		change(it, st)
 	}
-	if !run.saga {
+	if !run.journaled() {
 		run.mu.Unlock()
 		return nil
 	}
@@ -366,6 +366,11 @@ func (run *batchRun) transition(ctx context.Context, i int, phase Phase, req *Su
 	run.trace.journalStored(start, err)
 	return err
 }
+
+// journaled reports whether the run's transitions are recorded, and its
+// writes fenced: a saga's, and every window of a bulk job, whose
+// writes a crash must not send twice either.
+func (run *batchRun) journaled() bool { return run.saga || run.plan.window != nil }
 
 // snapshot is the saga as it stands, for a journal to keep.
 func (run *batchRun) snapshot() *Snapshot {

@@ -30,9 +30,12 @@ type Snapshot struct {
 	Header http.Header `json:"header,omitempty"`
 	// Key is the batch's Idempotency-Key, from which every write's is
 	// derived: a resent write must carry the same.
-	Key       string         `json:"key"`
-	KeyQuoted bool           `json:"key_quoted,omitempty"`
-	Items     []ItemSnapshot `json:"items"`
+	Key       string `json:"key"`
+	KeyQuoted bool   `json:"key_quoted,omitempty"`
+	// Base is, for a window of a bulk job, the job index of its first
+	// item (ExecuteWindow); zero for a saga.
+	Base  int            `json:"base,omitempty"`
+	Items []ItemSnapshot `json:"items"`
 }
 
 // ItemSnapshot is one item of a saga, with what the saga knows of it.

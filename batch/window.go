@@ -1,0 +1,173 @@
+package batch
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/caddy-batch/caddy-batch/policy"
+)
+
+// A bulk job runs in windows: contiguous ranges of its items, each run by
+// a batchRun of its own, with what the job knows kept in storage between
+// them, so that memory does not grow with the job (docs/jobs.md).
+
+// Site is where a job's window runs: the runtime its sub-requests go
+// through, and how its resource is found again.
+type Site struct {
+	Runtime Runtime
+	// Lookup finds the resource of a snapshot's path, as for Resume.
+	Lookup func(escapedPath string) (policy.Match, bool)
+}
+
+// WindowOpts are how a window runs.
+type WindowOpts struct {
+	// Stop, once closed, starts no new item: a cancel, or a hand-over.
+	// Writes already sent run to their item_timeout.
+	Stop <-chan struct{}
+	// Deadline, if set, is when no new item may start (job_timeout).
+	Deadline time.Time
+	// KeepBody is the most bytes of an answer's body each item keeps; a
+	// longer one is cut into body_text (ItemResult.BodyCut). Zero keeps
+	// bodies whole.
+	KeepBody int
+}
+
+// WindowResult is what a window did.
+type WindowResult struct {
+	// Items are the window's items in order, each Index its place in the
+	// job. An item that did not start is not_attempted.
+	Items []ItemResult
+	// Stopped is set when Stop closed or the deadline passed before
+	// every item started.
+	Stopped bool
+}
+
+// windowing is what makes a Plan a job's window.
+type windowing struct {
+	// base is the job index of the window's first item: an item's
+	// Idempotency-Key and its answer's index come from it, so that an
+	// item carries the same key on every instance and every try.
+	base     int
+	keepBody int
+	// stop is WindowOpts.Stop: seen before each item starts.
+	stop <-chan struct{}
+}
+
+// stopped reports whether the window was told to stop: never for a
+// batch (w nil).
+func (w *windowing) stopped() bool {
+	if w == nil {
+		return false
+	}
+	select {
+	case <-w.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+// base is the job index of the plan's first item: zero for a batch.
+func (p *Plan) base() int {
+	if p.window == nil {
+		return 0
+	}
+	return p.window.base
+}
+
+// keep trims an answer's body to keepBody, as the window keeps it.
+func (w *windowing) keep(it *ItemResult) {
+	if w.keepBody <= 0 {
+		return
+	}
+	switch {
+	case len(it.Body) > w.keepBody:
+		it.BodyText, it.Body, it.cut = cutText(it.Body, w.keepBody), nil, true
+	case len(it.BodyText) > w.keepBody:
+		it.BodyText, it.cut = cutText([]byte(it.BodyText), w.keepBody), true
+	}
+}
+
+// ExecuteWindow runs w, a contiguous range of a partial job's items
+// beginning at job index w.Base, through site: every write recorded in
+// site.Runtime.Journal before it is sent, and fenced by it, as a saga's.
+// Items w records as answered or settled (a window carried on) keep
+// their outcome; an item recorded as being sent with no answer is
+// resolved forward first (resolveForward); the rest are sent. The error
+// is for a window that cannot run here at all.
+func ExecuteWindow(ctx context.Context, w *Snapshot, site Site, o WindowOpts) (*WindowResult, error) {
+	p, err := windowPlan(w, site.Lookup, o.KeepBody)
+	if err != nil {
+		return nil, err
+	}
+	p.window.stop = o.Stop
+	run := newBatchRun(p, site.Runtime, compensationBackoff)
+	for i, it := range w.Items {
+		run.carriedOn(i, it)
+	}
+	startCtx := ctx
+	if !o.Deadline.IsZero() {
+		var cancel context.CancelFunc
+		startCtx, cancel = context.WithDeadline(ctx, o.Deadline)
+		defer cancel()
+	}
+	run.resolveAll(startCtx)
+	run.execute(ctx, startCtx)
+	res := &WindowResult{Items: run.items}
+	for _, it := range run.items {
+		if it.Outcome == NotAttempted {
+			res.Stopped = true
+		}
+	}
+	return res, nil
+}
+
+// windowPlan is the plan of a job's window.
+func windowPlan(w *Snapshot, lookup func(string) (policy.Match, bool), keepBody int) (*Plan, error) {
+	if w.Version != SnapshotVersion {
+		return nil, fmt.Errorf("%w: format version %d, this gateway knows %d", ErrNotResumable, w.Version, SnapshotVersion)
+	}
+	op, err := policy.ParseOp(w.Op)
+	if err != nil || op == policy.OpEnvelope {
+		return nil, fmt.Errorf("%w: a job window of operation %q", ErrNotResumable, w.Op)
+	}
+	m, ok := lookup(w.Path)
+	if !ok || m.Item {
+		return nil, fmt.Errorf("%w: no resource is configured for %s", ErrNotResumable, w.Path)
+	}
+	p := &Plan{
+		Op: op, Match: m, Atomicity: policy.Partial, settings: m.Resource.Settings,
+		Items:  make([]Item, len(w.Items)),
+		header: w.Header,
+		key:    idempotencyKey{base: w.Key, quoted: w.KeyQuoted},
+		window: &windowing{base: w.Base, keepBody: keepBody},
+	}
+	if p.header == nil {
+		p.header = http.Header{}
+	}
+	t := newTarget(op, batchMethods[op], m, w.Query)
+	for i, it := range w.Items {
+		// Each item is sent on its own: a job's repeated GET ids are
+		// fetched each time, as they may be a window apart.
+		p.Items[i] = Item{ID: it.ID, Body: it.Element, fields: it.Fields, firstWithID: i, tgt: t}
+	}
+	return p, nil
+}
+
+// carriedOn gives item i of a window carried on what its journal
+// recorded (it): an answered or settled item keeps its outcome and is
+// not sent again; one recorded as being sent is unknown until
+// resolveForward learns what it did.
+func (run *batchRun) carriedOn(i int, it ItemSnapshot) {
+	switch {
+	case it.Phase == PhaseSending:
+		run.items[i], run.state[i] = resumedItem(i, it, run.state[i])
+		run.items[i].Index = run.plan.base() + i
+	case it.Phase >= PhaseAnswered:
+		run.items[i], run.state[i] = resumedItem(i, it, run.state[i])
+		run.items[i].Index = run.plan.base() + i
+		run.state[i].settled = true
+	}
+}

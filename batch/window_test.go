@@ -1,0 +1,150 @@
+package batch
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/caddy-batch/caddy-batch/policy"
+)
+
+// jobWindow is a window of a job on /widgets: op's items from elements
+// (a create's or update's) or ids (a delete's), the first at job index
+// base, under the job's key "job".
+func jobWindow(op policy.Op, base int, items ...ItemSnapshot) *Snapshot {
+	return &Snapshot{Version: SnapshotVersion, Op: op.String(), Path: "/widgets", Key: "job", Base: base, Items: items}
+}
+
+// element is an item of a job's window: a delete's has no body.
+func element(id, body string) ItemSnapshot {
+	it := ItemSnapshot{ID: id, Outcome: NotAttempted}
+	if body != "" {
+		it.Element = []byte(body)
+	}
+	return it
+}
+
+func runWindow(t *testing.T, w *Snapshot, f *fakeAPI, j Journal, o WindowOpts, mods ...specMod) *WindowResult {
+	t.Helper()
+	res, err := ExecuteWindow(context.Background(), w, Site{Runtime: Runtime{Send: f, Journal: j}, Lookup: widgets(t, mods...).Lookup}, o)
+	if err != nil {
+		t.Fatalf("ExecuteWindow: %v", err)
+	}
+	return res
+}
+
+func TestWindowKeysAndIndexesComeFromTheJob(t *testing.T) {
+	f := newFake()
+	w := jobWindow(policy.OpCreate, 500, element("", `{"name":"a"}`), element("", `{"name":"b"}`), element("", `{"name":"c"}`))
+	res := runWindow(t, w, f, nil, WindowOpts{}, concurrency(1))
+	for i, it := range res.Items {
+		if it.Index != 500+i || it.Outcome != Succeeded {
+			t.Errorf("item %d: index %d, outcome %s; want %d, succeeded", i, it.Index, it.Outcome, 500+i)
+		}
+	}
+	posts := f.sentWith(http.MethodPost)
+	if len(posts) != 3 {
+		t.Fatalf("sent %v, want 3 creates", f.sent())
+	}
+	for i, c := range posts {
+		if got, want := c.Header.Get("Idempotency-Key"), fmt.Sprintf("job:%d", 500+i); got != want {
+			t.Errorf("create %d carried Idempotency-Key %q, want %q", i, got, want)
+		}
+	}
+}
+
+func TestWindowKeepBodyCutsLongAnswers(t *testing.T) {
+	long := `{"id":"1","note":"` + strings.Repeat("é", 5000) + `"}`
+	f := newFake().seed("1", "2").on(http.MethodPatch, widget("1"), reply(http.StatusOK, long, "Content-Type", "application/json"))
+	w := jobWindow(policy.OpUpdate, 0, element("1", `{"id":"1","name":"x"}`), element("2", `{"id":"2","name":"y"}`))
+	res := runWindow(t, w, f, nil, WindowOpts{KeepBody: 4096})
+	cut := res.Items[0]
+	if !cut.BodyCut() || cut.Body != nil || len(cut.BodyText) > 4096 || len(cut.BodyText) < 4090 || cut.Outcome != Succeeded {
+		t.Errorf("long answer kept as body %d bytes, body_text %d bytes, cut %v, %s; want body_text of at most 4096 bytes, cut",
+			len(cut.Body), len(cut.BodyText), cut.BodyCut(), cut.Outcome)
+	}
+	if kept := res.Items[1]; kept.BodyCut() || kept.Body == nil {
+		t.Errorf("short answer: cut %v, body %s; want it whole", kept.BodyCut(), kept.Body)
+	}
+}
+
+// orderJournal notes, with the fake's requests, when each write was
+// recorded as being sent and when the lease was fenced.
+type orderJournal struct {
+	NoJournal
+	mu     sync.Mutex
+	events []string
+}
+
+func (j *orderJournal) note(e string) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.events = append(j.events, e)
+}
+
+func (j *orderJournal) Record(_ context.Context, t Transition) error {
+	if t.Phase == PhaseSending {
+		j.note(fmt.Sprintf("record %d", t.Index))
+	}
+	return nil
+}
+
+func (j *orderJournal) Fence(context.Context) error {
+	j.note("fence")
+	return nil
+}
+
+func TestWindowRecordsEveryWriteBeforeSendingIt(t *testing.T) {
+	j := &orderJournal{}
+	f := newFake()
+	sent := answer{hook: func(_ context.Context, req *SubRequest) { j.note("send " + req.Header.Get("Idempotency-Key")) }}
+	f.on(http.MethodPost, "/widgets", sent)
+	w := jobWindow(policy.OpCreate, 10, element("", `{"name":"a"}`), element("", `{"name":"b"}`))
+	runWindow(t, w, f, j, WindowOpts{}, concurrency(1))
+	want := []string{"record 0", "fence", "send job:10", "record 1", "fence", "send job:11"}
+	if fmt.Sprint(j.events) != fmt.Sprint(want) {
+		t.Errorf("events %q, want %q: each write recorded, then fenced, then sent", j.events, want)
+	}
+}
+
+func TestWindowRefusedRecordSendsNothing(t *testing.T) {
+	f := newFake()
+	w := jobWindow(policy.OpCreate, 0, element("", `{"name":"a"}`))
+	res := runWindow(t, w, f, &killingJournal{killAt: 1}, WindowOpts{})
+	if len(f.sent()) != 0 || res.Items[0].Outcome != Failed || res.Items[0].Status != http.StatusServiceUnavailable {
+		t.Errorf("sent %v, item %+v; want nothing sent and a 503 failure", f.sent(), res.Items[0])
+	}
+}
+
+func TestWindowStopsStartingItemsOnStop(t *testing.T) {
+	stop := make(chan struct{})
+	f := newFake()
+	first := answer{hook: func(context.Context, *SubRequest) { close(stop) }}
+	f.on(http.MethodPost, "/widgets", first, answer{})
+	w := jobWindow(policy.OpCreate, 0, element("", `{"name":"a"}`), element("", `{"name":"b"}`), element("", `{"name":"c"}`))
+	res := runWindow(t, w, f, nil, WindowOpts{Stop: stop}, concurrency(1))
+	if !res.Stopped || res.Items[0].Outcome != Succeeded || res.Items[1].Outcome != NotAttempted || res.Items[2].Outcome != NotAttempted {
+		t.Errorf("stopped %v, outcomes %s %s %s; want the write in flight to finish and nothing after it to start",
+			res.Stopped, res.Items[0].Outcome, res.Items[1].Outcome, res.Items[2].Outcome)
+	}
+	if n := len(f.sentWith(http.MethodPost)); n != 1 {
+		t.Errorf("sent %d creates, want 1", n)
+	}
+}
+
+func TestWindowKeepsWhatItsJournalAnswered(t *testing.T) {
+	f := newFake()
+	done := element("", `{"name":"a"}`)
+	done.Phase, done.Outcome, done.Status = PhaseAnswered, Succeeded, http.StatusCreated
+	w := jobWindow(policy.OpCreate, 7, done, element("", `{"name":"b"}`))
+	res := runWindow(t, w, f, nil, WindowOpts{})
+	if res.Items[0].Outcome != Succeeded || res.Items[0].Index != 7 || res.Items[1].Index != 8 {
+		t.Errorf("items %+v; want the answered one kept at index 7", res.Items)
+	}
+	if posts := f.sentWith(http.MethodPost); len(posts) != 1 || posts[0].Header.Get("Idempotency-Key") != "job:8" {
+		t.Errorf("sent %v, want only item 8's create", f.sent())
+	}
+}
