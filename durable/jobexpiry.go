@@ -154,6 +154,8 @@ func deleteJobKeys(ctx context.Context, s Storage, id string) (int, error) {
 			continue
 		case jobFolders[name]:
 			err = deleteFolder(ctx, s, key)
+		case name == logName:
+			err = deleteLogs(ctx, s, id)
 		default:
 			err = deleteKey(ctx, s, key)
 		}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"path"
 	"strings"
+	"sync/atomic"
 )
 
 // HeldJob is a job as the instance that owns it writes it: under one
@@ -20,6 +21,8 @@ type HeldJob struct {
 	// page is the results page of the window being written, as stored
 	// (jobresults.go).
 	page resultsPage
+	// logSeq numbers the log records this epoch stores (joblog.go).
+	logSeq atomic.Int64
 }
 
 // Record is the job as it was started.
@@ -51,7 +54,7 @@ func (hj *HeldJob) WriteProgress(ctx context.Context, p JobProgress) error {
 // (instead of the one at Deadline + ttl), the job-index entry renamed to
 // the end state, the job-active and job-clients entries removed (the
 // quota freed), and last what the job needs no more: its credentials,
-// input and lease (its renewals stopped first). The cancel mark and the results stay for the monitors, until
+// input, windows' logs and lease (its renewals stopped first). The cancel mark and the results stay for the monitors, until
 // the job expires or is removed. Once the final progress is stored, the
 // rest is written whether or not the lease still stands: the job ended,
 // and an owner that took it over meanwhile finds it so.
@@ -77,7 +80,7 @@ func (hj *HeldJob) End(ctx context.Context, final JobProgress) error {
 	for _, key := range []string{rec.indexKey(jobIndexActive), rec.activeKey(), rec.clientKey(), jobKey(rec.ID, credentialsName)} {
 		errs = append(errs, deleteKey(ctx, s, key))
 	}
-	errs = append(errs, deleteFolder(ctx, s, path.Join(jobDir(rec.ID), inputName)))
+	errs = append(errs, deleteFolder(ctx, s, path.Join(jobDir(rec.ID), inputName)), deleteLogs(ctx, s, rec.ID))
 	hj.lease.end("the job ended")
 	errs = append(errs, deleteLeases(ctx, s, rec.ID))
 	if err := errors.Join(errs...); err != nil {

@@ -35,9 +35,10 @@ type ResultLine struct {
 	BodyTruncated bool `json:"body_truncated,omitempty"`
 }
 
-// resultLine keeps it with its body cut to ResultBodyLimit.
+// resultLine keeps it with its body cut to ResultBodyLimit, or as a
+// job's window cut it already (batch.WindowOpts.KeepBody).
 func resultLine(it batch.ItemResult) ResultLine {
-	line := ResultLine{ItemResult: it}
+	line := ResultLine{ItemResult: it, BodyTruncated: it.BodyCut()}
 	if len(it.Body) > ResultBodyLimit {
 		line.Body, line.BodyText, line.BodyTruncated = nil, cutUTF8(it.Body, ResultBodyLimit), true
 	} else if len(it.BodyText) > ResultBodyLimit {

@@ -1,0 +1,330 @@
+package durable
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"path"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/caddy-batch/caddy-batch/batch"
+)
+
+// Through runs work once through the routes of the running config, as
+// the job's start request went (rec.Origin), giving it the Site of the
+// handler that serves the job; cred are the headers the job forwards.
+// A reload takes effect at the next window, since each is its own trip.
+type Through func(ctx context.Context, rec *JobRecord, cred http.Header, work func(batch.Site) error) error
+
+// jobWindowItems is the most items one window runs: what the driver
+// holds of the input at once, and how far a carry-on goes back.
+const jobWindowItems = 256
+
+// cancelPoll is how often a running window looks for a cancel mark,
+// which the lease's renewals list (HeldJob.CancelAsked).
+const cancelPoll = time.Second
+
+// Run drives the job to its end, a window of at most 256 items at a
+// time, carrying on from what its results and log already say: before
+// each window it checks for a cancel (the job then ends cancelled, what
+// was done standing), the job's deadline (it ends partial, or failed
+// when nothing succeeded, with the reason), stop (the job is handed
+// over: its progress stored and its lease released, for another
+// instance to claim at once) and the lease. Each window runs through
+// through; its results and the job's progress are stored after it.
+// Once the lease is lost Run writes nothing more, and returns the
+// *batch.LeaseLost. Other errors (storage, a window that cannot run
+// here) leave the job to whoever claims it next.
+func (hj *HeldJob) Run(ctx context.Context, through Through, stop <-chan struct{}) error {
+	d, err := hj.newDriver(ctx)
+	if err != nil {
+		return err
+	}
+	if err := hj.WriteProgress(ctx, d.p); err != nil {
+		return err
+	}
+	for c, first := range d.chunks {
+		end := d.chunkEnd(c)
+		if end <= d.p.Cursor {
+			continue
+		}
+		items, err := hj.ReadChunk(ctx, first)
+		if err != nil {
+			return err
+		}
+		for w := first; w < end; w += jobWindowItems {
+			wend := min(w+jobWindowItems, end)
+			if wend <= d.p.Cursor {
+				continue
+			}
+			if why := d.halt(stop); why != "" {
+				return d.finish(ctx, why)
+			}
+			if err := d.window(ctx, through, stop, w, items[w-first:wend-first]); err != nil {
+				return err
+			}
+			if d.p.Cursor < wend {
+				// The window stopped before its end.
+				why := d.halt(stop)
+				if why == "" && ctx.Err() != nil {
+					return ctx.Err()
+				}
+				if why == "" {
+					why = haltDeadline
+				}
+				return d.finish(ctx, why)
+			}
+		}
+	}
+	return d.finish(ctx, haltNone)
+}
+
+// driver is a job being run: its progress, and where its input lies.
+type driver struct {
+	hj   *HeldJob
+	cred http.Header
+	p    JobProgress
+	// chunks are the job index of each input chunk's first item, in
+	// order.
+	chunks []int
+}
+
+func (hj *HeldJob) newDriver(ctx context.Context) (*driver, error) {
+	v, err := viewJob(ctx, hj.jobs.storage, hj.rec)
+	if err != nil {
+		return nil, err
+	}
+	cred, err := hj.Credentials(ctx)
+	if err != nil {
+		return nil, err
+	}
+	chunks, err := hj.chunkFirsts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	d := &driver{hj: hj, cred: cred, p: v.progress, chunks: chunks}
+	if !d.p.Started.IsZero() && v.epoch < hj.epoch {
+		d.p.Takeovers++ // it ran before under another epoch
+	}
+	if d.p.Started.IsZero() {
+		d.p.Started = now().UTC()
+	}
+	d.p.State, d.p.Reason = JobRunning, ""
+	return d, nil
+}
+
+// chunkFirsts lists the job's input chunks by their first item.
+func (hj *HeldJob) chunkFirsts(ctx context.Context) ([]int, error) {
+	names, err := listNames(ctx, hj.jobs.storage, path.Join(jobDir(hj.rec.ID), inputName))
+	if err != nil {
+		return nil, fmt.Errorf("listing the input of job %s: %w", hj.rec.ID, err)
+	}
+	firsts := make([]int, 0, len(names))
+	for _, name := range names {
+		if n, err := strconv.Atoi(name); err == nil {
+			firsts = append(firsts, n)
+		}
+	}
+	slices.Sort(firsts)
+	if len(firsts) == 0 && hj.rec.Items > 0 || len(firsts) > 0 && firsts[0] != 0 {
+		return nil, fmt.Errorf("job %s's input is not whole: its chunks begin at %v", hj.rec.ID, firsts)
+	}
+	return firsts, nil
+}
+
+// chunkEnd is the job index just past chunk c.
+func (d *driver) chunkEnd(c int) int {
+	if c+1 < len(d.chunks) {
+		return d.chunks[c+1]
+	}
+	return d.hj.rec.Items
+}
+
+// Why a job stops going on, as halt tells.
+const (
+	haltNone     = "done"
+	haltCancel   = "cancel"
+	haltDeadline = "deadline"
+	haltStop     = "stop"
+	haltLease    = "lease"
+)
+
+// halt says why no new window may start, or "" when one may: a lost
+// lease first (nothing may be written), then a cancel (the client's
+// word), the deadline, a hand-over.
+func (d *driver) halt(stop <-chan struct{}) string {
+	switch {
+	case d.hj.lease.lostErr() != nil:
+		return haltLease
+	case d.hj.CancelAsked():
+		return haltCancel
+	case !now().Before(d.hj.rec.Deadline):
+		return haltDeadline
+	case closed(stop):
+		return haltStop
+	}
+	return ""
+}
+
+func closed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// window runs the items of the window that begins at job index first
+// (its input, items), from the first one its results page does not hold.
+func (d *driver) window(ctx context.Context, through Through, stop <-chan struct{}, first int, items []batch.ItemSnapshot) error {
+	hj := d.hj
+	done, err := d.carriedOn(ctx, first)
+	if err != nil {
+		return err
+	}
+	base := first + done
+	if done < len(items) {
+		snap := &batch.Snapshot{Version: batch.SnapshotVersion, Op: hj.rec.Op, Path: hj.rec.Path, Query: hj.rec.Query,
+			Key: hj.rec.Key, KeyQuoted: hj.rec.KeyQuoted, Base: base, Items: slices.Clone(items[done:])}
+		if err := hj.readLog(ctx, first, base, snap.Items); err != nil {
+			return err
+		}
+		res, err := d.run(ctx, through, stop, first, snap)
+		if err != nil {
+			return err
+		}
+		finished := res.Items
+		if i := slices.IndexFunc(finished, func(it batch.ItemResult) bool { return it.Outcome == batch.NotAttempted }); i >= 0 {
+			finished = finished[:i] // the window stopped: the rest start again
+		}
+		stored := len(hj.page.lines)
+		if err := hj.AppendResults(ctx, first, finished); err != nil {
+			return err
+		}
+		d.p.ResultsBytes += int64(len(hj.page.lines) - stored)
+		d.p.Tally(finished)
+		done += len(finished)
+	}
+	d.p.Cursor = first + done
+	if err := hj.WriteProgress(ctx, d.p); err != nil {
+		return err
+	}
+	if done == len(items) {
+		return hj.dropLog(ctx, first)
+	}
+	return nil
+}
+
+// run runs a window through through, its writes recorded in its log, no
+// item started once stop closes, a cancel is seen, or the deadline
+// passes.
+func (d *driver) run(ctx context.Context, through Through, stop <-chan struct{}, first int, snap *batch.Snapshot) (*batch.WindowResult, error) {
+	hj := d.hj
+	halted := make(chan struct{})
+	watchCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		defer close(halted)
+		tick := time.NewTicker(cancelPoll)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-watchCtx.Done():
+				return
+			case <-tick.C:
+				if hj.CancelAsked() || hj.lease.lostErr() != nil {
+					return
+				}
+			}
+		}
+	}()
+	var res *batch.WindowResult
+	err := through(ctx, hj.rec, d.cred, func(site batch.Site) error {
+		site.Runtime.Journal = hj.windowLog(first, snap.Base)
+		var err error
+		res, err = batch.ExecuteWindow(ctx, snap, site, batch.WindowOpts{Stop: halted, Deadline: hj.rec.Deadline, KeepBody: ResultBodyLimit})
+		return err
+	})
+	if err == nil && res == nil {
+		err = errors.New("no handler ran the window")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("running job %s from item %d: %w", hj.rec.ID, snap.Base, err)
+	}
+	return res, nil
+}
+
+// carriedOn reads the results page of the window at first, which an
+// earlier owner may have begun: how many items it holds, each of those
+// past the progress's cursor tallied (stored before that owner's
+// progress was).
+func (d *driver) carriedOn(ctx context.Context, first int) (int, error) {
+	hj := d.hj
+	page, err := loadPage(ctx, hj.jobs.storage, hj.rec.ID, first)
+	if err != nil {
+		return 0, err
+	}
+	hj.page = page
+	sc := bufio.NewScanner(bytes.NewReader(page.lines))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var line ResultLine
+		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
+			return 0, fmt.Errorf("job %s's results from item %d: %w", hj.rec.ID, first, err)
+		}
+		if line.Index >= d.p.Cursor {
+			d.p.Tally([]batch.ItemResult{line.ItemResult})
+		}
+	}
+	return page.head.Count, sc.Err()
+}
+
+// finish ends the job as why says, or hands it over: stop stores the
+// progress and releases the lease (nothing is undone); a lost lease
+// writes nothing.
+func (d *driver) finish(ctx context.Context, why string) error {
+	hj, p := d.hj, d.p
+	switch why {
+	case haltLease:
+		return hj.lease.lostErr()
+	case haltStop:
+		if err := hj.WriteProgress(ctx, p); err != nil {
+			return err
+		}
+		return hj.Release(ctx)
+	case haltCancel:
+		p.State, p.Outcome = JobCancelled, ""
+	case haltDeadline:
+		p.State = partialEnd(p, hj.rec.Items)
+		p.Outcome = p.State
+		p.Reason = fmt.Sprintf("job_timeout passed (the job had to end by %s) with %d of its %d items done: the rest were not sent",
+			hj.rec.Deadline.UTC().Format(time.RFC3339), p.Done, hj.rec.Items)
+	default:
+		p.State = partialEnd(p, hj.rec.Items)
+		p.Outcome = p.State
+	}
+	p.Ended = now().UTC()
+	return hj.End(ctx, p)
+}
+
+// partialEnd is the end state of a partial job of items items that
+// ran out its items or its time: failed when nothing succeeded,
+// succeeded when every item did, partial otherwise.
+func partialEnd(p JobProgress, items int) string {
+	switch {
+	case p.Succeeded == 0 && items > 0:
+		return JobFailed
+	case p.Succeeded == items:
+		return JobSucceeded
+	}
+	return JobPartial
+}
