@@ -9,13 +9,14 @@ import (
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
-// A job carries on (docs/jobs.md): its client polls for the outcome, so a
+// A job carries on (docs/durability.md, "Bulk jobs in storage"): its client polls for the outcome, so a
 // write that a dead or stopped owner recorded as being sent, with no
 // answer recorded, is resolved going forward, not undone: found to have
 // taken effect, it succeeded; found not to, it is sent again.
 
-// resolveAll resolves forward every item of a carried-on window that was
-// recorded as being sent with no answer, once the writes the last owner
+// resolveAll resolves forward every item of a carried-on window whose
+// write's outcome is unknown (recorded as being sent with no answer, or
+// answered with none), once the writes the last owner
 // may still have in flight are over (inFlightUntil), and before any
 // item of the window starts. Items are resolved one at a time: a window
 // has at most its concurrency of them.
@@ -23,7 +24,7 @@ func (run *batchRun) resolveAll(ctx context.Context) {
 	var until time.Time
 	var unknown []int
 	for i := range run.state {
-		if run.state[i].phase == PhaseSending && !run.state[i].settled {
+		if run.items[i].Outcome == Unknown && !run.state[i].settled {
 			unknown = append(unknown, i)
 			until = later(until, run.state[i].inFlightUntil)
 		}

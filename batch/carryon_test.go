@@ -88,3 +88,20 @@ func TestResolveForwardUnreadableStaysUnknown(t *testing.T) {
 		t.Errorf("sent %v; want no write", f.sent())
 	}
 }
+
+// A write answered with no answer (unknown) is resolved on a carry-on
+// too; one answered for sure keeps its outcome, and is not sent again.
+func TestCarriedOnWindowResolvesAnsweredUnknown(t *testing.T) {
+	f := newFake().seed("7")
+	unknown := element("7", `{"id":"7","name":"a"}`)
+	unknown.Phase, unknown.Outcome, unknown.Status = PhaseAnswered, Unknown, http.StatusGatewayTimeout
+	failed := element("8", `{"id":"8","name":"b"}`)
+	failed.Phase, failed.Outcome, failed.Status = PhaseAnswered, Failed, http.StatusUnprocessableEntity
+	res := runWindow(t, jobWindow(policy.OpCreate, 0, unknown, failed), f, nil, WindowOpts{}, itemTimeout(20*time.Millisecond))
+	if res.Items[0].Outcome != Succeeded || res.Items[1].Outcome != Failed || res.Items[1].Status != http.StatusUnprocessableEntity {
+		t.Errorf("items %+v; want the unknown create found made, the failed one kept", res.Items)
+	}
+	if w := f.sentWith(http.MethodPost); len(w) != 0 {
+		t.Errorf("sent %v; want only a read", f.sent())
+	}
+}

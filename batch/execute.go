@@ -248,7 +248,7 @@ func (run *batchRun) executeItem(clientCtx, batchCtx context.Context, i int) boo
 	run.state[i].writeSpan = sp.spanID()
 	switch {
 	case errors.Is(err, errJournal):
-		run.failByGateway(ctx, i, "the saga's journal could not record the write, so it was not sent", err)
+		run.failByGateway(ctx, i, "the "+run.journalOf()+"'s journal could not record the write, so it was not sent", err)
 		return false
 	case errors.Is(err, errFence):
 		run.fenced(ctx, i, err)
@@ -389,9 +389,10 @@ func (run *batchRun) failByGateway(ctx context.Context, i int, reason string, ca
 // fenced fails item i, whose write the lease did not let go: nothing
 // was sent.
 func (run *batchRun) fenced(ctx context.Context, i int, err error) {
-	reason := "the saga's lease in storage could not be proven in time (the storage did not answer), so the write was not sent"
+	of := run.journalOf()
+	reason := "the " + of + "'s lease in storage could not be proven in time (the storage did not answer), so the write was not sent"
 	if run.lease.saw(err) {
-		reason = "the saga's lease was lost (" + run.lease.loss().Why + "): another instance finishes the saga, so the write was not sent"
+		reason = "the " + of + "'s lease was lost (" + run.lease.loss().Why + "): another instance finishes the " + of + ", so the write was not sent"
 	}
 	run.failByGateway(ctx, i, reason, err)
 }

@@ -372,6 +372,15 @@ func (run *batchRun) transition(ctx context.Context, i int, phase Phase, req *Su
 // writes a crash must not send twice either.
 func (run *batchRun) journaled() bool { return run.saga || run.plan.window != nil }
 
+// journalOf names what the run's journal and lease are of, for reasons:
+// a saga, or a bulk job.
+func (run *batchRun) journalOf() string {
+	if run.plan.window != nil {
+		return "job"
+	}
+	return "saga"
+}
+
 // snapshot is the saga as it stands, for a journal to keep.
 func (run *batchRun) snapshot() *Snapshot {
 	snap := run.plan.Snapshot()

@@ -11,7 +11,7 @@ import (
 
 // A bulk job runs in windows: contiguous ranges of its items, each run by
 // a batchRun of its own, with what the job knows kept in storage between
-// them, so that memory does not grow with the job (docs/jobs.md).
+// them, so that memory does not grow with the job (docs/durability.md, "Bulk jobs in storage").
 
 // Site is where a job's window runs: the runtime its sub-requests go
 // through, and how its resource is found again.
@@ -158,11 +158,12 @@ func windowPlan(w *Snapshot, lookup func(string) (policy.Match, bool), keepBody 
 
 // carriedOn gives item i of a window carried on what its journal
 // recorded (it): an answered or settled item keeps its outcome and is
-// not sent again; one recorded as being sent is unknown until
-// resolveForward learns what it did.
+// not sent again, but for one answered unknown (no answer came); that
+// one, and one recorded as being sent, are unknown until resolveForward
+// learns what they did.
 func (run *batchRun) carriedOn(i int, it ItemSnapshot) {
 	switch {
-	case it.Phase == PhaseSending:
+	case it.Phase == PhaseSending, it.Phase == PhaseAnswered && it.Outcome == Unknown:
 		run.items[i], run.state[i] = resumedItem(i, it, run.state[i])
 		run.items[i].Index = run.plan.base() + i
 	case it.Phase >= PhaseAnswered:

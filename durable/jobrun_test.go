@@ -305,3 +305,78 @@ func TestJobRunCarriedOnCreatesEachOnce(t *testing.T) {
 		})
 	}
 }
+
+// A hand-over (the process stopping) finishes the writes in flight,
+// stores where the job is and releases its lease: another instance
+// claims it at once and finishes it, nothing sent twice.
+func TestJobRunHandedOver(t *testing.T) {
+	t.Parallel()
+	defer endHeld(t)
+	ctx := context.Background()
+	js := NewJobs(newMemStorage(), NewLeases(time.Minute), zap.NewNop())
+	hj, token := startWidgets(t, js, 1000, false)
+	id := hj.Record().ID
+	pol := widgetsPolicy(t, nil)
+	up := newWidgetsUpstream(false)
+	stop := make(chan struct{})
+	up.onCreate = func(n int) {
+		if n == 400 {
+			close(stop)
+		}
+	}
+	if err := hj.Run(ctx, throughTo(pol, up), stop); err != nil {
+		t.Fatal(err)
+	}
+	st := mustStatus(t, js, id, token)
+	if st.State != JobRunning || st.Done < 400 || st.Done >= 512 {
+		t.Errorf("handed over: %s, done %d; want running, done what was in flight at the stop", st.State, st.Done)
+	}
+	up.onCreate = nil
+	next, err := js.ClaimReleased(ctx, id)
+	if err != nil {
+		t.Fatalf("claiming the handed-over job at once: %v", err)
+	}
+	held.Lock()
+	held.by[t] = append(held.by[t], next)
+	held.Unlock()
+	if err := next.Run(ctx, throughTo(pol, up), nil); err != nil {
+		t.Fatal(err)
+	}
+	if st := mustStatus(t, js, id, token); st.State != JobSucceeded || st.Done != 1000 {
+		t.Errorf("status %s, done %d; want succeeded, 1000", st.State, st.Done)
+	}
+	if indexes, _, _ := readResults(t, js, id, token); !slices.Equal(indexes, upTo(1000)) {
+		t.Errorf("results of %d items, want 0 to 999 in order", len(indexes))
+	}
+	up.checkMadeOnce(t, 1000)
+	if up.mu.Lock(); up.creates != 1000 {
+		t.Errorf("%d creates sent, want 1000: nothing sent twice", up.creates)
+	}
+	up.mu.Unlock()
+}
+
+// Past job_timeout no item starts: the job ends partial, with what was
+// done standing and the reason.
+func TestJobRunPastItsDeadline(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
+		defer endHeld(t)
+		js := NewJobs(newMemStorage(), NewLeases(30*time.Second), zap.NewNop())
+		hj, token := startWidgets(t, js, 1000, false)
+		id := hj.Record().ID
+		up := newWidgetsUpstream(false)
+		// 8 at a time, 5 minutes each: the 6 hours run out at about 576.
+		up.onCreate = func(int) { time.Sleep(5 * time.Minute) }
+		pol := widgetsPolicy(t, func(s *policy.Settings) { s.ItemTimeout = 10 * time.Minute })
+		if err := hj.Run(context.Background(), throughTo(pol, up), nil); err != nil {
+			t.Fatal(err)
+		}
+		st := mustStatus(t, js, id, token)
+		if st.State != JobPartial || st.Outcome != "partial" || st.Done < 500 || st.Done >= 1000 || st.Succeeded != st.Done || !strings.Contains(st.Reason, "job_timeout") {
+			t.Errorf("status %s (%s), done %d, succeeded %d, reason %q; want partial, what was done standing, the reason naming job_timeout",
+				st.State, st.Outcome, st.Done, st.Succeeded, st.Reason)
+		}
+		if indexes, _, _ := readResults(t, js, id, token); !slices.Equal(indexes, upTo(st.Done)) {
+			t.Errorf("results of %d items, want the %d done", len(indexes), st.Done)
+		}
+	})
+}
