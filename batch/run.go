@@ -39,7 +39,9 @@ type Runtime struct {
 	// Locks locks the items an all-or-nothing batch writes; nil takes no
 	// locks.
 	Locks itemlock.Locker
-	// Journal records the saga's transitions; nil records nothing.
+	// Journal records the transitions of a saga, or of a bulk job's
+	// window (ExecuteWindow), and fences their writes; nil records
+	// nothing.
 	Journal Journal
 	// Slots bound the sub-requests in flight across batches
 	// (max_in_flight); nil bounds nothing beyond Concurrency.

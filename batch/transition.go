@@ -99,6 +99,8 @@ func (p Phase) String() string {
 
 // Transition is one change of one item's state, as a journal records it.
 type Transition struct {
+	// Index is the item's place in the run: in a job's window, counted
+	// from the window's first item (Snapshot.Base is its job index).
 	Index int
 	Phase Phase
 	// Request is the request about to be sent (PhaseSending,

@@ -30,6 +30,10 @@ const jobWindowItems = 256
 // which the lease's renewals list (HeldJob.CancelAsked).
 const cancelPoll = time.Second
 
+// partialJob is the atomicity of a job whose items stand on their own,
+// as JobRecord.Atomicity names it.
+const partialJob = "partial"
+
 // Run drives the job to its end, a window of at most 256 items at a
 // time, carrying on from what its results and log already say: before
 // each window it checks for a cancel (the job then ends cancelled, what
@@ -39,9 +43,27 @@ const cancelPoll = time.Second
 // instance to claim at once) and the lease. Each window runs through
 // through; its results and the job's progress are stored after it.
 // Once the lease is lost Run writes nothing more, and returns the
-// *batch.LeaseLost. Other errors (storage, a window that cannot run
-// here) leave the job to whoever claims it next.
+// *batch.LeaseLost. On any other error (storage, a window that cannot
+// run here, ctx done) it releases the lease, leaving the job to whoever
+// claims it next, and returns the error. Only partial jobs are run: an
+// all-or-nothing one is refused, its lease released.
 func (hj *HeldJob) Run(ctx context.Context, through Through, stop <-chan struct{}) error {
+	err := hj.run(ctx, through, stop)
+	var lost *batch.LeaseLost
+	if err == nil || errors.As(err, &lost) {
+		return err
+	}
+	if rerr := hj.Release(context.WithoutCancel(ctx)); rerr != nil {
+		return errors.Join(err, rerr)
+	}
+	return err
+}
+
+// run is Run, but for what an error leaves behind.
+func (hj *HeldJob) run(ctx context.Context, through Through, stop <-chan struct{}) error {
+	if hj.rec.Atomicity != partialJob {
+		return fmt.Errorf("job %s is %s: this build runs only partial jobs", hj.rec.ID, hj.rec.Atomicity)
+	}
 	d, err := hj.newDriver(ctx)
 	if err != nil {
 		return err
@@ -200,10 +222,7 @@ func (d *driver) window(ctx context.Context, through Through, stop <-chan struct
 		if err != nil {
 			return err
 		}
-		finished := res.Items
-		if i := slices.IndexFunc(finished, func(it batch.ItemResult) bool { return it.Outcome == batch.NotAttempted }); i >= 0 {
-			finished = finished[:i] // the window stopped: the rest start again
-		}
+		finished := d.finished(res.Items, stop)
 		stored := len(hj.page.lines)
 		if err := hj.AppendResults(ctx, first, finished); err != nil {
 			return err
@@ -220,6 +239,27 @@ func (d *driver) window(ctx context.Context, through Through, stop <-chan struct
 		return hj.dropLog(ctx, first)
 	}
 	return nil
+}
+
+// finished is what of a window's items (its run's) the results keep:
+// all of them once it ran whole. A window that stopped keeps its prefix
+// that started, the rest to be run again on a hand-over; on a cancel or
+// the deadline, the job ends, and the results keep every item up to the
+// last one that started: one the deadline held back while later ones
+// went out stays not_attempted among them.
+func (d *driver) finished(items []batch.ItemResult, stop <-chan struct{}) []batch.ItemResult {
+	notStarted := func(it batch.ItemResult) bool { return it.Outcome == batch.NotAttempted }
+	i := slices.IndexFunc(items, notStarted)
+	if i < 0 {
+		return items
+	}
+	if why := d.halt(stop); why != haltCancel && why != haltDeadline {
+		return items[:i]
+	}
+	for len(items) > 0 && notStarted(items[len(items)-1]) {
+		items = items[:len(items)-1]
+	}
+	return items
 }
 
 // run runs a window through through, its writes recorded in its log, no
@@ -249,7 +289,8 @@ func (d *driver) run(ctx context.Context, through Through, stop <-chan struct{},
 	}()
 	var res *batch.WindowResult
 	err := through(ctx, hj.rec, d.cred, func(site batch.Site) error {
-		site.Runtime.Journal = hj.windowLog(first, snap.Base)
+		// A job's requests take slots below every synchronous batch's.
+		site.Runtime.Journal, site.Runtime.Background = hj.windowLog(first, snap.Base), true
 		var err error
 		res, err = batch.ExecuteWindow(ctx, snap, site, batch.WindowOpts{Stop: halted, Deadline: hj.rec.Deadline, KeepBody: ResultBodyLimit})
 		return err
