@@ -370,9 +370,11 @@ func (run *batchRun) transition(ctx context.Context, i int, phase Phase, req *Su
 }
 
 // journaled reports whether the run's transitions are recorded, and its
-// writes fenced: a saga's, and every window of a bulk job, whose
-// writes a crash must not send twice either.
-func (run *batchRun) journaled() bool { return run.saga || run.plan.window != nil }
+// writes fenced: a saga's, and every window of a bulk job that writes,
+// whose writes a crash must not send twice either.
+func (run *batchRun) journaled() bool {
+	return run.saga || run.plan.window != nil && run.plan.Op.Writes()
+}
 
 // journalOf names what the run's journal and lease are of, for reasons:
 // a saga, or a bulk job.

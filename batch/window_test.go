@@ -148,3 +148,25 @@ func TestWindowKeepsWhatItsJournalAnswered(t *testing.T) {
 		t.Errorf("sent %v, want only item 8's create", f.sent())
 	}
 }
+
+// countingJournal counts the transitions it is given.
+type countingJournal struct {
+	NoJournal
+	mu sync.Mutex
+	n  int
+}
+
+func (j *countingJournal) Record(context.Context, Transition) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.n++
+	return nil
+}
+
+func TestReadWindowRecordsNothing(t *testing.T) {
+	j := &countingJournal{}
+	res := runWindow(t, jobWindow(policy.OpGet, 3, element("1", ""), element("2", "")), newFake().seed("1", "2"), j, WindowOpts{})
+	if res.Items[0].Outcome != Succeeded || res.Items[1].Index != 4 || j.n != 0 {
+		t.Errorf("items %+v, %d records; want both read, nothing recorded: a read needs no write-ahead", res.Items, j.n)
+	}
+}

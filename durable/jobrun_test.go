@@ -328,8 +328,11 @@ func TestJobRunHandedOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := mustStatus(t, js, id, token)
-	if st.State != JobRunning || st.Done < 400 || st.Done >= 512 {
-		t.Errorf("handed over: %s, done %d; want running, done what was in flight at the stop", st.State, st.Done)
+	// The stop is seen before the next item starts, or, as it reaches
+	// the window through a goroutine, a little later: by the next window
+	// at the latest.
+	if st.State != JobRunning || st.Done < 400 || st.Done > 512 {
+		t.Errorf("handed over: %s, done %d; want running, done what started before the stop was seen", st.State, st.Done)
 	}
 	up.onCreate = nil
 	next, err := js.ClaimReleased(ctx, id)
