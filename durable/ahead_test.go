@@ -231,7 +231,9 @@ func TestRecordsAheadUnderFaults(t *testing.T) {
 				t.Errorf("batch %d: %s %s sent before the storage held its record (%v)", b, sr.Method, sr.Path, err)
 			}
 			done := make(chan *batch.Result, 1)
-			go func() { done <- batch.Run(context.Background(), updatePlan(t, widgets(t), 5+b%20), batch.Runtime{Send: up, Journal: j}) }()
+			go func() {
+				done <- batch.Run(context.Background(), updatePlan(t, widgets(t), 5+b%20), batch.Runtime{Send: up, Journal: j})
+			}()
 			select {
 			case res := <-done:
 				// failed: a record not stored, nothing written.
