@@ -108,7 +108,8 @@ type batchRun struct {
 	writers map[string][]int
 
 	locks     *heldLocks
-	refusal   *refusal // why the batch did not start, if it did not
+	ahead     *aheadRecords // nil until the preflight or execute makes it
+	refusal   *refusal      // why the batch did not start, if it did not
 	sentUndos int
 
 	answer *answerBudget // the item bodies the answer will carry
