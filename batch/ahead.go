@@ -10,9 +10,13 @@ import (
 // saga's write is sent only once the record that it is about to be sent
 // is in storage. Stored as each write's turn comes, those records cost
 // every wave of writes a storage round trip of its own, one after
-// another. So the first two waves' records are stored while the
+// another. So the first four waves' records are stored while the
 // preflight reads, and, while a wave is in flight, the saga records the
-// wave two after it: a write finds its record stored.
+// wave four after it: a write finds its record stored. Four, because
+// a store may take as long as several waves of writes (a Redis 1 ms
+// away, an upstream that answers in less): fewer left writes waiting
+// for their stores, measured (docs/performance.md, "Round trips per
+// batch").
 //
 // A record stored ahead of a write that is then never sent (the batch
 // stopped first) reads to a recovery as a write sent and never
@@ -34,7 +38,7 @@ type aheadRecords struct {
 	// first are the writes whose records go before the batch's first
 	// write: as the preflight reads their pre-images, or as the execute
 	// starts. after maps an item to the one whose record goes ahead when
-	// its worker takes it: the item two waves later.
+	// its worker takes it: the item four waves later.
 	first map[int]bool
 	after map[int]int
 }
@@ -46,7 +50,7 @@ func (run *batchRun) recordsAhead(ctx context.Context, pending []int) *aheadReco
 	if !ok || !run.saga || run.plan.Op != policy.OpUpdate || run.batchSettings.IdempotentUpstream {
 		return nil
 	}
-	ahead := 2 * run.batchSettings.Concurrency
+	ahead := 4 * run.batchSettings.Concurrency
 	a := &aheadRecords{run: run, ctx: ctx, journal: aj, pending: pending,
 		first: make(map[int]bool, ahead), after: make(map[int]int, len(pending))}
 	for p, i := range pending {

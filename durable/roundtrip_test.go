@@ -55,15 +55,15 @@ func roundTripsPerBatch(t *testing.T, atomic bool) {
 	}{
 		// Locks: 1 round per 128 items; stores: a create's, the intent,
 		// then one per wave of 8; an update's, at most: the intent and
-		// the first two waves' records, while the preflight reads (here,
+		// the first four waves' records, while the preflight reads (here,
 		// where the upstream answers at once, those stores overlap
 		// nothing: two rounds where a create has one), then the records
-		// of the waves two ahead, stored while a wave is in flight; the
+		// of the waves four ahead, stored while a wave is in flight; the
 		// removal: end marker, list, segment 0, the rest, the marker (on
 		// a storage that removes at once, one call and no listing);
 		// releases: 1 round per 128 items. A create's lock is taken in
 		// the background, as its worker goes on.
-		{"PATCH 100", func(t *testing.T) *batch.Plan { return updatePlan(t, widgets(t), 100) }, 100, 1 + 6 + 5 + 1, 6},
+		{"PATCH 100", func(t *testing.T) *batch.Plan { return updatePlan(t, widgets(t), 100) }, 100, 1 + 4 + 5 + 1, 4},
 		{"PATCH 20", func(t *testing.T) *batch.Plan { return updatePlan(t, widgets(t), 20) }, 20, 1 + 4 + 5 + 1, 4},
 		{"CREATE 100", func(t *testing.T) *batch.Plan { return createPlan(t, 100) }, 100, 14 + 5 + 1, 1 + (100+7)/8},
 		{"CREATE 20", func(t *testing.T) *batch.Plan { return createPlan(t, 20) }, 20, 4 + 5 + 1, 1 + (20+7)/8},
