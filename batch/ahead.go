@@ -28,8 +28,8 @@ import (
 // an unknown write again to learn its outcome, which would send one that
 // never left. Those keep a store per wave.
 
-// aheadRecords records the writes of a wave ahead of their turn; a nil
-// one records nothing ahead.
+// aheadRecords records writes ahead of their turn; a nil one records
+// nothing ahead.
 type aheadRecords struct {
 	run     *batchRun
 	ctx     context.Context
@@ -86,8 +86,8 @@ func (a *aheadRecords) start() {
 	a.record(first...)
 }
 
-// next records ahead the write a wave after item i, whose worker is
-// about to send it.
+// next records ahead the write four waves after item i, whose worker
+// is about to send it.
 func (a *aheadRecords) next(i int) {
 	if a == nil {
 		return
@@ -98,7 +98,7 @@ func (a *aheadRecords) next(i int) {
 }
 
 // record stores the PhaseSending records of items ahead of their
-// writes, but of those whose write started. Under run.mu, so that a
+// writes, except those whose write started. Under run.mu, so that a
 // record goes to the journal before the write's own (executeItem takes
 // the item's request under it): a record kept ahead never lands over a
 // later one.
