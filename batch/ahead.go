@@ -10,8 +10,13 @@ import (
 // saga's write is sent only once the record that it is about to be sent
 // is in storage. Stored as each write's turn comes, those records cost
 // every wave of writes a storage round trip of its own, one after
-// another. So while a wave is in flight, the saga records the next one
-// (one write ahead of each worker), and a write finds its record stored.
+// another. So the first four waves' records are stored while the
+// preflight reads, and, while a wave is in flight, the saga records the
+// wave four after it: a write finds its record stored. Four, because
+// a store may take as long as several waves of writes (a Redis 1 ms
+// away, an upstream that answers in less): fewer left writes waiting
+// for their stores, measured (docs/performance.md, "Round trips per
+// batch").
 //
 // A record stored ahead of a write that is then never sent (the batch
 // stopped first) reads to a recovery as a write sent and never
@@ -23,39 +28,66 @@ import (
 // an unknown write again to learn its outcome, which would send one that
 // never left. Those keep a store per wave.
 
-// aheadRecords records the writes of a wave ahead of their turn; the
-// zero value (or a nil one) records nothing ahead.
+// aheadRecords records writes ahead of their turn; a nil one records
+// nothing ahead.
 type aheadRecords struct {
 	run     *batchRun
 	ctx     context.Context
 	journal AheadJournal
 	pending []int
-	// after maps an item to the one whose record goes ahead when its
-	// worker takes it: the item a wave later.
+	// first are the writes whose records go before the batch's first
+	// write: as the preflight reads their pre-images, or as the execute
+	// starts. after maps an item to the one whose record goes ahead when
+	// its worker takes it: the item four waves later.
+	first map[int]bool
 	after map[int]int
 }
 
 // recordsAhead returns what records the writes of pending ahead of their
-// turn, and records the first wave's; nil when they must wait for their
-// turn (see above).
+// turn; nil when they must wait for their turn (see above).
 func (run *batchRun) recordsAhead(ctx context.Context, pending []int) *aheadRecords {
 	aj, ok := run.rt.Journal.(AheadJournal)
 	if !ok || !run.saga || run.plan.Op != policy.OpUpdate || run.batchSettings.IdempotentUpstream {
 		return nil
 	}
-	wave := 2 * run.batchSettings.Concurrency
-	a := &aheadRecords{run: run, ctx: ctx, journal: aj, pending: pending, after: make(map[int]int, len(pending))}
+	ahead := 4 * run.batchSettings.Concurrency
+	a := &aheadRecords{run: run, ctx: ctx, journal: aj, pending: pending,
+		first: make(map[int]bool, ahead), after: make(map[int]int, len(pending))}
 	for p, i := range pending {
-		if p+wave < len(pending) {
-			a.after[i] = pending[p+wave]
+		if p < ahead {
+			a.first[i] = true
+		}
+		if p+ahead < len(pending) {
+			a.after[i] = pending[p+ahead]
 		}
 	}
-	a.record(pending[:min(wave, len(pending))]...)
 	return a
 }
 
-// next records ahead the write a wave after item i, whose worker is
-// about to send it.
+// read records item i ahead once the preflight read its pre-image, if
+// it is among the first writes.
+func (a *aheadRecords) read(i int) {
+	if a != nil && a.first[i] {
+		a.record(i)
+	}
+}
+
+// start records the first writes the preflight did not.
+func (a *aheadRecords) start() {
+	if a == nil {
+		return
+	}
+	first := make([]int, 0, len(a.first))
+	for _, i := range a.pending {
+		if a.first[i] {
+			first = append(first, i)
+		}
+	}
+	a.record(first...)
+}
+
+// next records ahead the write four waves after item i, whose worker
+// is about to send it.
 func (a *aheadRecords) next(i int) {
 	if a == nil {
 		return
@@ -66,7 +98,7 @@ func (a *aheadRecords) next(i int) {
 }
 
 // record stores the PhaseSending records of items ahead of their
-// writes, but of those whose write started. Under run.mu, so that a
+// writes, except those whose write started. Under run.mu, so that a
 // record goes to the journal before the write's own (executeItem takes
 // the item's request under it): a record kept ahead never lands over a
 // later one.

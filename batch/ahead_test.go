@@ -84,7 +84,7 @@ func TestRecordsAheadOnlyWhereAReadDecides(t *testing.T) {
 				}
 				return
 			}
-			// A worker may take an item before the worker two waves
+			// A worker may take an item before the worker four waves
 			// back recorded it ahead (a goroutine not scheduled): that
 			// write stores its own record, as it would have.
 			if len(j.ahead) < 15 || len(j.early) > 0 {

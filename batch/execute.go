@@ -35,7 +35,11 @@ func (run *batchRun) execute(clientCtx, batchCtx context.Context) {
 			}
 		})
 	}
-	ahead := run.recordsAhead(clientCtx, pending)
+	ahead := run.ahead
+	if ahead == nil {
+		ahead = run.recordsAhead(clientCtx, pending)
+	}
+	ahead.start()
 	run.started = fanOut(batchCtx, run.batchSettings.Concurrency, pending, stop, func(batchCtx context.Context, i int) {
 		if run.plan.window.stopped() {
 			halt() // the item stays not_attempted

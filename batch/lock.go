@@ -214,7 +214,6 @@ func (h *heldLocks) release() {
 		return
 	}
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	h.settle()
 	unlocks := make([]func(), 0, len(h.keys))
 	for _, key := range h.order {
@@ -224,7 +223,8 @@ func (h *heldLocks) release() {
 		}
 	}
 	h.order = nil
-	itemlock.Release(unlocks)
+	h.mu.Unlock()
+	itemlock.Release(unlocks) // a round trip: the lock lists stay readable meanwhile
 }
 
 // refusal is why a batch did not start: nothing was sent.

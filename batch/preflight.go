@@ -26,7 +26,10 @@ func (run *batchRun) preflight(ctx context.Context) bool {
 		}
 	}
 	if aj, ok := run.rt.Journal.(AheadJournal); ok && len(targets) > 0 {
-		aj.RecordAhead(ctx) // the intent, stored while the reads go (ahead.go)
+		// The intent, and the first writes' records as their pre-images
+		// come, are stored while the reads go (ahead.go).
+		aj.RecordAhead(ctx)
+		run.ahead = run.recordsAhead(ctx, pending(run.plan, run.state))
 	}
 	stop := make(chan struct{})
 	halt := sync.OnceFunc(func() { close(stop) })
@@ -38,7 +41,9 @@ func (run *batchRun) preflight(ctx context.Context) bool {
 	fanOut(ctx, run.batchSettings.Concurrency, targets, stop, func(ctx context.Context, i int) {
 		if !run.preflightRead(i)(ctx, i) {
 			halt()
+			return
 		}
+		run.ahead.read(i)
 	})
 	if !anyFailure(run.state) && ctx.Err() == nil {
 		return true

@@ -119,7 +119,8 @@ type batchRun struct {
 	writers map[string][]int
 
 	locks     *heldLocks
-	refusal   *refusal // why the batch did not start, if it did not
+	ahead     *aheadRecords // nil until the preflight or execute makes it
+	refusal   *refusal      // why the batch did not start, if it did not
 	sentUndos int
 
 	answer *answerBudget // the item bodies the answer will carry
@@ -273,18 +274,28 @@ func (run *batchRun) end(ctx, batchCtx context.Context, undo bool) *Result {
 		run.compensate(context.WithoutCancel(ctx))
 	}
 	run.checkLease(ctx)
+	var res *Result
 	if lost := run.lease.loss(); lost != nil {
-		res := run.endLost(ctx, batchCtx, lost)
-		start := run.trace.now()
-		run.rt.Journal.End(context.WithoutCancel(ctx), res)
-		run.trace.journalStored(start, nil)
-		return res
+		res = run.endLost(ctx, batchCtx, lost)
+	} else {
+		res = run.report(ctx, batchCtx)
 	}
-	res := run.report(ctx, batchCtx)
+	run.endJournal(ctx, res)
+	return res
+}
+
+// endJournal ends the saga's journal and lets its item locks go at
+// once: each is a storage round trip the answer waits for, and neither
+// needs the other. A process that dies between them has answered
+// nothing: its saga is finished by recovery, under the proofs, as any
+// saga cut short is.
+func (run *batchRun) endJournal(ctx context.Context, res *Result) {
+	var released sync.WaitGroup
+	released.Go(run.locks.release)
 	start := run.trace.now()
 	run.rt.Journal.End(context.WithoutCancel(ctx), res)
 	run.trace.journalStored(start, nil)
-	return res
+	released.Wait()
 }
 
 // checkLease is the last look at the lease before a saga that did not

@@ -3,6 +3,8 @@ package durable
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"math/rand/v2"
 	"net/http"
 	"strings"
 	"sync"
@@ -187,4 +189,66 @@ func (f *failing) Send(ctx context.Context, sr *batch.SubRequest) (*batch.SubRes
 		return &batch.SubResponse{Status: 500, Header: http.Header{}}, nil
 	}
 	return f.namedWidgets.Send(ctx, sr)
+}
+
+// Many all-or-nothing updates at once, their records going ahead, on a
+// storage whose every call takes a random while and one store in five
+// fails: every batch ends (none waits for a store that never comes), and
+// no write leaves before the storage holds its record.
+func TestRecordsAheadUnderFaults(t *testing.T) {
+	inBubble(t, recordsAheadUnderFaults)
+}
+
+func recordsAheadUnderFaults(t *testing.T) {
+	s := newFaulty()
+	var mu sync.Mutex
+	rnd := rand.New(rand.NewPCG(1, 2))
+	s.setHook(func(_ context.Context, op, _ string) error {
+		mu.Lock()
+		d, fail := time.Duration(rnd.IntN(2000))*time.Microsecond, op == "store" && rnd.IntN(5) == 0
+		mu.Unlock()
+		time.Sleep(d)
+		if fail {
+			return errors.New("connection reset")
+		}
+		return nil
+	})
+	js := NewJournals(s, NewLeases(time.Minute), zap.NewNop())
+	reader := NewJournals(s.memStorage, NewLeases(time.Minute), zap.NewNop()) // reads what is stored, unhindered
+	var wg sync.WaitGroup
+	for b := range 40 {
+		wg.Go(func() {
+			j := js.New(Origin{})
+			up := newNamedWidgets()
+			up.before = func(sr *batch.SubRequest) {
+				if sr.Method != http.MethodPatch {
+					return
+				}
+				st, err := reader.load(context.Background(), j.Saga())
+				if err == nil {
+					for _, it := range st.snap.Items {
+						if it.Sent != nil && it.Sent.Path == sr.Path {
+							return
+						}
+					}
+				}
+				t.Errorf("batch %d: %s %s sent before the storage held its record (%v)", b, sr.Method, sr.Path, err)
+			}
+			done := make(chan *batch.Result, 1)
+			go func() {
+				done <- batch.Run(context.Background(), updatePlan(t, widgets(t), 5+b%20), batch.Runtime{Send: up, Journal: j})
+			}()
+			select {
+			case res := <-done:
+				// failed: a record not stored, nothing written.
+				if res.Outcome != batch.Succeeded && res.Outcome != batch.RolledBack && res.Outcome != batch.Failed {
+					t.Errorf("batch %d ended %s: %s", b, res.Outcome, res.Detail)
+				}
+			case <-time.After(20 * time.Second):
+				t.Errorf("batch %d did not end within 20s", b)
+			}
+		})
+	}
+	wg.Wait()
+	s.setHook(nil) // the removals that failed are tried again, and end
 }

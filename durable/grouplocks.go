@@ -142,6 +142,10 @@ func releaseTaken(unlocks []func()) {
 // says why, or nil while it stands.
 type LockLoser interface {
 	LockLost(name string) error
+	// NoneLost reports, in one look, that no lock the storage holds is
+	// lost: a saga asks before each of its writes, for each of its
+	// locks.
+	NoneLost() bool
 }
 
 // Lost says why the storage lock of one of keys is lost, where the
@@ -149,7 +153,7 @@ type LockLoser interface {
 // lost has lost its lease (Journal.WatchLocks).
 func (l *ItemLocks) Lost(keys []string) error {
 	ll, ok := l.storage.(LockLoser)
-	if !ok {
+	if !ok || ll.NoneLost() {
 		return nil
 	}
 	for _, key := range keys {

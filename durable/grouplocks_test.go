@@ -122,6 +122,8 @@ type losingLocks struct {
 	lose atomic.Bool
 }
 
+func (l *losingLocks) NoneLost() bool { return !l.lose.Load() }
+
 func (l *losingLocks) LockLost(name string) error {
 	if l.lose.Load() {
 		return errors.New("lapsed")

@@ -54,25 +54,27 @@ func roundTripsPerBatch(t *testing.T, atomic bool) {
 		stores    int
 	}{
 		// Locks: 1 round per 128 items; stores: a create's, the intent,
-		// then one per wave of 8; an update's, the intent (while the
-		// preflight reads) and the first two waves, then the records of
-		// the waves two ahead, stored while a wave is in flight (here,
-		// where the upstream answers at once, they are the stores one
-		// after another); the removal: end marker, list, segment 0, the
-		// rest, the marker (on a storage that removes at once, one call
-		// and no listing); releases: 1 round per 128 items. A create's
-		// lock is taken in the background, as its worker goes on.
-		{"PATCH 100", func(t *testing.T) *batch.Plan { return updatePlan(t, widgets(t), 100) }, 100, 1 + 6 + 5 + 1, 6},
-		{"PATCH 20", func(t *testing.T) *batch.Plan { return updatePlan(t, widgets(t), 20) }, 20, 1 + 2 + 5 + 1, 2},
-		{"CREATE 100", func(t *testing.T) *batch.Plan { return createPlan(t, 100) }, 100, 14 + 5 + 1, 1 + (100+7)/8},
-		{"CREATE 20", func(t *testing.T) *batch.Plan { return createPlan(t, 20) }, 20, 4 + 5 + 1, 1 + (20+7)/8},
+		// then one per wave of 8; an update's, at most: the intent and
+		// the first four waves' records, while the preflight reads (here,
+		// where the upstream answers at once, those stores overlap
+		// nothing: two rounds where a create has one), then the records
+		// of the waves four ahead, stored while a wave is in flight; the
+		// removal: end marker, list, segment 0, the rest, the marker (on
+		// a storage that removes at once, one call and no listing), while
+		// the locks are let go (a round per 128 items, or two when
+		// created items' locks go too). A create's lock is taken in the
+		// background, as its worker goes on.
+		{"PATCH 100", func(t *testing.T) *batch.Plan { return updatePlan(t, widgets(t), 100) }, 100, 1 + 4 + 5, 4},
+		{"PATCH 20", func(t *testing.T) *batch.Plan { return updatePlan(t, widgets(t), 20) }, 20, 1 + 4 + 5, 4},
+		{"CREATE 100", func(t *testing.T) *batch.Plan { return createPlan(t, 100) }, 100, 14 + 5, 1 + (100+7)/8},
+		{"CREATE 20", func(t *testing.T) *batch.Plan { return createPlan(t, 20) }, 20, 4 + 5, 1 + (20+7)/8},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			inBubble(t, func(t *testing.T) {
 				s := newCountingStorage(rt)
 				js := NewJournals(s, NewLeases(time.Minute), zap.NewNop())
 				if atomic {
-					// The removal is a listing and one call.
+					// The removal is one call, with no listing, beside the locks' release.
 					js, tc.maxRounds = NewJournals(atomicCounting{s}, NewLeases(time.Minute), zap.NewNop()), tc.maxRounds-3
 				}
 				locks := NewItemLocks(&itemlock.Local{}, s, nil)
@@ -92,8 +94,8 @@ func roundTripsPerBatch(t *testing.T, atomic bool) {
 				if calls["lock item lock"] != tc.items || calls["unlock item lock"] != tc.items {
 					t.Errorf("%d locks and %d unlocks of items, want %d each", calls["lock item lock"], calls["unlock item lock"], tc.items)
 				}
-				if stores := calls["store journal"]; stores != tc.stores {
-					t.Errorf("%d journal stores for %d writes sent 8 at a time, want %d", stores, tc.items, tc.stores)
+				if stores := calls["store journal"]; stores > tc.stores {
+					t.Errorf("%d journal stores for %d writes sent 8 at a time, want at most %d", stores, tc.items, tc.stores)
 				}
 				if len(s.absent) > 0 {
 					t.Errorf("deleted %v, which were never written", s.absent)

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -154,7 +153,7 @@ func testClusterLocks(t *testing.T, api *legacyapi.API, a, b *gateway) {
 func startInstance(t *testing.T, bin, storage, site string) *gateway {
 	t.Helper()
 	home := t.TempDir()
-	g := &gateway{client: &http.Client{Timeout: 60 * time.Second}, addr: freeAddr(t)}
+	g := &gateway{client: gatewayClient(t, 60*time.Second), addr: freeAddr(t)}
 	g.URL = "http://" + g.addr
 	config := "{\n\tadmin off\n\tpersist_config off\n\tauto_https off\n\t" + storage + "\n}\n" +
 		g.URL + " {" + site + "\n}\n"

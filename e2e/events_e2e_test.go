@@ -6,7 +6,6 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -113,7 +112,7 @@ func subscribed(tap string) string {
 // whose events tap handles.
 func startSubscribedGateway(t *testing.T, api *legacyapi.API, tap string) *gateway {
 	t.Helper()
-	g := &gateway{API: api, client: &http.Client{Timeout: 60 * time.Second}, addr: freeAddr(t),
+	g := &gateway{API: api, client: gatewayClient(t, 60*time.Second), addr: freeAddr(t),
 		upstream: newUpstream(t, api), storage: "storage file_system " + t.TempDir(), admin: freeAddr(t), globals: subscribed(tap)}
 	g.start(t, operatedSite("put"))
 	return g

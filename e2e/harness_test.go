@@ -106,9 +106,20 @@ func startGatewayTo(t testing.TB, api *legacyapi.API, upstream, site string) *ga
 // given, e.g. "storage redis { ... }".
 func startGatewayStorage(t testing.TB, api *legacyapi.API, upstream, storage, site string) *gateway {
 	t.Helper()
-	g := &gateway{API: api, client: &http.Client{Timeout: 60 * time.Second}, addr: freeAddr(t), upstream: upstream, storage: storage}
+	g := &gateway{API: api, client: gatewayClient(t, 60*time.Second), addr: freeAddr(t), upstream: upstream, storage: storage}
 	g.start(t, site)
 	return g
+}
+
+// gatewayClient is a client of one gateway's own, its idle connections
+// closed when the test ends. Through the shared default transport, a
+// connection kept alive to an earlier test's gateway at the same address
+// (its port freed and handed out again) could be reused, and a request
+// that cannot be replayed (a DELETE) answered EOF.
+func gatewayClient(t testing.TB, timeout time.Duration) *http.Client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Timeout: timeout, Transport: tr}
 }
 
 // start runs Caddy with g's config serving site.

@@ -31,7 +31,7 @@ const plainHeader = "X-Test-Plain"
 // cost of a storm, and would skew the latencies it measures.
 func startQuietGateway(t testing.TB, api *legacyapi.API, upstream, site string) *gateway {
 	t.Helper()
-	g := &gateway{API: api, client: &http.Client{Timeout: 2 * time.Minute}, addr: freeAddr(t), upstream: upstream}
+	g := &gateway{API: api, client: gatewayClient(t, 2*time.Minute), addr: freeAddr(t), upstream: upstream}
 	g.URL = "http://" + g.addr
 	loadCaddyfile(t, strings.Replace(g.config(site), "level DEBUG", "level WARN", 1))
 	t.Cleanup(func() {

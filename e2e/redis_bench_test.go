@@ -304,8 +304,10 @@ func TestRedisRoundTripsPerKeyedBatch(t *testing.T) {
 	cmds, byCmd := commandCalls(t, addr)
 	t.Logf("%d round trips %v; %d commands %v", total, by, cmds, byCmd)
 	// The claim's script names the record's lock first, the answer's
-	// the record.
-	if key := keyRoundTrips(by); key != 2 || by["script:locks:idem"] != 1 || by["script:keys:idem"] != 1 {
+	// the record. The process's lease loop may renew the claim while
+	// the batch runs, once (its tick is every third of a lease, shared
+	// by every test in the process): a third script on the record.
+	if key := keyRoundTrips(by); key < 2 || key > 3 || by["script:locks:idem"] != 1 || by["script:keys:idem"] != key-1 {
 		t.Errorf("%d round trips name the key (%v), want 2 scripts: the claim and the answer", key, by)
 	}
 	// The same request again is replayed, after one round trip.

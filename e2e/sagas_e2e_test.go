@@ -20,7 +20,7 @@ import (
 // free loopback port, and the storage in a folder of the test's own.
 func startAdminGateway(t *testing.T, api *legacyapi.API, site string) *gateway {
 	t.Helper()
-	g := &gateway{API: api, client: &http.Client{Timeout: 60 * time.Second}, addr: freeAddr(t),
+	g := &gateway{API: api, client: gatewayClient(t, 60*time.Second), addr: freeAddr(t),
 		upstream: newUpstream(t, api), storage: "storage file_system " + t.TempDir(), admin: freeAddr(t)}
 	g.start(t, site)
 	return g

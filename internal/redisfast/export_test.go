@@ -1,12 +1,17 @@
 package redisfast
 
-// Refresh refreshes every lock s holds, now.
-func Refresh(s *Store) {
+import "time"
+
+// Refresh refreshes every lock s holds, now, as its refresh loop does.
+func Refresh(s *Store) { s.locks.refreshAll() }
+
+// Age makes every proof of the locks s holds d older, as a refresh loop
+// that failed for d would leave them.
+func Age(s *Store, d time.Duration) {
 	s.locks.mu.Lock()
-	names := make([]string, 0, len(s.locks.held))
-	for n := range s.locks.held {
-		names = append(names, n)
+	defer s.locks.mu.Unlock()
+	for n, proven := range s.locks.held {
+		s.locks.held[n] = proven.Add(-d)
 	}
-	s.locks.mu.Unlock()
-	s.locks.refresh(names)
+	s.locks.provenAll = s.locks.provenAll.Add(-d)
 }

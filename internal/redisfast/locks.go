@@ -42,8 +42,12 @@ type lockTable struct {
 
 	mu sync.Mutex
 	// held are the locks held, each with when a call last proved it
-	// (when the call that took or refreshed it began).
-	held map[string]time.Time
+	// (when the call that took or refreshed it began), and provenAll a
+	// moment at or before every one of those: a saga asks before each
+	// write whether any of its locks is lost (NoneLost), which this
+	// answers without a look at each.
+	held      map[string]time.Time
+	provenAll time.Time
 	// lost are the locks found lost while held, until released.
 	lost       map[string]error
 	refreshing bool
@@ -89,6 +93,14 @@ func (s *Store) Unlock(ctx context.Context, name string) error {
 	return r.err
 }
 
+// NoneLost reports that no lock this Store holds is lost, nor unproven
+// for its lifetime: then LockLost is nil for each.
+func (s *Store) NoneLost() bool {
+	s.locks.mu.Lock()
+	defer s.locks.mu.Unlock()
+	return len(s.locks.lost) == 0 && time.Since(s.locks.provenAll) <= lockTTL
+}
+
 // LockLost says why the lock name, held by this Store, is lost: another
 // holder has it, or no refresh proved it for its lifetime (it may have
 // lapsed); nil while it stands.
@@ -123,6 +135,9 @@ func (t *lockTable) tryAll(ctx context.Context, reqs []*request) {
 			r.ok = got[i] == int64(1)
 		}
 		if r.ok {
+			if len(t.held) == 0 || began.Before(t.provenAll) {
+				t.provenAll = began
+			}
 			t.held[r.name] = began
 			delete(t.lost, r.name)
 		}
@@ -160,23 +175,46 @@ func (t *lockTable) startRefresh() {
 func (t *lockTable) refreshLoop() {
 	for {
 		time.Sleep(refreshEvery)
-		t.mu.Lock()
-		if len(t.held) == 0 {
-			t.refreshing = false
-			t.mu.Unlock()
+		if !t.refreshAll() {
 			return
 		}
-		names := make([]string, 0, len(t.held))
-		for n := range t.held {
-			names = append(names, n)
-		}
+	}
+}
+
+// refreshAll refreshes every lock held, and reports whether any was:
+// with none, the refresh loop ends.
+func (t *lockTable) refreshAll() bool {
+	t.mu.Lock()
+	if len(t.held) == 0 {
+		t.refreshing = false
 		t.mu.Unlock()
-		for len(names) > 0 {
-			n := min(len(names), maxKeys)
-			t.refresh(names[:n])
-			names = names[n:]
+		return false
+	}
+	names := make([]string, 0, len(t.held))
+	for n := range t.held {
+		names = append(names, n)
+	}
+	t.mu.Unlock()
+	for len(names) > 0 {
+		n := min(len(names), maxKeys)
+		t.refresh(names[:n])
+		names = names[n:]
+	}
+	t.mu.Lock()
+	t.provenAll = oldest(t.held)
+	t.mu.Unlock()
+	return true
+}
+
+// oldest is the earliest of held's proofs; now when none is held.
+func oldest(held map[string]time.Time) time.Time {
+	first := time.Now()
+	for _, proven := range held {
+		if proven.Before(first) {
+			first = proven
 		}
 	}
+	return first
 }
 
 // refresh extends names' locks, and marks those no longer this Store's

@@ -196,7 +196,8 @@ func TestLockIsTheModules(t *testing.T) {
 
 // TestLockLost: a lock the fast path holds is lost once Redis no longer
 // holds it for this instance (it lapsed, or was deleted), as a refresh
-// finds; a refresh that finds it extends it.
+// finds, or once no refresh proved it for its lifetime; a refresh that
+// finds it extends it. NoneLost says, in one look, whether any is.
 func TestLockLost(t *testing.T) {
 	ctx := context.Background()
 	mr := miniredis.RunT(t)
@@ -205,6 +206,17 @@ func TestLockLost(t *testing.T) {
 		if ok, err := f.TryLock(ctx, n); !ok || err != nil {
 			t.Fatal(n, ok, err)
 		}
+	}
+	if !f.NoneLost() {
+		t.Error("NoneLost is false with every lock just taken")
+	}
+	redisfast.Age(f, 6*time.Second) // no refresh for longer than a lock lives
+	if f.NoneLost() || f.LockLost("kept") == nil {
+		t.Error("a lock unproven for longer than it lives is not lost")
+	}
+	redisfast.Refresh(f)
+	if !f.NoneLost() || f.LockLost("kept") != nil {
+		t.Error("a lock proven again is still lost")
 	}
 	mr.Del("caddy/locks/deleted")
 	mr.SetTTL("caddy/locks/lapsed", time.Millisecond)
@@ -220,6 +232,17 @@ func TestLockLost(t *testing.T) {
 		if err := f.LockLost(n); err == nil {
 			t.Errorf("%s: not lost", n)
 		}
+	}
+	if f.NoneLost() {
+		t.Error("NoneLost with two locks lost")
+	}
+	for _, n := range []string{"deleted", "lapsed"} {
+		if err := f.Unlock(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !f.NoneLost() {
+		t.Error("NoneLost is false once the lost locks were let go")
 	}
 }
 
