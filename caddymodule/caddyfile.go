@@ -91,7 +91,15 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    scope_headers        <header...>
 //	    id_format            any|integer|uuid
 //	    stamped_fields       <member...>
+//	    max_job_items        <n>
+//	    max_job_body_size    <size>
+//	    max_jobs             <n>
+//	    max_jobs_per_client  <n>
+//	    max_queued_jobs      <n>
+//	    job_ttl              <duration>
+//	    job_timeout          <duration>
 //	    envelope             <path>
+//	    jobs                 <path>
 //	    openapi              [<file>] {
 //	        prefix  <path>
 //	        publish <path>
@@ -229,7 +237,11 @@ func (h *Handler) unmarshal(d *caddyfile.Dispenser) (*places, error) {
 			h.Resources = append(h.Resources, r)
 			at.resources = append(at.resources, rat)
 		case name == "envelope":
-			if err := h.unmarshalEnvelope(d, at.options); err != nil {
+			if err := unmarshalPath(d, at.options, name, "the path its POSTs come on, e.g. envelope /api/batch", &h.Envelope); err != nil {
+				return nil, err
+			}
+		case name == "jobs":
+			if err := unmarshalPath(d, at.options, name, "the path its jobs' monitors live under, e.g. jobs /api/jobs", &h.Jobs); err != nil {
 				return nil, err
 			}
 		case name == "openapi":
@@ -239,7 +251,7 @@ func (h *Handler) unmarshal(d *caddyfile.Dispenser) (*places, error) {
 		case slices.Contains(resourceWords, name):
 			return nil, d.Errf("%s belongs in a resource block: resource <collection path> { %s ... }", name, name)
 		default:
-			if err := h.Options.UnmarshalOption(d, at.options, []string{"resource", "envelope", "openapi"}); err != nil {
+			if err := h.Options.UnmarshalOption(d, at.options, []string{"resource", "envelope", "jobs", "openapi"}); err != nil {
 				return nil, err
 			}
 		}
@@ -247,20 +259,21 @@ func (h *Handler) unmarshal(d *caddyfile.Dispenser) (*places, error) {
 	return at, nil
 }
 
-// unmarshalEnvelope reads "envelope <path>".
-func (h *Handler) unmarshalEnvelope(d *caddyfile.Dispenser, seen map[string]caddyfile.Token) error {
-	if err := options.Once(d, seen, "envelope", d.Token()); err != nil {
+// unmarshalPath reads "<name> <path>" (envelope, jobs) into dst; what
+// says what the path is for, with an example.
+func unmarshalPath(d *caddyfile.Dispenser, seen map[string]caddyfile.Token, name, what string, dst *string) error {
+	if err := options.Once(d, seen, name, d.Token()); err != nil {
 		return err
 	}
 	if !d.NextArg() {
-		return d.Err("envelope takes the path its POSTs come on, e.g. envelope /api/batch")
+		return d.Errf("%s takes %s", name, what)
 	}
-	h.Envelope = d.Val()
+	*dst = d.Val()
 	if d.NextArg() {
-		return d.Errf("envelope takes one path, not %q too", d.Val())
+		return d.Errf("%s takes one path, not %q too", name, d.Val())
 	}
 	if d.NextBlock(d.Nesting()) {
-		return d.Err("envelope takes no block")
+		return d.Errf("%s takes no block", name)
 	}
 	return nil
 }
@@ -282,6 +295,8 @@ func unmarshalResource(d *caddyfile.Dispenser) (Resource, resourcePlaces, error)
 			err = d.Errf("resource blocks do not nest: close the block of resource %s before the next resource", r.Path)
 		case name == "envelope":
 			err = d.Errf("envelope belongs in the batch block, not in resource %s: one envelope serves every resource", r.Path)
+		case name == "jobs":
+			err = d.Errf("jobs belongs in the batch block, not in resource %s: one jobs path serves every resource", r.Path)
 		case name == "openapi":
 			err = d.Errf("openapi belongs in the batch block, not in resource %s: one document declares every resource", r.Path)
 		case slices.Contains(resourceWords, name):

@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 
 	"github.com/caddy-batch/caddy-batch/batch"
@@ -19,6 +20,9 @@ type config struct {
 	handler options.Level
 	// envelope is nil when the handler has none.
 	envelope *batch.Envelope
+	// jobsPath is the handler's jobs path, without a trailing slash; ""
+	// when it runs no jobs.
+	jobsPath string
 	// published is the OpenAPI document the handler serves, nil when it
 	// publishes none.
 	published *publishedDoc
@@ -61,11 +65,15 @@ func (h *Handler) resolve(lines []int, publish bool) (config, error) {
 	if err != nil {
 		return config{}, err
 	}
+	jobsPath, err := h.jobsPathOf(p, envelope)
+	if err != nil {
+		return config{}, err
+	}
 	published, err := h.publishOf(p, resources, imported, publish)
 	if err != nil {
 		return config{}, err
 	}
-	return config{policy: p, handler: handler, envelope: envelope, published: published, resources: resources, gaps: gaps}, nil
+	return config{policy: p, handler: handler, envelope: envelope, jobsPath: jobsPath, published: published, resources: resources, gaps: gaps}, nil
 }
 
 // buildPolicy lays each resource's options over the handler's settings
@@ -84,6 +92,10 @@ func (h *Handler) buildPolicy(handler options.Level, resources []resolved, lines
 			errs = append(errs, policy.InResource(i, r.Path, policy.OptionError("max_in_flight",
 				errors.New("max_in_flight bounds the sub-requests of every batch of the handler together, so a resource cannot have its own: set it in the batch block"))))
 		}
+		for _, name := range r.handlerJobOptions() {
+			errs = append(errs, policy.InResource(i, r.Path, policy.OptionError(name,
+				fmt.Errorf("%s counts the jobs of every resource of the handler together, so a resource cannot have its own: set it in the batch block", name))))
+		}
 		if r.doc != nil {
 			specs[i].Formats = r.doc.Formats
 			gaps = append(gaps, openapi.Derive(&specs[i], r.keepCollection)...)
@@ -100,6 +112,20 @@ func (h *Handler) buildPolicy(handler options.Level, resources []resolved, lines
 	all := append(errs, policy.Flatten(err)...)
 	slices.SortStableFunc(all, func(a, b error) int { return resourceOf(a) - resourceOf(b) })
 	return nil, nil, h.placeImported(errors.Join(all...), resources)
+}
+
+// handlerJobOptions names the handler-only job options r sets.
+func (r Resource) handlerJobOptions() []string {
+	var names []string
+	for _, o := range []struct {
+		name string
+		set  bool
+	}{{"max_jobs", r.MaxJobs != 0}, {"max_jobs_per_client", r.MaxJobsPerClient != 0}, {"max_queued_jobs", r.MaxQueuedJobs != 0}} {
+		if o.set {
+			names = append(names, o.name)
+		}
+	}
+	return names
 }
 
 // spec declares the resource to the policy, with its resolved settings.

@@ -32,6 +32,18 @@ type GatewaySettings struct {
 	// Cookie, say who a client is (an API keyed by X-API-Key): its
 	// Idempotency-Key records and throttle holds are its own.
 	ScopeHeaders []string
+	// MaxJobItems and MaxJobBodySize bound what a bulk job is given.
+	MaxJobItems    int
+	MaxJobBodySize int64
+	// MaxJobs, MaxJobsPerClient and MaxQueuedJobs are the jobs this
+	// instance runs at once, one client may have, and may wait.
+	MaxJobs          int
+	MaxJobsPerClient int
+	MaxQueuedJobs    int
+	// JobTTL is how long an ended job is kept; JobTimeout how long a job
+	// may take from its start.
+	JobTTL     time.Duration
+	JobTimeout time.Duration
 }
 
 // GatewayDefaults returns the gateway's settings README's
@@ -42,6 +54,14 @@ func GatewayDefaults() GatewaySettings {
 		MaxInFlight:    32,
 		IdempotencyTTL: 24 * time.Hour,
 		Journal:        true,
+
+		MaxJobItems:      100000,
+		MaxJobBodySize:   64 << 20,
+		MaxJobs:          4,
+		MaxJobsPerClient: 2,
+		MaxQueuedJobs:    16,
+		JobTTL:           24 * time.Hour,
+		JobTimeout:       6 * time.Hour,
 	}
 }
 
@@ -111,4 +131,22 @@ func ParseItemLocks(s string) (ItemLocks, error) {
 		return StorageLocks, nil
 	}
 	return 0, unknown("item_locks", s, []string{"local", "storage"})
+}
+
+// checkJobs refuses job limits that would refuse every job, or start
+// ones that cannot end: a job's body smaller than one element may be, a
+// job_timeout no longer than one sub-request may take.
+func (g GatewaySettings) checkJobs(s Settings) error {
+	var errs []error
+	if g.MaxJobBodySize > 0 && g.MaxJobBodySize < s.MaxBodySize {
+		errs = append(errs, OptionError("max_job_body_size", fmt.Errorf(
+			"max_job_body_size (%d bytes) is below max_body_size (%d bytes), which bounds one element of a job: raise max_job_body_size, e.g. max_job_body_size 64MiB",
+			g.MaxJobBodySize, s.MaxBodySize)))
+	}
+	if g.JobTimeout > 0 && g.JobTimeout <= s.ItemTimeout {
+		errs = append(errs, OptionError("job_timeout", fmt.Errorf(
+			"job_timeout (%s) must be longer than item_timeout (%s), which one of its sub-requests may take: raise job_timeout, e.g. job_timeout 6h",
+			g.JobTimeout, s.ItemTimeout)))
+	}
+	return errors.Join(errs...)
 }

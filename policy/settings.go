@@ -263,6 +263,13 @@ func limits(s Settings, g GatewaySettings) []limit {
 		{"batch_timeout", int64(s.BatchTimeout), durationLimit},
 		{"compensation_timeout", int64(s.CompensationTimeout), durationLimit},
 		{"idempotency_ttl", int64(g.IdempotencyTTL), durationLimit},
+		{"max_job_items", int64(g.MaxJobItems), countLimit},
+		{"max_job_body_size", g.MaxJobBodySize, sizeLimit},
+		{"max_jobs", int64(g.MaxJobs), countLimit},
+		{"max_jobs_per_client", int64(g.MaxJobsPerClient), countLimit},
+		{"max_queued_jobs", int64(g.MaxQueuedJobs), countLimit},
+		{"job_ttl", int64(g.JobTTL), durationLimit},
+		{"job_timeout", int64(g.JobTimeout), durationLimit},
 	}
 }
 
@@ -325,7 +332,7 @@ func Validate(s Settings, g GatewaySettings) error {
 		errs = append(errs, OptionError("ids_param",
 			fmt.Errorf("ids_param must not be %q: the gateway reads that parameter as a method override; choose another name, e.g. ids", s.IDsParam)))
 	}
-	errs = append(errs, s.checkScopeQuery(), s.checkStampedFields(), g.checkAutoInFlight(), g.checkScopeHeaders())
+	errs = append(errs, s.checkScopeQuery(), s.checkStampedFields(), g.checkAutoInFlight(), g.checkScopeHeaders(), g.checkJobs(s))
 	return errors.Join(errs...)
 }
 

@@ -221,6 +221,45 @@ type Options struct {
 	// line of a batch that left items behind carries their pre-images.
 	// Default: true.
 	Journal *bool `json:"journal,omitempty"`
+
+	// The most ids or elements one bulk job (a batch sent with `Prefer:
+	// respond-async` to a handler with `jobs`) may hold; more is answered
+	// `413` and no job is made
+	// ([Bulk jobs](docs/durability.md#bulk-jobs-in-storage)).
+	// Default: 100000.
+	MaxJobItems int `json:"max_job_items,omitempty"`
+
+	// The largest body of a bulk job, in bytes, read as a stream; larger
+	// is answered `413` and no job is made. Each element is still bounded
+	// by `max_body_size`, as a sub-request's body. Default: 64MiB
+	// (67108864).
+	MaxJobBodySize int64 `json:"max_job_body_size,omitempty"`
+
+	// How many bulk jobs this instance runs at once; a start beyond it is
+	// refused `429` with `Retry-After` until one ends. It is the
+	// handler's alone: set in a resource, it is refused. Default: 4.
+	MaxJobs int `json:"max_jobs,omitempty"`
+
+	// How many bulk jobs one client (its `Authorization`, `Cookie`,
+	// `scope_query` values and `scope_headers`) may have running, queued
+	// or cancelling across the cluster; one more is refused `429` with
+	// `Retry-After`. The handler's alone. Default: 2.
+	MaxJobsPerClient int `json:"max_jobs_per_client,omitempty"`
+
+	// How many bulk jobs may wait in the cluster's queue, as this
+	// instance allows it; one more is refused `429` with `Retry-After`.
+	// The handler's alone. Default: 16.
+	MaxQueuedJobs int `json:"max_queued_jobs,omitempty"`
+
+	// How long a bulk job's status and results are kept once it ended,
+	// then swept; a job found past it is answered `404`.
+	// Default: 24h.
+	JobTTL caddy.Duration `json:"job_ttl,omitempty"`
+
+	// How long a bulk job may take from its start, waits included; past
+	// it no new item starts and the job ends `partial` (or `failed` when
+	// nothing succeeded), its status saying why. Default: 6h.
+	JobTimeout caddy.Duration `json:"job_timeout,omitempty"`
 }
 
 // AutoInFlight bounds an adaptive max_in_flight.
@@ -375,6 +414,20 @@ var optionTable = []option{
 		func(o *Options, l *Level) (*string, *policy.IDFormat) { return &o.IDFormat, &l.IDFormat }),
 	list("stamped_fields", "<member...>", "member names", "updated_at",
 		func(o *Options, l *Level) (*[]string, *[]string) { return &o.StampedFields, &l.StampedFields }),
+	count("max_job_items", "100000",
+		func(o *Options, l *Level) (*int, *int) { return &o.MaxJobItems, &l.MaxJobItems }),
+	size("max_job_body_size", "64MiB",
+		func(o *Options, l *Level) (*int64, *int64) { return &o.MaxJobBodySize, &l.MaxJobBodySize }),
+	count("max_jobs", "4",
+		func(o *Options, l *Level) (*int, *int) { return &o.MaxJobs, &l.MaxJobs }),
+	count("max_jobs_per_client", "2",
+		func(o *Options, l *Level) (*int, *int) { return &o.MaxJobsPerClient, &l.MaxJobsPerClient }),
+	count("max_queued_jobs", "16",
+		func(o *Options, l *Level) (*int, *int) { return &o.MaxQueuedJobs, &l.MaxQueuedJobs }),
+	duration("job_ttl", "24h",
+		func(o *Options, l *Level) (*caddy.Duration, *time.Duration) { return &o.JobTTL, &l.JobTTL }),
+	duration("job_timeout", "6h",
+		func(o *Options, l *Level) (*caddy.Duration, *time.Duration) { return &o.JobTimeout, &l.JobTimeout }),
 }
 
 // Form is one way of writing an option in a Caddyfile, for the

@@ -245,6 +245,7 @@ func syntax(forms []options.Form) []line {
 	}
 	return append(lines,
 		pad("envelope", "<path>"),
+		pad("jobs", "<path>"),
 		pad("openapi", "[<file>] {"),
 		line{2, "prefix  <path>"},
 		line{2, "publish <path>"},
