@@ -113,6 +113,25 @@ func AdmitJob(r *http.Request, m policy.Match, op policy.Op, lim JobLimits, chun
 	return plan, nil, nil
 }
 
+// JobOp tells whether r, a request to a collection that asked for
+// Prefer: respond-async, starts a bulk job, and of which operation: a
+// POST (create) or PATCH (update) whose body is JSON Lines, or any
+// request a synchronous batch would be (detectOp: a POST or PATCH of a
+// JSON array, a DELETE, a GET with the ids parameter). Anything else, a
+// single create or a LIST, is no job and passes on as it came: a body
+// read to decide is put back.
+func JobOp(r *http.Request, res *policy.Resource) (policy.Op, bool, error) {
+	if isJSONLines(r.Header.Get("Content-Type")) {
+		switch r.Method {
+		case http.MethodPost:
+			return policy.OpCreate, true, nil
+		case http.MethodPatch:
+			return policy.OpUpdate, true, nil
+		}
+	}
+	return detectOp(r, res)
+}
+
 // admission is one job's items as they stream past: how many came, the
 // digest of their elements, and the chunk being filled.
 type admission struct {

@@ -500,3 +500,35 @@ func (g *generatedLines) Read(p []byte) (int, error) {
 	g.pending = g.pending[:copy(g.pending, g.pending[n:])]
 	return n, nil
 }
+
+// TestJobOp: what starts a job is what a synchronous batch is, and JSON
+// Lines besides; a single create and a LIST stay what they are, their
+// bodies whole.
+func TestJobOp(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		r      *http.Request
+		op     policy.Op
+		isJob  bool
+		bodyIs string
+	}{
+		{"JSON Lines create", linesRequest("POST", `{"name":"a"}`), policy.OpCreate, true, `{"name":"a"}`},
+		{"JSON Lines update", linesRequest("PATCH", `{"id":1}`), policy.OpUpdate, true, `{"id":1}`},
+		{"array create", newRequest("POST", "/widgets", ` [{"name":"a"}]`), policy.OpCreate, true, ` [{"name":"a"}]`},
+		{"single create", newRequest("POST", "/widgets", `{"name":"a"}`), policy.OpCreate, false, `{"name":"a"}`},
+		{"GET with ids", newRequest("GET", "/widgets?ids=1,2", ""), policy.OpGet, true, ""},
+		{"LIST", newRequest("GET", "/widgets", ""), policy.OpGet, false, ""},
+		{"DELETE", newRequest("DELETE", "/widgets?ids=1", ""), policy.OpDelete, true, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			m, _ := widgets(t).Lookup("/widgets")
+			op, isJob, err := JobOp(tt.r, m.Resource)
+			if err != nil || isJob != tt.isJob || isJob && op != tt.op {
+				t.Fatalf("JobOp = %v, %v, %v; want %v, %v", op, isJob, err, tt.op, tt.isJob)
+			}
+			if body, _ := io.ReadAll(tt.r.Body); string(body) != tt.bodyIs {
+				t.Errorf("body left %q, want %q", body, tt.bodyIs)
+			}
+		})
+	}
+}

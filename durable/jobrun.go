@@ -213,8 +213,10 @@ func (d *driver) window(ctx context.Context, through Through, stop <-chan struct
 	}
 	base := first + done
 	if done < len(items) {
+		// The job's requests carry the headers it forwards, as a
+		// synchronous batch's carry its client's.
 		snap := &batch.Snapshot{Version: batch.SnapshotVersion, Op: hj.rec.Op, Path: hj.rec.Path, Query: hj.rec.Query,
-			Key: hj.rec.Key, KeyQuoted: hj.rec.KeyQuoted, Base: base, Items: slices.Clone(items[done:])}
+			Header: d.cred, Key: hj.rec.Key, KeyQuoted: hj.rec.KeyQuoted, Base: base, Items: slices.Clone(items[done:])}
 		if err := hj.readLog(ctx, first, base, snap.Items); err != nil {
 			return err
 		}

@@ -36,6 +36,8 @@ type widgetsUpstream struct {
 	items   map[string][]byte
 	made    map[string]int // how many items each element's name made
 	nextID  int
+	// unauthorized counts creates without the job's Authorization.
+	unauthorized int
 }
 
 func newWidgetsUpstream(honorKeys bool) *widgetsUpstream {
@@ -48,6 +50,9 @@ func (u *widgetsUpstream) Send(_ context.Context, req *batch.SubRequest) (*batch
 		u.mu.Lock()
 		u.creates++
 		n := u.creates
+		if req.Header.Get("Authorization") != "Bearer golden" {
+			u.unauthorized++
+		}
 		u.mu.Unlock()
 		if u.onCreate != nil {
 			u.onCreate(n)
@@ -185,6 +190,9 @@ func TestJobRunCreatesEveryItemInOrder(t *testing.T) {
 	up := newWidgetsUpstream(false)
 	if err := hj.Run(context.Background(), throughTo(widgetsPolicy(t, nil), up), nil); err != nil {
 		t.Fatal(err)
+	}
+	if up.unauthorized != 0 {
+		t.Errorf("%d creates went without the job's forwarded Authorization", up.unauthorized)
 	}
 	id := hj.Record().ID
 	if st := mustStatus(t, js, id, token); st.State != JobSucceeded || st.Done != 1000 || st.Succeeded != 1000 {
