@@ -92,6 +92,8 @@ type Handler struct {
 	storageLocks itemlock.Locker
 	idem         *idempotency
 	journals     *durable.Journals
+	// jobs are set when the handler has a jobs path.
+	jobs *jobs
 	// headless are the resources whose API answered HEAD 405.
 	headless *headless
 	// prop are the propagators of Caddy's tracing, which write each
@@ -198,6 +200,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	journals, leases := app.(*batchapp.App).Register()
 	h.journals = journals
 	h.idem = newIdempotency(storage, leases, h.logger)
+	if cfg.jobsPath != "" {
+		if storage == nil {
+			return fmt.Errorf("batch: jobs %s needs Caddy's storage, which this context has none of", cfg.jobsPath)
+		}
+		h.jobs = newJobs(storage, leases, cfg.handler.MaxJobs, h.logger)
+	}
 	return nil
 }
 
@@ -208,6 +216,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// saga to finish through this route, not a client's request.
 	if rc, ok := batchapp.RecoveryOf(r.Context()); ok {
 		return h.offer(w, r, next, rc)
+	}
+	if h.isJobMonitor(r.URL.EscapedPath()) {
+		return h.serveJobMonitor(w, r)
 	}
 	if h.published != nil && r.URL.EscapedPath() == h.published.path {
 		return h.servePublished(w, r)
@@ -234,6 +245,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.serveHead(w, r, m, next)
 	case m.Item:
 		return h.serveItem(w, r, m, next)
+	}
+	if h.jobs != nil && batch.IsAsync(r.Header) {
+		op, isJob, err := batch.JobOp(r, m.Resource)
+		if err != nil {
+			return refuse(w, problem.New(http.StatusBadRequest, "invalid-batch", "reading the body: "+err.Error()), m.Allow())
+		}
+		if isJob {
+			return h.serveJobStart(w, r, m, op, next)
+		}
 	}
 	a, isBatch := h.admit(r, m)
 	if !isBatch {

@@ -1,0 +1,247 @@
+package caddymodule
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/certmagic"
+	"go.uber.org/zap"
+
+	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/batchapp"
+	"github.com/caddy-batch/caddy-batch/durable"
+	"github.com/caddy-batch/caddy-batch/internal/problem"
+	"github.com/caddy-batch/caddy-batch/policy"
+)
+
+// Bulk jobs (docs/durability.md, "Bulk jobs in storage") are durable's
+// (the store, the driver) and the engine's (admission, windows); what
+// the gateway adds is who may start one, the answers, and the route a
+// job's requests take: through this handler's next, as a batch's do.
+
+// jobRetryAfter is the Retry-After of a started job and of a status
+// before the job ended, in seconds: how often a client polls.
+const jobRetryAfter = "5"
+
+// maxJobsRetry is the Retry-After of a start refused for max_jobs: a
+// job of this instance takes minutes to end.
+const maxJobsRetry = time.Minute
+
+// jobs is what a handler with a jobs path starts and watches jobs with.
+type jobs struct {
+	store *durable.Jobs
+	// running holds a token per job this handler runs, max_jobs of them.
+	running chan struct{}
+	logger  *zap.Logger
+}
+
+func newJobs(storage certmagic.Storage, leases *durable.Leases, maxJobs int, logger *zap.Logger) *jobs {
+	return &jobs{
+		store:   durable.NewJobs(batchapp.DurableStorage(storage), leases, logger),
+		running: make(chan struct{}, maxJobs),
+		logger:  logger,
+	}
+}
+
+// acquire takes a max_jobs slot, if one is free, and answers its release.
+func (j *jobs) acquire() (release func(), ok bool) {
+	select {
+	case j.running <- struct{}{}:
+		return func() { <-j.running }, true
+	default:
+		return nil, false
+	}
+}
+
+// serveJobStart makes a job of a batch sent with Prefer: respond-async
+// (op, on the collection m matched), runs it on this instance in the
+// background and answers 202 with its status and token; or refuses it,
+// with nothing stored and nothing sent.
+func (h *Handler) serveJobStart(w http.ResponseWriter, r *http.Request, m policy.Match, op policy.Op, next caddyhttp.Handler) error {
+	ctx := r.Context()
+	sc := h.collectionScope(m)
+	g := sc.gateway
+	client, ok := jobClient(r, sc)
+	if !ok {
+		return problem.New(http.StatusForbidden, "job-needs-identity",
+			"a bulk job is made only for a client that says who it is: send Authorization or a Cookie"+identityHint(sc)+
+				", or send the batch without Prefer: respond-async to run it synchronously").Write(w)
+	}
+	release, ok := h.jobs.acquire()
+	if !ok {
+		return refuseQuota(w, &durable.QuotaError{RetryAfter: maxJobsRetry, Reason: fmt.Sprintf(
+			"this instance runs %d jobs, as many as max_jobs allows: wait for one to end", cap(h.jobs.running))})
+	}
+	started := false
+	defer func() {
+		if !started {
+			release()
+		}
+	}()
+	quota := durable.Quota{PerClient: g.MaxJobsPerClient, Queued: g.MaxQueuedJobs}
+	if err := h.jobs.store.CheckQuota(ctx, client, quota); err != nil {
+		return h.refuseJob(w, err)
+	}
+	staging, err := h.jobs.store.Stage(ctx, g.JobTTL)
+	if err != nil {
+		return h.refuseJob(w, err)
+	}
+	limits := batch.JobLimits{MaxItems: g.MaxJobItems, MaxAtomic: g.MaxJobItems, MaxBody: g.MaxJobBodySize, MaxElement: sc.settings.MaxBodySize}
+	plan, prob, err := batch.AdmitJob(r, m, op, limits, func(first int, items []batch.ItemSnapshot) error {
+		return staging.Chunk(ctx, first, items)
+	})
+	if prob == nil && plan.Atomicity != policy.Partial {
+		p := problem.New(http.StatusConflict, "job-atomicity-unsupported",
+			fmt.Sprintf("batch %s runs all_or_nothing on %s, and this gateway runs partial jobs only: send the batch synchronously, or as a partial job (atomicity %s partial, or Prefer: atomicity=partial where allow_override is on)",
+				op, m.Resource.Collection, op))
+		prob = &p
+	}
+	if prob != nil {
+		staging.Discard(context.WithoutCancel(ctx))
+		if err != nil {
+			h.logger.Warn("storing a bulk job's input", zap.Error(err))
+		}
+		return refuse(w, *prob, sc.allow)
+	}
+	created := time.Now().UTC()
+	rec := &durable.JobRecord{
+		Op: op.String(), Resource: sc.resource, Path: plan.Spec.Path, Query: plan.Spec.Query,
+		Atomicity: plan.Atomicity.String(), Items: plan.Items, Key: plan.Spec.Key, KeyQuoted: plan.Spec.KeyQuoted,
+		Created: created, Deadline: created.Add(g.JobTimeout), TTL: g.JobTTL,
+		Origin: originOf(r), Client: client, JobsPath: h.jobsPath,
+	}
+	rec.Origin.Resource, rec.Origin.ScopeQuery = sc.resource, sc.settings.ScopeQuery
+	held, token, err := h.jobs.store.Register(ctx, staging, rec, plan.Spec.Header, quota)
+	if err != nil {
+		staging.Discard(context.WithoutCancel(ctx))
+		return h.refuseJob(w, err)
+	}
+	// The job outlives its request: not its cancel, but its values (the
+	// server, for the sub-requests' context).
+	jobCtx := context.WithoutCancel(ctx)
+	go h.jobs.run(jobCtx, held, h.jobThrough(r, next, sc), release)
+	started = true
+	status, err := h.jobs.store.Status(ctx, rec.ID, token)
+	if err != nil {
+		return h.refuseJob(w, err)
+	}
+	w.Header().Set("Location", rec.JobsPath+"/"+rec.ID)
+	w.Header().Set("Preference-Applied", "respond-async")
+	w.Header().Set("Retry-After", jobRetryAfter)
+	// The token is in the body only: access logs write headers in clear.
+	return writeJSON(w, http.StatusAccepted, startedJob{JobStatus: status, Token: token})
+}
+
+// startedJob is a started job's answer: its status, and its token.
+type startedJob struct {
+	*durable.JobStatus
+	// Token is what the job's monitors take, as Authorization: Bearer.
+	Token string `json:"token"`
+}
+
+// run drives a job held by this instance to its end, then gives back its
+// max_jobs slot. A job that stops short (its lease lost, the storage
+// failing) is left as durable leaves it, released for a claim.
+func (j *jobs) run(ctx context.Context, held *durable.HeldJob, through durable.Through, release func()) {
+	defer release()
+	rec := held.Record()
+	j.logger.Info("bulk job started", zap.String("job", rec.ID), zap.String("op", rec.Op),
+		zap.String("resource", rec.Resource), zap.Int("items", rec.Items))
+	if err := held.Run(ctx, through, nil); err != nil {
+		j.logger.Error("bulk job stopped before its end; it waits for another run", zap.String("job", rec.ID), zap.Error(err))
+		return
+	}
+	j.logger.Info("bulk job ended", zap.String("job", rec.ID))
+}
+
+// jobThrough is the route of a job's windows: this handler's next, as
+// the start request r would have gone, every window under sc's
+// settings. It captures what the sub-requests inherit from r now, on the
+// client's goroutine.
+func (h *Handler) jobThrough(r *http.Request, next caddyhttp.Handler, sc scope) durable.Through {
+	send := newSubrequests(r, next, sc.settings.MaxBodySize)
+	return func(ctx context.Context, _ *durable.JobRecord, cred http.Header, work func(batch.Site) error) error {
+		return work(batch.Site{
+			Runtime: batch.Runtime{
+				Send: send, Locks: sc.locks, Slots: h.slots, Observer: h.slots.observer(),
+				Throttles: h.slots.throttles, Client: durable.Credentials(cred, sc.gateway.ScopeHeaders),
+				Trace: h.tracing(ctx),
+			},
+			Lookup: h.policy.Lookup,
+		})
+	}
+}
+
+// jobClient is the identity a job is counted and kept under: the hash of
+// the request's Authorization, Cookie, scope_headers and scope_query
+// values; ok is false when the request has none of them.
+func jobClient(r *http.Request, sc scope) (string, bool) {
+	present := r.Header.Get("Authorization") != "" || r.Header.Get("Cookie") != ""
+	for _, name := range sc.gateway.ScopeHeaders {
+		present = present || r.Header.Get(name) != ""
+	}
+	query := r.URL.Query()
+	fields := []string{durable.Credentials(r.Header, sc.gateway.ScopeHeaders)}
+	names := slices.Sorted(slices.Values(sc.settings.ScopeQuery))
+	for _, name := range names {
+		values := query[name]
+		present = present || slices.ContainsFunc(values, func(v string) bool { return v != "" })
+		fields = append(fields, "query "+name, url.Values{name: values}.Encode())
+	}
+	return durable.HashFields(fields...), present
+}
+
+// identityHint names the other ways sc's clients say who they are.
+func identityHint(sc scope) string {
+	hint := ""
+	if len(sc.gateway.ScopeHeaders) > 0 {
+		hint += fmt.Sprintf(", a header of scope_headers %v", sc.gateway.ScopeHeaders)
+	}
+	if len(sc.settings.ScopeQuery) > 0 {
+		hint += fmt.Sprintf(", a query parameter of scope_query %v", sc.settings.ScopeQuery)
+	}
+	return hint
+}
+
+// refuseJob answers a start or a monitor that durable refused: a quota
+// (429), a job unknown to the token (404), or the storage failing (503).
+func (h *Handler) refuseJob(w http.ResponseWriter, err error) error {
+	var qe *durable.QuotaError
+	switch {
+	case errors.As(err, &qe):
+		return refuseQuota(w, qe)
+	case errors.Is(err, durable.ErrUnknownJob):
+		return problem.New(http.StatusNotFound, "unknown-job",
+			"no job with this id is kept for this token: a job answers only Authorization: Bearer <the token its start answered>, until job_ttl after its end").Write(w)
+	}
+	h.logger.Error("bulk jobs' storage", zap.Error(err))
+	w.Header().Set("Retry-After", jobRetryAfter)
+	return problem.New(http.StatusServiceUnavailable, "storage-unavailable",
+		"the storage failed while the job was read or stored: try again").Write(w)
+}
+
+func refuseQuota(w http.ResponseWriter, qe *durable.QuotaError) error {
+	w.Header().Set("Retry-After", strconv.Itoa(int(qe.RetryAfter.Seconds())))
+	return problem.New(http.StatusTooManyRequests, "job-quota-exceeded", qe.Reason).Write(w)
+}
+
+// writeJSON answers v as JSON with status.
+func writeJSON(w http.ResponseWriter, status int, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
+	w.WriteHeader(status)
+	_, err = w.Write(append(b, '\n'))
+	return err
+}
