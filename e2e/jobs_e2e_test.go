@@ -1,0 +1,257 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// jobsSite serves /api/widgets with partial creates, its bulk jobs'
+// monitors under /api/jobs.
+const jobsSite = `
+	batch {
+		atomicity partial
+		jobs /api/jobs
+		resource /api/widgets {` + resourceMethods + `
+		}
+	}
+	reverse_proxy UPSTREAM
+`
+
+// widgetLines is a JSON Lines body of n widgets to create, named
+// job-0 to job-<n-1>.
+func widgetLines(n int) string {
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, "{\"name\":\"job-%d\"}\n", i)
+	}
+	return b.String()
+}
+
+// jobAnswer is what a job's start and status answer.
+type jobAnswer struct {
+	ID        string `json:"id"`
+	State     string `json:"state"`
+	Items     int    `json:"items"`
+	Done      int    `json:"done"`
+	Succeeded int    `json:"succeeded"`
+	Failed    int    `json:"failed"`
+	Results   string `json:"results"`
+	Token     string `json:"token"`
+}
+
+func decodeJob(t *testing.T, r response) jobAnswer {
+	t.Helper()
+	var j jobAnswer
+	if err := json.Unmarshal(r.Body, &j); err != nil {
+		t.Fatalf("answer %d %s: %v", r.Status, r.Body, err)
+	}
+	return j
+}
+
+// bearerOf is the header pair of a job's token.
+func bearerOf(token string) []string { return []string{"Authorization", "Bearer " + token} }
+
+// storedJobKeys lists every key of the jobs' storage layout the
+// gateway's storage holds: a job's folder, and its index entries.
+func storedJobKeys(t *testing.T, g *gateway) []string {
+	t.Helper()
+	root := filepath.Join(g.storageDir(t), "batch", "v1")
+	dirs, _ := filepath.Glob(filepath.Join(root, "job*"))
+	var keys []string
+	for _, dir := range dirs {
+		err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+			if err == nil && !d.IsDir() {
+				keys = append(keys, strings.TrimPrefix(path, root+string(filepath.Separator)))
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return keys
+}
+
+// TestJobsPartialCreate runs a 2,000-line JSON Lines create as a bulk
+// job: answered 202 with its token, polled to its end, its results in
+// request order, and the legacy API holding each widget once.
+func TestJobsPartialCreate(t *testing.T) {
+	api := seededAPI()
+	g := startGateway(t, api, jobsSite)
+	before := len(api.Items("/api/widgets"))
+	const n = 2000
+
+	start := g.do(t, "POST", "/api/widgets", widgetLines(n),
+		"Content-Type", "application/x-ndjson", "Prefer", "respond-async", "Authorization", "Bearer client-a")
+	if start.Status != 202 {
+		t.Fatalf("start: %d %s, want 202", start.Status, start.Body)
+	}
+	job := decodeJob(t, start)
+	if job.Token == "" || job.ID == "" || job.Items != n {
+		t.Fatalf("start answered %s, want the job of %d items with its token", start.Body, n)
+	}
+	if loc := start.Header.Get("Location"); loc != "/api/jobs/"+job.ID {
+		t.Errorf("Location %q, want /api/jobs/%s", loc, job.ID)
+	}
+	if start.Header.Get("Preference-Applied") != "respond-async" || start.Header.Get("Retry-After") != "5" {
+		t.Errorf("headers %v, want Preference-Applied: respond-async and Retry-After: 5", start.Header)
+	}
+	if strings.Contains(fmt.Sprint(start.Header), job.Token) {
+		t.Error("the token is in a header of the start's answer: only its body may carry it")
+	}
+
+	status := pollJob(t, g, job, 2*time.Minute)
+	if status.State != "succeeded" || status.Done != n || status.Succeeded != n {
+		t.Fatalf("job ended %+v, want succeeded with %d items done", status, n)
+	}
+
+	results := g.do(t, "GET", "/api/jobs/"+job.ID+"/results", nil, bearerOf(job.Token)...)
+	if results.Status != 200 || !strings.HasPrefix(results.Header.Get("Content-Type"), "application/x-ndjson") {
+		t.Fatalf("results: %d %s", results.Status, results.Header.Get("Content-Type"))
+	}
+	sc := bufio.NewScanner(bytes.NewReader(results.Body))
+	sc.Buffer(nil, 1<<20)
+	lines := 0
+	for sc.Scan() {
+		var it struct {
+			Index   int    `json:"index"`
+			Status  int    `json:"status"`
+			Outcome string `json:"outcome"`
+			ID      string `json:"id"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &it); err != nil {
+			t.Fatalf("result line %d: %v: %s", lines, err, sc.Bytes())
+		}
+		if it.Index != lines || it.Status != 201 || it.Outcome != "succeeded" || it.ID == "" {
+			t.Fatalf("result line %d: %s, want item %d created", lines, sc.Bytes(), lines)
+		}
+		lines++
+	}
+	if lines != n {
+		t.Errorf("%d result lines, want %d", lines, n)
+	}
+
+	items := api.Items("/api/widgets")
+	if len(items) != before+n {
+		t.Errorf("the legacy API holds %d widgets, want %d", len(items), before+n)
+	}
+	names := map[string]int{}
+	for _, it := range items {
+		if name, _ := it["name"].(string); strings.HasPrefix(name, "job-") {
+			names[name]++
+		}
+	}
+	for i := range n {
+		if c := names[fmt.Sprintf("job-%d", i)]; c != 1 {
+			t.Fatalf("widget job-%d was created %d times, want once", i, c)
+		}
+	}
+
+	t.Run("a wrong or missing token is 404, as an unknown job", func(t *testing.T) {
+		for _, header := range [][]string{bearerOf("not-the-token"), nil, bearerOf(job.Token + "x")} {
+			for _, path := range []string{"/api/jobs/" + job.ID, "/api/jobs/" + job.ID + "/results"} {
+				if r := g.do(t, "GET", path, nil, header...); r.Status != 404 || bytes.Contains(r.Body, []byte(`"state"`)) {
+					t.Errorf("GET %s with %v: %d %s, want 404", path, header, r.Status, r.Body)
+				}
+			}
+			if r := g.do(t, "DELETE", "/api/jobs/"+job.ID, nil, header...); r.Status != 404 {
+				t.Errorf("DELETE with %v: %d, want 404", header, r.Status)
+			}
+		}
+		if r := g.do(t, "GET", "/api/jobs/0123456789abcdef0123456789abcdef", nil, bearerOf(job.Token)...); r.Status != 404 {
+			t.Errorf("an unknown id: %d, want 404", r.Status)
+		}
+		if r := g.do(t, "PUT", "/api/jobs/"+job.ID, nil, bearerOf(job.Token)...); r.Status != 405 || r.Header.Get("Allow") != "DELETE, GET" {
+			t.Errorf("PUT: %d Allow %q, want 405 with DELETE, GET", r.Status, r.Header.Get("Allow"))
+		}
+	})
+
+	t.Run("DELETE of the ended job removes it", func(t *testing.T) {
+		if r := g.do(t, "DELETE", "/api/jobs/"+job.ID, nil, bearerOf(job.Token)...); r.Status != 204 {
+			t.Fatalf("DELETE: %d %s, want 204", r.Status, r.Body)
+		}
+		if r := g.do(t, "GET", "/api/jobs/"+job.ID, nil, bearerOf(job.Token)...); r.Status != 404 {
+			t.Errorf("GET after DELETE: %d, want 404", r.Status)
+		}
+	})
+}
+
+// pollJob reads the job's status until it ends, or fails the test past
+// within.
+func pollJob(t *testing.T, g *gateway, job jobAnswer, within time.Duration) jobAnswer {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		r := g.do(t, "GET", "/api/jobs/"+job.ID, nil, bearerOf(job.Token)...)
+		if r.Status != 200 {
+			t.Fatalf("status: %d %s", r.Status, r.Body)
+		}
+		st := decodeJob(t, r)
+		switch st.State {
+		case "queued", "running", "cancelling":
+			if r.Header.Get("Retry-After") != "5" {
+				t.Errorf("a running job's status has Retry-After %q, want 5", r.Header.Get("Retry-After"))
+			}
+		default:
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("job still %s (%d of %d done) after %s", st.State, st.Done, st.Items, within)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestJobsRefusedStarts: a start that cannot be a job is refused before
+// anything is stored or sent.
+func TestJobsRefusedStarts(t *testing.T) {
+	api := seededAPI()
+	g := startGateway(t, api, jobsSite)
+	before := len(api.Items("/api/widgets"))
+
+	t.Run("anonymous: 403", func(t *testing.T) {
+		r := g.do(t, "POST", "/api/widgets", widgetLines(3), "Content-Type", "application/x-ndjson", "Prefer", "respond-async")
+		if r.Status != 403 || !bytes.Contains(r.Body, []byte("job-needs-identity")) {
+			t.Errorf("anonymous start: %d %s, want 403 job-needs-identity", r.Status, r.Body)
+		}
+	})
+
+	t.Run("a bad line: 400 naming it", func(t *testing.T) {
+		body := widgetLines(5) + "{\"name\":\n" + widgetLines(2)
+		r := g.do(t, "POST", "/api/widgets", body, "Content-Type", "application/x-ndjson", "Prefer", "respond-async", "Authorization", "Bearer client-a")
+		if r.Status != 400 || !bytes.Contains(r.Body, []byte("line 6")) {
+			t.Errorf("a bad sixth line: %d %s, want 400 naming line 6", r.Status, r.Body)
+		}
+	})
+
+	if keys := storedJobKeys(t, g); len(keys) != 0 {
+		t.Errorf("refused starts left keys in storage: %v", keys)
+	}
+	if n := len(api.Items("/api/widgets")); n != before {
+		t.Errorf("the legacy API holds %d widgets, want %d: a refused start sent nothing", n, before)
+	}
+	if w := api.Writes(); w.Applied != 0 {
+		t.Errorf("the legacy API applied %d writes, want none", w.Applied)
+	}
+}
+
+// TestJobsOffRunsSynchronously: without jobs, Prefer: respond-async is
+// ignored and the batch runs as it would without it.
+func TestJobsOffRunsSynchronously(t *testing.T) {
+	api := seededAPI()
+	g := startGateway(t, api, strings.Replace(jobsSite, "jobs /api/jobs\n", "", 1))
+	r := g.do(t, "POST", "/api/widgets", []map[string]string{{"name": "sync-a"}, {"name": "sync-b"}},
+		"Prefer", "respond-async", "Authorization", "Bearer client-a")
+	b := checkEnvelope(t, r, 201, "succeeded")
+	if b.Succeeded != 2 || r.Header.Get("Preference-Applied") != "" {
+		t.Errorf("answer %d %s (Preference-Applied %q), want the synchronous 201 of 2 items, no preference applied",
+			r.Status, r.Body, r.Header.Get("Preference-Applied"))
+	}
+}
