@@ -80,6 +80,27 @@ func (s fileStorage) RemoveEmptyFolder(_ context.Context, dir string) error {
 	return err
 }
 
+// List lists as certmagic's does, but for a key that vanished while the
+// folder was walked (deleted, or the temporary file of a write renamed
+// into its key: a job's lease renewals write in its folder every third
+// of a lease): certmagic's walk then fails the whole listing as if the
+// folder were missing, which a reader would take for "no keys". Such a
+// listing is taken again; the folder's own absence stands.
+func (s fileStorage) List(ctx context.Context, prefix string, recursive bool) ([]string, error) {
+	folder := s.fs.Filename(prefix)
+	for try := 1; ; try++ {
+		keys, err := s.tryStorage.List(ctx, prefix, recursive)
+		var pe *fs.PathError
+		if try == listTries || !errors.As(err, &pe) || !errors.Is(err, fs.ErrNotExist) || pe.Path == folder {
+			return keys, err
+		}
+	}
+}
+
+// listTries bounds the listings of a folder whose keys keep vanishing
+// while it is walked.
+const listTries = 5
+
 // SerialStores makes the journal store one segment at a time
 // (durable.SerialStorer): each is a synced file.
 func (fileStorage) SerialStores() {}
