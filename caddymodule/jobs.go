@@ -168,12 +168,13 @@ func (j *jobs) run(ctx context.Context, held *durable.HeldJob, through durable.T
 // client's goroutine.
 func (h *Handler) jobThrough(r *http.Request, next caddyhttp.Handler, sc scope) durable.Through {
 	send := newSubrequests(r, next, sc.settings.MaxBodySize)
-	return func(ctx context.Context, _ *durable.JobRecord, cred http.Header, work func(batch.Site) error) error {
+	return func(_ context.Context, _ *durable.JobRecord, cred http.Header, work func(batch.Site) error) error {
 		return work(batch.Site{
 			Runtime: batch.Runtime{
 				Send: send, Locks: sc.locks, Slots: h.slots, Observer: h.slots.observer(),
 				Throttles: h.slots.throttles, Client: durable.Credentials(cred, sc.gateway.ScopeHeaders),
-				Trace: h.tracing(ctx),
+				// No spans: the start's span ended with its answer, and a
+				// job's own trace is not made yet.
 			},
 			Lookup: h.policy.Lookup,
 		})

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
 )
 
 // jobsSite serves /api/widgets with partial creates, its bulk jobs'
@@ -58,11 +60,11 @@ func decodeJob(t *testing.T, r response) jobAnswer {
 // bearerOf is the header pair of a job's token.
 func bearerOf(token string) []string { return []string{"Authorization", "Bearer " + token} }
 
-// storedJobKeys lists every key of the jobs' storage layout the
-// gateway's storage holds: a job's folder, and its index entries.
-func storedJobKeys(t *testing.T, g *gateway) []string {
+// storedJobKeys lists every key of the jobs' storage layout a file
+// system storage in dir holds: a job's folder, and its index entries.
+func storedJobKeys(t *testing.T, dir string) []string {
 	t.Helper()
-	root := filepath.Join(g.storageDir(t), "batch", "v1")
+	root := filepath.Join(dir, "batch", "v1")
 	dirs, _ := filepath.Glob(filepath.Join(root, "job*"))
 	var keys []string
 	for _, dir := range dirs {
@@ -191,6 +193,11 @@ func pollJob(t *testing.T, g *gateway, job jobAnswer, within time.Duration) jobA
 	for {
 		r := g.do(t, "GET", "/api/jobs/"+job.ID, nil, bearerOf(job.Token)...)
 		if r.Status != 200 {
+			for _, e := range testLogs.entries("http.handlers.batch") {
+				if e["level"] == "error" {
+					t.Logf("the handler logged %v", e)
+				}
+			}
 			t.Fatalf("status: %d %s", r.Status, r.Body)
 		}
 		st := decodeJob(t, r)
@@ -231,7 +238,7 @@ func TestJobsRefusedStarts(t *testing.T) {
 		}
 	})
 
-	if keys := storedJobKeys(t, g); len(keys) != 0 {
+	if keys := storedJobKeys(t, g.storageDir(t)); len(keys) != 0 {
 		t.Errorf("refused starts left keys in storage: %v", keys)
 	}
 	if n := len(api.Items("/api/widgets")); n != before {
@@ -253,5 +260,57 @@ func TestJobsOffRunsSynchronously(t *testing.T) {
 	if b.Succeeded != 2 || r.Header.Get("Preference-Applied") != "" {
 		t.Errorf("answer %d %s (Preference-Applied %q), want the synchronous 201 of 2 items, no preference applied",
 			r.Status, r.Body, r.Header.Get("Preference-Applied"))
+	}
+}
+
+// TestJobsCancelAndQuota: a client past max_jobs_per_client is refused
+// 429 with nothing stored; DELETE of its running job cancels it, which
+// ends cancelled with what was done standing, and frees the quota.
+func TestJobsCancelAndQuota(t *testing.T) {
+	api := legacyapi.NewRecording(legacyapi.Collection{Path: "/api/widgets", Seed: records("w", 1, 3), WriteDelay: 20 * time.Millisecond})
+	dir := t.TempDir()
+	// A lease of 3s: the running job sees the cancel within a second.
+	g := startGatewayStorage(t, api, newUpstream(t, api), "storage file_system "+dir+"\n\tbatch {\n\t\tlease 3s\n\t}",
+		strings.Replace(jobsSite, "jobs /api/jobs\n", "jobs /api/jobs\n\t\tmax_jobs_per_client 1\n", 1))
+	client := []string{"Content-Type", "application/x-ndjson", "Prefer", "respond-async", "Authorization", "Bearer client-a"}
+	const n = 2000
+
+	start := g.do(t, "POST", "/api/widgets", widgetLines(n), client...)
+	if start.Status != 202 {
+		t.Fatalf("start: %d %s", start.Status, start.Body)
+	}
+	job := decodeJob(t, start)
+	keys := len(storedJobKeys(t, dir))
+
+	again := g.do(t, "POST", "/api/widgets", widgetLines(3), client...)
+	if again.Status != 429 || again.Header.Get("Retry-After") != "60" || !bytes.Contains(again.Body, []byte("max_jobs_per_client")) {
+		t.Errorf("a second job of the client: %d Retry-After %q %s, want 429 naming max_jobs_per_client, Retry-After 60",
+			again.Status, again.Header.Get("Retry-After"), again.Body)
+	}
+	if now := len(storedJobKeys(t, dir)); now > keys {
+		t.Errorf("the refused start stored %d keys", now-keys)
+	}
+
+	cancel := g.do(t, "DELETE", "/api/jobs/"+job.ID, nil, bearerOf(job.Token)...)
+	if cancel.Status != 202 {
+		t.Fatalf("cancel: %d %s, want 202", cancel.Status, cancel.Body)
+	}
+	if st := decodeJob(t, cancel); st.State != "cancelling" && st.State != "cancelled" {
+		t.Errorf("cancel answered state %s, want cancelling", st.State)
+	}
+	status := pollJob(t, g, job, time.Minute)
+	if status.State != "cancelled" || status.Done >= n {
+		t.Fatalf("job ended %+v, want cancelled before its end", status)
+	}
+	if made := len(api.Items("/api/widgets")) - 3; made != status.Succeeded {
+		t.Errorf("the legacy API made %d widgets, the job says %d succeeded", made, status.Succeeded)
+	}
+
+	next := g.do(t, "POST", "/api/widgets", widgetLines(3), client...)
+	if next.Status != 202 {
+		t.Fatalf("a job after the cancelled one ended: %d %s, want 202", next.Status, next.Body)
+	}
+	if st := pollJob(t, g, decodeJob(t, next), time.Minute); st.State != "succeeded" {
+		t.Errorf("the next job ended %s, want succeeded", st.State)
 	}
 }
