@@ -71,7 +71,7 @@ type Handler struct {
 	// The path under which bulk jobs' monitors live, e.g. "/api/jobs": a
 	// batch sent with `Prefer: respond-async` then becomes a job that
 	// outlives its request, answered `202` with `Location: <jobs>/<id>`
-	// (docs/durability.md, "Bulk jobs in storage"). It must be matched by
+	// (docs/jobs.md, "Start"). It must be matched by
 	// the handler's route and by no resource. Default: none (respond-async
 	// is ignored, and every batch runs synchronously).
 	Jobs string `json:"jobs,omitempty"`

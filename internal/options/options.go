@@ -225,7 +225,7 @@ type Options struct {
 	// The most ids or elements one bulk job (a batch sent with `Prefer:
 	// respond-async` to a handler with `jobs`) may hold; more is answered
 	// `413` and no job is made
-	// ([Bulk jobs](docs/durability.md#bulk-jobs-in-storage)).
+	// ([Bulk jobs](docs/jobs.md)).
 	// Default: 100000.
 	MaxJobItems int `json:"max_job_items,omitempty"`
 
@@ -236,8 +236,9 @@ type Options struct {
 	MaxJobBodySize int64 `json:"max_job_body_size,omitempty"`
 
 	// How many bulk jobs this instance runs at once; a start beyond it is
-	// refused `429` with `Retry-After` until one ends. It is the
-	// handler's alone: set in a resource, it is refused. Default: 4.
+	// refused `429` with `Retry-After` until one ends
+	// ([Choices](docs/jobs.md#choices)). It is the handler's alone: set
+	// in a resource, it is refused. Default: 4.
 	MaxJobs int `json:"max_jobs,omitempty"`
 
 	// How many bulk jobs one client (its `Authorization`, `Cookie`,
@@ -248,7 +249,8 @@ type Options struct {
 
 	// How many bulk jobs may wait in the cluster's queue, as this
 	// instance allows it; one more is refused `429` with `Retry-After`.
-	// The handler's alone. Default: 16.
+	// Jobs wait only once a scan runs them later: until then a start past
+	// `max_jobs` is refused. The handler's alone. Default: 16.
 	MaxQueuedJobs int `json:"max_queued_jobs,omitempty"`
 
 	// How long a bulk job's status and results are kept once it ended,
