@@ -57,7 +57,8 @@ type App struct {
 	RecoveryInterval caddy.Duration `json:"recovery_interval,omitempty"`
 
 	// How often this process tries to sweep expired Idempotency-Key
-	// records (one instance of a cluster sweeps at a time, under a
+	// records, and bulk jobs past their job_ttl where a handler runs
+	// jobs (one instance of a cluster sweeps at a time, under a
 	// storage lock): a record is gone at most this plus a 64th of
 	// idempotency_ttl (5 minutes at most) after it expired
 	// (docs/durability.md, "Expiry and the sweep"). At most 1h.
@@ -69,6 +70,7 @@ type App struct {
 	leases        *durable.Leases
 	journals      *durable.Journals
 	sweeper       *durable.Sweeper
+	jobSweeper    *durable.Sweeper
 	state         *appState
 	stop, stopped chan struct{}
 	// prop are the propagators of Caddy's tracing, whose headers a
@@ -82,6 +84,9 @@ type App struct {
 type appState struct {
 	mu       sync.Mutex
 	handlers int
+	// jobs says a handler of the config runs bulk jobs, whose expired
+	// ones the app sweeps.
+	jobs bool
 	// failed names the sagas this process could not finish, with why,
 	// in this scan and the one before, so that each is logged once and
 	// not every interval, and a saga that no longer fails is forgotten.
@@ -116,6 +121,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 	a.logger.Info("storage fast path", zap.String("path", path), zap.String("why_not", why))
 	a.journals = durable.NewJournals(storage, a.leases, a.logger)
 	a.sweeper = durable.NewSweeper(storage, a.logger)
+	a.jobSweeper = durable.NewJobSweeper(storage, a.logger)
 	a.state = &appState{failed: map[string]string{}}
 	a.prop = traceprop.New()
 	ev, err := ctx.App("events")
@@ -151,6 +157,14 @@ func (a *App) Register() (*durable.Journals, *durable.Leases) {
 	return a.journals, a.leases
 }
 
+// SweepJobs is how a batch handler that runs bulk jobs says so, in its
+// Provision: the app then sweeps the jobs past their job_ttl too.
+func (a *App) SweepJobs() {
+	a.state.mu.Lock()
+	defer a.state.mu.Unlock()
+	a.state.jobs = true
+}
+
 // Start starts looking for journals to finish, and sweeping expired
 // Idempotency-Key records, each on its own schedule, so that a long
 // sweep never delays a takeover. With no batch handler in the config
@@ -158,7 +172,7 @@ func (a *App) Register() (*durable.Journals, *durable.Leases) {
 func (a *App) Start() error {
 	a.stop, a.stopped = make(chan struct{}), make(chan struct{})
 	a.state.mu.Lock()
-	handlers := a.state.handlers
+	handlers, jobs := a.state.handlers, a.state.jobs
 	a.state.mu.Unlock()
 	if handlers == 0 {
 		close(a.stopped)
@@ -169,6 +183,9 @@ func (a *App) Start() error {
 	var loops sync.WaitGroup
 	loops.Go(func() { a.every(ctx, time.Duration(a.RecoveryInterval), a.scan) })
 	loops.Go(func() { a.every(ctx, time.Duration(a.SweepInterval), a.sweepIdempotency) })
+	if jobs {
+		loops.Go(func() { a.every(ctx, time.Duration(a.SweepInterval), a.sweepJobs) })
+	}
 	go func() {
 		<-a.stop
 		cancel()

@@ -47,6 +47,20 @@ func (a *App) sweepIdempotency(ctx context.Context) {
 	}
 }
 
+// sweepJobs deletes the bulk jobs past their job_ttl, and the input of
+// starts never registered (docs/durability.md, "Bulk jobs in storage"),
+// unless another instance of the cluster is sweeping them.
+func (a *App) sweepJobs(ctx context.Context) {
+	swept, err := a.jobSweeper.Sweep(ctx, durable.Now())
+	switch {
+	case err != nil && ctx.Err() == nil:
+		a.logger.Warn("sweeping expired bulk jobs; the next sweep tries again", zap.Error(err))
+	case swept.Deleted > 0 || swept.Indexed > 0:
+		a.logger.Debug("swept expired bulk jobs", zap.Int("deleted", swept.Deleted),
+			zap.Int("kept", swept.Kept), zap.Int("buckets", swept.Buckets), zap.Int("indexed", swept.Indexed))
+	}
+}
+
 // finish resumes a saga this process took over (durable's scan calls
 // it), and logs what became of it: one line per saga, ERROR when items
 // were left behind. An error is durable's to log and give the saga back.

@@ -198,6 +198,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("batch: %w", err)
 	}
 	journals, leases := app.(*batchapp.App).Register()
+	if cfg.jobsPath != "" {
+		app.(*batchapp.App).SweepJobs()
+	}
 	h.journals = journals
 	h.idem = newIdempotency(storage, leases, h.logger)
 	if cfg.jobsPath != "" {

@@ -306,11 +306,45 @@ func TestJobsCancelAndQuota(t *testing.T) {
 		t.Errorf("the legacy API made %d widgets, the job says %d succeeded", made, status.Succeeded)
 	}
 
+	// The quota is freed a moment after the status shows the end: the
+	// end is stored first, then the job's entries are removed.
 	next := g.do(t, "POST", "/api/widgets", widgetLines(3), client...)
+	for tries := 0; next.Status == 429 && tries < 20; tries++ {
+		time.Sleep(100 * time.Millisecond)
+		next = g.do(t, "POST", "/api/widgets", widgetLines(3), client...)
+	}
 	if next.Status != 202 {
 		t.Fatalf("a job after the cancelled one ended: %d %s, want 202", next.Status, next.Body)
 	}
 	if st := pollJob(t, g, decodeJob(t, next), time.Minute); st.State != "succeeded" {
 		t.Errorf("the next job ended %s, want succeeded", st.State)
+	}
+}
+
+// TestJobsSweptPastTTL: an ended job is answered 404 once past job_ttl,
+// and the app's sweep deletes every key of it.
+func TestJobsSweptPastTTL(t *testing.T) {
+	api := seededAPI()
+	dir := t.TempDir()
+	g := startGatewayStorage(t, api, newUpstream(t, api), "storage file_system "+dir+"\n\tbatch {\n\t\tsweep_interval 100ms\n\t}",
+		strings.Replace(jobsSite, "jobs /api/jobs\n", "jobs /api/jobs\n\t\tjob_ttl 1s\n", 1))
+	start := g.do(t, "POST", "/api/widgets", widgetLines(10),
+		"Content-Type", "application/x-ndjson", "Prefer", "respond-async", "Authorization", "Bearer client-a")
+	if start.Status != 202 {
+		t.Fatalf("start: %d %s", start.Status, start.Body)
+	}
+	job := decodeJob(t, start)
+	if st := pollJob(t, g, job, time.Minute); st.State != "succeeded" {
+		t.Fatalf("job ended %s, want succeeded", st.State)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for len(storedJobKeys(t, dir)) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("30s after its job_ttl of 1s the job is still in storage: %v", storedJobKeys(t, dir))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if r := g.do(t, "GET", "/api/jobs/"+job.ID, nil, bearerOf(job.Token)...); r.Status != 404 {
+		t.Errorf("a swept job: %d, want 404", r.Status)
 	}
 }
