@@ -68,7 +68,6 @@ func (j *jobs) acquire() (release func(), ok bool) {
 func (h *Handler) serveJobStart(w http.ResponseWriter, r *http.Request, m policy.Match, op policy.Op, next caddyhttp.Handler) error {
 	ctx := r.Context()
 	sc := h.collectionScope(m)
-	g := sc.gateway
 	client, ok := jobClient(r, sc)
 	if !ok {
 		return problem.New(http.StatusForbidden, "job-needs-identity",
@@ -86,13 +85,51 @@ func (h *Handler) serveJobStart(w http.ResponseWriter, r *http.Request, m policy
 			release()
 		}
 	}()
-	quota := durable.Quota{PerClient: g.MaxJobsPerClient, Queued: g.MaxQueuedJobs}
+	quota := durable.Quota{PerClient: sc.gateway.MaxJobsPerClient, Queued: sc.gateway.MaxQueuedJobs}
 	if err := h.jobs.store.CheckQuota(ctx, client, quota); err != nil {
 		return h.refuseJob(w, err)
 	}
-	staging, err := h.jobs.store.Stage(ctx, g.JobTTL)
+	staging, plan, prob, err := h.stageJob(r, m, op, sc)
+	switch {
+	case err != nil:
+		return h.refuseJob(w, err)
+	case prob != nil:
+		return refuse(w, *prob, sc.allow)
+	}
+	created := time.Now().UTC()
+	rec := &durable.JobRecord{
+		Op: op.String(), Resource: sc.resource, Path: plan.Spec.Path, Query: plan.Spec.Query,
+		Atomicity: plan.Atomicity.String(), Items: plan.Items, Key: plan.Spec.Key, KeyQuoted: plan.Spec.KeyQuoted,
+		Created: created, Deadline: created.Add(sc.gateway.JobTimeout), TTL: sc.gateway.JobTTL,
+		Origin: originOf(r), Client: client, JobsPath: h.jobsPath,
+	}
+	rec.Origin.Resource, rec.Origin.ScopeQuery = sc.resource, sc.settings.ScopeQuery
+	held, token, err := h.jobs.store.Register(ctx, staging, rec, plan.Spec.Header, quota)
+	if err != nil {
+		staging.Discard(context.WithoutCancel(ctx))
+		return h.refuseJob(w, err)
+	}
+	// The job outlives its request: not its cancel, but its values (the
+	// server, for the sub-requests' context).
+	go h.jobs.run(context.WithoutCancel(ctx), held, h.jobThrough(r, next, sc), release)
+	started = true
+	status, err := h.jobs.store.Status(ctx, rec.ID, token)
 	if err != nil {
 		return h.refuseJob(w, err)
+	}
+	return answerStarted(w, rec.JobsPath+"/"+rec.ID, plan, status, token)
+}
+
+// stageJob reads and checks the job's body as a stream, storing its
+// items in chunks as they pass: the staged input and the job's plan, or
+// the problem that refused it (the chunks stored so far discarded), or
+// the storage's error.
+func (h *Handler) stageJob(r *http.Request, m policy.Match, op policy.Op, sc scope) (*durable.Staging, *batch.JobPlan, *problem.Details, error) {
+	ctx := r.Context()
+	g := sc.gateway
+	staging, err := h.jobs.store.Stage(ctx, g.JobTTL)
+	if err != nil {
+		return nil, nil, nil, err
 	}
 	limits := batch.JobLimits{MaxItems: g.MaxJobItems, MaxAtomic: g.MaxJobItems, MaxBody: g.MaxJobBodySize, MaxElement: sc.settings.MaxBodySize}
 	plan, prob, err := batch.AdmitJob(r, m, op, limits, func(first int, items []batch.ItemSnapshot) error {
@@ -104,39 +141,30 @@ func (h *Handler) serveJobStart(w http.ResponseWriter, r *http.Request, m policy
 				op, m.Resource.Collection, op))
 		prob = &p
 	}
-	if prob != nil {
-		staging.Discard(context.WithoutCancel(ctx))
-		if err != nil {
-			h.logger.Warn("storing a bulk job's input", zap.Error(err))
-		}
-		return refuse(w, *prob, sc.allow)
+	if prob == nil {
+		return staging, plan, nil, nil
 	}
-	created := time.Now().UTC()
-	rec := &durable.JobRecord{
-		Op: op.String(), Resource: sc.resource, Path: plan.Spec.Path, Query: plan.Spec.Query,
-		Atomicity: plan.Atomicity.String(), Items: plan.Items, Key: plan.Spec.Key, KeyQuoted: plan.Spec.KeyQuoted,
-		Created: created, Deadline: created.Add(g.JobTimeout), TTL: g.JobTTL,
-		Origin: originOf(r), Client: client, JobsPath: h.jobsPath,
-	}
-	rec.Origin.Resource, rec.Origin.ScopeQuery = sc.resource, sc.settings.ScopeQuery
-	held, token, err := h.jobs.store.Register(ctx, staging, rec, plan.Spec.Header, quota)
+	staging.Discard(context.WithoutCancel(ctx))
 	if err != nil {
-		staging.Discard(context.WithoutCancel(ctx))
-		return h.refuseJob(w, err)
+		h.logger.Warn("storing a bulk job's input", zap.Error(err))
 	}
-	// The job outlives its request: not its cancel, but its values (the
-	// server, for the sub-requests' context).
-	jobCtx := context.WithoutCancel(ctx)
-	go h.jobs.run(jobCtx, held, h.jobThrough(r, next, sc), release)
-	started = true
-	status, err := h.jobs.store.Status(ctx, rec.ID, token)
-	if err != nil {
-		return h.refuseJob(w, err)
+	return nil, nil, prob, nil
+}
+
+// answerStarted answers a started job: 202, where its monitor is
+// (location), and its status with the token.
+func answerStarted(w http.ResponseWriter, location string, plan *batch.JobPlan, status *durable.JobStatus, token string) error {
+	h := w.Header()
+	h.Set("Location", location)
+	applied := "respond-async"
+	if plan.PreferenceApplied != "" {
+		applied += ", " + plan.PreferenceApplied // the atomicity asked for
 	}
-	w.Header().Set("Location", rec.JobsPath+"/"+rec.ID)
-	w.Header().Set("Preference-Applied", "respond-async")
-	w.Header().Set("Retry-After", jobRetryAfter)
-	// The token is in the body only: access logs write headers in clear.
+	h.Set("Preference-Applied", applied)
+	h.Set("Retry-After", jobRetryAfter)
+	// The token is in the body only: access logs write headers in clear;
+	// and no cache keeps it.
+	h.Set("Cache-Control", "no-store")
 	return writeJSON(w, http.StatusAccepted, startedJob{JobStatus: status, Token: token})
 }
 

@@ -102,8 +102,8 @@ func TestJobsPartialCreate(t *testing.T) {
 	if loc := start.Header.Get("Location"); loc != "/api/jobs/"+job.ID {
 		t.Errorf("Location %q, want /api/jobs/%s", loc, job.ID)
 	}
-	if start.Header.Get("Preference-Applied") != "respond-async" || start.Header.Get("Retry-After") != "5" {
-		t.Errorf("headers %v, want Preference-Applied: respond-async and Retry-After: 5", start.Header)
+	if start.Header.Get("Preference-Applied") != "respond-async" || start.Header.Get("Retry-After") != "5" || start.Header.Get("Cache-Control") != "no-store" {
+		t.Errorf("headers %v, want Preference-Applied: respond-async, Retry-After: 5 and Cache-Control: no-store", start.Header)
 	}
 	if strings.Contains(fmt.Sprint(start.Header), job.Token) {
 		t.Error("the token is in a header of the start's answer: only its body may carry it")
