@@ -348,3 +348,65 @@ func TestJobsSweptPastTTL(t *testing.T) {
 		t.Errorf("a swept job: %d, want 404", r.Status)
 	}
 }
+
+// TestJobsUpdateGetDelete: an array update, and a GET and a DELETE whose
+// ids are in the query, run as jobs; their results name the items in
+// request order, and the legacy API holds what they did.
+func TestJobsUpdateGetDelete(t *testing.T) {
+	api := seededAPI()
+	g := startGateway(t, api, jobsSite)
+	client := []string{"Prefer", "respond-async", "Authorization", "Bearer client-a"}
+	run := func(method, path string, body any, want int) []map[string]any {
+		t.Helper()
+		start := g.do(t, method, path, body, client...)
+		if start.Status != 202 {
+			t.Fatalf("%s %s: %d %s, want 202", method, path, start.Status, start.Body)
+		}
+		job := decodeJob(t, start)
+		if st := pollJob(t, g, job, time.Minute); st.State != "succeeded" || st.Items != want {
+			t.Fatalf("%s %s ended %+v, want %d items succeeded", method, path, st, want)
+		}
+		r := g.do(t, "GET", "/api/jobs/"+job.ID+"/results", nil, bearerOf(job.Token)...)
+		var lines []map[string]any
+		for line := range bytes.Lines(r.Body) {
+			var it map[string]any
+			if err := json.Unmarshal(line, &it); err != nil {
+				t.Fatalf("result %s: %v", line, err)
+			}
+			lines = append(lines, it)
+		}
+		return lines
+	}
+
+	var updates []map[string]any
+	for id := 1; id <= 20; id++ {
+		updates = append(updates, map[string]any{"id": id, "name": fmt.Sprintf("renamed-%d", id)})
+	}
+	for i, it := range run("PATCH", "/api/widgets", updates, 20) {
+		if it["id"] != fmt.Sprint(i+1) || it["status"] != float64(200) {
+			t.Errorf("update result %d: %v, want widget %d updated", i, it, i+1)
+		}
+	}
+	for id := 1; id <= 20; id++ {
+		if rec, _ := api.Item("/api/widgets", fmt.Sprint(id)); rec["name"] != fmt.Sprintf("renamed-%d", id) {
+			t.Errorf("widget %d is %v, want renamed", id, rec)
+		}
+	}
+
+	for i, it := range run("GET", "/api/widgets?ids=3,1,2", nil, 3) {
+		want := []string{"3", "1", "2"}[i]
+		if it["id"] != want || it["status"] != float64(200) || !strings.Contains(fmt.Sprint(it["body"]), "renamed-"+want) {
+			t.Errorf("read result %d: %v, want widget %s", i, it, want)
+		}
+	}
+
+	run("DELETE", "/api/widgets?ids=4,5", nil, 2)
+	for _, id := range []string{"4", "5"} {
+		if _, ok := api.Item("/api/widgets", id); ok {
+			t.Errorf("widget %s is still there after the delete job", id)
+		}
+	}
+	if _, ok := api.Item("/api/widgets", "6"); !ok {
+		t.Error("widget 6 went with the delete job")
+	}
+}
