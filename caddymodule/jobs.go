@@ -184,7 +184,9 @@ func (j *jobs) run(ctx context.Context, held *durable.HeldJob, through durable.T
 	j.logger.Info("bulk job started", zap.String("job", rec.ID), zap.String("op", rec.Op),
 		zap.String("resource", rec.Resource), zap.Int("items", rec.Items))
 	if err := held.Run(ctx, through, nil); err != nil {
-		j.logger.Error("bulk job stopped before its end; it waits for another run", zap.String("job", rec.ID), zap.Error(err))
+		// No instance takes a released job over yet.
+		j.logger.Error("bulk job stopped before its end, and this build carries no job on: it stays as it stopped until swept, job_ttl after its job_timeout; its results say what was done",
+			zap.String("job", rec.ID), zap.Error(err))
 		return
 	}
 	j.logger.Info("bulk job ended", zap.String("job", rec.ID))
