@@ -71,9 +71,9 @@ type Handler struct {
 	// The path under which bulk jobs' monitors live, e.g. "/api/jobs": a
 	// batch sent with `Prefer: respond-async` then becomes a job that
 	// outlives its request, answered `202` with `Location: <jobs>/<id>`
-	// (docs/jobs.md, "Start"). It must be matched by
-	// the handler's route and by no resource. Default: none (respond-async
-	// is ignored, and every batch runs synchronously).
+	// (docs/jobs.md, "Start"). It must be matched by the handler's route
+	// and by no resource. Default: none (respond-async is ignored, and
+	// every batch runs synchronously).
 	Jobs string `json:"jobs,omitempty"`
 
 	// The legacy API's OpenAPI document, imported as resources, and the
@@ -198,9 +198,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("batch: %w", err)
 	}
 	journals, leases := app.(*batchapp.App).Register()
-	if cfg.jobsPath != "" {
-		app.(*batchapp.App).SweepJobs()
-	}
 	h.journals = journals
 	h.idem = newIdempotency(storage, leases, h.logger)
 	if cfg.jobsPath != "" {
@@ -208,6 +205,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return fmt.Errorf("batch: jobs %s needs Caddy's storage, which this context has none of", cfg.jobsPath)
 		}
 		h.jobs = newJobs(storage, leases, cfg.handler.MaxJobs, h.logger)
+		app.(*batchapp.App).SweepJobs()
 	}
 	return nil
 }
