@@ -33,7 +33,8 @@ var batchOnly = []string{
 
 // forwardHeader returns the client's headers as every sub-request carries
 // them: Authorization, Cookie, tracing and the rest stay; what is
-// hop-by-hop, true only of the batch request, or a method override goes.
+// hop-by-hop, true only of the batch request, a method override, or the
+// preference respond-async goes.
 func forwardHeader(client http.Header) http.Header {
 	h := client.Clone()
 	if h == nil {
@@ -58,7 +59,10 @@ func forwardHeader(client http.Header) http.Header {
 			delete(h, name)
 		}
 	}
-	return h
+	// The gateway answers the batch itself, at once: an upstream that
+	// honoured respond-async would answer an item 202 for a write not yet
+	// done, which the batch would count as done (RFC 7240, 4.1).
+	return withoutPreference(h, "respond-async")
 }
 
 // idempotencyKey is the batch's Idempotency-Key, from which every write

@@ -538,3 +538,34 @@ func TestSubRequestsCarryNoMethodOverride(t *testing.T) {
 		})
 	}
 }
+
+// A client's Prefer: respond-async is the gateway's to honour or ignore
+// (RFC 7240): it answers the batch at once, so no sub-request carries it,
+// where an upstream that honoured it would answer a write 202 before
+// doing it. The client's other preferences go on, as written.
+func TestRespondAsyncNotForwarded(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		prefer []string
+		want   string
+	}{
+		{"with others", []string{"respond-async, return=representation"}, "return=representation"},
+		{"alone", []string{"RESPOND-ASYNC"}, ""},
+		{"two headers", []string{"respond-async", `wait=5, handling="lenient"`}, `wait=5, handling="lenient"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRequest("PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":2}]`)
+			for _, p := range tc.prefer {
+				r.Header.Add("Prefer", p)
+			}
+			f := newFake().seed("1", "2")
+			if res := run(mustPlan(t, r), f); res.Outcome != Succeeded {
+				t.Fatalf("outcome %s: %s", res.Outcome, res.Detail)
+			}
+			for _, c := range f.log() {
+				equal(t, c.String()+" Prefer", strings.Join(c.Header.Values("Prefer"), "|"), tc.want)
+			}
+		})
+	}
+}

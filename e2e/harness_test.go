@@ -8,7 +8,9 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -16,6 +18,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -115,9 +118,22 @@ func startGatewayStorage(t testing.TB, api *legacyapi.API, upstream, storage, si
 // closed when the test ends. Through the shared default transport, a
 // connection kept alive to an earlier test's gateway at the same address
 // (its port freed and handed out again) could be reused, and a request
-// that cannot be replayed (a DELETE) answered EOF.
+// that cannot be replayed (a DELETE) answered EOF. Its dials try again
+// when the connection is reset before it is made: a config loaded again
+// closes the old listener, and Linux resets the connections still in
+// that listener's queue (SO_REUSEPORT); nothing was sent on them.
 func gatewayClient(t testing.TB, timeout time.Duration) *http.Client {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
+	dialer := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		for try := 1; ; try++ {
+			conn, err := dialer.DialContext(ctx, network, addr)
+			if err == nil || try == 3 || !errors.Is(err, syscall.ECONNRESET) {
+				return conn, err
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
 	t.Cleanup(tr.CloseIdleConnections)
 	return &http.Client{Timeout: timeout, Transport: tr}
 }
