@@ -91,9 +91,7 @@ func AdmitJob(r *http.Request, m policy.Match, op policy.Op, lim JobLimits, chun
 		return nil, prob, nil
 	}
 	s := m.Resource.Settings
-	// The job's requests are each answered before the next step: the
-	// client's respond-async was the job's, not theirs.
-	header := withoutPreference(forwardHeader(r.Header), "respond-async")
+	header := forwardHeader(r.Header) // without respond-async: the job's, not its requests'
 	plan := &JobPlan{Spec: Snapshot{Version: SnapshotVersion, Op: op.String(), Path: m.Path(), Header: header}}
 	plan.Atomicity, plan.PreferenceApplied = atomicityOf(r.Header, op, s)
 	if op.Writes() {
