@@ -399,11 +399,11 @@ func itemsFromElements(elems []json.RawMessage, op policy.Op, s policy.Settings)
 			return nil, prob
 		}
 		it.ID = id
+		if j, dup := seen[id]; dup {
+			return nil, invalid("items %d and %d both have id %q: each id may appear once in a batch %s", j, i, id, op)
+		}
+		seen[id] = i
 		if op == policy.OpUpdate {
-			if j, dup := seen[id]; dup {
-				return nil, invalid("items %d and %d both have id %q: each id may appear once in a batch update", j, i, id)
-			}
-			seen[id] = i
 			delete(members, idField)
 			for name := range members {
 				it.fields = append(it.fields, name)
