@@ -78,11 +78,11 @@ func (r *elementRules) item(n int, elem json.RawMessage) (Item, *problem.Details
 		return Item{}, prob
 	}
 	it.ID = id
+	if first, dup := r.ids.add(id, n); dup {
+		return Item{}, invalid("%ss %d and %d both have id %q: each id may appear once in a batch %s", r.noun, first, n, id, r.op)
+	}
 	if r.op != policy.OpUpdate {
 		return it, nil
-	}
-	if first, dup := r.ids.add(id, n); dup {
-		return Item{}, invalid("%ss %d and %d both have id %q: each id may appear once in a batch update", r.noun, first, n, id)
 	}
 	delete(members, idField)
 	for name := range members {

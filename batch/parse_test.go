@@ -110,6 +110,8 @@ func TestInputRules(t *testing.T) {
 		{name: "duplicate id in delete", method: "DELETE", target: "/widgets?ids=7,8,7", status: 400, detail: []string{"items 0 and 2", `"7"`}},
 		{name: "duplicate id in delete, escaped differently", method: "DELETE", target: "/widgets?ids=a,%61", status: 400, detail: []string{"items 0 and 1", `"a"`}},
 		{name: "duplicate id in get is fine", method: "GET", target: "/widgets?ids=7,8,7", itemsIfValid: 3},
+		{name: "duplicate id in create", method: "POST", target: "/widgets", body: `[{"id":"7","a":1},{"name":"no id"},{"id":7,"a":2}]`, status: 400, detail: []string{"items 0 and 2", `"7"`, "batch create"}},
+		{name: "creates without ids are no duplicates", method: "POST", target: "/widgets", body: `[{"name":"a"},{"name":"a"}]`, itemsIfValid: 2},
 
 		// a query that is not percent-encoding
 		{name: "bad escape in ids", method: "GET", target: "/widgets?ids=1,%zz", status: 400, detail: []string{"percent-encoding"}},
