@@ -157,30 +157,40 @@ func (js *Jobs) ClaimReleased(ctx context.Context, id string) (*HeldJob, error) 
 	if !validJobID(id) {
 		return nil, ErrUnknownJob
 	}
-	name := jobLock(id)
+	rec, err := readJob(ctx, js.storage, id)
+	if err != nil {
+		return nil, err
+	}
+	return js.claim(ctx, rec, leaseView{})
+}
+
+// claim takes the job rec under the next epoch, under the job's storage
+// lock (of instances that find it at once, one goes first; the claim
+// itself proves, claimFolderKey): a job whose lease was released, or
+// whose lease record is still the one a scan watched stand unchanged
+// for a whole lease (lapsed). ErrJobHeld when it is neither, or another
+// instance claims it first.
+func (js *Jobs) claim(ctx context.Context, rec *JobRecord, lapsed leaseView) (*HeldJob, error) {
+	name := jobLock(rec.ID)
 	unlock, err := Lock(ctx, js.storage, name, 0, js.unlockFailed(name))
 	if errors.Is(err, itemlock.ErrLocked) {
 		return nil, ErrJobHeld
 	}
 	if err != nil {
-		return nil, fmt.Errorf("locking job %s to claim it: %w", id, err)
+		return nil, fmt.Errorf("locking job %s to claim it: %w", rec.ID, err)
 	}
 	defer unlock()
-	rec, err := readJob(ctx, js.storage, id)
-	if err != nil {
-		return nil, err
-	}
-	return js.claimReleased(ctx, rec)
+	return js.claimLocked(ctx, rec, lapsed)
 }
 
-// claimReleased is ClaimReleased under the job's lock.
-func (js *Jobs) claimReleased(ctx context.Context, rec *JobRecord) (*HeldJob, error) {
+// claimLocked is claim under the job's storage lock.
+func (js *Jobs) claimLocked(ctx context.Context, rec *JobRecord, lapsed leaseView) (*HeldJob, error) {
 	f := jobLeases(rec.ID)
 	seen, err := readFolderLease(ctx, js.storage, f)
 	if err != nil {
 		return nil, fmt.Errorf("reading the lease of job %s: %w", rec.ID, err)
 	}
-	if !seen.released() {
+	if !seen.released() && (lapsed.raw == nil || seen.record() != lapsed.record()) {
 		return nil, ErrJobHeld
 	}
 	epoch := seen.epoch + 1

@@ -48,6 +48,8 @@ const partialJob = "partial"
 // claims it next, and returns the error. Only partial jobs are run: an
 // all-or-nothing one is refused, its lease released.
 func (hj *HeldJob) Run(ctx context.Context, through Through, stop <-chan struct{}) error {
+	jobsRunning.Add(1)
+	defer jobsRunning.Add(-1)
 	err := hj.run(ctx, through, stop)
 	var lost *batch.LeaseLost
 	if err == nil || errors.As(err, &lost) {

@@ -129,12 +129,15 @@ type Jobs struct {
 	storage Storage
 	leases  *Leases
 	logger  *zap.Logger
+	// watch is what the scans saw of other owners' job leases
+	// (jobscan.go).
+	watch *watched
 }
 
 // NewJobs keeps jobs in s, owned under leases; logger hears of leases lost
 // and locks it could not release.
 func NewJobs(s Storage, leases *Leases, logger *zap.Logger) *Jobs {
-	return &Jobs{storage: s, leases: leases, logger: logger}
+	return &Jobs{storage: s, leases: leases, logger: logger, watch: newWatched()}
 }
 
 func jobDir(id string) string       { return path.Join(jobsPrefix, id) }

@@ -109,7 +109,7 @@ func (js *Jobs) cancelQueued(ctx context.Context, v *jobView) (*JobStatus, error
 	if err != nil || v.progress.State != JobQueued || v.progress.Done != 0 {
 		return statusOf(v, err)
 	}
-	held, err := js.claimReleased(ctx, v.rec)
+	held, err := js.claimLocked(ctx, v.rec, leaseView{})
 	if errors.Is(err, ErrJobHeld) {
 		return v.status(), nil
 	}

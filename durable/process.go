@@ -100,8 +100,9 @@ func (j *Journal) endLater(hurry <-chan struct{}, end func(context.Context) erro
 	}
 }
 
-// Wait returns once the sagas this process runs or is finishing ended
-// and their journals are removed, or once ctx is done (its error then):
+// Wait returns once the sagas this process runs or is finishing ended,
+// the jobs it runs stopped (handed over, once their stop closed), and
+// the sagas' journals are removed, or once ctx is done (its error then):
 // a process that exits lets its sagas end first, as one cut short would
 // wait a lease for another instance to undo it when it can be finished
 // now. The journals whose removal keeps failing are given
@@ -109,6 +110,9 @@ func (j *Journal) endLater(hurry <-chan struct{}, end func(context.Context) erro
 // a recovery once its lease lapses.
 func Wait(ctx context.Context) error {
 	if err := waitFor(ctx, owned.running.Wait); err != nil {
+		return err
+	}
+	if err := waitFor(ctx, jobsStopped); err != nil {
 		return err
 	}
 	removals.hurryOnce.Do(func() { close(removals.hurry) })
