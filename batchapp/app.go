@@ -71,6 +71,12 @@ type App struct {
 	journals      *durable.Journals
 	sweeper       *durable.Sweeper
 	jobSweeper    *durable.Sweeper
+	// jobStore is where the jobs' scan looks; jobsRunning are the jobs
+	// this config runs (RunJob), which its Stop hands over; jobsNudge
+	// has the scan look at once.
+	jobStore    *durable.Jobs
+	jobsRunning *sync.WaitGroup
+	jobsNudge   chan struct{}
 	state         *appState
 	stop, stopped chan struct{}
 	// prop are the propagators of Caddy's tracing, whose headers a
@@ -122,6 +128,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 	a.journals = durable.NewJournals(storage, a.leases, a.logger)
 	a.sweeper = durable.NewSweeper(storage, a.logger)
 	a.jobSweeper = durable.NewJobSweeper(storage, a.logger)
+	a.jobStore = durable.NewJobs(storage, a.leases, a.logger)
+	a.jobsNudge = make(chan struct{}, 1)
+	a.jobsRunning = new(sync.WaitGroup)
 	a.state = &appState{failed: map[string]string{}}
 	a.prop = traceprop.New()
 	ev, err := ctx.App("events")
@@ -181,10 +190,11 @@ func (a *App) Start() error {
 	operated.Store(a)
 	ctx, cancel := context.WithCancel(context.Background())
 	var loops sync.WaitGroup
-	loops.Go(func() { a.every(ctx, time.Duration(a.RecoveryInterval), a.scan) })
-	loops.Go(func() { a.every(ctx, time.Duration(a.SweepInterval), a.sweepIdempotency) })
+	loops.Go(func() { a.every(ctx, time.Duration(a.RecoveryInterval), a.scan, nil) })
+	loops.Go(func() { a.every(ctx, time.Duration(a.SweepInterval), a.sweepIdempotency, nil) })
 	if jobs {
-		loops.Go(func() { a.every(ctx, time.Duration(a.SweepInterval), a.sweepJobs) })
+		loops.Go(func() { a.every(ctx, time.Duration(a.RecoveryInterval), a.scanJobs, a.jobsNudge) })
+		loops.Go(func() { a.every(ctx, time.Duration(a.SweepInterval), a.sweepJobs, nil) })
 	}
 	go func() {
 		<-a.stop
@@ -206,11 +216,31 @@ func (a *App) Stop() error {
 	operated.CompareAndSwap(a, nil)
 	close(a.stop)
 	<-a.stopped
+	a.handOver()
 	return nil
 }
 
-// every does work at once and then every interval, until ctx is done.
-func (a *App) every(ctx context.Context, interval time.Duration, work func(context.Context)) {
+// handOver waits for the jobs this config runs to hand over (RunJob),
+// for at most handOverWait: the next config's scan, or another
+// instance's, carries them on.
+func (a *App) handOver() {
+	a.state.mu.Lock() // a RunJob that did not see the stop has counted its job
+	a.state.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		a.jobsRunning.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(handOverWait):
+		a.logger.Warn("bulk jobs still finishing their requests in flight after the config stopped: each hands over once they are done")
+	}
+}
+
+// every does work at once and then every interval, and at once when
+// nudged, until ctx is done.
+func (a *App) every(ctx context.Context, interval time.Duration, work func(context.Context), nudge <-chan struct{}) {
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for ctx.Err() == nil {
@@ -218,6 +248,7 @@ func (a *App) every(ctx context.Context, interval time.Duration, work func(conte
 		select {
 		case <-ctx.Done():
 		case <-tick.C:
+		case <-nudge:
 		}
 	}
 }

@@ -108,17 +108,25 @@ func (a *App) logRecovered(r *durable.Recovered, res *batch.Result, took time.Du
 // per saga and reason: the recovery tries again every interval.
 func (a *App) failedOnce(saga, doing string, err error) {
 	why := doing + ": " + err.Error()
-	a.state.mu.Lock()
-	seen := a.state.failed[saga] == why || a.state.failedBefore[saga] == why
-	a.state.failed[saga] = why
-	a.state.mu.Unlock()
+	first := a.firstFailure(saga, why)
 	if doing == "finishing the saga" || doing == "reading the saga's journal" {
 		a.journals.MarkStuck(context.Background(), saga, why)
 	}
-	if !seen {
+	if first {
 		a.logger.Error("a saga whose gateway died could not be finished; it stays in storage and is tried again",
 			zap.String("saga", saga), zap.String("while", doing), zap.Error(err))
 	}
+}
+
+// firstFailure records that what (a saga, a job) failed for why, and
+// reports whether it did not already in this scan or the one before:
+// what fails the same way every interval is logged once.
+func (a *App) firstFailure(what, why string) bool {
+	a.state.mu.Lock()
+	defer a.state.mu.Unlock()
+	seen := a.state.failed[what] == why || a.state.failedBefore[what] == why
+	a.state.failed[what] = why
+	return !seen
 }
 
 // Job is a saga to finish from its journal.
@@ -178,46 +186,63 @@ func RecoveryOf(ctx context.Context) (*Recovery, bool) {
 
 // finishThrough sends the client's request again, bodiless and marked
 // as a recovery of job, through the routes of the server the batch came
-// in on, and answers what the Finisher offered by the batch handler it
-// reaches returned. The request takes the route the batch took (host,
-// path and other matchers, rewrites before the batch handler), and the
-// saga runs through the handler chain after that handler, as its own
-// sub-requests go: authentication, load balancing and TLS apply as they
-// did for the batch. No access log is written, and no error route runs:
-// nothing is answered to anyone.
+// in on (throughRoutes), and answers what the Finisher offered by the
+// batch handler it reaches returned.
 func (a *App) finishThrough(in durable.Origin, job Job) (*batch.Result, error) {
-	srv, err := a.server(in.Server)
-	if err != nil {
-		return nil, err
-	}
-	req, err := originRequest(in, job.Snap.Header)
-	if err != nil {
-		return nil, err
-	}
-	// The batch's span context is not sent through the routes again: a
-	// tracing there starts a trace of the recovery's own, which the
-	// batch handler links to the batch's (docs/operations.md, "Traces").
-	a.prop.Strip(req.Header)
 	var (
 		res       *batch.Result
 		finishErr error
 	)
 	rc := &Recovery{job: job, call: func(finish Finisher) { res, finishErr = finish() }}
-	// Not the config's context: a saga being finished must not be cut
-	// by a config reload, as a client's batch is not.
-	ctx := context.WithValue(context.Background(), recoveryCtxKey, rc)
+	routed, err := a.throughRoutes(in, job.Snap.Header, recoveryCtxKey, rc)
+	if err != nil {
+		return nil, err
+	}
+	if !rc.taken.Load() {
+		return nil, notReached(in, job.Snap.Path, routed)
+	}
+	return res, finishErr
+}
+
+// throughRoutes sends the request in describes, with header and no body,
+// through the routes of its server, its context carrying value under
+// key, and answers the routes' error. The request takes the route the
+// client's took (host, path and other matchers, rewrites before the
+// batch handler); the batch handler it reaches takes value and runs
+// what it carries through the handler chain after it, as a client's
+// batch's sub-requests go: authentication, load balancing and TLS apply
+// as they did for the client. No access log is written, and no error
+// route runs: nothing is answered to anyone.
+func (a *App) throughRoutes(in durable.Origin, header http.Header, key, value any) (routed error, err error) {
+	srv, err := a.server(in.Server)
+	if err != nil {
+		return nil, err
+	}
+	req, err := originRequest(in, header)
+	if err != nil {
+		return nil, err
+	}
+	// The client's span context is not sent through the routes again: a
+	// tracing there starts a trace of the request's own, which the
+	// batch handler links to the batch's (docs/operations.md, "Traces").
+	a.prop.Strip(req.Header)
+	// Not the config's context: what the request carries must not be
+	// cut by a config reload, as a client's batch is not.
+	ctx := context.WithValue(context.Background(), key, value)
 	rec := recorder.New(0)
 	req = caddyhttp.PrepareRequest(req.WithContext(ctx), caddy.NewReplacer(), rec, srv)
 	end := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })
-	routed := srv.Routes.Compile(end).ServeHTTP(rec, req)
-	if !rc.taken.Load() {
-		why := "it reached no batch handler that serves " + job.Snap.Path
-		if routed != nil {
-			why += " (" + routed.Error() + ")"
-		}
-		return nil, fmt.Errorf("the batch's request (%s %s, host %s) through server %s: %s", in.Method, in.URI, in.Host, in.Server, why)
+	return srv.Routes.Compile(end).ServeHTTP(rec, req), nil
+}
+
+// notReached is the error of a request through the routes that reached
+// no batch handler serving path.
+func notReached(in durable.Origin, path string, routed error) error {
+	why := "it reached no batch handler that serves " + path
+	if routed != nil {
+		why += " (" + routed.Error() + ")"
 	}
-	return res, finishErr
+	return fmt.Errorf("the request (%s %s, host %s) through server %s: %s", in.Method, in.URI, in.Host, in.Server, why)
 }
 
 // originRequest is the request a journal's origin describes, with the

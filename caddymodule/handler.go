@@ -204,7 +204,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if storage == nil {
 			return fmt.Errorf("batch: jobs %s needs Caddy's storage, which this context has none of", cfg.jobsPath)
 		}
-		h.jobs = newJobs(storage, leases, cfg.handler.MaxJobs, h.logger)
+		h.jobs = newJobs(storage, leases, app.(*batchapp.App), cfg.handler.MaxJobs, h.logger)
 		app.(*batchapp.App).SweepJobs()
 	}
 	return nil
@@ -217,6 +217,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// saga to finish through this route, not a client's request.
 	if rc, ok := batchapp.RecoveryOf(r.Context()); ok {
 		return h.offer(w, r, next, rc)
+	}
+	if trip, ok := batchapp.JobTripOf(r.Context()); ok {
+		return h.offerJob(w, r, next, trip)
 	}
 	if h.isJobMonitor(r.URL.EscapedPath()) {
 		return h.serveJobMonitor(w, r)
@@ -253,7 +256,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			return refuse(w, problem.New(http.StatusBadRequest, "invalid-batch", "reading the body: "+err.Error()), m.Allow())
 		}
 		if isJob {
-			return h.serveJobStart(w, r, m, op, next)
+			return h.serveJobStart(w, r, m, op)
 		}
 	}
 	a, isBatch := h.admit(r, m)

@@ -38,14 +38,17 @@ const maxJobsRetry = time.Minute
 // jobs is what a handler with a jobs path starts and watches jobs with.
 type jobs struct {
 	store *durable.Jobs
+	// app runs the jobs, and carries on those that wait for an owner.
+	app *batchapp.App
 	// running holds a token per job this handler runs, max_jobs of them.
 	running chan struct{}
 	logger  *zap.Logger
 }
 
-func newJobs(storage certmagic.Storage, leases *durable.Leases, maxJobs int, logger *zap.Logger) *jobs {
+func newJobs(storage certmagic.Storage, leases *durable.Leases, app *batchapp.App, maxJobs int, logger *zap.Logger) *jobs {
 	return &jobs{
 		store:   durable.NewJobs(batchapp.DurableStorage(storage), leases, logger),
+		app:     app,
 		running: make(chan struct{}, maxJobs),
 		logger:  logger,
 	}
@@ -62,10 +65,11 @@ func (j *jobs) acquire() (release func(), ok bool) {
 }
 
 // serveJobStart makes a job of a batch sent with Prefer: respond-async
-// (op, on the collection m matched), runs it on this instance in the
-// background and answers 202 with its status and token; or refuses it,
-// with nothing stored and nothing sent.
-func (h *Handler) serveJobStart(w http.ResponseWriter, r *http.Request, m policy.Match, op policy.Op, next caddyhttp.Handler) error {
+// (op, on the collection m matched) and answers 202 with its status and
+// token: the job runs on this instance where one of max_jobs is free,
+// and waits queued otherwise, for the next scan of any instance with
+// room. Or it refuses the start, with nothing stored and nothing sent.
+func (h *Handler) serveJobStart(w http.ResponseWriter, r *http.Request, m policy.Match, op policy.Op) error {
 	ctx := r.Context()
 	sc := h.collectionScope(m)
 	client, ok := jobClient(r, sc)
@@ -74,18 +78,13 @@ func (h *Handler) serveJobStart(w http.ResponseWriter, r *http.Request, m policy
 			"a bulk job is made only for a client that says who it is: send Authorization or a Cookie"+identityHint(sc)+
 				", or send the batch without Prefer: respond-async to run it synchronously").Write(w)
 	}
-	release, ok := h.jobs.acquire()
-	if !ok {
-		return refuseQuota(w, &durable.QuotaError{RetryAfter: maxJobsRetry, Reason: fmt.Sprintf(
-			"this instance runs %d jobs, as many as max_jobs allows: wait for one to end", cap(h.jobs.running))})
-	}
-	started := false
+	release, runsHere := h.jobs.acquire()
 	defer func() {
-		if !started {
+		if release != nil {
 			release()
 		}
 	}()
-	quota := durable.Quota{PerClient: sc.gateway.MaxJobsPerClient, Queued: sc.gateway.MaxQueuedJobs}
+	quota := durable.Quota{PerClient: sc.gateway.MaxJobsPerClient, Queued: sc.gateway.MaxQueuedJobs, Waits: !runsHere}
 	if err := h.jobs.store.CheckQuota(ctx, client, quota); err != nil {
 		return h.refuseJob(w, err)
 	}
@@ -109,10 +108,13 @@ func (h *Handler) serveJobStart(w http.ResponseWriter, r *http.Request, m policy
 		staging.Discard(context.WithoutCancel(ctx))
 		return h.refuseJob(w, err)
 	}
-	// The job outlives its request: not its cancel, but its values (the
-	// server, for the sub-requests' context).
-	go h.jobs.run(context.WithoutCancel(ctx), held, h.jobThrough(r, next, sc), release)
-	started = true
+	if runsHere {
+		h.jobs.app.RunJob(held, release)
+		release = nil // the run gives it back
+	} else if err := held.Release(ctx); err != nil {
+		// Queued: its lease lapses instead, and a scan takes it then.
+		h.logger.Warn("releasing a queued bulk job's lease; it is taken once the lease lapses", zap.String("job", rec.ID), zap.Error(err))
+	}
 	status, err := h.jobs.store.Status(ctx, rec.ID, token)
 	if err != nil {
 		return h.refuseJob(w, err)
@@ -175,39 +177,45 @@ type startedJob struct {
 	Token string `json:"token"`
 }
 
-// run drives a job held by this instance to its end, then gives back its
-// max_jobs slot. A job that stops short (its lease lost, the storage
-// failing) is left as durable leaves it, released for a claim.
-func (j *jobs) run(ctx context.Context, held *durable.HeldJob, through durable.Through, release func()) {
-	defer release()
-	rec := held.Record()
-	j.logger.Info("bulk job started", zap.String("job", rec.ID), zap.String("op", rec.Op),
-		zap.String("resource", rec.Resource), zap.Int("items", rec.Items))
-	if err := held.Run(ctx, through, nil); err != nil {
-		// No instance takes a released job over yet.
-		j.logger.Error("bulk job stopped before its end, and this build carries no job on: it stays as it stopped until swept, job_ttl after its job_timeout; its results say what was done",
-			zap.String("job", rec.ID), zap.Error(err))
-		return
+// offerJob is ServeHTTP for a request the batch app sends through the
+// routes for a job (batchapp.JobTrip): the handler that serves the job
+// offers itself, its chain after it being next while it serves the
+// request; any other handler, or this one reached again by the job's
+// own sub-requests, passes the request on.
+func (h *Handler) offerJob(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, trip *batchapp.JobTrip) error {
+	rec := trip.Record()
+	if h.jobs != nil && rec.JobsPath == h.jobsPath {
+		if m, ok := h.policy.Lookup(rec.Path); ok && !m.Item && h.collectionScope(m).resource == rec.Resource {
+			if trip.Offer(jobHost{h: h, r: r, next: next, sc: h.collectionScope(m)}) {
+				return nil
+			}
+		}
 	}
-	j.logger.Info("bulk job ended", zap.String("job", rec.ID))
+	return next.ServeHTTP(w, r)
 }
 
-// jobThrough is the route of a job's windows: this handler's next, as
-// the start request r would have gone, every window under sc's
-// settings. It captures what the sub-requests inherit from r now, on the
-// client's goroutine.
-func (h *Handler) jobThrough(r *http.Request, next caddyhttp.Handler, sc scope) durable.Through {
-	send := newSubrequests(r, next, sc.settings.MaxBodySize)
-	return func(_ context.Context, _ *durable.JobRecord, cred http.Header, work func(batch.Site) error) error {
-		return work(batch.Site{
-			Runtime: batch.Runtime{
-				Send: send, Locks: sc.locks, Slots: h.slots, Observer: h.slots.observer(),
-				Throttles: h.slots.throttles, Client: durable.Credentials(cred, sc.gateway.ScopeHeaders),
-				// No spans: the start's span ended with its answer, and a
-				// job's own trace is not made yet.
-			},
-			Lookup: h.policy.Lookup,
-		})
+// jobHost is a handler serving a job's request (batchapp.JobHost).
+type jobHost struct {
+	h    *Handler
+	r    *http.Request
+	next caddyhttp.Handler
+	sc   scope
+}
+
+func (jh jobHost) Room() (func(), bool) { return jh.h.jobs.acquire() }
+
+// Site sends a window's requests through the chain after the handler,
+// as the job's request would have gone, with the headers the job
+// forwards (the request's), under the job's resource's settings.
+func (jh jobHost) Site() batch.Site {
+	h, sc := jh.h, jh.sc
+	return batch.Site{
+		Runtime: batch.Runtime{
+			Send: newSubrequests(jh.r, jh.next, sc.settings.MaxBodySize), Locks: sc.locks, Slots: h.slots, Observer: h.slots.observer(),
+			Throttles: h.slots.throttles, Client: durable.Credentials(jh.r.Header, sc.gateway.ScopeHeaders),
+			// No spans: a job's own trace is not made yet.
+		},
+		Lookup: h.policy.Lookup,
 	}
 }
 

@@ -23,7 +23,13 @@ type HeldJob struct {
 	page resultsPage
 	// logSeq numbers the log records this epoch stores (joblog.go).
 	logSeq atomic.Int64
+	// ended says End stored the job's end.
+	ended atomic.Bool
 }
+
+// Ended reports whether this owner ended the job: false for one it
+// handed over or lost.
+func (hj *HeldJob) Ended() bool { return hj.ended.Load() }
 
 // Record is the job as it was started.
 func (hj *HeldJob) Record() *JobRecord { return hj.rec }
@@ -66,6 +72,7 @@ func (hj *HeldJob) End(ctx context.Context, final JobProgress) error {
 	if err := hj.WriteProgress(ctx, final); err != nil {
 		return err
 	}
+	hj.ended.Store(true)
 	expires := final.Ended.Add(rec.TTL)
 	if err := fileJobExpiry(ctx, s, rec.ID, expires, rec.TTL); err != nil {
 		return err

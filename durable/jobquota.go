@@ -180,10 +180,16 @@ type storedCredentials struct {
 
 // Credentials reads the headers the job's requests forward.
 func (hj *HeldJob) Credentials(ctx context.Context) (http.Header, error) {
+	return hj.jobs.Credentials(ctx, hj.rec)
+}
+
+// Credentials reads the headers the requests of the job rec forward: a
+// scan routes its request for room with them, as the job's windows go.
+func (js *Jobs) Credentials(ctx context.Context, rec *JobRecord) (http.Header, error) {
 	var c storedCredentials
-	found, err := loadJSON(ctx, hj.jobs.storage, jobKey(hj.rec.ID, credentialsName), &c)
+	found, err := loadJSON(ctx, js.storage, jobKey(rec.ID, credentialsName), &c)
 	if err == nil && !found {
-		err = fmt.Errorf("job %s has no credentials stored", hj.rec.ID)
+		err = fmt.Errorf("job %s has no credentials stored", rec.ID)
 	}
 	return c.Header, err
 }

@@ -410,3 +410,105 @@ func TestJobsUpdateGetDelete(t *testing.T) {
 		t.Error("widget 6 went with the delete job")
 	}
 }
+
+// jobStatus reads the job's status once.
+func jobStatus(t *testing.T, g *gateway, job jobAnswer) jobAnswer {
+	t.Helper()
+	r := g.do(t, "GET", "/api/jobs/"+job.ID, nil, bearerOf(job.Token)...)
+	if r.Status != 200 {
+		t.Fatalf("status: %d %s", r.Status, r.Body)
+	}
+	return decodeJob(t, r)
+}
+
+// TestJobsQueuedPastMaxJobs: past max_jobs a start is not refused but
+// answered 202 queued, and the job runs once one ends (the app's scan,
+// nudged by that end): both run to their end, one after the other, each
+// widget made once.
+func TestJobsQueuedPastMaxJobs(t *testing.T) {
+	api := legacyapi.NewRecording(legacyapi.Collection{Path: "/api/widgets", WriteDelay: 5 * time.Millisecond})
+	g := startGatewayStorage(t, api, newUpstream(t, api), "storage file_system "+t.TempDir(),
+		strings.Replace(jobsSite, "jobs /api/jobs\n", "jobs /api/jobs\n\t\tmax_jobs 1\n", 1))
+	start := func(client string, n int) jobAnswer {
+		r := g.do(t, "POST", "/api/widgets", widgetLines(n), "Content-Type", "application/x-ndjson", "Prefer", "respond-async", "Authorization", "Bearer "+client)
+		if r.Status != 202 {
+			t.Fatalf("start of %s: %d %s, want 202", client, r.Status, r.Body)
+		}
+		return decodeJob(t, r)
+	}
+	first := start("client-a", 300)
+	second := start("client-b", 20)
+	if second.State != "queued" {
+		t.Errorf("the second job past max_jobs 1 answered %s, want queued", second.State)
+	}
+	if st := jobStatus(t, g, first); st.State == "running" {
+		if st2 := jobStatus(t, g, second); st2.State != "queued" || st2.Done != 0 {
+			t.Errorf("while the first job runs, the second is %s with %d done, want queued, nothing done", st2.State, st2.Done)
+		}
+	}
+	for _, job := range []jobAnswer{first, second} {
+		if st := pollJob(t, g, job, time.Minute); st.State != "succeeded" || st.Done != job.Items {
+			t.Errorf("job ended %+v, want succeeded with every item done", st)
+		}
+	}
+	made := map[string]int{}
+	for _, w := range api.Items("/api/widgets") {
+		made[fmt.Sprint(w["name"])]++
+	}
+	// Both jobs name their widgets job-0 on: the first 20 names twice.
+	for i := range 300 {
+		want := 1
+		if i < 20 {
+			want = 2
+		}
+		if c := made[fmt.Sprintf("job-%d", i)]; c != want {
+			t.Errorf("job-%d made %d times, want %d", i, c, want)
+		}
+	}
+}
+
+// TestJobsHandedOverAtAReload: a config reload stops the old config's
+// app, which hands its running job over (its progress stored, its lease
+// released, nothing undone); the new config's scan takes it at once and
+// carries it on through the new routes: each widget made once.
+func TestJobsHandedOverAtAReload(t *testing.T) {
+	api := legacyapi.NewRecording(legacyapi.Collection{Path: "/api/widgets", WriteDelay: 5 * time.Millisecond})
+	dir := t.TempDir()
+	storage := "storage file_system " + dir
+	site := strings.Replace(jobsSite, "jobs /api/jobs\n", "jobs /api/jobs\n\t\tconcurrency 4\n", 1)
+	g := startGatewayStorage(t, api, newUpstream(t, api), storage, site)
+	const n = 1500
+	r := g.do(t, "POST", "/api/widgets", widgetLines(n), "Content-Type", "application/x-ndjson", "Prefer", "respond-async", "Authorization", "Bearer client-a")
+	if r.Status != 202 {
+		t.Fatalf("start: %d %s", r.Status, r.Body)
+	}
+	job := decodeJob(t, r)
+	for jobStatus(t, g, job).Done < 200 {
+		time.Sleep(20 * time.Millisecond)
+	}
+	g.reload(t, site+"\n\theader X-Reloaded yes\n")
+	mid := jobStatus(t, g, job)
+	if mid.Done >= n {
+		t.Fatalf("the job ended before the reload was seen (%d done): the test needs it mid-run", mid.Done)
+	}
+	st := pollJob(t, g, job, 2*time.Minute)
+	if st.State != "succeeded" || st.Done != n || st.Succeeded != n {
+		t.Fatalf("job ended %+v, want succeeded with %d items", st, n)
+	}
+	var takeovers struct {
+		Takeovers int `json:"takeovers"`
+	}
+	_ = json.Unmarshal(g.do(t, "GET", "/api/jobs/"+job.ID, nil, bearerOf(job.Token)...).Body, &takeovers)
+	if takeovers.Takeovers != 1 {
+		t.Errorf("takeovers %d, want 1: the new config took the job over once", takeovers.Takeovers)
+	}
+	made := map[string]int{}
+	for _, w := range api.Items("/api/widgets") {
+		made[fmt.Sprint(w["name"])]++
+	}
+	for i := range n {
+		if c := made[fmt.Sprintf("job-%d", i)]; c != 1 {
+			t.Errorf("job-%d made %d times, want once", i, c)
+		}
+	}
+}
