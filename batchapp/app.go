@@ -65,18 +65,18 @@ type App struct {
 	// Default: 5m.
 	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
 
-	ctx           caddy.Context
-	logger        *zap.Logger
-	leases        *durable.Leases
-	journals      *durable.Journals
-	sweeper       *durable.Sweeper
-	jobSweeper    *durable.Sweeper
+	ctx        caddy.Context
+	logger     *zap.Logger
+	leases     *durable.Leases
+	journals   *durable.Journals
+	sweeper    *durable.Sweeper
+	jobSweeper *durable.Sweeper
 	// jobStore is where the jobs' scan looks; jobsRunning are the jobs
 	// this config runs (RunJob), which its Stop hands over; jobsNudge
 	// has the scan look at once.
-	jobStore    *durable.Jobs
-	jobsRunning *sync.WaitGroup
-	jobsNudge   chan struct{}
+	jobStore      *durable.Jobs
+	jobsRunning   *sync.WaitGroup
+	jobsNudge     chan struct{}
 	state         *appState
 	stop, stopped chan struct{}
 	// prop are the propagators of Caddy's tracing, whose headers a
