@@ -235,10 +235,11 @@ type Options struct {
 	// (67108864).
 	MaxJobBodySize int64 `json:"max_job_body_size,omitempty"`
 
-	// How many bulk jobs this instance runs at once; a start beyond it is
-	// refused `429` with `Retry-After` until one ends
-	// ([Choices](docs/jobs.md#choices)). It is the handler's alone: set
-	// in a resource, it is refused. Default: 4.
+	// How many bulk jobs this handler runs at once on this instance, the
+	// ones it took over from other instances included; a job started
+	// beyond it waits `queued` for any instance with room
+	// ([Where a job runs](docs/jobs.md#where-a-job-runs)). It is the
+	// handler's alone: set in a resource, it is refused. Default: 4.
 	MaxJobs int `json:"max_jobs,omitempty"`
 
 	// How many bulk jobs one client (its `Authorization`, `Cookie`,
@@ -248,9 +249,9 @@ type Options struct {
 	MaxJobsPerClient int `json:"max_jobs_per_client,omitempty"`
 
 	// How many bulk jobs may wait in the cluster's queue, as this
-	// instance allows it; one more is refused `429` with `Retry-After`.
-	// Jobs wait only once a scan runs them later: until then a start past
-	// `max_jobs` is refused. The handler's alone. Default: 16.
+	// instance allows it: a start that would wait (this instance runs
+	// `max_jobs` already) beyond it is refused `429` with `Retry-After`.
+	// The handler's alone. Default: 16.
 	MaxQueuedJobs int `json:"max_queued_jobs,omitempty"`
 
 	// How long a bulk job's status and results are kept once it ended,
