@@ -2,6 +2,7 @@ package durable
 
 import (
 	"context"
+	"sync"
 	"time"
 )
 
@@ -88,62 +89,89 @@ func (l *storeLog) took(d time.Duration) {
 	l.ewma += (d - l.ewma) / 8
 }
 
+// groupCommit is the group commit of one writer of records (a saga's
+// journal, a job window's log), under its owner's mutex, which
+// committed waits on.
+type groupCommit struct {
+	// committed is signalled when a store ends, or one takes its
+	// records: every record waits for the store that takes it, and up to
+	// max stores run at once (overlap).
+	committed *sync.Cond
+	stores    storeLog
+	max       int
+	// storeKept stores what is kept as store n: the mutex is held, and
+	// let go while the storage works, so that records keep coming.
+	storeKept func(ctx context.Context, n uint64) error
+	// alone reports whether the next store must run with no other in
+	// flight (a journal's intent, until it landed).
+	alone func() bool
+}
+
+func newGroupCommit(mu *sync.Mutex, max int, storeKept func(context.Context, uint64) error, alone func() bool) groupCommit {
+	return groupCommit{
+		committed: sync.NewCond(mu), max: max, storeKept: storeKept, alone: alone,
+		stores: storeLog{failed: map[uint64]error{}, ended: map[uint64]bool{}},
+	}
+}
+
 // commit returns once the store that takes the records kept so far has
 // ended, and returns its error: with concurrency 8, eight writes about to
 // be sent together cost one storage write, not eight in a row, and none
-// is sent before its own record is stored. j.mu is held.
-func (j *Journal) commit(ctx context.Context) error {
-	want := j.stores.taken + 1 // the store that takes this record
-	for !j.stores.done(want) {
-		if j.stores.taken < want && j.mayStart() {
-			j.store(ctx)
+// is sent before its own record is stored. The mutex is held.
+func (g *groupCommit) commit(ctx context.Context) error {
+	want := g.stores.taken + 1 // the store that takes this record
+	for !g.stores.done(want) {
+		if g.stores.taken < want && g.mayStart() {
+			g.store(ctx)
 			continue
 		}
-		j.committed.Wait()
+		g.committed.Wait()
 	}
-	return j.stores.failed[want]
+	return g.stores.failed[want]
 }
 
 // mayStart says whether a store may start now: fewer running than the
-// storage takes at once (maxStores), none gathering its records, and the
-// intent, until it landed, stored alone.
-func (j *Journal) mayStart() bool {
-	l := &j.stores
-	return !l.joining && l.inFlight < j.js.maxStores && (j.intent == nil || l.inFlight == 0)
+// storage takes at once (maxStores), none gathering its records, and
+// one that must go alone, alone.
+func (g *groupCommit) mayStart() bool {
+	l := &g.stores
+	return !l.joining && l.inFlight < g.max && (l.inFlight == 0 || !g.alone())
 }
 
 // store runs the next store: it gathers the records that come within
-// the join window, takes them, and stores them. j.mu is held, and let go
-// meanwhile.
-func (j *Journal) store(ctx context.Context) {
-	l := &j.stores
+// the join window, takes them, and stores them. The mutex is held, and
+// let go meanwhile.
+func (g *groupCommit) store(ctx context.Context) {
+	l := &g.stores
 	l.inFlight++
 	l.joining = true
-	j.join()
+	g.join()
 	l.joining = false
 	l.taken++
 	n := l.taken
-	j.committed.Broadcast() // the next store may start once this one takes its records
-	err := j.flush(ctx, n)
+	g.committed.Broadcast() // the next store may start once this one takes its records
+	began := time.Now()
+	err := g.storeKept(ctx, n)
+	l.took(time.Since(began))
 	l.inFlight--
 	l.end(n, err)
-	j.committed.Broadcast()
+	g.committed.Broadcast()
 }
 
-// join waits while records keep coming, within the join window. j.mu is
-// held, and let go while it waits.
-func (j *Journal) join() {
-	limit := min(maxJoin, j.stores.ewma/8)
-	if limit < joinWindow || j.js.maxStores == 1 {
+// join waits while records keep coming, within the join window. The
+// mutex is held, and let go while it waits.
+func (g *groupCommit) join() {
+	limit := min(maxJoin, g.stores.ewma/8)
+	if limit < joinWindow || g.max == 1 {
 		return
 	}
 	deadline := time.Now().Add(limit)
 	for time.Now().Before(deadline) {
-		kept := j.stores.kept
-		j.mu.Unlock()
+		kept := g.stores.kept
+		g.committed.L.Unlock()
 		time.Sleep(joinWindow)
-		j.mu.Lock()
-		if j.stores.kept == kept {
+		g.committed.L.Lock()
+		if g.stores.kept == kept {
 			return
 		}
 	}

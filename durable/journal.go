@@ -253,12 +253,10 @@ type Journal struct {
 	epoch int
 
 	mu sync.Mutex
-	// committed is signalled when a store of the records ends, or one
-	// takes its records: writes of several items that want their
-	// records stored together wait for one store (group commit), and up
-	// to storesInFlight stores run at once (overlap).
-	committed *sync.Cond
-	stores    storeLog
+	// groupCommit stores the records kept in groups (commit.go); the
+	// intent's store goes alone: no later segment may land before the
+	// beginning it belongs to.
+	groupCommit
 	intent    *intent // until it is stored, with the first segment
 	seq       int     // the next segment's number
 	items     []itemRecord
@@ -315,8 +313,7 @@ func (j *Journal) Saga() string { return j.saga }
 
 func newJournalOf(j *Journal) *Journal {
 	j.at, j.lastIn, j.ahead = map[int]int{}, map[int]uint64{}, map[int]bool{}
-	j.stores.failed, j.stores.ended = map[uint64]error{}, map[uint64]bool{}
-	j.committed = sync.NewCond(&j.mu)
+	j.groupCommit = newGroupCommit(&j.mu, j.js.maxStores, j.flush, func() bool { return j.intent != nil })
 	if j.lease == nil {
 		j.lease = newHolder(j.js.leases.Length)
 	}
@@ -489,7 +486,7 @@ func (j *Journal) flush(ctx context.Context, n uint64) error {
 		// not find writes it was never told about.
 		return lost
 	}
-	at, began := now(), time.Now()
+	at := now()
 	in, items := j.intent, j.items
 	j.items, j.aheadKept, j.intentAhead = nil, 0, false
 	clear(j.at)
@@ -517,7 +514,6 @@ func (j *Journal) flush(ctx context.Context, n uint64) error {
 	j.mu.Unlock()
 	err = j.js.storage.Store(ctx, key, b)
 	j.mu.Lock()
-	j.stores.took(time.Since(began))
 	if err != nil {
 		j.keepAgain(items, n)
 		return fmt.Errorf("storing the saga's journal: %w", err)
