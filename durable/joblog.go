@@ -6,41 +6,56 @@ import (
 	"fmt"
 	"path"
 	"slices"
+	"sync"
 	"sync/atomic"
 
 	"github.com/caddy-batch/caddy-batch/batch"
 )
 
 // A window's write-ahead records are batch/v1/jobs/<id>/log/<window
-// first %08d>/seg.<epoch %08d>.<seq %08d>, one transition each, stored by
-// that epoch's owner before the write it records leaves: an owner that
-// carries the window on reads them back, in name order (the later epoch
-// and, within one, the later record wins), over the window's input, so
-// that a write that may have been sent is resolved, not sent blindly
-// again (docs/durability.md, "Bulk jobs in storage"). They are deleted
+// first %08d>/seg.<epoch %08d>.<seq %08d>, each a segment of the
+// transitions its store took, stored by that epoch's owner before the
+// writes they record leave: an owner that carries the window on reads
+// them back, in name order (the later epoch and, within one, the later
+// segment wins), over the window's input, so that a write that may have
+// been sent is resolved, not sent blindly again (docs/durability.md,
+// "Bulk jobs in storage"). The writes about to leave together are
+// recorded in one store, as a saga's are (groupCommit). They are deleted
 // once the window's results are stored, which then say the same.
 
 const logName = "log"
 
-// logRecord is one transition of one item, by its index in the job.
+// logSegment is one store of a window's log: the transitions it took,
+// each by the item's index in the job.
+type logSegment struct {
+	Version int         `json:"v"`
+	Records []logRecord `json:"records"`
+}
+
 type logRecord struct {
-	Version int                `json:"v"`
-	Index   int                `json:"index"`
-	Item    batch.ItemSnapshot `json:"item"`
+	Index int                `json:"index"`
+	Item  batch.ItemSnapshot `json:"item"`
 }
 
 // windowLog is the batch.Journal of one window of a job held under one
-// epoch: it stores each transition as a record of its own, once the
-// job's lease is proven, and fences the window's writes by that lease.
+// epoch: it keeps each transition, and stores what it kept, once the
+// job's lease is proven, when a write waits for its record; it fences
+// the window's writes by that lease.
 type windowLog struct {
 	hj    *HeldJob
 	first int // the window's first item in the job: its folder
 	base  int // the job index of the run's item 0
 	seq   *atomic.Int64
+
+	mu   sync.Mutex
+	kept []logRecord
+	groupCommit
 }
 
 func (hj *HeldJob) windowLog(first, base int) *windowLog {
-	return &windowLog{hj: hj, first: first, base: base, seq: &hj.logSeq}
+	l := &windowLog{hj: hj, first: first, base: base, seq: &hj.logSeq}
+	l.groupCommit = newGroupCommit(&l.mu, maxStores(hj.jobs.storage), l.storeKept, func() bool { return false })
+	return l
 }
 
 func logDir(id string, first int) string {
@@ -55,21 +70,45 @@ func (l *windowLog) End(context.Context, *batch.Result)       {}
 // Fence returns once the job's lease is proven.
 func (l *windowLog) Fence(ctx context.Context) error { return l.hj.fence(ctx) }
 
-// Record stores t, once the job's lease is proven: an owner that lost
-// the job records nothing, so nothing it records can mislead the next.
+// Record keeps t, and, for a write about to leave, returns once a store
+// holds it (with everything kept before it): an owner that lost the job
+// stores nothing, so nothing it records can mislead the next. Other
+// transitions go with the next store: one that never lands leaves its
+// write to be resolved by a carry-on.
 func (l *windowLog) Record(ctx context.Context, t batch.Transition) error {
-	if err := l.hj.fence(ctx); err != nil {
-		return err
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.kept = append(l.kept, logRecord{Index: l.base + t.Index, Item: t.Item})
+	l.stores.kept++
+	if t.Phase != batch.PhaseSending && t.Phase != batch.PhaseUndoing {
+		return nil
 	}
-	b, err := json.Marshal(logRecord{Version: 1, Index: l.base + t.Index, Item: t.Item})
-	if err != nil {
-		return err
-	}
-	key := path.Join(logDir(l.hj.rec.ID, l.first), fmt.Sprintf("seg.%08d.%08d", l.hj.epoch, l.seq.Add(1)))
-	if err := l.hj.jobs.storage.Store(ctx, key, b); err != nil {
+	if err := l.commit(ctx); err != nil {
 		return fmt.Errorf("recording item %d of job %s: %w", l.base+t.Index, l.hj.rec.ID, err)
 	}
 	return nil
+}
+
+// storeKept stores the records kept as a segment, once the lease is
+// proven. l.mu is held, and let go meanwhile. The records of a store
+// that fails are not kept again: the writes waiting for them are not
+// sent.
+func (l *windowLog) storeKept(ctx context.Context, _ uint64) error {
+	records := l.kept
+	l.kept = nil
+	key := path.Join(logDir(l.hj.rec.ID, l.first), fmt.Sprintf("seg.%08d.%08d", l.hj.epoch, l.seq.Add(1)))
+	l.mu.Unlock()
+	defer l.mu.Lock()
+	if err := l.hj.fence(ctx); err != nil {
+		return err
+	}
+	b, err := json.Marshal(logSegment{Version: 1, Records: records})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StorageTimeout)
+	defer cancel()
+	return l.hj.jobs.storage.Store(ctx, key, b)
 }
 
 // readLog reads the records of the window at first, and lays each item's
@@ -82,13 +121,18 @@ func (hj *HeldJob) readLog(ctx context.Context, first, base int, items []batch.I
 	}
 	slices.Sort(names) // seg.<epoch>.<seq>, both zero-padded: in the order written
 	for _, name := range names {
-		var rec logRecord
-		found, err := loadJSON(ctx, s, path.Join(dir, name), &rec)
+		var seg logSegment
+		found, err := loadJSON(ctx, s, path.Join(dir, name), &seg)
 		if err != nil {
 			return err
 		}
-		if i := rec.Index - base; found && rec.Version == 1 && i >= 0 && i < len(items) {
-			items[i] = rec.Item
+		if !found || seg.Version != 1 {
+			continue
+		}
+		for _, rec := range seg.Records {
+			if i := rec.Index - base; i >= 0 && i < len(items) {
+				items[i] = rec.Item
+			}
 		}
 	}
 	return nil
