@@ -73,8 +73,11 @@ func (l *windowLog) Record(ctx context.Context, t batch.Transition) error {
 }
 
 // readLog reads the records of the window at first, and lays each item's
-// last one over items, the window's input from job index base.
+// last one over items, the window's input from job index base: but for
+// an answer refusing the job's credentials, which paused the job and
+// was not processed, so that the item is sent again, as its input says.
 func (hj *HeldJob) readLog(ctx context.Context, first, base int, items []batch.ItemSnapshot) error {
+	input := slices.Clone(items)
 	s, dir := hj.jobs.storage, logDir(hj.rec.ID, first)
 	names, err := listNames(ctx, s, dir)
 	if err != nil {
@@ -87,7 +90,12 @@ func (hj *HeldJob) readLog(ctx context.Context, first, base int, items []batch.I
 		if err != nil {
 			return err
 		}
-		if i := rec.Index - base; found && rec.Version == 1 && i >= 0 && i < len(items) {
+		i := rec.Index - base
+		switch {
+		case !found || rec.Version != 1 || i < 0 || i >= len(items):
+		case rec.Item.Outcome == batch.Failed && batch.CredentialsRefused(rec.Item.Status):
+			items[i] = input[i]
+		default:
 			items[i] = rec.Item
 		}
 	}
