@@ -200,3 +200,16 @@ func TestWindowRefusalOtherThanCredentialsGoesOn(t *testing.T) {
 		t.Errorf("stopped %v, refused %v, second %s; want a 422 failed alone and the window run whole", res.Stopped, res.Refused, res.Items[1].Outcome)
 	}
 }
+
+func TestJobHeaderDropsWhatNoSubRequestCarries(t *testing.T) {
+	kept, dropped := JobHeader(http.Header{
+		"Authorization": {"Bearer fresh"}, "X-Api-Key": {"k1", "k2"}, "Connection": {"close"},
+		"Content-Type": {"text/plain"}, "Idempotency-Key": {"k"}, "X-Http-Method-Override": {"DELETE"},
+	})
+	if got := fmt.Sprint(dropped); got != "[Connection Content-Type Idempotency-Key X-Http-Method-Override]" {
+		t.Errorf("dropped %s; want the hop-by-hop, Content-*, batch-only and method override headers", got)
+	}
+	if len(kept) != 2 || kept.Get("Authorization") != "Bearer fresh" || len(kept.Values("X-Api-Key")) != 2 {
+		t.Errorf("kept %v; want Authorization and both X-Api-Key values", kept)
+	}
+}

@@ -219,7 +219,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.offer(w, r, next, rc)
 	}
 	if h.isJobMonitor(r.URL.EscapedPath()) {
-		return h.serveJobMonitor(w, r)
+		return h.serveJobMonitor(w, r, next)
 	}
 	if h.published != nil && r.URL.EscapedPath() == h.published.path {
 		return h.servePublished(w, r)
