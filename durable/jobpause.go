@@ -45,14 +45,24 @@ func (d *driver) pauseReason(index, status int) string {
 }
 
 // pause stores p as paused for why and releases the lease: the job then
-// waits for a resume, its cancel, or its deadline.
+// waits for a resume, its cancel, or its deadline. A cancel asked while
+// the lease was still held found the job running and left it to its
+// owner: it is ended here, once the lease is released, since no owner
+// is left to see it.
 func (hj *HeldJob) pause(ctx context.Context, p JobProgress, why string) error {
 	p.State, p.Reason = JobPaused, why
 	if err := hj.WriteProgress(ctx, p); err != nil {
 		return err
 	}
 	hj.jobs.logger.Info("bulk job paused: the upstream refused its credentials", zap.String("job", hj.rec.ID), zap.String("reason", why))
-	return hj.Release(ctx)
+	if err := hj.Release(ctx); err != nil {
+		return err
+	}
+	v, err := viewJob(ctx, hj.jobs.storage, hj.rec)
+	if err == nil && v.cancelled {
+		_, err = hj.jobs.cancelQueued(ctx, v)
+	}
+	return err
 }
 
 // JobPaused reports whether job id is paused, by its latest progress's
@@ -77,8 +87,8 @@ func (js *Jobs) JobPaused(ctx context.Context, id string) (paused, pastDeadline 
 // and it is answered held under the next epoch, for the caller to run
 // (HeldJob.Run) or release for a scan to claim. ErrUnknownJob as for
 // every monitor; ErrJobNotPaused for a job that is not paused (or whose
-// cancel is asked, which ends it); ErrJobHeld while another instance
-// claims it.
+// cancel is asked, which ends it, or that is past its job_timeout,
+// which Resume then ends); ErrJobHeld while another instance claims it.
 func (js *Jobs) Resume(ctx context.Context, id, token string, header http.Header) (*HeldJob, error) {
 	v, err := js.open(ctx, id, token)
 	if err != nil {
@@ -86,6 +96,11 @@ func (js *Jobs) Resume(ctx context.Context, id, token string, header http.Header
 	}
 	if !resumable(v) {
 		return nil, ErrJobNotPaused
+	}
+	if !now().Before(v.rec.Deadline) {
+		// Too late to carry on: it ends as its deadline ends it.
+		_, err := js.EndPausedPastDeadline(ctx, id)
+		return nil, errors.Join(ErrJobNotPaused, err)
 	}
 	name := jobLock(id)
 	lctx, cancel := context.WithTimeout(ctx, sweepLockWait)
@@ -110,13 +125,15 @@ func (js *Jobs) Resume(ctx context.Context, id, token string, header http.Header
 	}
 	p := v.progress
 	p.State, p.Reason = JobQueued, ""
-	if err := held.replaceCredentials(ctx, header); err == nil {
+	err = held.replaceCredentials(ctx, header)
+	if err == nil {
 		err = held.WriteProgress(ctx, p)
-	} else {
-		// Still paused: a resume again stores them.
+	}
+	if err != nil {
+		// Still paused: a resume again stores the credentials.
 		return nil, errors.Join(err, held.Release(context.WithoutCancel(ctx)))
 	}
-	return held, err
+	return held, nil
 }
 
 // resumable reports whether v is a paused job no cancel was asked for.

@@ -294,3 +294,56 @@ func TestJobPausedCancelledAtOnce(t *testing.T) {
 		t.Errorf("resuming a cancelled job: %v, want ErrJobNotPaused", err)
 	}
 }
+
+// A cancel asked while the job still ran, that its owner had not seen
+// yet when the job paused, ends the job once its lease is released: no
+// owner is left to see it.
+func TestJobCancelledAsItPauses(t *testing.T) {
+	t.Parallel()
+	defer endHeld(t)
+	ctx := context.Background()
+	js := NewJobs(newMemStorage(), NewLeases(time.Minute), zap.NewNop())
+	hj, token := startWidgets(t, js, 100, false)
+	id := hj.Record().ID
+	up := pausingAtFive()
+	up.slow = func(n int) time.Duration {
+		if n == 5 {
+			if st, err := js.Cancel(ctx, id, token, "client"); err != nil || st.State != JobCancelling {
+				t.Errorf("cancel of the running job: %v, %v; want it cancelling", st, err)
+			}
+		}
+		return 0
+	}
+	if err := hj.Run(ctx, throughTo(widgetsPolicy(t, nil), up), nil); err != nil {
+		t.Fatal(err)
+	}
+	if st := mustStatus(t, js, id, token); st.State != JobCancelled || st.Ended == nil {
+		t.Errorf("status %s, ended %v; want cancelled", st.State, st.Ended)
+	}
+}
+
+// A resume that comes past the job's job_timeout carries nothing on:
+// the job ends as its deadline ends it.
+func TestJobResumedPastItsDeadlineEnds(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
+		defer endHeld(t)
+		ctx := context.Background()
+		js := NewJobs(newMemStorage(), NewLeases(30*time.Second), zap.NewNop())
+		hj, token := startWidgets(t, js, 100, false)
+		id := hj.Record().ID
+		up := pausingAtFive()
+		if err := hj.Run(ctx, throughTo(widgetsPolicy(t, nil), up), nil); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(7 * time.Hour)
+		if held, err := js.Resume(ctx, id, token, http.Header{"Authorization": {"Bearer fresh"}}); held != nil || !errors.Is(err, ErrJobNotPaused) {
+			t.Errorf("resume past the deadline: %v, %v; want ErrJobNotPaused", held, err)
+		}
+		if st := mustStatus(t, js, id, token); st.State != JobPartial || !strings.Contains(st.Reason, "job_timeout") {
+			t.Errorf("status %s, reason %q; want partial, past job_timeout", st.State, st.Reason)
+		}
+		if sent := up.sentWith(5); len(sent) != 1 {
+			t.Errorf("element 5 sent with %q: want only its refused try", sent)
+		}
+	})
+}
