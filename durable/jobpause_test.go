@@ -347,3 +347,36 @@ func TestJobResumedPastItsDeadlineEnds(t *testing.T) {
 		}
 	})
 }
+
+// A paused job that an instance claims and runs without a resume (a
+// scan that did not look at its state) sends nothing and stays paused.
+func TestJobPausedRunWithoutResumeStaysPaused(t *testing.T) {
+	t.Parallel()
+	defer endHeld(t)
+	ctx := context.Background()
+	js := NewJobs(newMemStorage(), NewLeases(time.Minute), zap.NewNop())
+	hj, token := startWidgets(t, js, 100, false)
+	id := hj.Record().ID
+	pol := widgetsPolicy(t, nil)
+	up := pausingAtFive()
+	if err := hj.Run(ctx, throughTo(pol, up), nil); err != nil {
+		t.Fatal(err)
+	}
+	before := mustStatus(t, js, id, token)
+	sent := len(up.sentWith(5))
+	next, err := js.ClaimReleased(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keepHeld(t, next)
+	if err := next.Run(ctx, throughTo(pol, up), nil); err != nil {
+		t.Fatal(err)
+	}
+	st := mustStatus(t, js, id, token)
+	if st.State != JobPaused || st.Done != before.Done || st.Reason != before.Reason || st.Takeovers != 0 || len(up.sentWith(5)) != sent {
+		t.Errorf("status %s, done %d, takeovers %d, element 5 sent %d times; want still paused as before, nothing sent", st.State, st.Done, st.Takeovers, len(up.sentWith(5)))
+	}
+	if !leaseReleased(t, js, id) {
+		t.Error("the job's lease is not released again")
+	}
+}
