@@ -46,7 +46,7 @@ func (run *batchRun) execute(clientCtx, batchCtx context.Context) {
 			return
 		}
 		ahead.next(i)
-		if !run.executeItem(clientCtx, batchCtx, i) && run.allOrNothing {
+		if !run.executeItem(clientCtx, batchCtx, i) && (run.allOrNothing || run.refusedInWindow(i)) {
 			halt()
 		}
 	})

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"net/http"
 	"net/textproto"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -111,4 +112,19 @@ func headerNames(names ...string) []headerName {
 		out[i] = headerName{n, http.CanonicalHeaderKey(n)}
 	}
 	return out
+}
+
+// JobHeader is header as a job's requests would carry it, and the names
+// of header they would not (hop-by-hop, the batch request's own, a
+// method override, a Content-* header), sorted: what a resume of a job
+// gives among its forwarded headers, and what it is refused.
+func JobHeader(header http.Header) (forwarded http.Header, dropped []string) {
+	forwarded = forwardHeader(header)
+	for name := range header {
+		if _, ok := forwarded[http.CanonicalHeaderKey(name)]; !ok {
+			dropped = append(dropped, name)
+		}
+	}
+	slices.Sort(dropped)
+	return forwarded, dropped
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/caddy-batch/caddy-batch/policy"
@@ -39,9 +40,38 @@ type WindowResult struct {
 	// Items are the window's items in order, each Index its place in the
 	// job. An item that did not start is not_attempted.
 	Items []ItemResult
-	// Stopped is set when Stop closed or the deadline passed before
-	// every item started.
+	// Stopped is set when Stop closed, the deadline passed or an item
+	// was refused (Refused) before every item started.
 	Stopped bool
+	// Refused are the job indexes of the items the upstream answered
+	// with a refusal of the job's credentials (CredentialsRefused), in
+	// order: once one is, the window starts no new item, since every
+	// later one would be refused alike; those in flight run to their
+	// end.
+	Refused []int
+}
+
+// CredentialsRefused reports whether a sub-request's status refuses the
+// credentials it carried (401, 403, 407): a job's credentials that
+// expired, which no item of it gets past until they are replaced.
+func CredentialsRefused(status int) bool {
+	switch status {
+	case http.StatusUnauthorized, http.StatusForbidden, http.StatusProxyAuthRequired:
+		return true
+	}
+	return false
+}
+
+// refusedInWindow reports whether item i, which ran, is one of a job's
+// window that the upstream refused for its credentials: never a batch's
+// (plan.window nil), whose client sees the refusal in its answer.
+func (run *batchRun) refusedInWindow(i int) bool {
+	if run.plan.window == nil {
+		return false
+	}
+	run.mu.Lock()
+	defer run.mu.Unlock()
+	return credentialsRefused(run.items[i])
 }
 
 // windowing is what makes a Plan a job's window.
@@ -114,14 +144,25 @@ func ExecuteWindow(ctx context.Context, w *Snapshot, site Site, o WindowOpts) (*
 		defer cancel()
 	}
 	run.resolveAll(startCtx)
-	run.execute(ctx, startCtx)
+	if !slices.ContainsFunc(run.items, credentialsRefused) {
+		run.execute(ctx, startCtx)
+	}
 	res := &WindowResult{Items: run.items}
 	for _, it := range run.items {
 		if it.Outcome == NotAttempted {
 			res.Stopped = true
 		}
+		if credentialsRefused(it) {
+			res.Refused = append(res.Refused, it.Index)
+		}
 	}
 	return res, nil
+}
+
+// credentialsRefused reports whether it is an answer refusing the job's
+// credentials: an item a resolve forward or a send had refused.
+func credentialsRefused(it ItemResult) bool {
+	return it.Outcome == Failed && CredentialsRefused(it.Status)
 }
 
 // windowPlan is the plan of a job's window.

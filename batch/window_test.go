@@ -170,3 +170,46 @@ func TestReadWindowRecordsNothing(t *testing.T) {
 		t.Errorf("items %+v, %d records; want both read, nothing recorded: a read needs no write-ahead", res.Items, j.n)
 	}
 }
+
+func TestWindowStartsNothingAfterACredentialRefusal(t *testing.T) {
+	for _, status := range []int{http.StatusUnauthorized, http.StatusForbidden, http.StatusProxyAuthRequired} {
+		t.Run(fmt.Sprint(status), func(t *testing.T) {
+			f := newFake()
+			f.on(http.MethodPost, "/widgets", answer{}, reply(status, `{"error":"token expired"}`), answer{})
+			w := jobWindow(policy.OpCreate, 20, element("", `{"name":"a"}`), element("", `{"name":"b"}`), element("", `{"name":"c"}`))
+			res := runWindow(t, w, f, nil, WindowOpts{}, concurrency(1))
+			if !res.Stopped || fmt.Sprint(res.Refused) != "[21]" {
+				t.Errorf("stopped %v, refused %v; want stopped, item 21 refused", res.Stopped, res.Refused)
+			}
+			if res.Items[0].Outcome != Succeeded || res.Items[2].Outcome != NotAttempted {
+				t.Errorf("outcomes %s, %s: want the item before the refusal done, the one after it not started", res.Items[0].Outcome, res.Items[2].Outcome)
+			}
+			if n := len(f.sentWith(http.MethodPost)); n != 2 {
+				t.Errorf("sent %d creates, want 2", n)
+			}
+		})
+	}
+}
+
+func TestWindowRefusalOtherThanCredentialsGoesOn(t *testing.T) {
+	f := newFake()
+	f.on(http.MethodPost, "/widgets", reply(http.StatusUnprocessableEntity, `{}`), answer{})
+	w := jobWindow(policy.OpCreate, 0, element("", `{"name":"a"}`), element("", `{"name":"b"}`))
+	res := runWindow(t, w, f, nil, WindowOpts{}, concurrency(1))
+	if res.Stopped || len(res.Refused) != 0 || res.Items[1].Outcome != Succeeded {
+		t.Errorf("stopped %v, refused %v, second %s; want a 422 failed alone and the window run whole", res.Stopped, res.Refused, res.Items[1].Outcome)
+	}
+}
+
+func TestJobHeaderDropsWhatNoSubRequestCarries(t *testing.T) {
+	kept, dropped := JobHeader(http.Header{
+		"Authorization": {"Bearer fresh"}, "X-Api-Key": {"k1", "k2"}, "Connection": {"close"},
+		"Content-Type": {"text/plain"}, "Idempotency-Key": {"k"}, "X-Http-Method-Override": {"DELETE"},
+	})
+	if got := fmt.Sprint(dropped); got != "[Connection Content-Type Idempotency-Key X-Http-Method-Override]" {
+		t.Errorf("dropped %s; want the hop-by-hop, Content-*, batch-only and method override headers", got)
+	}
+	if len(kept) != 2 || kept.Get("Authorization") != "Bearer fresh" || len(kept.Values("X-Api-Key")) != 2 {
+		t.Errorf("kept %v; want Authorization and both X-Api-Key values", kept)
+	}
+}

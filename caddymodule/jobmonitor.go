@@ -22,9 +22,10 @@ const (
 )
 
 // serveJobMonitor answers a request under the jobs path: GET <jobs>/<id>
-// (the status), GET <jobs>/<id>/results (the results as JSON Lines) and
-// DELETE <jobs>/<id> (cancel, or remove an ended job), each for the
-// holder of the job's token. Any other path is 404, as a job without its
+// (the status), GET <jobs>/<id>/results (the results as JSON Lines),
+// DELETE <jobs>/<id> (cancel, or remove an ended job) and POST
+// <jobs>/<id>/resume (a paused job carried on, through next), each for
+// the holder of the job's token. Any other path is 404, as a job without its
 // token is: nobody learns a job exists without it.
 func (h *Handler) serveJobMonitor(w http.ResponseWriter, r *http.Request) error {
 	rest := strings.TrimPrefix(strings.TrimPrefix(r.URL.EscapedPath(), h.jobsPath), "/")
@@ -36,6 +37,8 @@ func (h *Handler) serveJobMonitor(w http.ResponseWriter, r *http.Request) error 
 		allow = jobAllow
 	case sub == "results":
 		allow = resultsAllow
+	case sub == "resume":
+		allow = resumeAllow
 	}
 	if allow == "" {
 		return h.refuseJob(w, durable.ErrUnknownJob)
@@ -48,6 +51,8 @@ func (h *Handler) serveJobMonitor(w http.ResponseWriter, r *http.Request) error 
 	switch {
 	case sub == "results":
 		return h.serveJobResults(w, r, id, token)
+	case sub == "resume":
+		return h.serveJobResume(w, r, id, token)
 	case r.Method == http.MethodDelete:
 		return h.serveJobDelete(w, r, id, token)
 	}

@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/caddy-batch/caddy-batch/policy"
@@ -60,6 +61,42 @@ func TestJobClient(t *testing.T) {
 	} {
 		if _, ok := jobClient(r, sc); ok {
 			t.Errorf("%s: an identity found", name)
+		}
+	}
+}
+
+// TestReadResumeHeaders: a resume gives headers as strings or arrays,
+// [] to remove one, and is refused a header no sub-request carries.
+func TestReadResumeHeaders(t *testing.T) {
+	read := func(body string) (http.Header, int) {
+		h, prob := readResumeHeaders(httptest.NewRequest("POST", "/jobs/x/resume", strings.NewReader(body)))
+		if prob != nil {
+			return nil, prob.Status
+		}
+		return h, 0
+	}
+	h, status := read(`{"headers": {"authorization": "Bearer fresh", "X-API-Key": ["k1", "k2"], "Cookie": []}}`)
+	if status != 0 || h.Get("Authorization") != "Bearer fresh" || len(h.Values("X-Api-Key")) != 2 || h["Cookie"] == nil || len(h["Cookie"]) != 0 {
+		t.Errorf("read %v (%d); want Authorization, both X-API-Key values, Cookie to remove", h, status)
+	}
+	if h, status := read(""); status != 0 || len(h) != 0 {
+		t.Errorf("no body: %v (%d); want no headers, resumed as it was", h, status)
+	}
+	for _, body := range []string{
+		`{"headers": {"Connection": "close"}}`,
+		`{"headers": {"Content-Type": "text/plain"}}`,
+		`{"headers": {"Idempotency-Key": "k"}}`,
+		`{"headers": {"X-HTTP-Method-Override": "DELETE"}}`,
+		`{"headers": {"Bad Name": "x"}}`,
+		`{"headers": {"X-Key": "a\nb"}}`,
+		`{"headers": {"X-Key": 7}}`,
+		`{"headers": {"X-Key": null}}`,
+		`{"header": {}}`,
+		`[]`,
+		`{"headers": {}} {}`,
+	} {
+		if _, status := read(body); status != http.StatusBadRequest {
+			t.Errorf("%s: %d, want 400", body, status)
 		}
 	}
 }

@@ -89,6 +89,22 @@ func (l *windowLog) Record(ctx context.Context, t batch.Transition) error {
 	return nil
 }
 
+// flush stores what is kept and no store took: the answers of the
+// writes that finished after the window's last write left, so that a
+// window that stopped short (a pause, a hand-over, a cancel) leaves in
+// its log what became of every write it sent.
+func (l *windowLog) flush(ctx context.Context) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.kept) == 0 {
+		return nil
+	}
+	if err := l.commit(ctx); err != nil {
+		return fmt.Errorf("recording the answers of job %s's window from item %d: %w", l.hj.rec.ID, l.first, err)
+	}
+	return nil
+}
+
 // storeKept stores the records kept as a segment, once the lease is
 // proven. l.mu is held, and let go meanwhile. The records of a store
 // that fails are not kept again: the writes waiting for them are not
@@ -112,8 +128,11 @@ func (l *windowLog) storeKept(ctx context.Context, _ uint64) error {
 }
 
 // readLog reads the records of the window at first, and lays each item's
-// last one over items, the window's input from job index base.
+// last one over items, the window's input from job index base: but for
+// an answer refusing the job's credentials, which paused the job and
+// was not processed, so that the item is sent again, as its input says.
 func (hj *HeldJob) readLog(ctx context.Context, first, base int, items []batch.ItemSnapshot) error {
+	input := slices.Clone(items)
 	s, dir := hj.jobs.storage, logDir(hj.rec.ID, first)
 	names, err := listNames(ctx, s, dir)
 	if err != nil {
@@ -130,7 +149,12 @@ func (hj *HeldJob) readLog(ctx context.Context, first, base int, items []batch.I
 			continue
 		}
 		for _, rec := range seg.Records {
-			if i := rec.Index - base; i >= 0 && i < len(items) {
+			i := rec.Index - base
+			switch {
+			case i < 0 || i >= len(items):
+			case rec.Item.Outcome == batch.Failed && batch.CredentialsRefused(rec.Item.Status):
+				items[i] = input[i]
+			default:
 				items[i] = rec.Item
 			}
 		}

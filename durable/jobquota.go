@@ -138,12 +138,8 @@ func (js *Jobs) Register(ctx context.Context, st *Staging, rec *JobRecord, cred 
 // ended, or its owners are long gone) instead of its staging's time.
 func (js *Jobs) storeNew(ctx context.Context, st *Staging, rec *JobRecord, cred http.Header, lease []byte) error {
 	s := js.storage
-	cb, err := json.Marshal(storedCredentials{Version: 1, Header: cred})
-	if err != nil {
+	if err := storeCredentials(ctx, s, rec.ID, cred); err != nil {
 		return err
-	}
-	if err := s.Store(ctx, jobKey(rec.ID, credentialsName), cb); err != nil {
-		return fmt.Errorf("storing the job's credentials: %w", err)
 	}
 	pb, _ := json.Marshal(JobProgress{Version: 1, State: JobQueued})
 	if err := s.Store(ctx, progressKey(rec.ID, 0), pb); err != nil {
@@ -176,6 +172,18 @@ func (js *Jobs) storeNew(ctx context.Context, st *Staging, rec *JobRecord, cred 
 type storedCredentials struct {
 	Version int         `json:"v"`
 	Header  http.Header `json:"header"`
+}
+
+// storeCredentials stores cred as the headers job id's requests forward.
+func storeCredentials(ctx context.Context, s Storage, id string, cred http.Header) error {
+	cb, err := json.Marshal(storedCredentials{Version: 1, Header: cred})
+	if err != nil {
+		return err
+	}
+	if err := s.Store(ctx, jobKey(id, credentialsName), cb); err != nil {
+		return fmt.Errorf("storing the credentials of job %s: %w", id, err)
+	}
+	return nil
 }
 
 // Credentials reads the headers the job's requests forward.

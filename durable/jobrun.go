@@ -38,9 +38,12 @@ const partialJob = "partial"
 // time, carrying on from what its results and log already say: before
 // each window it checks for a cancel (the job then ends cancelled, what
 // was done standing), the job's deadline (it ends partial, or failed
-// when nothing succeeded, with the reason), stop (the job is handed
-// over: its progress stored and its lease released, for another
-// instance to claim at once) and the lease. Each window runs through
+// when nothing succeeded, with the reason), a refusal of the job's
+// credentials (the job is paused: its progress stored as paused, the
+// refused item not among the results, and its lease released, for a
+// resume to claim), stop (the job is handed over: its progress stored
+// and its lease released, for another instance to claim at once) and
+// the lease. Each window runs through
 // through; its results and the job's progress are stored after it.
 // Once the lease is lost Run writes nothing more, and returns the
 // *batch.LeaseLost. On any other error (storage, a window that cannot
@@ -117,6 +120,9 @@ type driver struct {
 	// chunks are the job index of each input chunk's first item, in
 	// order.
 	chunks []int
+	// paused, once set, says why the job pauses (pauseReason): an item's
+	// credentials were refused.
+	paused string
 }
 
 func (hj *HeldJob) newDriver(ctx context.Context) (*driver, error) {
@@ -133,11 +139,17 @@ func (hj *HeldJob) newDriver(ctx context.Context) (*driver, error) {
 		return nil, err
 	}
 	d := &driver{hj: hj, cred: cred, p: v.progress, chunks: chunks}
-	if !d.p.Started.IsZero() && v.epoch < hj.epoch {
-		d.p.Takeovers++ // it ran before under another epoch
+	if !d.p.Started.IsZero() && v.epoch < hj.epoch && d.p.State != JobPaused {
+		d.p.Takeovers++ // it ran before under another epoch, and was not paused
 	}
 	if d.p.Started.IsZero() {
 		d.p.Started = now().UTC()
+	}
+	if d.p.State == JobPaused {
+		// Claimed without a resume (to end it past its deadline): it
+		// stays paused, and sends nothing.
+		d.paused = d.p.Reason
+		return d, nil
 	}
 	d.p.State, d.p.Reason = JobRunning, ""
 	return d, nil
@@ -177,11 +189,13 @@ const (
 	haltDeadline = "deadline"
 	haltStop     = "stop"
 	haltLease    = "lease"
+	haltPause    = "pause"
 )
 
 // halt says why no new window may start, or "" when one may: a lost
 // lease first (nothing may be written), then a cancel (the client's
-// word), the deadline, a hand-over.
+// word), the deadline, a pause (another instance would be refused the
+// same), a hand-over.
 func (d *driver) halt(stop <-chan struct{}) string {
 	switch {
 	case d.hj.lease.lostErr() != nil:
@@ -190,6 +204,8 @@ func (d *driver) halt(stop <-chan struct{}) string {
 		return haltCancel
 	case !now().Before(d.hj.rec.Deadline):
 		return haltDeadline
+	case d.paused != "":
+		return haltPause
 	case closed(stop):
 		return haltStop
 	}
@@ -226,6 +242,9 @@ func (d *driver) window(ctx context.Context, through Through, stop <-chan struct
 		if err != nil {
 			return err
 		}
+		if len(res.Refused) > 0 && d.paused == "" {
+			d.paused = d.pauseReason(res.Refused[0], res.Items[res.Refused[0]-base].Status)
+		}
 		finished := d.finished(res.Items, stop)
 		stored := len(hj.page.lines)
 		if err := hj.AppendResults(ctx, first, finished); err != nil {
@@ -247,23 +266,26 @@ func (d *driver) window(ctx context.Context, through Through, stop <-chan struct
 
 // finished is what of a window's items (its run's) the results keep:
 // all of them once it ran whole. A window that stopped keeps its prefix
-// that started, the rest to be run again on a hand-over; on a cancel or
-// the deadline, the job ends, and the results keep every item up to the
-// last one that started: one the deadline held back while later ones
-// went out stays not_attempted among them.
+// that started, the rest to be run again on a hand-over or a resume,
+// and a paused one its prefix before the first item refused, which was
+// not processed (the items after it that went out stay in the window's
+// log, as carried on); on a cancel or the deadline, the job ends, and
+// the results keep every item up to the last one that started: one the
+// deadline held back while later ones went out stays not_attempted
+// among them.
 func (d *driver) finished(items []batch.ItemResult, stop <-chan struct{}) []batch.ItemResult {
 	notStarted := func(it batch.ItemResult) bool { return it.Outcome == batch.NotAttempted }
-	i := slices.IndexFunc(items, notStarted)
+	if why := d.halt(stop); why == haltCancel || why == haltDeadline {
+		for len(items) > 0 && notStarted(items[len(items)-1]) {
+			items = items[:len(items)-1]
+		}
+		return items
+	}
+	i := slices.IndexFunc(items, func(it batch.ItemResult) bool { return notStarted(it) || refusedItem(it) })
 	if i < 0 {
 		return items
 	}
-	if why := d.halt(stop); why != haltCancel && why != haltDeadline {
-		return items[:i]
-	}
-	for len(items) > 0 && notStarted(items[len(items)-1]) {
-		items = items[:len(items)-1]
-	}
-	return items
+	return items[:i]
 }
 
 // run runs a window through through, its writes recorded in its log, no
@@ -294,9 +316,15 @@ func (d *driver) run(ctx context.Context, through Through, stop <-chan struct{},
 	var res *batch.WindowResult
 	err := through(ctx, hj.rec, d.cred, func(site batch.Site) error {
 		// A job's requests take slots below every synchronous batch's.
-		site.Runtime.Journal, site.Runtime.Background = hj.windowLog(first, snap.Base), true
+		log := hj.windowLog(first, snap.Base)
+		site.Runtime.Journal, site.Runtime.Background = log, true
 		var err error
 		res, err = batch.ExecuteWindow(ctx, snap, site, batch.WindowOpts{Stop: halted, Deadline: hj.rec.Deadline, KeepBody: ResultBodyLimit})
+		if err == nil && (res.Stopped || len(res.Refused) > 0) {
+			// Stopped short, or paused: what the results will not say,
+			// the log must.
+			err = log.flush(ctx)
+		}
 		return err
 	})
 	if err == nil && res == nil {
@@ -346,13 +374,18 @@ func (d *driver) finish(ctx context.Context, why string) error {
 			return err
 		}
 		return hj.Release(ctx)
+	case haltPause:
+		return hj.pause(ctx, p, d.paused)
 	case haltCancel:
-		p.State, p.Outcome = JobCancelled, ""
+		p.State, p.Outcome, p.Reason = JobCancelled, "", ""
 	case haltDeadline:
 		p.State = partialEnd(p, hj.rec.Items)
 		p.Outcome = p.State
 		p.Reason = fmt.Sprintf("job_timeout passed (the job had to end by %s) with %d of its %d items done: the rest were not sent",
 			hj.rec.Deadline.UTC().Format(time.RFC3339), p.Done, hj.rec.Items)
+		if d.paused != "" {
+			p.Reason += "; it was paused: " + d.paused
+		}
 	default:
 		p.State = partialEnd(p, hj.rec.Items)
 		p.Outcome = p.State

@@ -37,7 +37,7 @@ func jobsStopped() {
 // Scan claims each active job of the storage that waits for an owner
 // and for which room has room, and hands it to room's run. A paused job
 // waits for its client's resume, not for room, until its job_timeout
-// passed (it then runs to end as a failure does). A job that cannot be
+// passed: the scan then ends it as the deadline ends a job. A job that cannot be
 // read or claimed is told to failed, with what was being done, and
 // looked at again by the next scan. The error is the listing's: then
 // nothing was scanned.
@@ -86,6 +86,12 @@ func (js *Jobs) scanJob(ctx context.Context, id string, room JobRoom) (string, e
 	case v.ended():
 		return "", nil // its owner is clearing it after its end
 	case v.progress.State == JobPaused && now().Before(rec.Deadline):
+		return "", nil
+	case v.progress.State == JobPaused:
+		// Nothing is sent: the job ends as its deadline ends it.
+		if _, err := js.EndPausedPastDeadline(ctx, id); err != nil {
+			return "ending the job paused past its job_timeout", err
+		}
 		return "", nil
 	}
 	run, release, ok := room(rec)

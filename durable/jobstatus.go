@@ -67,8 +67,8 @@ func (js *Jobs) Status(ctx context.Context, id, token string) (*JobStatus, error
 
 // Cancel marks the job id cancelled, by "client" or "admin", and answers
 // its status. The owner of a running job sees the mark at its next
-// renewal (HeldJob.CancelAsked) and ends it; a queued job nothing was written for ends
-// cancelled at once, since nobody would otherwise. An ended job is left
+// renewal (HeldJob.CancelAsked) and ends it; a queued job nothing was written for, and a
+// paused one, end cancelled at once, since nobody would otherwise. An ended job is left
 // as it is (its monitor removes it instead), and a second cancel changes
 // nothing.
 func (js *Jobs) Cancel(ctx context.Context, id, token, by string) (*JobStatus, error) {
@@ -83,13 +83,22 @@ func (js *Jobs) Cancel(ctx context.Context, id, token, by string) (*JobStatus, e
 		}
 		v.cancelled = true
 	}
-	if v.progress.State == JobQueued && v.progress.Done == 0 {
+	if endsOnCancel(v.progress) {
 		return js.cancelQueued(ctx, v)
 	}
 	return v.status(), nil
 }
 
-// cancelQueued ends a queued job that nothing was written for: it claims
+// endsOnCancel reports whether a cancel ends a job of progress p at
+// once: nobody runs it, and nothing of it is in flight. A queued job
+// that ran before (handed over) has items in its windows' logs, which
+// only a run carries on into its results.
+func endsOnCancel(p JobProgress) bool {
+	return p.State == JobQueued && p.Done == 0 || p.State == JobPaused
+}
+
+// cancelQueued ends a queued job that nothing was written for, or a
+// paused one (endsOnCancel): it claims
 // the job's released lease, as an instance that would run it does, and
 // ends it under the next epoch. A job whose lease is not released (being
 // started, or run) is left to its owner, who sees the mark.
@@ -106,7 +115,7 @@ func (js *Jobs) cancelQueued(ctx context.Context, v *jobView) (*JobStatus, error
 	}
 	defer unlock()
 	v, err = viewJob(ctx, js.storage, v.rec)
-	if err != nil || v.progress.State != JobQueued || v.progress.Done != 0 {
+	if err != nil || !endsOnCancel(v.progress) {
 		return statusOf(v, err)
 	}
 	held, err := js.claimLocked(ctx, v.rec, leaseView{})
@@ -116,9 +125,14 @@ func (js *Jobs) cancelQueued(ctx context.Context, v *jobView) (*JobStatus, error
 	if err != nil {
 		return nil, err
 	}
-	end := v.progress
-	end.State, end.Outcome, end.Ended = JobCancelled, "", now().UTC()
-	if err := held.End(ctx, end); err != nil {
+	if v.progress.State == JobPaused {
+		err = held.endPaused(ctx, haltCancel)
+	} else {
+		end := v.progress
+		end.State, end.Outcome, end.Ended = JobCancelled, "", now().UTC()
+		err = held.End(ctx, end)
+	}
+	if err != nil {
 		return nil, err
 	}
 	return statusOf(viewJob(ctx, js.storage, v.rec))

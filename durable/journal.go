@@ -257,10 +257,10 @@ type Journal struct {
 	// intent's store goes alone: no later segment may land before the
 	// beginning it belongs to.
 	groupCommit
-	intent    *intent // until it is stored, with the first segment
-	seq       int     // the next segment's number
-	items     []itemRecord
-	at        map[int]int // position in items, by item index
+	intent *intent // until it is stored, with the first segment
+	seq    int     // the next segment's number
+	items  []itemRecord
+	at     map[int]int // position in items, by item index
 	// lastIn is the store that took each item's latest record, so that
 	// a store that failed keeps again only what no later store took.
 	lastIn map[int]uint64

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -280,14 +281,24 @@ func TestJobsCancelAndQuota(t *testing.T) {
 		t.Fatalf("start: %d %s", start.Status, start.Body)
 	}
 	job := decodeJob(t, start)
-	keys := len(storedJobKeys(t, dir))
+	// The running job writes keys of its own meanwhile: count the others.
+	othersThan := func(id string) int {
+		n := 0
+		for _, k := range storedJobKeys(t, dir) {
+			if !strings.Contains(k, id) {
+				n++
+			}
+		}
+		return n
+	}
+	keys := othersThan(job.ID)
 
 	again := g.do(t, "POST", "/api/widgets", widgetLines(3), client...)
 	if again.Status != 429 || again.Header.Get("Retry-After") != "60" || !bytes.Contains(again.Body, []byte("max_jobs_per_client")) {
 		t.Errorf("a second job of the client: %d Retry-After %q %s, want 429 naming max_jobs_per_client, Retry-After 60",
 			again.Status, again.Header.Get("Retry-After"), again.Body)
 	}
-	if now := len(storedJobKeys(t, dir)); now > keys {
+	if now := othersThan(job.ID); now > keys {
 		t.Errorf("the refused start stored %d keys", now-keys)
 	}
 
@@ -509,6 +520,98 @@ func TestJobsHandedOverAtAReload(t *testing.T) {
 	for i := range n {
 		if c := made[fmt.Sprintf("job-%d", i)]; c != 1 {
 			t.Errorf("job-%d made %d times, want once", i, c)
+		}
+	}
+}
+
+// TestJobsPausedAndResumed: the legacy API stops accepting the client's
+// token in the middle of a job, which pauses, each item it did
+// standing, the refused one not among the results; POST .../resume
+// with the refreshed token carries it on, and every widget is created
+// exactly once, those after the pause with the new token.
+func TestJobsPausedAndResumed(t *testing.T) {
+	api := legacyapi.NewRecording(legacyapi.Collection{Path: "/api/widgets", BearerTokens: []string{"old"}, WriteDelay: 10 * time.Millisecond})
+	g := startGateway(t, api, jobsSite)
+	const n = 600
+	start := g.do(t, "POST", "/api/widgets", widgetLines(n), "Content-Type", "application/x-ndjson", "Prefer", "respond-async", "Authorization", "Bearer old")
+	if start.Status != 202 {
+		t.Fatalf("start: %d %s", start.Status, start.Body)
+	}
+	job := decodeJob(t, start)
+	for deadline := time.Now().Add(time.Minute); len(api.Items("/api/widgets")) < 100; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the job created fewer than 100 widgets in a minute")
+		}
+	}
+	api.RevokeToken("old")
+
+	paused := pollJob(t, g, job, time.Minute)
+	r := g.do(t, "GET", "/api/jobs/"+job.ID, nil, bearerOf(job.Token)...)
+	var reason struct {
+		Reason string `json:"reason"`
+	}
+	_ = json.Unmarshal(r.Body, &reason)
+	if paused.State != "paused" || paused.Done >= n || paused.Done != paused.Succeeded || !strings.Contains(reason.Reason, " 401 ") {
+		t.Fatalf("after the token expired: %+v, reason %q; want paused with what was done standing, the reason naming the 401", paused, reason.Reason)
+	}
+	if r.Header.Get("Retry-After") != "5" {
+		t.Errorf("a paused job's status has Retry-After %q, want 5: it has not ended", r.Header.Get("Retry-After"))
+	}
+	results := g.do(t, "GET", "/api/jobs/"+job.ID+"/results", nil, bearerOf(job.Token)...)
+	if lines := bytes.Count(results.Body, []byte("\n")); lines != paused.Done || bytes.Contains(results.Body, []byte(`"status":401`)) {
+		t.Errorf("results of the paused job: %d lines for %d done; want exactly the done ones, no 401 among them", lines, paused.Done)
+	}
+
+	resume := map[string]any{"headers": map[string]string{"Authorization": "Bearer new"}}
+	if r := g.do(t, "POST", "/api/jobs/"+job.ID+"/resume", resume, bearerOf("not-the-token")...); r.Status != 404 {
+		t.Errorf("resume with a wrong token: %d, want 404", r.Status)
+	}
+	bad := map[string]any{"headers": map[string]string{"Connection": "close"}}
+	if r := g.do(t, "POST", "/api/jobs/"+job.ID+"/resume", bad, bearerOf(job.Token)...); r.Status != 400 {
+		t.Errorf("resume setting a hop-by-hop header: %d %s, want 400", r.Status, r.Body)
+	}
+	api.AcceptToken("new")
+	resumed := g.do(t, "POST", "/api/jobs/"+job.ID+"/resume", resume, bearerOf(job.Token)...)
+	if st := decodeJob(t, resumed); resumed.Status != 202 || (st.State != "queued" && st.State != "running" && st.State != "succeeded") {
+		t.Fatalf("resume: %d %s, want 202 with the job queued or running", resumed.Status, resumed.Body)
+	}
+	if st := pollJob(t, g, job, time.Minute); st.State != "succeeded" || st.Done != n {
+		t.Fatalf("the resumed job ended %+v, want succeeded with %d done", st, n)
+	}
+	if r := g.do(t, "POST", "/api/jobs/"+job.ID+"/resume", resume, bearerOf(job.Token)...); r.Status != 409 {
+		t.Errorf("resume of an ended job: %d %s, want 409", r.Status, r.Body)
+	}
+	names := map[string]int{}
+	for _, w := range api.AppliedWrites() {
+		var body struct{ Name string }
+		_ = json.Unmarshal(w.Body, &body)
+		names[body.Name]++
+		// The writes in flight at the revocation (concurrency, 8, of
+		// them) may have passed with the old token; none after them.
+		if i, _ := strconv.Atoi(strings.TrimPrefix(body.Name, "job-")); i >= paused.Done+8 && w.Header.Get("Authorization") != "Bearer new" {
+			t.Errorf("%s was created with %q, want the new token", body.Name, w.Header.Get("Authorization"))
+		}
+	}
+	for i := range n {
+		if c := names[fmt.Sprintf("job-%d", i)]; c != 1 {
+			t.Fatalf("widget job-%d was created %d times, want once", i, c)
+		}
+	}
+	waitEndWritten(t, g.storageDir(t), job.ID)
+}
+
+// waitEndWritten waits for the end of job id, which its status shows
+// first, to be written whole (its lease, the last of it, deleted), so
+// that no write of it races the test's removal of the storage folder.
+func waitEndWritten(t *testing.T, dir, id string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		leases, _ := filepath.Glob(filepath.Join(dir, "batch", "v1", "jobs", id, "lease*"))
+		if len(leases) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("10s after the job ended its lease keys are still stored: %v", leases)
 		}
 	}
 }

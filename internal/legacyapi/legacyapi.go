@@ -141,6 +141,16 @@ type Collection struct {
 	// WWW-Authenticate: ApiKey realm="legacy", before anything else is
 	// looked at (Idempotency-Key included), and nothing is applied.
 	APIKey string
+	// BearerTokens, when set, imitates an API guarded by bearer tokens
+	// that expire: every request to the collection or its items whose
+	// Authorization is not "Bearer <token>" of a token the API accepts
+	// answers 401 with a JSON body and WWW-Authenticate: Bearer
+	// realm="legacy", error="invalid_token", after the API key and
+	// before anything else is looked at (Idempotency-Key included), and
+	// nothing is applied. The API accepts these tokens from the start,
+	// until API.RevokeToken; API.AcceptToken adds one (a token the client
+	// refreshed). Default: none, Authorization is not looked at.
+	BearerTokens []string
 	// CreateAnswer is what a POST create answers; the record is created
 	// whatever the answer. Default: AnswerCreated.
 	CreateAnswer CreateAnswer
@@ -370,6 +380,8 @@ type API struct {
 	lastJob int                   // the last job number handed out (AnswerAccepted)
 	keys    map[string]*keyRecord // Idempotency-Key records, by scope and key
 	writes  Writes
+	// tokens are the bearer tokens the API accepts (BearerTokens).
+	tokens map[string]bool
 
 	// load guards the load counters, apart from mu so that counting never
 	// waits for the state.
@@ -575,6 +587,9 @@ func (a *API) process(r *http.Request, path string, body []byte) response {
 	if c.APIKey != "" && r.URL.Query().Get("api_key") != c.APIKey {
 		res := htmlPage(http.StatusUnauthorized, "A valid api_key query parameter is required.")
 		res.header.Set("WWW-Authenticate", `ApiKey realm="legacy"`)
+		return res
+	}
+	if res, refused := a.checkBearer(c, r); refused {
 		return res
 	}
 	write := isWrite(r.Method)
