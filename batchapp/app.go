@@ -65,12 +65,15 @@ type App struct {
 	// Default: 5m.
 	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
 
-	ctx           caddy.Context
-	logger        *zap.Logger
-	leases        *durable.Leases
-	journals      *durable.Journals
-	sweeper       *durable.Sweeper
-	jobSweeper    *durable.Sweeper
+	ctx        caddy.Context
+	logger     *zap.Logger
+	leases     *durable.Leases
+	journals   *durable.Journals
+	sweeper    *durable.Sweeper
+	jobSweeper *durable.Sweeper
+	// jobs are the bulk jobs of the storage, as the operator sees them
+	// (adminjobs.go).
+	jobs          *durable.Jobs
 	state         *appState
 	stop, stopped chan struct{}
 	// prop are the propagators of Caddy's tracing, whose headers a
@@ -122,6 +125,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 	a.journals = durable.NewJournals(storage, a.leases, a.logger)
 	a.sweeper = durable.NewSweeper(storage, a.logger)
 	a.jobSweeper = durable.NewJobSweeper(storage, a.logger)
+	a.jobs = durable.NewJobs(storage, a.leases, a.logger).WithHooks(JobHooks())
 	a.state = &appState{failed: map[string]string{}}
 	a.prop = traceprop.New()
 	ev, err := ctx.App("events")
@@ -185,6 +189,7 @@ func (a *App) Start() error {
 	loops.Go(func() { a.every(ctx, time.Duration(a.SweepInterval), a.sweepIdempotency) })
 	if jobs {
 		loops.Go(func() { a.every(ctx, time.Duration(a.SweepInterval), a.sweepJobs) })
+		loops.Go(func() { a.every(ctx, time.Duration(a.RecoveryInterval), a.countJobs) })
 	}
 	go func() {
 		<-a.stop

@@ -45,7 +45,7 @@ type jobs struct {
 
 func newJobs(storage certmagic.Storage, leases *durable.Leases, maxJobs int, logger *zap.Logger) *jobs {
 	return &jobs{
-		store:   durable.NewJobs(batchapp.DurableStorage(storage), leases, logger),
+		store:   durable.NewJobs(batchapp.DurableStorage(storage), leases, logger).WithHooks(batchapp.JobHooks()),
 		running: make(chan struct{}, maxJobs),
 		logger:  logger,
 	}
@@ -189,7 +189,23 @@ func (j *jobs) run(ctx context.Context, held *durable.HeldJob, through durable.T
 			zap.String("job", rec.ID), zap.Error(err))
 		return
 	}
-	j.logger.Info("bulk job ended", zap.String("job", rec.ID))
+	j.logger.Info("bulk job ended", jobEndFields(rec.ID, held.FinalStatus())...)
+}
+
+// jobEndFields are the fields of job id's end line: how it ended (st,
+// its final status; nil for a job handed over, not ended), and its
+// counts; never a body or its token (a status holds neither).
+func jobEndFields(id string, st *durable.JobStatus) []zap.Field {
+	if st == nil {
+		return []zap.Field{zap.String("job", id)}
+	}
+	fields := []zap.Field{zap.String("job", id), zap.String("state", st.State), zap.String("outcome", st.Outcome),
+		zap.String("op", st.Op), zap.String("resource", st.Resource), zap.Int("items", st.Items), zap.Int("done", st.Done),
+		zap.Int("succeeded", st.Succeeded), zap.Int("failed", st.Failed), zap.Int("takeovers", st.Takeovers)}
+	if st.Reason != "" {
+		fields = append(fields, zap.String("reason", st.Reason))
+	}
+	return fields
 }
 
 // jobThrough is the route of a job's windows: this handler's next, as
