@@ -203,3 +203,40 @@ func TestJobsAdminErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestJobsCLI runs caddy batch jobs, job and cancel against a running
+// Caddy: the table and --json, a watch of an ended job (one plain line,
+// exit 0 for a job that succeeded), and a cancel refused for an ended
+// job (exit 1, naming the 409).
+func TestJobsCLI(t *testing.T) {
+	bin := caddyBinary(t)
+	g := startJobsAdminGateway(t, seededAPI(), t.TempDir())
+	if out, code := runCLI(t, bin, g, "batch", "jobs"); code != 0 || !strings.Contains(out, "no jobs") {
+		t.Errorf("jobs with none: exit %d\n%s", code, out)
+	}
+	r := g.do(t, "POST", "/api/widgets", widgetLines(5), "Content-Type", "application/x-ndjson", "Prefer", "respond-async", "Authorization", "Bearer client-a")
+	if r.Status != 202 {
+		t.Fatalf("start: %d %s", r.Status, r.Body)
+	}
+	job := decodeJob(t, r)
+	pollJob(t, g, job, time.Minute)
+
+	if out, code := runCLI(t, bin, g, "batch", "jobs"); code != 0 || !strings.Contains(out, job.ID) || !strings.Contains(out, "5/5") {
+		t.Errorf("jobs: exit %d\n%s", code, out)
+	}
+	out, code := runCLI(t, bin, g, "batch", "jobs", "--json", "--state", "succeeded")
+	var list []jobAnswer
+	if code != 0 || json.Unmarshal([]byte(out), &list) != nil || jobIDs(list) != job.ID {
+		t.Errorf("jobs --json: exit %d\n%s", code, out)
+	}
+	if out, code := runCLI(t, bin, g, "batch", "job", job.ID); code != 0 || !strings.Contains(out, "5 done of 5") {
+		t.Errorf("job: exit %d\n%s", code, out)
+	}
+	out, code = runCLI(t, bin, g, "batch", "job", job.ID, "--watch")
+	if lines := strings.Split(strings.TrimSpace(out), "\n"); code != 0 || len(lines) != 1 || !strings.HasSuffix(lines[0], "succeeded 5/5 done, 5 succeeded, 0 failed, ended: outcome succeeded") {
+		t.Errorf("job --watch of an ended job: exit %d\n%s", code, out)
+	}
+	if out, code := runCLI(t, bin, g, "batch", "cancel", job.ID); code != 1 || !strings.Contains(out, "409") {
+		t.Errorf("cancel of an ended job: exit %d\n%s", code, out)
+	}
+}
