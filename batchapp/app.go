@@ -65,15 +65,12 @@ type App struct {
 	// Default: 5m.
 	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
 
-	ctx        caddy.Context
-	logger     *zap.Logger
-	leases     *durable.Leases
-	journals   *durable.Journals
-	sweeper    *durable.Sweeper
-	jobSweeper *durable.Sweeper
-	// jobs are the bulk jobs of the storage, as the operator sees them
-	// (adminjobs.go).
-	jobs          *durable.Jobs
+	ctx           caddy.Context
+	logger        *zap.Logger
+	leases        *durable.Leases
+	journals      *durable.Journals
+	sweeper       *durable.Sweeper
+	jobSweeper    *durable.Sweeper
 	state         *appState
 	stop, stopped chan struct{}
 	// prop are the propagators of Caddy's tracing, whose headers a
@@ -82,6 +79,9 @@ type App struct {
 	// events is the config's events app, which the module's events go
 	// through (events.go).
 	events *caddyevents.App
+	// jobs are the bulk jobs of the storage, as the operator sees them
+	// (adminjobs.go).
+	jobs *durable.Jobs
 }
 
 type appState struct {
