@@ -247,3 +247,31 @@ func TestJobHooksHearARun(t *testing.T) {
 		t.Errorf("FinalStatus %+v", final)
 	}
 }
+
+// A job whose end was stored but whose index entry was not renamed (its
+// owner died in between) is listed and counted as its progress says:
+// the entries of jobs not ended are read for their state.
+func TestOperatorSeesAnEndNotIndexed(t *testing.T) {
+	t.Parallel()
+	bubble(t, func(t *testing.T) {
+		defer endHeld(t)
+		s := newMemStorage()
+		js := NewJobs(s, NewLeases(time.Minute), zap.NewNop())
+		ctx := context.Background()
+		hj, _ := mustStart(t, js, 2)
+		endJob(t, hj)
+		rec := hj.Record()
+		if err := s.Delete(ctx, rec.indexKey(JobSucceeded)); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Store(ctx, rec.indexKey(jobIndexActive), rec.entry()); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := js.ListJobs(ctx, JobQuery{State: JobSucceeded}); err != nil || !slices.Equal(idsOf(got), []string{rec.ID}) {
+			t.Errorf("succeeded jobs %v, %v; want the job", idsOf(got), err)
+		}
+		if counts, err := js.CountJobs(ctx); err != nil || counts[JobSucceeded] != 1 || counts[JobQueued] != 0 {
+			t.Errorf("counts %v, %v", counts, err)
+		}
+	})
+}
