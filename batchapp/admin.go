@@ -30,6 +30,12 @@ func init() {
 //	POST /batch/sagas/<id>/retry    {"headers": {"Name": "value"}}
 //	POST /batch/sagas/<id>/resolve  {"reason": "..."}
 //
+// and the bulk jobs likewise (adminjobs.go):
+//
+//	GET  /batch/jobs[?state=S][&limit=N][&after=ID]
+//	GET  /batch/jobs/<id>
+//	POST /batch/jobs/<id>/cancel
+//
 // Caddy's origin checks and remote-admin access control apply, as to
 // every admin route.
 type adminSagas struct{}
@@ -42,11 +48,13 @@ func (adminSagas) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Routes returns the routes of the sagas.
+// Routes returns the routes of the sagas and the jobs.
 func (adminSagas) Routes() []caddy.AdminRoute {
 	return []caddy.AdminRoute{
 		{Pattern: "/batch/sagas", Handler: caddy.AdminHandlerFunc(serveSagas)},
 		{Pattern: "/batch/sagas/", Handler: caddy.AdminHandlerFunc(serveSaga)},
+		{Pattern: "/batch/jobs", Handler: caddy.AdminHandlerFunc(serveJobs)},
+		{Pattern: "/batch/jobs/", Handler: caddy.AdminHandlerFunc(serveJob)},
 	}
 }
 

@@ -85,6 +85,9 @@ type App struct {
 	// events is the config's events app, which the module's events go
 	// through (events.go).
 	events *caddyevents.App
+	// jobs are the bulk jobs of the storage, as the operator sees them
+	// (adminjobs.go).
+	jobs *durable.Jobs
 }
 
 type appState struct {
@@ -128,7 +131,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 	a.journals = durable.NewJournals(storage, a.leases, a.logger)
 	a.sweeper = durable.NewSweeper(storage, a.logger)
 	a.jobSweeper = durable.NewJobSweeper(storage, a.logger)
-	a.jobStore = durable.NewJobs(storage, a.leases, a.logger)
+	a.jobs = durable.NewJobs(storage, a.leases, a.logger).WithHooks(JobHooks())
 	a.jobsNudge = make(chan struct{}, 1)
 	a.jobsRunning = new(sync.WaitGroup)
 	a.state = &appState{failed: map[string]string{}}
@@ -195,6 +198,7 @@ func (a *App) Start() error {
 	if jobs {
 		loops.Go(func() { a.every(ctx, time.Duration(a.RecoveryInterval), a.scanJobs, a.jobsNudge) })
 		loops.Go(func() { a.every(ctx, time.Duration(a.SweepInterval), a.sweepJobs, nil) })
+		loops.Go(func() { a.every(ctx, time.Duration(a.RecoveryInterval), a.countJobs, nil) })
 	}
 	go func() {
 		<-a.stop

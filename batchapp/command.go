@@ -26,17 +26,19 @@ import (
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "batch",
-		Usage: "sagas|saga|retry|resolve",
-		Short: "Lists, shows, retries and resolves the sagas of batch",
+		Usage: "sagas|saga|retry|resolve|jobs|job|cancel",
+		Short: "Operates the sagas and the bulk jobs of batch",
 		Long: `
 Operates the all-or-nothing batches that left items behind (kept sagas),
-and the journals that are running, orphaned or stuck, through the admin
-endpoint of a running Caddy (--address, else the config's, else
-localhost:2019). Every subcommand takes --json for the admin API's own
-answer. Exit status: 0 when done, 1 on an error, 3 when a retry ran and
-items are still left behind.`,
+the journals that are running, orphaned or stuck, and the bulk jobs,
+through the admin endpoint of a running Caddy (--address, else the
+config's, else localhost:2019). Every subcommand takes --json for the
+admin API's own answer. Exit status: 0 when done, 1 on an error, 3 when
+a retry ran and items are still left behind, or a watched job ended
+rollback_failed; 4 when a watched job ended partial, failed, rolled_back
+or cancelled.`,
 		CobraFunc: func(cmd *cobra.Command) {
-			for _, sub := range sagaCommands() {
+			for _, sub := range append(sagaCommands(), jobCommands()...) {
 				cmd.AddCommand(sub)
 			}
 		},
@@ -46,13 +48,18 @@ items are still left behind.`,
 // exitLeftBehind is the exit status of a retry that left items behind.
 const exitLeftBehind = 3
 
+// subcommand is a caddy batch subcommand: its usage, how many
+// arguments it takes, what it does, and its own flags besides
+// adminFlags.
+type subcommand struct {
+	use, short string
+	args       int
+	run        func(fl caddycmd.Flags, id string, w io.Writer) (int, error)
+	flags      func(*pflag.FlagSet)
+}
+
 func sagaCommands() []*cobra.Command {
-	defs := []struct {
-		use, short string
-		args       int
-		run        func(fl caddycmd.Flags, id string, w io.Writer) (int, error)
-		flags      func(*pflag.FlagSet)
-	}{
+	return cobraCommands([]subcommand{
 		{"sagas", "Lists the sagas, newest first", 0, cmdSagas, func(fs *pflag.FlagSet) {
 			fs.String("state", "", "only the sagas in this state: running, orphaned, stuck or left_behind")
 			fs.Int("limit", defaultSagaLimit, "at most this many")
@@ -65,7 +72,10 @@ func sagaCommands() []*cobra.Command {
 		{"resolve <id>", "Closes a saga repaired by hand", 1, cmdResolve, func(fs *pflag.FlagSet) {
 			fs.String("reason", "", "what was done, for the audit line (required)")
 		}},
-	}
+	})
+}
+
+func cobraCommands(defs []subcommand) []*cobra.Command {
 	var out []*cobra.Command
 	for _, d := range defs {
 		c := &cobra.Command{Use: d.use, Short: d.short, Args: cobra.ExactArgs(d.args), SilenceUsage: true, SilenceErrors: true}
@@ -168,14 +178,38 @@ func cmdResolve(fl caddycmd.Flags, id string, w io.Writer) (int, error) {
 // answer into v; with --json it prints the answer as it came. A refusal
 // is an error with the problem's detail.
 func adminCall(fl caddycmd.Flags, w io.Writer, method, uri string, body, v any) (int, error) {
-	config, file, err := configToRead(fl)
+	addr, err := adminAddress(fl)
 	if err != nil {
 		return caddy.ExitCodeFailedStartup, err
 	}
+	raw, err := adminAt(addr, method, uri, body, v)
+	if err != nil {
+		return caddy.ExitCodeFailedStartup, err
+	}
+	if fl.Bool("json") {
+		_, _ = w.Write(raw)
+	}
+	return caddy.ExitCodeSuccess, nil
+}
+
+// adminAddress is the admin endpoint's address, as caddy reload finds
+// it.
+func adminAddress(fl caddycmd.Flags) (string, error) {
+	config, file, err := configToRead(fl)
+	if err != nil {
+		return "", err
+	}
 	addr, err := caddycmd.DetermineAdminAPIAddress(fl.String("address"), config, file, fl.String("adapter"))
 	if err != nil {
-		return caddy.ExitCodeFailedStartup, fmt.Errorf("finding the admin endpoint: %v", err)
+		return "", fmt.Errorf("finding the admin endpoint: %v", err)
 	}
+	return addr, nil
+}
+
+// adminAt sends a request to the admin endpoint at addr and decodes its
+// JSON answer into v, answering it as it came. A refusal is an error
+// with the problem's detail.
+func adminAt(addr, method, uri string, body, v any) ([]byte, error) {
 	var reader io.Reader
 	if body != nil {
 		b, _ := json.Marshal(body)
@@ -183,7 +217,7 @@ func adminCall(fl caddycmd.Flags, w io.Writer, method, uri string, body, v any) 
 	}
 	resp, err := caddycmd.AdminAPIRequest(addr, method, uri, nil, reader)
 	if err != nil {
-		return caddy.ExitCodeFailedStartup, fmt.Errorf("%s %s at %s: %s", method, uri, addr, problemDetail(err))
+		return nil, fmt.Errorf("%s %s at %s: %s", method, uri, addr, problemDetail(err))
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(resp.Body)
@@ -191,12 +225,9 @@ func adminCall(fl caddycmd.Flags, w io.Writer, method, uri string, body, v any) 
 		err = json.Unmarshal(raw, v)
 	}
 	if err != nil {
-		return caddy.ExitCodeFailedStartup, fmt.Errorf("reading the answer of %s %s: %v", method, uri, err)
+		return nil, fmt.Errorf("reading the answer of %s %s: %v", method, uri, err)
 	}
-	if fl.Bool("json") {
-		_, _ = w.Write(raw)
-	}
-	return caddy.ExitCodeSuccess, nil
+	return raw, nil
 }
 
 // configToRead is the config that names the admin endpoint, as caddy

@@ -7,15 +7,16 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/durable"
 	"github.com/caddy-batch/caddy-batch/internal/telemetry"
 )
 
 // The Caddy events the module emits (docs/operations.md, "Events"),
-// which an operator's events handlers can subscribe to. A job's event
-// (batch.job.finished) comes with bulk jobs, which do not exist yet.
+// which an operator's events handlers can subscribe to.
 const (
-	EventLeftBehind = "batch.saga.left_behind"
-	EventResolved   = "batch.saga.resolved"
+	EventLeftBehind  = "batch.saga.left_behind"
+	EventResolved    = "batch.saga.resolved"
+	EventJobFinished = "batch.job.finished"
 )
 
 // maxEventItems bounds the items a left_behind event lists; count says
@@ -74,7 +75,7 @@ func emitTo(q queued) {
 	}
 	if at == nil || at.events == nil {
 		telemetry.Metrics.EventsDropped.WithLabelValues(q.name, "no_config").Inc()
-		caddy.Log().Warn("batch: an event was dropped: no config is running to emit it through", zap.String("event", q.name), zap.Any("saga", q.data["saga"]))
+		caddy.Log().Warn("batch: an event was dropped: no config is running to emit it through", zap.String("event", q.name), zap.Any("saga", q.data["saga"]), zap.Any("job", q.data["id"]))
 		return
 	}
 	at.events.Emit(at.ctx, q.name, q.data)
@@ -138,4 +139,17 @@ func emitResolved(saga, by, server, resource, op, reason string, items int) {
 		data["reason"] = reason
 	}
 	events.emit(EventResolved, data)
+}
+
+// EmitJobFinished queues a batch.job.finished event for a bulk job that
+// ended, from its final status: what it was and how it ended, never its
+// token (a status holds none) nor an item's body.
+func EmitJobFinished(st *durable.JobStatus) {
+	data := map[string]any{
+		"id": st.ID, "state": st.State, "outcome": st.Outcome, "reason": st.Reason,
+		"op": st.Op, "resource": st.Resource, "atomicity": st.Atomicity,
+		"items": st.Items, "done": st.Done, "succeeded": st.Succeeded, "failed": st.Failed,
+		"takeovers": st.Takeovers,
+	}
+	events.emit(EventJobFinished, data)
 }

@@ -1,6 +1,7 @@
 package batchapp
 
 import (
+	"maps"
 	"testing"
 	"time"
 
@@ -8,6 +9,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/durable"
 	"github.com/caddy-batch/caddy-batch/internal/telemetry"
 )
 
@@ -83,4 +85,19 @@ func value(c prometheus.Counter) float64 {
 	var m dto.Metric
 	_ = c.Write(&m)
 	return m.GetCounter().GetValue()
+}
+
+// A job's end is a batch.job.finished event with what the job was and
+// how it ended, and nothing else: no token, no body.
+func TestJobFinishedEvent(t *testing.T) {
+	got := recordEvents(t)
+	ended := time.Date(2026, 11, 28, 22, 0, 0, 0, time.UTC)
+	EmitJobFinished(&durable.JobStatus{ID: "j1", State: durable.JobPartial, Outcome: "partial", Op: "create", Resource: "/api/widgets",
+		Atomicity: "partial", Items: 10, Done: 10, Succeeded: 7, Failed: 3, Takeovers: 1, Ended: &ended, Results: "/api/jobs/j1/results"})
+	q := <-got
+	want := map[string]any{"id": "j1", "state": "partial", "outcome": "partial", "reason": "", "op": "create", "resource": "/api/widgets",
+		"atomicity": "partial", "items": 10, "done": 10, "succeeded": 7, "failed": 3, "takeovers": 1}
+	if q.name != EventJobFinished || !maps.Equal(q.data, want) {
+		t.Errorf("event %s %v, want %s %v", q.name, q.data, EventJobFinished, want)
+	}
 }

@@ -138,8 +138,8 @@ func (a *App) RunJob(held *durable.HeldJob, release func()) {
 		case err != nil:
 			a.logger.Warn("bulk job stopped before its end: the next scan of an instance with room carries it on",
 				zap.String("job", rec.ID), zap.Error(err))
-		case held.Ended():
-			a.logger.Info("bulk job ended", zap.String("job", rec.ID))
+		case held.FinalStatus() != nil:
+			a.logger.Info("bulk job ended", jobEndFields(held.FinalStatus())...)
 		default:
 			a.logger.Info("bulk job handed over: the next scan of an instance with room carries it on", zap.String("job", rec.ID))
 		}
@@ -163,7 +163,7 @@ func nudgeJobs() {
 // scanJobs claims the jobs that wait for an owner, where a handler of
 // this config has room (durable's Scan).
 func (a *App) scanJobs(ctx context.Context) {
-	err := a.jobStore.Scan(ctx, a.jobRoom, func(id, doing string, err error) {
+	err := a.jobs.Scan(ctx, a.jobRoom, func(id, doing string, err error) {
 		if a.firstFailure("job "+id, doing+": "+err.Error()) {
 			a.logger.Error("a bulk job waiting for an owner could not be taken; it stays in storage and is tried again",
 				zap.String("job", id), zap.String("while", doing), zap.Error(err))
@@ -182,7 +182,7 @@ func (a *App) jobRoom(rec *durable.JobRecord) (run func(*durable.HeldJob), relea
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), durable.StorageTimeout)
 	defer cancel()
-	cred, err := a.jobStore.Credentials(ctx, rec)
+	cred, err := a.jobs.Credentials(ctx, rec)
 	if err != nil {
 		a.logger.Warn("reading a bulk job's credentials to find its handler", zap.String("job", rec.ID), zap.Error(err))
 		return nil, nil, false
@@ -207,4 +207,17 @@ func closed(c <-chan struct{}) bool {
 	default:
 		return false
 	}
+}
+
+// jobEndFields are the fields of a job's end line: how it ended (st, its
+// final status), and its counts; never a body or its token (a status
+// holds neither).
+func jobEndFields(st *durable.JobStatus) []zap.Field {
+	fields := []zap.Field{zap.String("job", st.ID), zap.String("state", st.State), zap.String("outcome", st.Outcome),
+		zap.String("op", st.Op), zap.String("resource", st.Resource), zap.Int("items", st.Items), zap.Int("done", st.Done),
+		zap.Int("succeeded", st.Succeeded), zap.Int("failed", st.Failed), zap.Int("takeovers", st.Takeovers)}
+	if st.Reason != "" {
+		fields = append(fields, zap.String("reason", st.Reason))
+	}
+	return fields
 }

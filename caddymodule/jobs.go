@@ -47,7 +47,7 @@ type jobs struct {
 
 func newJobs(storage certmagic.Storage, leases *durable.Leases, app *batchapp.App, maxJobs int, logger *zap.Logger) *jobs {
 	return &jobs{
-		store:   durable.NewJobs(batchapp.DurableStorage(storage), leases, logger),
+		store:   durable.NewJobs(batchapp.DurableStorage(storage), leases, logger).WithHooks(batchapp.JobHooks()),
 		app:     app,
 		running: make(chan struct{}, maxJobs),
 		logger:  logger,

@@ -23,13 +23,9 @@ type HeldJob struct {
 	page resultsPage
 	// logSeq numbers the log records this epoch stores (joblog.go).
 	logSeq atomic.Int64
-	// ended says End stored the job's end.
-	ended atomic.Bool
+	// final is the job's status once End stored its end.
+	final atomic.Pointer[JobStatus]
 }
-
-// Ended reports whether this owner ended the job: false for one it
-// handed over or lost.
-func (hj *HeldJob) Ended() bool { return hj.ended.Load() }
 
 // Record is the job as it was started.
 func (hj *HeldJob) Record() *JobRecord { return hj.rec }
@@ -72,7 +68,11 @@ func (hj *HeldJob) End(ctx context.Context, final JobProgress) error {
 	if err := hj.WriteProgress(ctx, final); err != nil {
 		return err
 	}
-	hj.ended.Store(true)
+	// The job ended with its progress stored, whatever the rest does:
+	// its status and hook say so once, after the rest is tidied.
+	st := (&jobView{rec: rec, progress: final}).status()
+	hj.final.Store(st)
+	defer hj.jobs.hooks.ended(st)
 	expires := final.Ended.Add(rec.TTL)
 	if err := fileJobExpiry(ctx, s, rec.ID, expires, rec.TTL); err != nil {
 		return err
@@ -95,6 +95,10 @@ func (hj *HeldJob) End(ctx context.Context, final JobProgress) error {
 	}
 	return nil
 }
+
+// FinalStatus is the job's status as End stored it, for the line that
+// logs its end; nil before End stored it (a job handed over, or lost).
+func (hj *HeldJob) FinalStatus() *JobStatus { return hj.final.Load() }
 
 // deleteLeases deletes the job's lease keys, lease and lease.<epoch>.<tag>.
 func deleteLeases(ctx context.Context, s Storage, id string) error {

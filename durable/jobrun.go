@@ -252,6 +252,7 @@ func (d *driver) window(ctx context.Context, through Through, stop <-chan struct
 		}
 		d.p.ResultsBytes += int64(len(hj.page.lines) - stored)
 		d.p.Tally(finished)
+		hj.jobs.hooks.finished(finished)
 		done += len(finished)
 	}
 	d.p.Cursor = first + done

@@ -76,6 +76,12 @@ func (js *Jobs) Cancel(ctx context.Context, id, token, by string) (*JobStatus, e
 	if err != nil || v.ended() {
 		return statusOf(v, err)
 	}
+	return js.cancel(ctx, v, by)
+}
+
+// cancel is Cancel of the job v, which has not ended.
+func (js *Jobs) cancel(ctx context.Context, v *jobView, by string) (*JobStatus, error) {
+	id := v.rec.ID
 	if !v.cancelled {
 		mark, _ := json.Marshal(cancelMark{Version: 1, At: now().UTC(), By: by})
 		if err := js.storage.Store(ctx, jobKey(id, cancelName), mark); err != nil {

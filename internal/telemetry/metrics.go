@@ -68,6 +68,11 @@ type BatchMetrics struct {
 	// EventsEmitted are the Caddy events handed to the events app, by
 	// event; EventsDropped those that were not, by event and reason.
 	EventsEmitted, EventsDropped *prometheus.CounterVec
+	// Jobs are the bulk jobs in storage, by state.
+	Jobs *prometheus.GaugeVec
+	// JobItems are the items bulk jobs finished in this process, by
+	// outcome (JobItemsFinished).
+	JobItems *prometheus.CounterVec
 }
 
 // Label values of the outcome label besides the engine's outcomes, and
@@ -131,8 +136,16 @@ func newBatchMetrics() *BatchMetrics {
 		SagaActions: counter("saga_actions_total",
 			`Operators' actions on sagas through this instance's admin endpoint, by action (retry, resolve) and result: "resolved", "left_behind", or "refused".`,
 			[]string{"action", "result"}),
-		EventsEmitted: counter("events_emitted_total", "Caddy events (batch.saga.left_behind, batch.saga.resolved) handed to the events app, by event.", []string{"event"}),
+		EventsEmitted: counter("events_emitted_total", "Caddy events (batch.saga.left_behind, batch.saga.resolved, batch.job.finished) handed to the events app, by event.", []string{"event"}),
 		EventsDropped: counter("events_dropped_total", `Caddy events not emitted, by event and reason: "queue_full" (the handlers were slower than the events came) or "no_config" (no running config, at exit).`, []string{"event", "reason"}),
+		Jobs: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: metricsNamespace, Subsystem: metricsSubsystem,
+			Name: "jobs",
+			Help: "Bulk jobs in the storage, by state (an ended one until it is swept, past its job_ttl); every instance sharing a storage reports the same count (aggregate with max).",
+		}, []string{"state"}),
+		JobItems: counter("job_items_total",
+			"Items of bulk jobs this process finished, by item outcome (succeeded, failed, unknown), as each window of a job ends; items not attempted are not counted.",
+			[]string{"outcome"}),
 	}
 }
 
@@ -153,13 +166,27 @@ func histogram(name, help string, buckets []float64, labels []string) *prometheu
 }
 
 func (m *BatchMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.Batches, m.items, m.duration, m.itemsPerBatch, m.compensations, m.lockWait, m.lockConflicts, m.Replays, m.Recovered, m.ListFallbacks, m.Throttled, m.pending, m.Slots, m.Sagas, m.SagaActions, m.EventsEmitted, m.EventsDropped}
+	return []prometheus.Collector{m.Batches, m.items, m.duration, m.itemsPerBatch, m.compensations, m.lockWait, m.lockConflicts, m.Replays, m.Recovered, m.ListFallbacks, m.Throttled, m.pending, m.Slots, m.Sagas, m.SagaActions, m.EventsEmitted, m.EventsDropped, m.Jobs, m.JobItems}
 }
 
 // ThrottledWait counts a throttling answer waited out on resource (its
 // template).
 func (m *BatchMetrics) ThrottledWait(resource string) {
 	m.Throttled.WithLabelValues(resource).Inc()
+}
+
+// JobItemsFinished counts the items a window of a bulk job finished, by
+// outcome: durable's JobHooks.Finished.
+func (m *BatchMetrics) JobItemsFinished(items []batch.ItemResult) {
+	counts := map[batch.Outcome]int{}
+	for _, it := range items {
+		if it.Outcome != "" && it.Outcome != batch.NotAttempted {
+			counts[it.Outcome]++
+		}
+	}
+	for outcome, n := range counts {
+		m.JobItems.WithLabelValues(string(outcome)).Add(float64(n))
+	}
 }
 
 // Register registers the module's collectors on a config's registry.

@@ -5,6 +5,9 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/caddy-batch/caddy-batch/batch"
 )
 
 type fakeSlots struct{ inFlight, waiting, cap int }
@@ -66,5 +69,24 @@ func TestMetricsSlotGauges(t *testing.T) {
 	}
 	if _, err := reg.Gather(); err != nil {
 		t.Errorf("gathering: %v", err)
+	}
+}
+
+// TestMetricsJobItems: a window's items are counted by outcome, those
+// not attempted left out.
+func TestMetricsJobItems(t *testing.T) {
+	m := newBatchMetrics()
+	m.JobItemsFinished([]batch.ItemResult{{Outcome: batch.Succeeded}, {Outcome: batch.Succeeded}, {Outcome: batch.Failed},
+		{Outcome: batch.Unknown}, {Outcome: batch.NotAttempted}, {}})
+	m.JobItemsFinished([]batch.ItemResult{{Outcome: batch.Succeeded}})
+	got := map[string]float64{}
+	for _, o := range []string{"succeeded", "failed", "unknown", "not_attempted"} {
+		var v dto.Metric
+		_ = m.JobItems.WithLabelValues(o).Write(&v)
+		got[o] = v.GetCounter().GetValue()
+	}
+	want := map[string]float64{"succeeded": 3, "failed": 1, "unknown": 1, "not_attempted": 0}
+	if !maps.Equal(got, want) {
+		t.Errorf("job items %v, want %v", got, want)
 	}
 }
