@@ -62,9 +62,12 @@ func (j *jobs) acquire() (release func(), ok bool) {
 }
 
 // serveJobStart makes a job of a batch sent with Prefer: respond-async
-// (op, on the collection m matched), runs it on this instance in the
-// background and answers 202 with its status and token; or refuses it,
-// with nothing stored and nothing sent.
+// (op, on the collection m matched), runs its first item through the
+// route, the rest on this instance in the background, and answers 202
+// with its status and token, kept for replay under its Idempotency-Key
+// if it has one; or replays the job its key started; or refuses it,
+// with nothing stored and nothing sent (or, refused by the route's
+// authentication, nothing but its first request).
 func (h *Handler) serveJobStart(w http.ResponseWriter, r *http.Request, m policy.Match, op policy.Op, next caddyhttp.Handler) error {
 	ctx := r.Context()
 	sc := h.collectionScope(m)
@@ -74,6 +77,11 @@ func (h *Handler) serveJobStart(w http.ResponseWriter, r *http.Request, m policy
 			"a bulk job is made only for a client that says who it is: send Authorization or a Cookie"+identityHint(sc)+
 				", or send the batch without Prefer: respond-async to run it synchronously").Write(w)
 	}
+	key, done, err := h.claimStart(w, r, m, op, sc, client)
+	if done {
+		return err
+	}
+	defer key.settle(ctx)
 	release, ok := h.jobs.acquire()
 	if !ok {
 		return refuseQuota(w, &durable.QuotaError{RetryAfter: maxJobsRetry, Reason: fmt.Sprintf(
@@ -111,13 +119,20 @@ func (h *Handler) serveJobStart(w http.ResponseWriter, r *http.Request, m policy
 	}
 	// The job outlives its request: not its cancel, but its values (the
 	// server, for the sub-requests' context).
-	go h.jobs.run(context.WithoutCancel(ctx), held, h.jobThrough(r, next, sc), release)
+	through := h.jobThrough(r, next, sc)
+	if refused := h.probeJob(context.WithoutCancel(ctx), held, through); refused != nil {
+		return answerRefusedStart(w, refused)
+	}
+	key.keep()
+	go h.jobs.run(context.WithoutCancel(ctx), held, through, release)
 	started = true
 	status, err := h.jobs.store.Status(ctx, rec.ID, token)
 	if err != nil {
 		return h.refuseJob(w, err)
 	}
-	return answerStarted(w, rec.JobsPath+"/"+rec.ID, plan, status, token)
+	return key.answer(ctx, w, startFingerprint(r, plan), func(w http.ResponseWriter) error {
+		return answerStarted(w, rec.JobsPath+"/"+rec.ID, plan, status, token)
+	})
 }
 
 // stageJob reads and checks the job's body as a stream, storing its
@@ -126,13 +141,11 @@ func (h *Handler) serveJobStart(w http.ResponseWriter, r *http.Request, m policy
 // the storage's error.
 func (h *Handler) stageJob(r *http.Request, m policy.Match, op policy.Op, sc scope) (*durable.Staging, *batch.JobPlan, *problem.Details, error) {
 	ctx := r.Context()
-	g := sc.gateway
-	staging, err := h.jobs.store.Stage(ctx, g.JobTTL)
+	staging, err := h.jobs.store.Stage(ctx, sc.gateway.JobTTL)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	limits := batch.JobLimits{MaxItems: g.MaxJobItems, MaxAtomic: g.MaxJobItems, MaxBody: g.MaxJobBodySize, MaxElement: sc.settings.MaxBodySize}
-	plan, prob, err := batch.AdmitJob(r, m, op, limits, func(first int, items []batch.ItemSnapshot) error {
+	plan, prob, err := batch.AdmitJob(r, m, op, jobLimits(sc), func(first int, items []batch.ItemSnapshot) error {
 		return staging.Chunk(ctx, first, items)
 	})
 	if prob == nil && plan.Atomicity != policy.Partial {
