@@ -1,6 +1,7 @@
 package durable
 
 import (
+	"cmp"
 	"context"
 	"net/http"
 	"slices"
@@ -111,15 +112,42 @@ func TestJobStartRecordApart(t *testing.T) {
 	}
 }
 
-// refusingUpstream answers every request 401 with a challenge, as an
-// authentication after the batch handler would.
-type refusingUpstream struct{ sent int }
+// refusingUpstream answers every request with status (401 unless set)
+// and a challenge, as an authentication after the batch handler would.
+type refusingUpstream struct {
+	status int
+	sent   int
+}
 
 func (u *refusingUpstream) Send(context.Context, *batch.SubRequest) (*batch.SubResponse, error) {
 	u.sent++
-	return &batch.SubResponse{Status: http.StatusUnauthorized,
+	return &batch.SubResponse{Status: cmp.Or(u.status, http.StatusUnauthorized),
 		Header: http.Header{"Www-Authenticate": {`Basic realm="widgets"`}, "Content-Type": {"text/plain"}},
 		Body:   []byte("who are you?")}, nil
+}
+
+// Which answers of the first item refuse the start: an authentication's
+// (401, 403, 407); any other failure is the job's first result.
+func TestJobRunFirstRefusals(t *testing.T) {
+	t.Parallel()
+	defer endHeld(t)
+	js := NewJobs(newMemStorage(), NewLeases(time.Minute), zap.NewNop())
+	for status, refuses := range map[int]bool{401: true, 403: true, 407: true, 404: false, 409: false, 422: false, 500: false, 503: false} {
+		hj, token := startWidgets(t, js, 3, false)
+		refused, err := hj.RunFirst(context.Background(), throughTo(widgetsPolicy(t, nil), &refusingUpstream{status: status}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := refused != nil; got != refuses {
+			t.Errorf("a first item answered %d refuses the start: %v, want %v", status, got, refuses)
+			continue
+		}
+		if !refuses {
+			if st := mustStatus(t, js, hj.Record().ID, token); st.Done != 1 || st.Failed != 1 {
+				t.Errorf("a first item answered %d: done %d, failed %d; want its result kept, 1 and 1", status, st.Done, st.Failed)
+			}
+		}
+	}
 }
 
 // The first item of a job refused 401 is the start's answer, challenge
