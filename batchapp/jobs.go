@@ -91,9 +91,10 @@ func withHost(rec *durable.JobRecord, cred http.Header, use func(JobHost)) error
 	return nil
 }
 
-// throughRoutes is the route of every window of every job: a trip of its
-// own through the running config's routes.
-func throughJobRoutes(_ context.Context, rec *durable.JobRecord, cred http.Header, work func(batch.Site) error) error {
+// ThroughRoutes is the route of every window of every job, and of a
+// start's first item: a trip of its own through the running config's
+// routes, as the start request went.
+func ThroughRoutes(_ context.Context, rec *durable.JobRecord, cred http.Header, work func(batch.Site) error) error {
 	var err error
 	if terr := withHost(rec, cred, func(h JobHost) { err = work(h.Site()) }); terr != nil {
 		return terr
@@ -133,7 +134,7 @@ func (a *App) RunJob(held *durable.HeldJob, release func()) {
 		rec := held.Record()
 		a.logger.Info("bulk job running", zap.String("job", rec.ID), zap.String("op", rec.Op),
 			zap.String("resource", rec.Resource), zap.Int("items", rec.Items), zap.Int("epoch", held.Epoch()))
-		err := held.Run(context.Background(), throughJobRoutes, a.stop)
+		err := held.Run(context.Background(), ThroughRoutes, a.stop)
 		switch {
 		case err != nil:
 			a.logger.Warn("bulk job stopped before its end: the next scan of an instance with room carries it on",

@@ -31,10 +31,6 @@ import (
 // before the job ended, in seconds: how often a client polls.
 const jobRetryAfter = "5"
 
-// maxJobsRetry is the Retry-After of a start refused for max_jobs: a
-// job of this instance takes minutes to end.
-const maxJobsRetry = time.Minute
-
 // jobs is what a handler with a jobs path starts and watches jobs with.
 type jobs struct {
 	store *durable.Jobs
@@ -65,10 +61,14 @@ func (j *jobs) acquire() (release func(), ok bool) {
 }
 
 // serveJobStart makes a job of a batch sent with Prefer: respond-async
-// (op, on the collection m matched) and answers 202 with its status and
-// token: the job runs on this instance where one of max_jobs is free,
-// and waits queued otherwise, for the next scan of any instance with
-// room. Or it refuses the start, with nothing stored and nothing sent.
+// (op, on the collection m matched), runs its first item through the
+// route, and answers 202 with its status and token, kept for replay
+// under its Idempotency-Key if it has one: the rest runs on this
+// instance where one of max_jobs is free, and waits queued otherwise,
+// for the next scan of any instance with room. Or it replays the job its
+// key started; or refuses it, with nothing stored and nothing sent (or,
+// refused by the route's authentication, nothing but its first
+// request).
 func (h *Handler) serveJobStart(w http.ResponseWriter, r *http.Request, m policy.Match, op policy.Op) error {
 	ctx := r.Context()
 	sc := h.collectionScope(m)
@@ -78,6 +78,11 @@ func (h *Handler) serveJobStart(w http.ResponseWriter, r *http.Request, m policy
 			"a bulk job is made only for a client that says who it is: send Authorization or a Cookie"+identityHint(sc)+
 				", or send the batch without Prefer: respond-async to run it synchronously").Write(w)
 	}
+	key, done, err := h.claimStart(w, r, m, op, sc, client)
+	if done {
+		return err
+	}
+	defer key.settle(ctx)
 	release, runsHere := h.jobs.acquire()
 	defer func() {
 		if release != nil {
@@ -108,18 +113,26 @@ func (h *Handler) serveJobStart(w http.ResponseWriter, r *http.Request, m policy
 		staging.Discard(context.WithoutCancel(ctx))
 		return h.refuseJob(w, err)
 	}
+	// The first item goes even for a job that will wait: the route's
+	// authentication answers now, or never refuses the start.
+	if refused := h.probeJob(context.WithoutCancel(ctx), held, batchapp.ThroughRoutes); refused != nil {
+		return answerRefusedStart(w, refused)
+	}
+	key.keep()
 	if runsHere {
 		h.jobs.app.RunJob(held, release)
 		release = nil // the run gives it back
-	} else if err := held.Release(ctx); err != nil {
-		// Queued: its lease lapses instead, and a scan takes it then.
-		h.logger.Warn("releasing a queued bulk job's lease; it is taken once the lease lapses", zap.String("job", rec.ID), zap.Error(err))
+	} else if err := held.Queue(ctx); err != nil {
+		// Its lease lapses instead, and a scan takes it then.
+		h.logger.Warn("queueing a bulk job; it is taken once its lease lapses", zap.String("job", rec.ID), zap.Error(err))
 	}
 	status, err := h.jobs.store.Status(ctx, rec.ID, token)
 	if err != nil {
 		return h.refuseJob(w, err)
 	}
-	return answerStarted(w, rec.JobsPath+"/"+rec.ID, plan, status, token)
+	return key.answer(ctx, w, startFingerprint(r, plan), func(w http.ResponseWriter) error {
+		return answerStarted(w, rec.JobsPath+"/"+rec.ID, plan, status, token)
+	})
 }
 
 // stageJob reads and checks the job's body as a stream, storing its
@@ -128,13 +141,11 @@ func (h *Handler) serveJobStart(w http.ResponseWriter, r *http.Request, m policy
 // the storage's error.
 func (h *Handler) stageJob(r *http.Request, m policy.Match, op policy.Op, sc scope) (*durable.Staging, *batch.JobPlan, *problem.Details, error) {
 	ctx := r.Context()
-	g := sc.gateway
-	staging, err := h.jobs.store.Stage(ctx, g.JobTTL)
+	staging, err := h.jobs.store.Stage(ctx, sc.gateway.JobTTL)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	limits := batch.JobLimits{MaxItems: g.MaxJobItems, MaxAtomic: g.MaxJobItems, MaxBody: g.MaxJobBodySize, MaxElement: sc.settings.MaxBodySize}
-	plan, prob, err := batch.AdmitJob(r, m, op, limits, func(first int, items []batch.ItemSnapshot) error {
+	plan, prob, err := batch.AdmitJob(r, m, op, jobLimits(sc), func(first int, items []batch.ItemSnapshot) error {
 		return staging.Chunk(ctx, first, items)
 	})
 	if prob == nil && plan.Atomicity != policy.Partial {

@@ -129,3 +129,20 @@ func deleteFolder(ctx context.Context, s Storage, dir string) error {
 	}
 	return removeEmptyFolder(ctx, s, dir)
 }
+
+// Queue gives the job up to wait for an instance with room (its client
+// started or resumed it where every max_jobs runs): its progress stored
+// queued, what it did standing, then its lease released for the next
+// scan. This HeldJob writes nothing after.
+func (hj *HeldJob) Queue(ctx context.Context) error {
+	v, err := viewJob(ctx, hj.jobs.storage, hj.rec)
+	if err != nil {
+		return err
+	}
+	p := v.progress
+	p.State, p.Reason = JobQueued, ""
+	if err := hj.WriteProgress(ctx, p); err != nil {
+		return err
+	}
+	return hj.Release(ctx)
+}

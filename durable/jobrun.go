@@ -139,8 +139,10 @@ func (hj *HeldJob) newDriver(ctx context.Context) (*driver, error) {
 		return nil, err
 	}
 	d := &driver{hj: hj, cred: cred, p: v.progress, chunks: chunks}
-	if !d.p.Started.IsZero() && v.epoch < hj.epoch && d.p.State != JobPaused {
-		d.p.Takeovers++ // it ran before under another epoch, and was not paused
+	if !d.p.Started.IsZero() && v.epoch < hj.epoch && d.p.State == JobRunning {
+		// It ran before under another epoch, and was neither paused nor
+		// queued (its first item sent at its start) by its owner.
+		d.p.Takeovers++
 	}
 	if d.p.Started.IsZero() {
 		d.p.Started = now().UTC()

@@ -124,6 +124,10 @@ const (
 	Abandoned
 	// Unavailable: the storage failed (Decision.Err); nothing was claimed.
 	Unavailable
+	// Started: a job's start with the key was answered (Decision.Record);
+	// only ClaimStart says it, and StartVerdict, once the start's body
+	// was read, tells a replay from another request (jobstartkey.go).
+	Started
 )
 
 // Decision is a claim's verdict, with what goes with it.
@@ -350,7 +354,12 @@ func (h *Held) AnsweredLater(a *Answer, outcome string, ttl time.Duration, limit
 func (h *Held) storeAnswer(ctx context.Context, a *Answer, outcome string, ttl time.Duration, limit int64) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StorageTimeout)
 	defer cancel()
-	done := h.keys.answered(h.record, a, outcome, ttl, limit)
+	return h.storeDone(ctx, h.keys.answered(h.record, a, outcome, ttl, limit), ttl)
+}
+
+// storeDone stores done, the claim answered, over the claim where it is
+// still this process's, filed under its expiry in buckets for ttl.
+func (h *Held) storeDone(ctx context.Context, done *Record, ttl time.Duration) error {
 	b, err := json.Marshal(done)
 	if err != nil {
 		return err
