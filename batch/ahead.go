@@ -72,18 +72,12 @@ func (a *aheadRecords) read(i int) {
 	}
 }
 
-// start records the first writes the preflight did not.
+// start records the first writes (the first of pending) the preflight
+// did not.
 func (a *aheadRecords) start() {
-	if a == nil {
-		return
+	if a != nil {
+		a.record(a.pending[:len(a.first)]...)
 	}
-	first := make([]int, 0, len(a.first))
-	for _, i := range a.pending {
-		if a.first[i] {
-			first = append(first, i)
-		}
-	}
-	a.record(first...)
 }
 
 // next records ahead the write four waves after item i, whose worker

@@ -30,17 +30,18 @@ func (j *Journal) removeJournal(ctx context.Context) error {
 		written = append(written, leaseKeyOf(j.saga, j.epoch, Owner()))
 	}
 	g := j.leaseGuardLocked()
-	var stored []string
-	if !j.removing {
-		// The first removal knows every key the journal stored, or may
-		// have (a store that failed may have written): no listing.
-		for seq := range max(j.seq, 1) {
-			stored = append(stored, path.Base(segmentKey(j.saga, seq)))
-		}
-	}
+	first, segments := !j.removing, max(j.seq, 1)
 	j.removing = true
 	j.mu.Unlock()
 	if ar, ok := j.js.storage.(AtomicRemover); ok && j.epoch == 0 {
+		var stored []string
+		if first {
+			// The first removal knows every key the journal stored, or
+			// may have (a store that failed may have written): no listing.
+			for seq := range segments {
+				stored = append(stored, path.Base(segmentKey(j.saga, seq)))
+			}
+		}
 		err := j.js.removeAtOnce(ctx, ar, g, j.saga, stored, written)
 		if lost, ok := errors.AsType[*lostLease](err); ok {
 			j.lease.lose(lost.why)
