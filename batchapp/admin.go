@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
@@ -95,15 +96,25 @@ func sagaQuery(r *http.Request) (durable.SagaQuery, *problem.Details) {
 		p := problem.New(http.StatusBadRequest, "invalid-saga-query", fmt.Sprintf("state %q is none of running, orphaned, stuck, left_behind", q.State))
 		return q, &p
 	}
-	if s := v.Get("limit"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 {
-			p := problem.New(http.StatusBadRequest, "invalid-saga-query", fmt.Sprintf("limit %q is not a positive number, e.g. limit=100", s))
-			return q, &p
-		}
-		q.Limit = n
+	var err error
+	if q.Limit, err = listLimit(v); err != nil {
+		p := problem.New(http.StatusBadRequest, "invalid-saga-query", err.Error())
+		return q, &p
 	}
 	return q, nil
+}
+
+// listLimit reads a listing's limit, defaultSagaLimit when not given.
+func listLimit(v url.Values) (int, error) {
+	s := v.Get("limit")
+	if s == "" {
+		return defaultSagaLimit, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("limit %q is not a positive number, e.g. limit=100", s)
+	}
+	return n, nil
 }
 
 func serveSaga(w http.ResponseWriter, r *http.Request) error {

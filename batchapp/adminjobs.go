@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 
 	"go.uber.org/zap"
@@ -62,12 +61,9 @@ func jobQuery(r *http.Request) (durable.JobQuery, *problem.Details) {
 	if q.After != "" && !sagaID.MatchString(q.After) {
 		return bad(fmt.Sprintf("after %q is not a job's id: give the id of the last job of the page before", q.After))
 	}
-	if s := v.Get("limit"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 {
-			return bad(fmt.Sprintf("limit %q is not a positive number, e.g. limit=100", s))
-		}
-		q.Limit = n
+	var err error
+	if q.Limit, err = listLimit(v); err != nil {
+		return bad(err.Error())
 	}
 	return q, nil
 }

@@ -100,7 +100,9 @@ func adminFlags(fs *pflag.FlagSet) {
 	fs.Bool("json", false, "print the admin API's JSON answer")
 }
 
-func cmdSagas(fl caddycmd.Flags, _ string, w io.Writer) (int, error) {
+// listURI is the admin API's listing at path, with the flags' state,
+// limit and after.
+func listURI(fl caddycmd.Flags, path string) string {
 	q := url.Values{}
 	if s := fl.String("state"); s != "" {
 		q.Set("state", s)
@@ -111,12 +113,15 @@ func cmdSagas(fl caddycmd.Flags, _ string, w io.Writer) (int, error) {
 	if s := fl.String("after"); s != "" {
 		q.Set("after", s)
 	}
-	uri := "/batch/sagas"
 	if len(q) > 0 {
-		uri += "?" + q.Encode()
+		path += "?" + q.Encode()
 	}
+	return path
+}
+
+func cmdSagas(fl caddycmd.Flags, _ string, w io.Writer) (int, error) {
 	var list []durable.Summary
-	if code, err := adminCall(fl, w, http.MethodGet, uri, nil, &list); err != nil {
+	if code, err := adminCall(fl, w, http.MethodGet, listURI(fl, "/batch/sagas"), nil, &list); err != nil {
 		return code, err
 	}
 	if !fl.Bool("json") {

@@ -53,22 +53,8 @@ func jobCommands() []*cobra.Command {
 }
 
 func cmdJobs(fl caddycmd.Flags, _ string, w io.Writer) (int, error) {
-	q := url.Values{}
-	if s := fl.String("state"); s != "" {
-		q.Set("state", s)
-	}
-	if n, _ := fl.GetInt("limit"); n != defaultSagaLimit {
-		q.Set("limit", fmt.Sprint(n))
-	}
-	if s := fl.String("after"); s != "" {
-		q.Set("after", s)
-	}
-	uri := "/batch/jobs"
-	if len(q) > 0 {
-		uri += "?" + q.Encode()
-	}
 	var list []durable.JobStatus
-	if code, err := adminCall(fl, w, http.MethodGet, uri, nil, &list); err != nil {
+	if code, err := adminCall(fl, w, http.MethodGet, listURI(fl, "/batch/jobs"), nil, &list); err != nil {
 		return code, err
 	}
 	if !fl.Bool("json") {
