@@ -102,11 +102,12 @@ var labelValues = map[string]*regexp.Regexp{
 	"atomicity": regexp.MustCompile(`^(all_or_nothing|partial)$`),
 	"outcome":   regexp.MustCompile(`^(succeeded|partial|failed|not_attempted|rolled_back|rollback_failed|unknown|rejected)$`),
 	"result":    regexp.MustCompile(`^(rolled_back|rollback_failed|resolved|left_behind|refused)$`),
-	"state":     regexp.MustCompile(`^(running|orphaned|stuck|left_behind)$`),
-	"action":    regexp.MustCompile(`^(retry|resolve)$`),
-	"request":   regexp.MustCompile(`^(batch|single)$`),
-	"reason":    regexp.MustCompile(`^(no_answer|status|body|queue_full|no_config)$`),
-	"event":     regexp.MustCompile(`^batch\.saga\.(left_behind|resolved)$`),
+	// A saga's state, or a bulk job's.
+	"state":   regexp.MustCompile(`^(running|orphaned|stuck|left_behind|queued|paused|cancelling|succeeded|partial|failed|rolled_back|rollback_failed|cancelled)$`),
+	"action":  regexp.MustCompile(`^(retry|resolve)$`),
+	"request": regexp.MustCompile(`^(batch|single)$`),
+	"reason":  regexp.MustCompile(`^(no_answer|status|body|queue_full|no_config)$`),
+	"event":   regexp.MustCompile(`^batch\.(saga\.left_behind|saga\.resolved|job\.finished)$`),
 	// A template: literal segments and {variables}; the tests' ids are
 	// numbers, and no test's template has a segment that is a number
 	// (a literal one starts with a letter: /v1/api/gadgets).
