@@ -4,7 +4,9 @@ import (
 	"context"
 	"net/http"
 	"testing"
+	"testing/synctest"
 
+	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -83,4 +85,55 @@ func TestWindowSpanNeedsAParentAndTracing(t *testing.T) {
 	if n := len(named(rec.Ended(), windowSpanName)); n != 0 {
 		t.Errorf("%d window spans, want none", n)
 	}
+}
+
+// Under Notable, a window's requests are spans only where they made a
+// difference: the item that failed, and both attempts of the one sent
+// again; the rest carry the window's span upstream.
+func TestWindowNotableSpansOnly(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := tracetest.NewSpanRecorder()
+		tracer := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)).Tracer("test")
+		_, run := tracer.Start(context.Background(), "run")
+		f := newFake()
+		f.on(http.MethodPost, "/widgets", answer{}, reply(http.StatusConflict, `{"error":"taken"}`), throttle(), answer{})
+		w := jobWindow(policy.OpCreate, 0, element("", `{"name":"a"}`), element("", `{"name":"b"}`), element("", `{"name":"c"}`))
+		site := Site{Runtime: Runtime{Send: f, Trace: &Tracing{Tracer: tracer, Inject: injectW3C, Notable: true}},
+			Lookup: widgets(t, concurrency(1)).Lookup, Parent: run.SpanContext()}
+		res, err := ExecuteWindow(context.Background(), w, site, WindowOpts{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Items[0].Outcome != Succeeded || res.Items[1].Outcome != Failed || res.Items[2].Outcome != Succeeded {
+			t.Fatalf("outcomes %s %s %s", res.Items[0].Outcome, res.Items[1].Outcome, res.Items[2].Outcome)
+		}
+		window := named(rec.Ended(), windowSpanName)[0]
+		got := map[string]sdktrace.ReadOnlySpan{}
+		for _, s := range rec.Ended() {
+			if s.SpanKind() == trace.SpanKindClient {
+				a := attrs(s.Attributes())
+				got[a["batch.item.index"]+"/"+a["batch.attempt"]] = s
+				if s.Parent().SpanID() != window.SpanContext().SpanID() {
+					t.Errorf("span %s/%s is not the window's child", a["batch.item.index"], a["batch.attempt"])
+				}
+			}
+		}
+		if len(got) != 3 || got["1/1"] == nil || got["2/1"] == nil || got["2/2"] == nil {
+			t.Fatalf("request spans %v, want item 1's and both attempts of item 2", got)
+		}
+		failed := attrs(got["1/1"].Attributes())
+		if failed["http.response.status_code"] != "409" || failed["batch.item.outcome"] != "failed" || got["1/1"].Status().Code != codes.Error {
+			t.Errorf("the failed item's span %v, status %v", failed, got["1/1"].Status())
+		}
+		if a := attrs(got["2/1"].Attributes()); a["http.response.status_code"] != "429" {
+			t.Errorf("the throttled attempt's span %v", a)
+		}
+		sent := f.sentWith(http.MethodPost)
+		if tp := sent[0].Header.Get("Traceparent"); tp[36:52] != window.SpanContext().SpanID().String() {
+			t.Errorf("the first item carried %q, want the window's span", tp)
+		}
+		if tp := sent[3].Header.Get("Traceparent"); tp[36:52] != got["2/2"].SpanContext().SpanID().String() {
+			t.Errorf("the re-sent item carried %q, want its own span", tp)
+		}
+	})
 }

@@ -17,7 +17,12 @@ import (
 // A job's trace (docs/operations.md, "Traces"): each run of it on an
 // instance, under one lease epoch, is a root span "batch.job" of a trace
 // of its own, linked to the span of the client's start; each window a
-// child of it, and each request of a window a child of the window's.
+// child of it, and the requests of a window that made a difference (an
+// item failed, a request sent again) children of the window's: the
+// others' requests carry the window's span upstream (batch.Tracing's
+// Notable), so that a job of 100,000 items is not as many spans. The
+// start's first item, which its request runs, is traced whole, under
+// the start's span.
 // What traces is the route: the tracer is the one of the span Caddy's
 // tracing directive gave the window's request through the routes
 // (JobHost.Site's Runtime.Trace), so a job under no tracing makes
@@ -83,6 +88,9 @@ func traced(ctx context.Context, site batch.Site) batch.Site {
 	}
 	if jt, ok := ctx.Value(jobTraceCtxKey).(*jobTrace); ok {
 		site.Parent = jt.span(t.Tracer)
+		notable := *t
+		notable.Notable = true
+		site.Runtime.Trace = &notable
 	} else {
 		site.Parent = trace.SpanContextFromContext(ctx)
 	}

@@ -58,8 +58,12 @@ func markedLines(n int) string {
 	return b.String()
 }
 
+// A job of 300 items under tracing, 3 of which the API refuses once the
+// start answered: the run's span, its windows under it, a span for each
+// refused item's request under its window (the others' requests carry
+// their window's context), the first item under the start.
 func TestJobsTraceOfItsOwn(t *testing.T) {
-	api := seededAPI()
+	api := legacyapi.NewRecording(legacyapi.Collection{Path: "/api/widgets", WriteDelay: 2 * time.Millisecond})
 	g := startGateway(t, api, tracedJobsSite)
 	const n = 300
 	const startTrace = "abf92f3577b34da6a3ce929d0e0e4736"
@@ -69,8 +73,10 @@ func TestJobsTraceOfItsOwn(t *testing.T) {
 		t.Fatalf("start: %s", start)
 	}
 	job := decodeJob(t, start)
-	if st := pollJob(t, g, job, time.Minute); st.State != "succeeded" || st.Done != n {
-		t.Fatalf("job ended %+v, want succeeded with %d done", st, n)
+	api.Inject(legacyapi.Fault{Method: "POST", Path: "/api/widgets", Status: 422, Body: `{"detail":"ANSWER-MARKER"}`, ContentType: "application/json", Times: 3})
+	st := pollJob(t, g, job, time.Minute)
+	if st.Done != n || st.Failed != 3 {
+		t.Fatalf("job ended %+v, want %d done, 3 failed", st, n)
 	}
 	run := jobRunSpan(t, job.ID)
 	startSpans := spansOf(t, startTrace)
@@ -82,8 +88,8 @@ func TestJobsTraceOfItsOwn(t *testing.T) {
 	t.Run("the run's span: a root with the job's attributes, linked to the start", func(t *testing.T) {
 		a := attrsOf(run)
 		want := map[string]string{"batch.op": "create", "batch.resource": "/api/widgets", "batch.atomicity": "partial",
-			"batch.items": fmt.Sprint(n), "batch.job.epoch": "0", "batch.job.state": "succeeded", "batch.items.done": fmt.Sprint(n),
-			"batch.items.succeeded": fmt.Sprint(n), "batch.items.failed": "0", "batch.job.run_end": "ended"}
+			"batch.items": fmt.Sprint(n), "batch.job.epoch": "0", "batch.job.state": st.State, "batch.items.done": fmt.Sprint(n),
+			"batch.items.succeeded": fmt.Sprint(n - 3), "batch.items.failed": "3", "batch.job.run_end": "ended"}
 		for k, v := range want {
 			if a[k] != v {
 				t.Errorf("%s = %q, want %q (attributes %v)", k, a[k], v, a)
@@ -105,7 +111,7 @@ func TestJobsTraceOfItsOwn(t *testing.T) {
 			inRun = append(inRun, s)
 		}
 	}
-	t.Run("windows under the run, requests under the windows", func(t *testing.T) {
+	t.Run("windows under the run, refused requests under the windows", func(t *testing.T) {
 		windows := map[trace.SpanID]bool{}
 		items := 0
 		for _, s := range inRun {
@@ -129,13 +135,13 @@ func TestJobsTraceOfItsOwn(t *testing.T) {
 		for _, s := range inRun {
 			if s.SpanKind() == trace.SpanKindClient {
 				requests++
-				if !windows[s.Parent().SpanID()] {
-					t.Errorf("request span %s is under %s, not a window", s.Name(), s.Parent().SpanID())
+				if !windows[s.Parent().SpanID()] || attrsOf(s)["http.response.status_code"] != "422" || attrsOf(s)["batch.item.outcome"] != "failed" {
+					t.Errorf("request span %s %v is under %s, want a refused item's under a window", s.Name(), attrsOf(s), s.Parent().SpanID())
 				}
 			}
 		}
-		if requests != n-1 {
-			t.Errorf("%d request spans in the run's trace, want %d", requests, n-1)
+		if requests != 3 {
+			t.Errorf("%d request spans in the run's trace, want the 3 refused items'", requests)
 		}
 	})
 
@@ -160,7 +166,7 @@ func TestJobsTraceOfItsOwn(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			for _, m := range []string{job.Token, "CREDENTIAL-MARKER", "BODY-MARKER"} {
+			for _, m := range []string{job.Token, "CREDENTIAL-MARKER", "BODY-MARKER", "ANSWER-MARKER"} {
 				if strings.Contains(string(raw), m) {
 					t.Errorf("span %q holds %q: %s", s.Name(), m, raw)
 				}
@@ -168,10 +174,10 @@ func TestJobsTraceOfItsOwn(t *testing.T) {
 		}
 	})
 
-	t.Run("each request names its own span upstream, never the start's", func(t *testing.T) {
+	t.Run("each request names a span of the job upstream, never the start's", func(t *testing.T) {
 		byTraceparent := map[string]bool{}
 		for _, s := range append(inRun, startSpans...) {
-			if s.SpanKind() == trace.SpanKindClient {
+			if s.SpanKind() == trace.SpanKindClient || s.Name() == "batch.job.window" {
 				byTraceparent[traceparentOf(s)] = true
 			}
 		}
