@@ -239,6 +239,11 @@ func (p *reqSpan) start(ctx context.Context, to *target, sub *SubRequest) contex
 	return ctx
 }
 
+// drop forgets an attempt held back, which makes no span.
+func (p *reqSpan) drop() {
+	p.held, p.heldCtx, p.heldAttrs = false, nil, nil
+}
+
 // unhold makes the span of an attempt held back, now that it is
 // notable, as it would have been: begun when its request was, with what
 // its answer said.
@@ -246,10 +251,9 @@ func (p *reqSpan) unhold() {
 	if !p.held {
 		return
 	}
-	p.held = false
 	_, p.cur = p.tr.t.Tracer.Start(p.heldCtx, p.heldName, trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithTimestamp(p.heldAt), trace.WithAttributes(p.heldAttrs...))
-	p.heldCtx, p.heldAttrs = nil, nil
+	p.drop()
 	if p.status != 0 {
 		p.cur.SetAttributes(attrStatus.Int(p.status))
 	} else if p.heldErr != "" {
@@ -324,7 +328,7 @@ func (p *reqSpan) end(mu *sync.Mutex, it *ItemResult) {
 	mu.Unlock()
 	if p.held {
 		if !p.failedStep(outcome) {
-			p.held = false // not notable: no span
+			p.drop() // not notable: no span
 			return
 		}
 		p.unhold()
@@ -358,7 +362,7 @@ func (p *reqSpan) endList(f *ListFailure) {
 	}
 	if p.held {
 		if f == nil {
-			p.held = false
+			p.drop()
 			return
 		}
 		p.unhold()
