@@ -274,3 +274,60 @@ func TestJobsTraceOfEachRun(t *testing.T) {
 		t.Errorf("the handed over run %v, the ending one %v", first, last)
 	}
 }
+
+// A job paused by a refusal of its credentials: its run's span ends
+// paused, the refused item's request a span with its 401, and the run
+// after its resume is a trace of its own, linked to the start too.
+func TestJobsTraceOfAPausedRun(t *testing.T) {
+	api := legacyapi.NewRecording(legacyapi.Collection{Path: "/api/widgets", BearerTokens: []string{"old"}, WriteDelay: 10 * time.Millisecond})
+	g := startGateway(t, api, tracedJobsSite)
+	const n = 400
+	start := g.do(t, "POST", "/api/widgets", widgetLines(n), "Content-Type", "application/x-ndjson", "Prefer", "respond-async", "Authorization", "Bearer old")
+	if start.Status != 202 {
+		t.Fatalf("start: %s", start)
+	}
+	job := decodeJob(t, start)
+	eventually(t, time.Minute, "100 widgets made", func() bool { return len(api.Items("/api/widgets")) >= 100 })
+	api.RevokeToken("old")
+	if st := pollJob(t, g, job, time.Minute); st.State != "paused" {
+		t.Fatalf("after the token expired: %+v, want paused", st)
+	}
+	paused := jobRunSpan(t, job.ID)
+	if a := attrsOf(paused); a["batch.job.run_end"] != "paused" || a["batch.job.state"] != "paused" {
+		t.Errorf("the paused run's span %v, want it ended paused", a)
+	}
+	refused := 0
+	for _, s := range recordedSpans.Ended() {
+		if s.SpanContext().TraceID() == paused.SpanContext().TraceID() && s.SpanKind() == trace.SpanKindClient && attrsOf(s)["http.response.status_code"] == "401" {
+			refused++
+		}
+	}
+	if refused == 0 {
+		t.Error("no span of a refused item's request in the paused run's trace")
+	}
+
+	api.AcceptToken("new")
+	if r := g.do(t, "POST", "/api/jobs/"+job.ID+"/resume", map[string]any{"headers": map[string]string{"Authorization": "Bearer new"}}, bearerOf(job.Token)...); r.Status != 202 {
+		t.Fatalf("resume: %s", r)
+	}
+	if st := pollJob(t, g, job, time.Minute); st.State != "succeeded" {
+		t.Fatalf("the resumed job ended %+v", st)
+	}
+	var resumed sdktrace.ReadOnlySpan
+	eventually(t, 10*time.Second, "the resumed run's span ends", func() bool {
+		for _, s := range recordedSpans.Ended() {
+			if s.Name() == "batch.job" && attrsOf(s)["batch.job.id"] == job.ID && attrsOf(s)["batch.job.run_end"] == "ended" {
+				resumed = s
+				return true
+			}
+		}
+		return false
+	})
+	if resumed.SpanContext().TraceID() == paused.SpanContext().TraceID() {
+		t.Error("the resumed run is in the paused run's trace")
+	}
+	if l1, l2 := paused.Links(), resumed.Links(); len(l1) != 1 || len(l2) != 1 || l1[0].SpanContext.SpanID() != l2[0].SpanContext.SpanID() {
+		t.Errorf("the runs' links %+v and %+v, want both the start's span", l1, l2)
+	}
+	waitEndWritten(t, g.storageDir(t), job.ID)
+}
