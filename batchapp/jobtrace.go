@@ -28,8 +28,7 @@ import (
 // (JobHost.Site's Runtime.Trace), so a job under no tracing makes
 // nothing; and the run's span starts with its first traced window.
 
-// The run span's name, and its attributes beside batch.op,
-// batch.resource and batch.items.
+// The run span's name and attributes (docs/operations.md, "Bulk jobs").
 const (
 	jobSpanName = "batch.job"
 
