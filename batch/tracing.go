@@ -29,6 +29,14 @@ type Tracing struct {
 	// server the batch came in on, deleting first every header they
 	// write, so that none is left as copied from the client.
 	Inject func(ctx context.Context, h http.Header)
+	// Notable, set for a bulk job's windows, keeps the spans of the
+	// requests that made a difference only: an item's or preflight's
+	// first attempt gets a span once it failed its item, or was sent
+	// again; until then its request carries the context of the span it
+	// would go under (the window's), so that a job of 100,000 items does
+	// not overflow an exporter's queue. Re-sends and undos are always
+	// spans of their own.
+	Notable bool
 }
 
 // The attributes of the spans (docs/operations.md, "Traces").
@@ -181,6 +189,16 @@ type reqSpan struct {
 	cur     trace.Span
 	status  int // the current attempt's answer, 0 for none
 	endAt   time.Time
+
+	// held is set while an attempt's span is held back (Notable): it is
+	// made, begun at heldAt under heldCtx with heldAttrs, only if it
+	// turns out notable.
+	held      bool
+	heldAt    time.Time
+	heldCtx   context.Context
+	heldAttrs []attribute.KeyValue
+	heldName  string
+	heldErr   string // error.type of a held attempt that got no answer
 }
 
 // start starts an attempt's span beneath ctx and writes its context into
@@ -208,23 +226,53 @@ func (p *reqSpan) start(ctx context.Context, to *target, sub *SubRequest) contex
 	if p.undoes.IsValid() {
 		attrs = append(attrs, attrCompensation.String(p.undoes.String()))
 	}
+	p.status, p.endAt = 0, time.Time{}
+	if p.tr.t.Notable && p.attempt == 1 && (p.kind == kindItem || p.kind == kindPreflight || p.kind == kindList) {
+		p.held, p.heldAt, p.heldCtx, p.heldAttrs = true, time.Now(), ctx, attrs
+		p.heldName = "batch " + p.kind.String() + " " + sub.Method
+		p.tr.t.Inject(ctx, sub.Header)
+		return ctx
+	}
 	ctx, p.cur = p.tr.t.Tracer.Start(ctx, "batch "+p.kind.String()+" "+sub.Method,
 		trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
-	p.status, p.endAt = 0, time.Time{}
 	p.tr.t.Inject(ctx, sub.Header)
 	return ctx
+}
+
+// drop forgets an attempt held back, which makes no span.
+func (p *reqSpan) drop() {
+	p.held, p.heldCtx, p.heldAttrs = false, nil, nil
+}
+
+// unhold makes the span of an attempt held back, now that it is
+// notable, as it would have been: begun when its request was, with what
+// its answer said.
+func (p *reqSpan) unhold() {
+	if !p.held {
+		return
+	}
+	_, p.cur = p.tr.t.Tracer.Start(p.heldCtx, p.heldName, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithTimestamp(p.heldAt), trace.WithAttributes(p.heldAttrs...))
+	p.drop()
+	if p.status != 0 {
+		p.cur.SetAttributes(attrStatus.Int(p.status))
+	} else if p.heldErr != "" {
+		p.cur.SetAttributes(attrErrorType.String(p.heldErr))
+	}
 }
 
 // answered records an attempt's answer, or why none came; it does not
 // end the span.
 func (p *reqSpan) answered(resp *SubResponse, err error) {
-	if p == nil || p.cur == nil {
+	if p == nil || (p.cur == nil && !p.held) {
 		return
 	}
 	p.endAt = time.Now()
 	if resp != nil {
 		p.status = resp.Status
-		p.cur.SetAttributes(attrStatus.Int(resp.Status))
+		if p.cur != nil {
+			p.cur.SetAttributes(attrStatus.Int(resp.Status))
+		}
 		return
 	}
 	// Never the error's text: it can name internal addresses.
@@ -234,12 +282,17 @@ func (p *reqSpan) answered(resp *SubResponse, err error) {
 	} else if errors.Is(err, ErrNotSent) {
 		kind = "unreachable"
 	}
+	if p.cur == nil {
+		p.heldErr = kind
+		return
+	}
 	p.cur.SetAttributes(attrErrorType.String(kind))
 }
 
 // endAttempt ends an attempt that another follows: an error when it got
 // no answer or a 5xx (a 429 is the upstream asking to wait, no error).
 func (p *reqSpan) endAttempt() {
+	p.unhold() // sent again: notable
 	if p.cur == nil {
 		return
 	}
@@ -267,12 +320,19 @@ func (p *reqSpan) finishAt() {
 // the item's outcome (it, read under mu, whose id a create may just have
 // learnt), and an error status when the request failed its step.
 func (p *reqSpan) end(mu *sync.Mutex, it *ItemResult) {
-	if p == nil || p.cur == nil {
+	if p == nil || (p.cur == nil && !p.held) {
 		return
 	}
 	mu.Lock()
 	outcome, id := it.Outcome, it.ID
 	mu.Unlock()
+	if p.held {
+		if !p.failedStep(outcome) {
+			p.drop() // not notable: no span
+			return
+		}
+		p.unhold()
+	}
 	p.cur.SetAttributes(attrOutcome.String(string(outcome)))
 	if id != "" && id != p.id {
 		p.cur.SetAttributes(attrID.String(id))
@@ -297,8 +357,15 @@ func (p *reqSpan) failedStep(outcome Outcome) bool {
 // endList ends a LIST's span: an error when its answer could not be used
 // (f, whose reason is a fixed word).
 func (p *reqSpan) endList(f *ListFailure) {
-	if p == nil || p.cur == nil {
+	if p == nil || (p.cur == nil && !p.held) {
 		return
+	}
+	if p.held {
+		if f == nil {
+			p.drop()
+			return
+		}
+		p.unhold()
 	}
 	if f != nil {
 		p.cur.SetStatus(codes.Error, "list "+f.Reason)

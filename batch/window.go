@@ -7,6 +7,8 @@ import (
 	"slices"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
@@ -20,6 +22,11 @@ type Site struct {
 	Runtime Runtime
 	// Lookup finds the resource of a snapshot's path, as for Resume.
 	Lookup func(escapedPath string) (policy.Match, bool)
+	// Parent, when valid and Runtime.Trace is set, is the span the
+	// window gets a span of its own under (its job's run's span), its
+	// requests' spans going under the window's. Invalid, no window span
+	// is made.
+	Parent trace.SpanContext
 }
 
 // WindowOpts are how a window runs.
@@ -134,6 +141,7 @@ func ExecuteWindow(ctx context.Context, w *Snapshot, site Site, o WindowOpts) (*
 	}
 	p.window.stop = o.Stop
 	run := newBatchRun(p, site.Runtime, compensationBackoff)
+	ctx, span := run.trace.windowSpan(ctx, site.Parent, w.Base, len(w.Items))
 	for i, it := range w.Items {
 		run.carriedOn(i, it)
 	}
@@ -156,6 +164,7 @@ func ExecuteWindow(ctx context.Context, w *Snapshot, site Site, o WindowOpts) (*
 			res.Refused = append(res.Refused, it.Index)
 		}
 	}
+	endWindow(span, res)
 	return res, nil
 }
 

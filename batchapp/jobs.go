@@ -93,10 +93,11 @@ func withHost(rec *durable.JobRecord, cred http.Header, use func(JobHost)) error
 
 // ThroughRoutes is the route of every window of every job, and of a
 // start's first item: a trip of its own through the running config's
-// routes, as the start request went.
-func ThroughRoutes(_ context.Context, rec *durable.JobRecord, cred http.Header, work func(batch.Site) error) error {
+// routes, as the start request went. A window is traced under its run's
+// span, the first item under its start's (jobtrace.go).
+func ThroughRoutes(ctx context.Context, rec *durable.JobRecord, cred http.Header, work func(batch.Site) error) error {
 	var err error
-	if terr := withHost(rec, cred, func(h JobHost) { err = work(h.Site()) }); terr != nil {
+	if terr := withHost(rec, cred, func(h JobHost) { err = work(traced(ctx, h.Site())) }); terr != nil {
 		return terr
 	}
 	return err
@@ -134,7 +135,9 @@ func (a *App) RunJob(held *durable.HeldJob, release func()) {
 		rec := held.Record()
 		a.logger.Info("bulk job running", zap.String("job", rec.ID), zap.String("op", rec.Op),
 			zap.String("resource", rec.Resource), zap.Int("items", rec.Items), zap.Int("epoch", held.Epoch()))
-		err := held.Run(context.Background(), ThroughRoutes, a.stop)
+		ctx, tr := withJobTrace(context.Background(), held)
+		err := held.Run(ctx, ThroughRoutes, a.stop)
+		tr.end(err)
 		switch {
 		case err != nil:
 			a.logger.Warn("bulk job stopped before its end: the next scan of an instance with room carries it on",

@@ -105,7 +105,7 @@ func (h *Handler) serveJobStart(w http.ResponseWriter, r *http.Request, m policy
 		Op: op.String(), Resource: sc.resource, Path: plan.Spec.Path, Query: plan.Spec.Query,
 		Atomicity: plan.Atomicity.String(), Items: plan.Items, Key: plan.Spec.Key, KeyQuoted: plan.Spec.KeyQuoted,
 		Created: created, Deadline: created.Add(sc.gateway.JobTimeout), TTL: sc.gateway.JobTTL,
-		Origin: originOf(r), Client: client, JobsPath: h.jobsPath,
+		Origin: originOf(r), Client: client, JobsPath: h.jobsPath, StartTrace: batchapp.StartTrace(ctx),
 	}
 	rec.Origin.Resource, rec.Origin.ScopeQuery = sc.resource, sc.settings.ScopeQuery
 	held, token, err := h.jobs.store.Register(ctx, staging, rec, plan.Spec.Header, quota)
@@ -220,11 +220,19 @@ func (jh jobHost) Room() (func(), bool) { return jh.h.jobs.acquire() }
 // forwards (the request's), under the job's resource's settings.
 func (jh jobHost) Site() batch.Site {
 	h, sc := jh.h, jh.sc
+	ctx := jh.r.Context()
+	send := newSubrequests(jh.r, jh.next, sc.settings.MaxBodySize)
+	// The start's tracing headers, which the job's stored header holds,
+	// are not sent again: a traced window writes its own, and an
+	// untraced one none.
+	send.strip = h.stripStored(ctx)
 	return batch.Site{
 		Runtime: batch.Runtime{
-			Send: newSubrequests(jh.r, jh.next, sc.settings.MaxBodySize), Locks: sc.locks, Slots: h.slots, Observer: h.slots.observer(),
+			Send: send, Locks: sc.locks, Slots: h.slots, Observer: h.slots.observer(),
 			Throttles: h.slots.throttles, Client: durable.Credentials(jh.r.Header, sc.gateway.ScopeHeaders),
-			// No spans: a job's own trace is not made yet.
+			// The route's tracing, if it traces: the batch app puts the
+			// window under its job's span (batchapp.ThroughRoutes).
+			Trace: h.tracing(ctx),
 		},
 		Lookup: h.policy.Lookup,
 	}

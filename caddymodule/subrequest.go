@@ -38,7 +38,8 @@ type subrequests struct {
 	routeGroups map[string]struct{}
 	maxBody     int64
 	// strip, if set, deletes the tracing headers of a saga's stored
-	// header from each sub-request of a recovery that makes no spans.
+	// header from each sub-request of a recovery or a job's window that
+	// makes no spans.
 	strip func(http.Header)
 }
 

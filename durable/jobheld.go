@@ -25,6 +25,9 @@ type HeldJob struct {
 	logSeq atomic.Int64
 	// final is the job's status once End stored its end.
 	final atomic.Pointer[JobStatus]
+	// stored is the last progress this epoch stored, for the end of the
+	// run's span (Stored).
+	stored atomic.Pointer[JobProgress]
 }
 
 // Record is the job as it was started.
@@ -47,7 +50,18 @@ func (hj *HeldJob) WriteProgress(ctx context.Context, p JobProgress) error {
 	if err := hj.jobs.storage.Store(ctx, progressKey(hj.rec.ID, hj.epoch), b); err != nil {
 		return fmt.Errorf("storing the progress of job %s: %w", hj.rec.ID, err)
 	}
+	hj.stored.Store(&p)
 	return nil
+}
+
+// Stored is the last progress this epoch stored (ok false before any):
+// what the run leaves the job as, when it ends it, hands it over or
+// pauses it.
+func (hj *HeldJob) Stored() (p JobProgress, ok bool) {
+	if s := hj.stored.Load(); s != nil {
+		return *s, true
+	}
+	return JobProgress{}, false
 }
 
 // End ends the job with final (its state one a job ends in, Ended set),

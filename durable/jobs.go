@@ -114,6 +114,10 @@ type JobRecord struct {
 	Client string `json:"client"`
 	// JobsPath is the handler's jobs path, for the monitors' URLs.
 	JobsPath string `json:"jobs_path"`
+	// StartTrace is the span context of the start request's span, as a
+	// W3C traceparent, which each run's span links to; empty when the
+	// start was not traced (and in a record stored before it was kept).
+	StartTrace string `json:"start_trace,omitempty"`
 }
 
 // cancelMark is batch/v1/jobs/<id>/cancel: who asked, and when.
