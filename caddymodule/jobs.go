@@ -217,7 +217,8 @@ func (jh jobHost) Room() (func(), bool) { return jh.h.jobs.acquire() }
 
 // Site sends a window's requests through the chain after the handler,
 // as the job's request would have gone, with the headers the job
-// forwards (the request's), under the job's resource's settings.
+// forwards (the request's), under the job's resource's settings with a
+// job's bounds (job_concurrency, job_throttle_wait: jobLookup).
 func (jh jobHost) Site() batch.Site {
 	h, sc := jh.h, jh.sc
 	return batch.Site{
@@ -226,7 +227,7 @@ func (jh jobHost) Site() batch.Site {
 			Throttles: h.slots.throttles, Client: durable.Credentials(jh.r.Header, sc.gateway.ScopeHeaders),
 			// No spans: a job's own trace is not made yet.
 		},
-		Lookup: h.policy.Lookup,
+		Lookup: h.jobLookup,
 	}
 }
 
