@@ -86,12 +86,13 @@ type resultsHead struct {
 // page is read.
 func (h *Handler) serveWholeResults(w http.ResponseWriter, r *http.Request, id, token string) error {
 	var bw *bufio.Writer
-	first := true
+	var refused error // what writing a refusal answered
+	first, lines, items := true, 0, 0
 	read := func(v durable.ResultsView) bool {
 		st := v.Status
 		if st.Ended == nil {
 			w.Header().Set("Retry-After", jobRetryAfter)
-			_ = problem.New(http.StatusConflict, "job-not-ended", fmt.Sprintf(
+			refused = problem.New(http.StatusConflict, "job-not-ended", fmt.Sprintf(
 				"job %s is %s, %d of %d items done: its whole answer is there once it ended; poll its status, or read the results so far as JSON Lines (Accept: %s)",
 				st.ID, st.State, st.Done, st.Items, resultsLines)).Write(w)
 			return false
@@ -99,10 +100,13 @@ func (h *Handler) serveWholeResults(w http.ResponseWriter, r *http.Request, id, 
 		head, _ := json.Marshal(resultsHead{Atomicity: st.Atomicity, Outcome: wholeOutcome(st), Succeeded: st.Succeeded, Failed: st.Failed})
 		head = append(head[:len(head)-1], `,"items":[`...)
 		// Each stored line ends in a newline, which becomes the comma
-		// between items: the items take at most the pages' size.
-		size, limit := int64(len(head))+v.Bytes+int64(len("]}\n")), h.resultsLimit(v.Path)
+		// between items: the items take at most the pages' size, and
+		// those never started at most notStarted's each (a line counts
+		// an item done unless it is one of them).
+		notStarted := int64(len(notStartedItem(st.Items))+1) * int64(st.Items-st.Done)
+		size, limit := int64(len(head))+v.Bytes+notStarted+int64(len("]}\n")), h.resultsLimit(v.Path)
 		if size > limit {
-			_ = problem.New(http.StatusRequestEntityTooLarge, "results-too-large", fmt.Sprintf(
+			refused = problem.New(http.StatusRequestEntityTooLarge, "results-too-large", fmt.Sprintf(
 				"job %s's whole answer would be about %d bytes, more than max_response_size (%d bytes): read its results as JSON Lines (Accept: %s), a line an item, which no size bounds",
 				st.ID, size, limit, resultsLines)).Write(w)
 			return false
@@ -110,6 +114,7 @@ func (h *Handler) serveWholeResults(w http.ResponseWriter, r *http.Request, id, 
 		w.Header().Set("Content-Type", resultsWhole)
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		w.WriteHeader(http.StatusOK)
+		items = st.Items
 		bw = bufio.NewWriterSize(w, 32<<10)
 		_, _ = bw.Write(head)
 		return true
@@ -123,6 +128,7 @@ func (h *Handler) serveWholeResults(w http.ResponseWriter, r *http.Request, id, 
 				_ = bw.WriteByte(',')
 			}
 			first = false
+			lines++
 			if _, err := bw.Write(line); err != nil {
 				return err
 			}
@@ -133,15 +139,29 @@ func (h *Handler) serveWholeResults(w http.ResponseWriter, r *http.Request, id, 
 	case bw == nil && err != nil:
 		return h.refuseJob(w, err)
 	case bw == nil:
-		return nil // refused by read: answered there
+		return refused // answered by read
 	case err != nil:
 		// Cut short after the status went out: the client sees JSON that
 		// ends early, and reads again.
 		_ = bw.Flush()
 		return err
 	}
+	// A cancelled job, or one past its deadline, stored no result for
+	// the items it never started: a synchronous batch answers them too.
+	for i := lines; i < items; i++ {
+		if !first {
+			_ = bw.WriteByte(',')
+		}
+		first = false
+		_, _ = bw.WriteString(notStartedItem(i))
+	}
 	_, _ = bw.WriteString("]}\n")
 	return bw.Flush()
+}
+
+// notStartedItem is the answer's item of a job's item that never started.
+func notStartedItem(index int) string {
+	return `{"index":` + strconv.Itoa(index) + `,"outcome":"not_attempted"}`
 }
 
 // wholeOutcome is the outcome of an ended job's whole answer: its

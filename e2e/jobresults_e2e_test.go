@@ -144,3 +144,54 @@ func TestJobsResultsWhole(t *testing.T) {
 		}
 	})
 }
+
+// TestJobsResultsWholeCancelled: the whole answer of a cancelled job
+// holds every item, as a synchronous batch's does: those the job never
+// started not_attempted.
+func TestJobsResultsWholeCancelled(t *testing.T) {
+	api := seededAPI()
+	// A lease of 3s: the running job sees the cancel within a second.
+	g := startGatewayStorage(t, api, newUpstream(t, api), "storage file_system "+t.TempDir()+"\n\tbatch {\n\t\tlease 3s\n\t}", jobsSite)
+	client := []string{"Content-Type", "application/x-ndjson", "Prefer", "respond-async", "Authorization", "Bearer client-a"}
+	whole := func(job jobAnswer) response {
+		return g.do(t, "GET", "/api/jobs/"+job.ID+"/results", nil, append(bearerOf(job.Token), "Accept", "application/json")...)
+	}
+	const n = 300
+	api.Inject(passThrough("POST", "/api/widgets", 1))
+	held, release := heldUntilReleased(legacyapi.Fault{Method: "POST", Path: "/api/widgets"})
+	api.Inject(held)
+	defer release()
+	start := g.do(t, "POST", "/api/widgets", widgetLines(n), client...)
+	if start.Status != 202 {
+		t.Fatalf("start: %d %s", start.Status, start.Body)
+	}
+	job := decodeJob(t, start)
+	if r := g.do(t, "DELETE", "/api/jobs/"+job.ID, nil, bearerOf(job.Token)...); r.Status != 202 {
+		t.Fatalf("cancel: %d %s", r.Status, r.Body)
+	}
+	time.Sleep(2500 * time.Millisecond) // the run sees the cancel within a third of lease
+	release()
+	api.ClearFaults()
+	st := pollJob(t, g, job, time.Minute)
+	if st.State != "cancelled" || st.Done >= n {
+		t.Fatalf("job ended %+v, want cancelled before its end", st)
+	}
+	r := whole(job)
+	if r.Status != 200 {
+		t.Fatalf("the whole answer: %d %s", r.Status, r.Body)
+	}
+	a := decodeWhole(t, r)
+	if a.Outcome != "cancelled" || a.Succeeded != st.Succeeded || len(a.Items) != n {
+		t.Fatalf("the whole answer: outcome %s, %d succeeded, %d items; want cancelled, %d, %d", a.Outcome, a.Succeeded, len(a.Items), st.Succeeded, n)
+	}
+	for i, raw := range a.Items {
+		var it struct {
+			Index   int    `json:"index"`
+			Outcome string `json:"outcome"`
+		}
+		_ = json.Unmarshal(raw, &it)
+		if it.Index != i || (i >= st.Done) != (it.Outcome == "not_attempted") {
+			t.Fatalf("item %d: %s, want index %d, not_attempted past the %d done", i, raw, i, st.Done)
+		}
+	}
+}
