@@ -98,6 +98,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    max_queued_jobs      <n>
 //	    job_ttl              <duration>
 //	    job_timeout          <duration>
+//	    job_concurrency      <n>
+//	    job_throttle_wait    <duration>
 //	    envelope             <path>
 //	    jobs                 <path>
 //	    openapi              [<file>] {

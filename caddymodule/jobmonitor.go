@@ -89,12 +89,17 @@ func (h *Handler) serveJobDelete(w http.ResponseWriter, r *http.Request, id, tok
 
 // serveJobResults streams the job's results as JSON Lines, a stored page
 // at a time: the longest finished prefix while it runs, all of them once
-// it ended.
+// it ended; or, for a client that accepts application/json rather, the
+// whole answer (serveWholeResults).
 func (h *Handler) serveJobResults(w http.ResponseWriter, r *http.Request, id, token string) error {
+	w.Header().Add("Vary", "Accept")
+	if wantsWholeResults(r.Header.Values("Accept")) {
+		return h.serveWholeResults(w, r, id, token)
+	}
 	wrote := false
 	begin := func() {
 		if !wrote {
-			w.Header().Set("Content-Type", "application/x-ndjson")
+			w.Header().Set("Content-Type", resultsLines)
 			w.WriteHeader(http.StatusOK)
 			wrote = true
 		}

@@ -217,7 +217,8 @@ func (jh jobHost) Room() (func(), bool) { return jh.h.jobs.acquire() }
 
 // Site sends a window's requests through the chain after the handler,
 // as the job's request would have gone, with the headers the job
-// forwards (the request's), under the job's resource's settings.
+// forwards (the request's), under the job's resource's settings with a
+// job's bounds (job_concurrency, job_throttle_wait: jobLookup).
 func (jh jobHost) Site() batch.Site {
 	h, sc := jh.h, jh.sc
 	ctx := jh.r.Context()
@@ -234,7 +235,7 @@ func (jh jobHost) Site() batch.Site {
 			// window under its job's span (batchapp.ThroughRoutes).
 			Trace: h.tracing(ctx),
 		},
-		Lookup: h.policy.Lookup,
+		Lookup: h.jobLookup,
 	}
 }
 

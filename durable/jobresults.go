@@ -149,14 +149,41 @@ func splitPage(key string, b []byte) (pageHead, []byte, error) {
 // job ended), and answers its status as it was before the first page.
 // A reader's memory holds one page, whatever the job's size.
 func (js *Jobs) Results(ctx context.Context, id, token string, page func([]byte) error) (*JobStatus, error) {
-	v, err := js.open(ctx, id, token)
+	st, err := js.ResultsIf(ctx, id, token, func(ResultsView) bool { return true }, page)
 	if err != nil {
 		return nil, err
+	}
+	return st.Status, nil
+}
+
+// ResultsView is what a reader of a job's results learns before the
+// first page: the job's status, the path its batch was sent to, and the
+// size of the results pages stored so far.
+type ResultsView struct {
+	Status *JobStatus
+	Path   string
+	// Bytes is the size of the stored pages' lines: the results' JSON
+	// Lines, a line an item, each ending in a newline.
+	Bytes int64
+}
+
+// ResultsIf is Results for a reader that must decide on what it answers
+// before any page is read (an answer too large, or a job not ended yet):
+// it streams the pages only when read, given the view, says so, and
+// answers the view either way.
+func (js *Jobs) ResultsIf(ctx context.Context, id, token string, read func(ResultsView) bool, page func([]byte) error) (ResultsView, error) {
+	v, err := js.open(ctx, id, token)
+	if err != nil {
+		return ResultsView{}, err
+	}
+	view := ResultsView{Status: v.status(), Path: v.rec.Path, Bytes: v.progress.ResultsBytes}
+	if !read(view) {
+		return view, nil
 	}
 	dir := path.Join(jobDir(id), resultsName)
 	names, err := listNames(ctx, js.storage, dir)
 	if err != nil {
-		return nil, fmt.Errorf("listing the results of job %s: %w", id, err)
+		return view, fmt.Errorf("listing the results of job %s: %w", id, err)
 	}
 	firsts := make([]int, 0, len(names))
 	for _, name := range names {
@@ -172,12 +199,12 @@ func (js *Jobs) Results(ctx context.Context, id, token string, page func([]byte)
 		}
 		p, err := loadPage(ctx, js.storage, id, first)
 		if err != nil {
-			return nil, err
+			return view, err
 		}
 		if err := page(p.lines); err != nil {
-			return nil, err
+			return view, err
 		}
 		next = first + p.head.Count
 	}
-	return v.status(), nil
+	return view, nil
 }

@@ -358,7 +358,10 @@ func (d *driver) carriedOn(ctx context.Context, first int) (int, error) {
 			return 0, fmt.Errorf("job %s's results from item %d: %w", hj.rec.ID, first, err)
 		}
 		if line.Index >= d.p.Cursor {
+			// Stored before the progress that counts it was: counted
+			// now, as the results' size is, with its newline.
 			d.p.Tally([]batch.ItemResult{line.ItemResult})
+			d.p.ResultsBytes += int64(len(sc.Bytes()) + 1)
 		}
 	}
 	return page.head.Count, sc.Err()

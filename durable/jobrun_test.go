@@ -304,6 +304,7 @@ func TestJobRunCarriedOnCreatesEachOnce(t *testing.T) {
 				t.Errorf("results of %d items, want 0 to 999 in order", len(indexes))
 			}
 			up.checkMadeOnce(t, 1000)
+			resultsSize(t, js, id, token)
 			// The writes in flight at the loss were resolved: resent
 			// with their keys, or read back.
 			if up.mu.Lock(); c.idempotent && up.creates <= 1000 || !c.idempotent && up.reads == 0 {

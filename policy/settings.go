@@ -205,6 +205,14 @@ type Settings struct {
 	// 503 with Retry-After) may ask for and still be waited out and sent
 	// again; 0 waits out none (docs/security.md, "Throttling").
 	MaxThrottleWait time.Duration
+	// JobConcurrency bounds the sub-requests of one bulk job in flight at
+	// once, as Concurrency bounds a batch's; 0 is Concurrency
+	// (ForJob).
+	JobConcurrency int
+	// JobThrottleWait is MaxThrottleWait for a bulk job's sub-requests:
+	// a job has no client waiting on it, so it slows down with the API
+	// for longer instead of failing the items.
+	JobThrottleWait time.Duration
 }
 
 // Defaults returns the settings README's "Configuration" gives for an
@@ -225,6 +233,7 @@ func Defaults() Settings {
 		CompensationTimeout: 30 * time.Second,
 		MaxResponseSize:     16 << 20,
 		MaxThrottleWait:     5 * time.Second,
+		JobThrottleWait:     time.Minute,
 	}
 }
 
@@ -258,6 +267,7 @@ func limits(s Settings, g GatewaySettings) []limit {
 		{"max_body_size", s.MaxBodySize, sizeLimit},
 		{"max_response_size", s.MaxResponseSize, sizeLimit},
 		{"concurrency", int64(s.Concurrency), countLimit},
+		{"job_concurrency", int64(s.jobConcurrency()), countLimit},
 		{"max_in_flight", int64(g.MaxInFlight), countLimit},
 		{"item_timeout", int64(s.ItemTimeout), durationLimit},
 		{"batch_timeout", int64(s.BatchTimeout), durationLimit},
@@ -317,12 +327,19 @@ func checkName(option, value string) error {
 func Validate(s Settings, g GatewaySettings) error {
 	var errs []error
 	for _, l := range limits(s, g) {
+		if l.option == "job_concurrency" && s.JobConcurrency == 0 {
+			continue // concurrency's, which its own limit checks
+		}
 		errs = append(errs, CheckLimit(l.option, l.value))
 	}
 	errs = append(errs, checkName("ids_param", s.IDsParam), checkName("id_field", s.IDField))
 	if s.CompensationRetries < 0 {
 		errs = append(errs, OptionError("compensation_retries",
 			fmt.Errorf("compensation_retries must be 0 or more, not %d: 0 sends an undo once, with no retry", s.CompensationRetries)))
+	}
+	if s.JobThrottleWait < 0 {
+		errs = append(errs, OptionError("job_throttle_wait",
+			fmt.Errorf("job_throttle_wait must be 0 or more, not %s: 0 fails a job's throttled item at once", s.JobThrottleWait)))
 	}
 	if s.MaxThrottleWait < 0 {
 		errs = append(errs, OptionError("max_throttle_wait",
@@ -377,4 +394,27 @@ func checkNames(option string, names []string, each string, taken ...reserved) e
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// jobConcurrency is JobConcurrency, or Concurrency where it is not set.
+func (s *Settings) jobConcurrency() int {
+	if s.JobConcurrency == 0 {
+		return s.Concurrency
+	}
+	return s.JobConcurrency
+}
+
+// ForJob is m for a bulk job's window: its resource's settings with a
+// job's bounds in place of a batch's, job_concurrency for concurrency
+// and job_throttle_wait for max_throttle_wait, so that the engine runs a
+// job's items as it runs a batch's and reads no job setting itself.
+func (m Match) ForJob() Match {
+	if m.Resource == nil {
+		return m
+	}
+	r := *m.Resource
+	r.Settings.Concurrency = r.Settings.jobConcurrency()
+	r.Settings.MaxThrottleWait = r.Settings.JobThrottleWait
+	m.Resource = &r
+	return m
 }

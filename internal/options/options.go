@@ -264,6 +264,21 @@ type Options struct {
 	// nothing succeeded), its status saying why; so does a job paused
 	// past it ([Paused jobs](docs/jobs.md#paused-jobs)). Default: 6h.
 	JobTimeout caddy.Duration `json:"job_timeout,omitempty"`
+
+	// How many sub-requests of one bulk job may be in flight at once,
+	// as `concurrency` bounds a synchronous batch's; a job's requests
+	// still take `max_in_flight` slots below every synchronous batch's
+	// ([Bulk jobs](docs/jobs.md#configuration)). Default: concurrency
+	// (the resource's).
+	JobConcurrency int `json:"job_concurrency,omitempty"`
+
+	// `max_throttle_wait` for a bulk job's sub-requests: the longest pause
+	// a throttling answer of the legacy API (`429`, or `503` with
+	// `Retry-After`) may ask of a job and still be waited out, so that a
+	// job slows down with the API instead of failing its items
+	// ([Bulk jobs](docs/jobs.md#configuration)); `0` waits out none.
+	// Default: 1m.
+	JobThrottleWait *caddy.Duration `json:"job_throttle_wait,omitempty"`
 }
 
 // AutoInFlight bounds an adaptive max_in_flight.
@@ -432,6 +447,21 @@ var optionTable = []option{
 		func(o *Options, l *Level) (*caddy.Duration, *time.Duration) { return &o.JobTTL, &l.JobTTL }),
 	duration("job_timeout", "6h",
 		func(o *Options, l *Level) (*caddy.Duration, *time.Duration) { return &o.JobTimeout, &l.JobTimeout }),
+	count("job_concurrency", "4",
+		func(o *Options, l *Level) (*int, *int) { return &o.JobConcurrency, &l.JobConcurrency }),
+	{
+		// A duration that may be zero, as max_throttle_wait.
+		name:    "job_throttle_wait",
+		forms:   []form{{"<duration>", "job_throttle_wait"}},
+		example: "1m",
+		read:    func(o *Options, a optionArgs) error { return a.pause(&o.JobThrottleWait) },
+		apply: func(o *Options, l *Level) error {
+			if o.JobThrottleWait != nil {
+				l.JobThrottleWait = time.Duration(*o.JobThrottleWait)
+			}
+			return nil
+		},
+	},
 }
 
 // Form is one way of writing an option in a Caddyfile, for the
