@@ -189,8 +189,8 @@ type Options struct {
 	// ([Sizing the limits](docs/security.md#sizing-the-limits)). It is the
 	// handler's alone, kept across reloads as `max_in_flight` is, and
 	// cannot be set with `max_in_flight`. It is the default because it
-	// keeps single requests fast while batches and bulk jobs load the API
-	// ([Which to choose](docs/security.md#sizing-the-limits)). Default: on
+	// keeps single requests fast while batches and bulk jobs load the
+	// API. Default: on
 	// (between `4` and `32`), unless `max_in_flight` sets a number.
 	MaxInFlightAuto *AutoInFlight `json:"max_in_flight_auto,omitempty"`
 
