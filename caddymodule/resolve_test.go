@@ -59,25 +59,36 @@ func TestEnvelopeTakesTheHandlersSettings(t *testing.T) {
 // TestSlotsFollowTheResolvedMaxInFlight: the max_in_flight slots are as
 // many as the resolved max_in_flight says, the default included, and
 // named by it, so that a handler that leaves it out shares its slots
-// with one that writes the default.
+// with one that writes the default. The default is max_in_flight auto
+// (4 to 32), whose slots start at its least; a written 32 is a fixed
+// bound, no longer the default, so its slots are others.
 func TestSlotsFollowTheResolvedMaxInFlight(t *testing.T) {
 	var keys []string
 	for _, tt := range []struct {
 		option string
 		want   int
-	}{{"", 32}, {"\tmax_in_flight 32", 32}, {"\tmax_in_flight 5", 5}} {
+	}{
+		{"", policy.AutoInFlightMin},
+		{"\tmax_in_flight auto", policy.AutoInFlightMin},
+		{"\tmax_in_flight auto 4 32", policy.AutoInFlightMin},
+		{"\tmax_in_flight 32", 32},
+		{"\tmax_in_flight 5", 5},
+	} {
 		h, cfg := resolvedDirective(t, batchBlock([]string{tt.option}, usersResource)...)
 		h.config = cfg
 		slots := h.provisionSlots()
 		if slots.Cap() != tt.want {
 			t.Errorf("%q: %d slots, want %d", tt.option, slots.Cap(), tt.want)
 		}
+		if auto := slots.limit != nil; auto != (tt.want == policy.AutoInFlightMin) {
+			t.Errorf("%q: adaptive %t", tt.option, auto)
+		}
 		keys = append(keys, slots.key)
 		if _, err := pools.Delete(slots.key); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if keys[0] != keys[1] || keys[1] == keys[2] {
-		t.Errorf("the slots are named %q: want the default's and 32's one name, and 5's another", keys)
+	if keys[0] != keys[1] || keys[1] != keys[2] || keys[2] == keys[3] || keys[3] == keys[4] {
+		t.Errorf("the slots are named %q: want the default's and auto's one name, 32's another and 5's a third", keys)
 	}
 }

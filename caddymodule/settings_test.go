@@ -60,6 +60,8 @@ func TestSettingsInheritance(t *testing.T) {
 
 	plainGateway := policy.GatewayDefaults()
 	plainGateway.IdempotencyTTL, plainGateway.ItemLocks, plainGateway.MaxInFlight = time.Hour, policy.StorageLocks, 5
+	// A number is a fixed bound: it turns the default max_in_flight auto off.
+	plainGateway.AutoInFlight, plainGateway.MinInFlight = false, 0
 	tunedGateway := plainGateway
 	tunedGateway.Journal, tunedGateway.ItemLocks, tunedGateway.IdempotencyTTL = false, policy.LocalLocks, 2*time.Minute
 	tunedGateway.ScopeHeaders = []string{"X-API-Key"}

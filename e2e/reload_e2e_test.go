@@ -23,10 +23,14 @@ import (
 // including the compensations of one that fails after the reload, and a
 // batch sent after the reload must get the new config.
 func TestBatchConfigReloadInFlight(t *testing.T) {
+	// max_in_flight is pinned: six batches hold a request each at the
+	// upstream at once, more than the default auto's first 4 slots let
+	// through, and the test waits to see every one of them there.
 	site := func(extra string) string {
 		return `
 	batch {
 		concurrency 1
+		max_in_flight 32
 		resource /api/widgets {` + resourceMethods + `
 		}
 		resource /api/gadgets {` + resourceMethods + `

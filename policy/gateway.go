@@ -50,8 +50,14 @@ type GatewaySettings struct {
 // "Configuration" gives for an option that is not configured.
 func GatewayDefaults() GatewaySettings {
 	return GatewaySettings{
-		ItemLocks:      LocalLocks,
-		MaxInFlight:    32,
+		ItemLocks: LocalLocks,
+		// max_in_flight auto is the default since bulk jobs (README's
+		// "Configuration"): a job's steady load is where a fixed bound
+		// slows the API's other clients most, and the limit gives way to
+		// them at almost a fixed bound's throughput.
+		AutoInFlight:   true,
+		MinInFlight:    AutoInFlightMin,
+		MaxInFlight:    AutoInFlightMax,
 		IdempotencyTTL: 24 * time.Hour,
 		Journal:        true,
 

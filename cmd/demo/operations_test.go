@@ -19,6 +19,7 @@ import (
 type demo struct {
 	gateway, admin, config string
 	saga                   string
+	job                    jobPlaceholders
 }
 
 var (

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 )
@@ -27,8 +28,11 @@ var sessionDocs = []string{"../../README.md", "../../docs/tour.md", "../../docs/
 // README, docs/tour.md and docs/operations.md, in order, against the demo
 // (Caddyfile.example in front of the demo legacy API), and checks that
 // the answer is the one the document shows: the status line and headers
-// shown for curl -i, and the body, compared as JSON. The documents' demo
-// cannot drift from what it does.
+// shown for curl -i, and the body, compared as JSON (JSON Lines value by
+// value). The tour's bulk job is read as its reader would: its status
+// again until the job has ended, its id and token in place of <job> and
+// <token> (jobPlaceholders). The documents' demo cannot drift from what
+// it does.
 func TestReadmeSession(t *testing.T) {
 	var steps []step
 	for _, path := range sessionDocs {
@@ -46,16 +50,28 @@ func TestReadmeSession(t *testing.T) {
 				d.caddy(t, s)
 				return
 			}
-			req := s.request(t, gateway)
-			resp, err := client.Do(req)
-			if err != nil {
-				t.Fatal(err)
+			s.command = d.job.expand(s.command)
+			resp, body := s.send(t, client, gateway)
+			for deadline := time.Now().Add(20 * time.Second); s.watchesJob() && jobRunning(body) && time.Now().Before(deadline); {
+				// As the tour's reader does: the status again, until the
+				// job has ended (sooner than its Retry-After, for the test).
+				time.Sleep(50 * time.Millisecond)
+				resp, body = s.send(t, client, gateway)
 			}
-			defer resp.Body.Close()
-			body, _ := io.ReadAll(resp.Body)
-			s.check(t, resp, body)
+			s.check(t, resp, body, &d.job)
 		})
 	}
+}
+
+// send sends the step's request and reads its answer.
+func (s step) send(t *testing.T, client *http.Client, gateway string) (*http.Response, []byte) {
+	resp, err := client.Do(s.request(t, gateway))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp, body
 }
 
 // startDemo serves Caddyfile.example as the demo does, on free ports
@@ -220,9 +236,13 @@ func (s step) request(t *testing.T, gateway string) *http.Request {
 	return req
 }
 
-// check compares the answer with the step's output.
-func (s step) check(t *testing.T, resp *http.Response, body []byte) {
+// check compares the answer with the step's output, the tour's job
+// placeholders (<job>, <token>, <time>, ...: jobPlaceholders) read as
+// job says.
+func (s step) check(t *testing.T, resp *http.Response, body []byte, job *jobPlaceholders) {
 	want := s.output
+	job.learn(want, body)
+	want = job.expand(want)
 	if strings.HasPrefix(want, "HTTP/") {
 		head, rest, _ := strings.Cut(want, "\n\n")
 		lines := strings.Split(head, "\n")
@@ -260,15 +280,40 @@ func (s step) check(t *testing.T, resp *http.Response, body []byte) {
 	if strings.HasPrefix(want, "{\n") || strings.HasPrefix(want, "[\n") {
 		t.Errorf("the document shows indented JSON, which curl does not print: pipe the command through jq")
 	}
-	var gotJSON, wantJSON any
-	if err := decode([]byte(want), &wantJSON); err != nil {
+	// Every JSON value of the body, so that JSON Lines are compared line
+	// by line.
+	wantJSON, err := decodeAll([]byte(want))
+	if err != nil {
 		if got := strings.TrimSpace(string(body)); got != want {
 			t.Errorf("body\n%s\nthe document shows\n%s", got, want)
 		}
 		return
 	}
-	if err := decode(body, &gotJSON); err != nil || !reflect.DeepEqual(gotJSON, wantJSON) {
+	gotJSON, err := decodeAll(body)
+	if err != nil || len(gotJSON) != len(wantJSON) {
 		t.Errorf("body\n%s\nthe document shows\n%s", body, want)
+		return
+	}
+	for i := range wantJSON {
+		if !reflect.DeepEqual(wildcards(gotJSON[i], wantJSON[i]), wantJSON[i]) {
+			t.Errorf("body\n%s\nthe document shows\n%s", body, want)
+			return
+		}
+	}
+}
+
+func decodeAll(b []byte) ([]any, error) {
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	var values []any
+	for {
+		var v any
+		if err := d.Decode(&v); err == io.EOF {
+			return values, nil
+		} else if err != nil {
+			return nil, err
+		}
+		values = append(values, v)
 	}
 }
 
@@ -294,6 +339,16 @@ func shellWords(t *testing.T, s string) []string {
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		switch {
+		case c == '$' && i+1 < len(s) && s[i+1] == '\'':
+			// $'...': bash's quoting of a JSON Lines body, whose \n is
+			// a line break (the only escape the documents use).
+			j := strings.IndexByte(s[i+2:], '\'')
+			if j < 0 {
+				t.Fatalf("unclosed quote in %q", s)
+			}
+			cur.WriteString(strings.ReplaceAll(s[i+2:i+2+j], `\n`, "\n"))
+			i += j + 2
+			inWord = true
 		case c == '\'':
 			j := strings.IndexByte(s[i+1:], '\'')
 			if j < 0 {

@@ -176,8 +176,9 @@ type Options struct {
 	// this value and the resources' paths as they were. Size it with
 	// `reverse_proxy`'s `keepalive_idle_conns_per_host` (32 by default),
 	// so that batches reuse kept-alive connections
-	// ([Sizing the limits](docs/security.md#sizing-the-limits)).
-	// Default: 32.
+	// ([Sizing the limits](docs/security.md#sizing-the-limits)). A number
+	// turns the default `max_in_flight auto` off. Default: none (the
+	// bound is `max_in_flight auto`'s).
 	MaxInFlight int `json:"max_in_flight,omitempty"`
 
 	// Makes the handler's bound on sub-requests in flight follow the
@@ -187,8 +188,10 @@ type Options struct {
 	// (default `32`), e.g. `{"min": 4, "max": 32}`
 	// ([Sizing the limits](docs/security.md#sizing-the-limits)). It is the
 	// handler's alone, kept across reloads as `max_in_flight` is, and
-	// cannot be set with `max_in_flight`. Default: off (a fixed
-	// `max_in_flight`).
+	// cannot be set with `max_in_flight`. It is the default because it
+	// keeps single requests fast while batches and bulk jobs load the
+	// API. Default: on
+	// (between `4` and `32`), unless `max_in_flight` sets a number.
 	MaxInFlightAuto *AutoInFlight `json:"max_in_flight_auto,omitempty"`
 
 	// The longest pause a throttling answer of the legacy API (`429`, or
@@ -608,9 +611,13 @@ func readMaxInFlight(o *Options, a optionArgs) error {
 // applyMaxInFlight lays max_in_flight over l: a count, or auto, which
 // makes the bound adaptive with max_in_flight its most.
 func applyMaxInFlight(o *Options, l *Level) error {
-	setNonZero(&l.MaxInFlight, o.MaxInFlight)
 	a := o.MaxInFlightAuto
 	if a == nil {
+		if o.MaxInFlight != 0 {
+			// A number is the operator's fixed bound: it turns the
+			// default auto off rather than becoming auto's most.
+			l.AutoInFlight, l.MinInFlight, l.MaxInFlight = false, 0, o.MaxInFlight
+		}
 		return nil
 	}
 	if o.MaxInFlight != 0 {

@@ -1,0 +1,371 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddy-batch/caddy-batch/internal/legacyapi"
+)
+
+// BenchmarkJobsProcess measures bulk jobs against the goals of
+// docs/performance.md ("Bulk jobs"), with Caddy as a process of its own
+// (its RSS is then Caddy's alone) in front of the demo's users API, the
+// API and the clients in the test process. The handler runs the default
+// max_in_flight (auto). Each sub-benchmark starts its own job, so each
+// runs alone with -bench:
+//
+//   - accept: a 50,000-element CREATE job sent as JSON Lines; the time
+//     from the body's last byte to the 202 (accept-ms).
+//
+//   - throughput: the job's items a second from its creation to its end
+//     (job-items/s), those of 8 clients sending the same 50,000 elements
+//     as 100-item synchronous partial batches (sync-items/s), and their
+//     ratio (job/sync).
+//
+//   - latency: single GETs' median before the job (idle-ms) and while it
+//     runs (job-ms), and their ratio (job/idle).
+//
+//   - rss/items=50000, rss/items=100000: a fresh Caddy each, its RSS
+//     before the job and its peak over it (VmHWM, reset before the job),
+//     the growth in MiB (rss-growth-MiB).
+//
+//     go build -o /tmp/caddy-batch ./cmd/caddy
+//     BATCH_TEST_CADDY=/tmp/caddy-batch go test -run '^$' -bench JobsProcess -benchtime 1x ./e2e
+func BenchmarkJobsProcess(b *testing.B) {
+	if runtime.GOOS != "linux" {
+		b.Skip("reads the Caddy process's memory from /proc")
+	}
+	bin := caddyBinary(b)
+	client := &http.Client{Timeout: 10 * time.Minute, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	defer client.CloseIdleConnections()
+	// One Caddy for the sub-benchmarks that measure time; the rss ones
+	// start their own. It is the parent's, so that it outlives each
+	// sub-benchmark (idle while only rss runs).
+	shared := startJobsBenchCaddy(b, bin)
+	gatewayForTime := func(*testing.B) string { return shared.base }
+	var runs atomic.Int64
+	identity := func(name string) string {
+		// Each job its own client: the quota of jobs per client never
+		// refuses a benchmark's start.
+		return fmt.Sprintf("Bearer bench-%s-%d", name, runs.Add(1))
+	}
+
+	b.Run("accept", func(b *testing.B) {
+		base := gatewayForTime(b)
+		for range b.N {
+			job := startBenchJob(b, client, base, identity("accept"), 50000)
+			b.ReportMetric(ms(job.accept), "accept-ms")
+			// What it does after the 202 is the other sub-benchmarks'
+			// to measure: cancelled, it leaves the gateway to them.
+			cancelBenchJob(b, client, base, job)
+		}
+	})
+	b.Run("throughput", func(b *testing.B) {
+		base := gatewayForTime(b)
+		for range b.N {
+			const items = 50000
+			job := startBenchJob(b, client, base, identity("throughput"), items)
+			status := waitBenchJob(b, client, base, job, 10*time.Minute)
+			jobRate := float64(items) / status.Ended.Sub(status.Created).Seconds()
+			syncRate := syncBatchesRate(b, client, base, identity("sync"), items, 8, 100)
+			b.ReportMetric(jobRate, "job-items/s")
+			b.ReportMetric(syncRate, "sync-items/s")
+			b.ReportMetric(jobRate/syncRate, "job/sync")
+		}
+	})
+	b.Run("latency", func(b *testing.B) {
+		base := gatewayForTime(b)
+		for range b.N {
+			idle := median(singleGets(b, client, base, func(begun time.Time) bool { return time.Since(begun) < 2*time.Second }))
+			job := startBenchJob(b, client, base, identity("latency"), 50000)
+			var ended atomic.Bool
+			var during []time.Duration
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				during = singleGets(b, client, base, func(time.Time) bool { return !ended.Load() })
+			}()
+			waitBenchJob(b, client, base, job, 10*time.Minute)
+			ended.Store(true)
+			<-done
+			b.ReportMetric(ms(idle), "idle-ms")
+			b.ReportMetric(ms(median(during)), "job-ms")
+			b.ReportMetric(float64(median(during))/float64(idle), "job/idle")
+		}
+	})
+	for _, items := range []int{50000, 100000} {
+		b.Run("rss/items="+strconv.Itoa(items), func(b *testing.B) {
+			for range b.N {
+				// A fresh Caddy: the peak measured is this job's, not
+				// another sub-benchmark's.
+				c := startJobsBenchCaddy(b, bin)
+				// One small job first, so that what every job needs once
+				// (the storage's folders, the pools) is in the baseline.
+				warm := startBenchJob(b, client, c.base, identity("warm"), 100)
+				waitBenchJob(b, client, c.base, warm, time.Minute)
+				before := procStatusKiB(b, c.pid, "VmRSS")
+				resetPeakRSS(b, c.pid)
+				job := startBenchJob(b, client, c.base, identity("rss"), items)
+				waitBenchJob(b, client, c.base, job, 15*time.Minute)
+				peak := procStatusKiB(b, c.pid, "VmHWM")
+				b.ReportMetric(float64(before)/1024, "rss-before-MiB")
+				b.ReportMetric(float64(peak)/1024, "rss-peak-MiB")
+				b.ReportMetric(float64(peak-before)/1024, "rss-growth-MiB")
+				c.stop()
+			}
+		})
+	}
+}
+
+// jobsBenchCaddy is a Caddy process of the benchmark: where it serves,
+// its pid, and how to stop it.
+type jobsBenchCaddy struct {
+	base string
+	pid  int
+	stop func()
+}
+
+// startJobsBenchCaddy starts cmd/caddy before a users API as the demo's
+// (users need a name; no service time), whose users are partial and
+// whose jobs live at /api/jobs.
+func startJobsBenchCaddy(b *testing.B, bin string) jobsBenchCaddy {
+	b.Helper()
+	api := legacyapi.New(legacyapi.Collection{Path: "/api/users", FilterParam: "id", Seed: records("user", 1, 3)})
+	upstream := httptest.NewServer(api)
+	addr := freeAddr(b)
+	config := quietGlobalOptions + fmt.Sprintf(`http://%s {
+	batch /api/* {
+		atomicity partial
+		jobs /api/jobs
+		resource /api/users {
+			collection GET POST PATCH DELETE
+			item GET PUT PATCH DELETE
+		}
+	}
+	reverse_proxy %s
+}
+`, addr, upstream.Listener.Addr())
+	p := startCaddyProcess(b, bin, config, addr)
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			p.kill()
+			upstream.Close()
+			api.Close()
+		})
+	}
+	b.Cleanup(stop)
+	return jobsBenchCaddy{base: "http://" + addr, pid: p.cmd.Process.Pid, stop: stop}
+}
+
+// benchJob is a started job: its id, token, and how long its 202 took
+// after the body's last byte.
+type benchJob struct {
+	id, token string
+	accept    time.Duration
+}
+
+// benchJobStatus is what the benchmark reads of a job's status.
+type benchJobStatus struct {
+	State     string    `json:"state"`
+	Done      int       `json:"done"`
+	Succeeded int       `json:"succeeded"`
+	Failed    int       `json:"failed"`
+	Created   time.Time `json:"created"`
+	Ended     time.Time `json:"ended"`
+}
+
+// lastByteReader is a request body that notes when it gave its last
+// byte to the transport.
+type lastByteReader struct {
+	r    io.Reader
+	last time.Time
+}
+
+func (l *lastByteReader) Read(p []byte) (int, error) {
+	n, err := l.r.Read(p)
+	if err == io.EOF && l.last.IsZero() {
+		l.last = time.Now()
+	}
+	return n, err
+}
+
+// startBenchJob sends a CREATE job of n users as JSON Lines, streamed
+// (no Content-Length), and returns it once answered 202.
+func startBenchJob(b *testing.B, client *http.Client, base, authorization string, n int) benchJob {
+	b.Helper()
+	var lines bytes.Buffer
+	for i := range n {
+		fmt.Fprintf(&lines, "{\"name\":\"bulk-%d\",\"email\":\"bulk-%d@example.com\"}\n", i, i)
+	}
+	body := &lastByteReader{r: io.MultiReader(&lines)} // hides the length: sent chunked, as a stream is
+	req, err := http.NewRequest("POST", base+"/api/users", body)
+	if err != nil {
+		b.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/x-ndjson")
+	req.Header.Set("Prefer", "respond-async")
+	req.Header.Set("Authorization", authorization)
+	resp, err := client.Do(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	answered := time.Now()
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		b.Fatalf("starting a job of %d: %d %s", n, resp.StatusCode, raw)
+	}
+	var started struct{ ID, Token string }
+	if err := json.Unmarshal(raw, &started); err != nil || started.ID == "" || started.Token == "" {
+		b.Fatalf("the 202 of a job: %s (%v)", raw, err)
+	}
+	return benchJob{id: started.ID, token: started.Token, accept: answered.Sub(body.last)}
+}
+
+// waitBenchJob reads the job's status until it ended, and fails unless
+// every item succeeded (or the job was cancelled).
+func waitBenchJob(b *testing.B, client *http.Client, base string, job benchJob, within time.Duration) benchJobStatus {
+	b.Helper()
+	for deadline := time.Now().Add(within); ; time.Sleep(100 * time.Millisecond) {
+		req, _ := http.NewRequest("GET", base+"/api/jobs/"+job.id, nil)
+		req.Header.Set("Authorization", "Bearer "+job.token)
+		resp, err := client.Do(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var s benchJobStatus
+		if resp.StatusCode != http.StatusOK || json.Unmarshal(raw, &s) != nil {
+			b.Fatalf("status of job %s: %d %s", job.id, resp.StatusCode, raw)
+		}
+		switch s.State {
+		case "queued", "running", "cancelling":
+		case "succeeded", "cancelled":
+			return s
+		default:
+			b.Fatalf("job %s ended %s: %s", job.id, s.State, raw)
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("job %s not ended within %v: %s", job.id, within, raw)
+		}
+	}
+}
+
+// cancelBenchJob cancels a job and waits until it ended cancelled.
+func cancelBenchJob(b *testing.B, client *http.Client, base string, job benchJob) {
+	b.Helper()
+	req, _ := http.NewRequest("DELETE", base+"/api/jobs/"+job.id, nil)
+	req.Header.Set("Authorization", "Bearer "+job.token)
+	resp, err := client.Do(req)
+	drain(b, resp, err, http.StatusAccepted)
+	// A job small enough may have ended before the cancel: succeeded.
+	waitBenchJob(b, client, base, job, time.Minute)
+}
+
+// syncBatchesRate sends n users to create as 100-item synchronous
+// partial batches from clients at once, and returns the items a second.
+func syncBatchesRate(b *testing.B, client *http.Client, base, authorization string, n, clients, size int) float64 {
+	b.Helper()
+	batches := make(chan []byte, n/size+1)
+	for from := 0; from < n; from += size {
+		var body bytes.Buffer
+		body.WriteByte('[')
+		for i := from; i < min(from+size, n); i++ {
+			if i > from {
+				body.WriteByte(',')
+			}
+			fmt.Fprintf(&body, "{\"name\":\"sync-%d\",\"email\":\"sync-%d@example.com\"}", i, i)
+		}
+		body.WriteByte(']')
+		batches <- body.Bytes()
+	}
+	close(batches)
+	var wg sync.WaitGroup
+	errs := make(chan error, clients)
+	start := time.Now()
+	for range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for body := range batches {
+				req, _ := http.NewRequest("POST", base+"/api/users", bytes.NewReader(body))
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("Authorization", authorization)
+				resp, err := client.Do(req)
+				if err := drained(resp, err, http.StatusCreated); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	took := time.Since(start)
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
+	}
+	return float64(n) / took.Seconds()
+}
+
+// singleGets sends a single GET of a user through the gateway every
+// 20ms while more says so, and returns their latencies.
+func singleGets(b *testing.B, client *http.Client, base string, more func(begun time.Time) bool) []time.Duration {
+	var ds []time.Duration
+	begun := time.Now()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for ; more(begun); <-tick.C {
+		start := time.Now()
+		resp, err := client.Get(base + "/api/users/1")
+		if err := drained(resp, err, http.StatusOK); err != nil {
+			b.Error(err) // not Fatal: this runs on a goroutine of its own
+			return ds
+		}
+		ds = append(ds, time.Since(start))
+	}
+	return ds
+}
+
+// procStatusKiB reads a field of /proc/<pid>/status, in KiB.
+func procStatusKiB(b *testing.B, pid int, field string) int64 {
+	b.Helper()
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if value, ok := strings.CutPrefix(line, field+":"); ok {
+			n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(value), " kB"), 10, 64)
+			if err != nil {
+				b.Fatalf("%s of %d: %q", field, pid, line)
+			}
+			return n
+		}
+	}
+	b.Fatalf("no %s in /proc/%d/status", field, pid)
+	return 0
+}
+
+// resetPeakRSS sets the process's VmHWM back to its RSS now (Linux's
+// clear_refs 5), so that the peak read after the job is the job's.
+func resetPeakRSS(b *testing.B, pid int) {
+	b.Helper()
+	if err := os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", pid), []byte("5"), 0); err != nil {
+		b.Fatalf("resetting the peak RSS of %d: %v", pid, err)
+	}
+}
