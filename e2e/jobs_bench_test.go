@@ -29,10 +29,12 @@ import (
 //   - accept: a 50,000-element CREATE job sent as JSON Lines; the time
 //     from the body's last byte to the 202 (accept-ms).
 //
-//   - throughput: the job's items a second from its creation to its end
-//     (job-items/s), those of 8 clients sending the same 50,000 elements
-//     as 100-item synchronous partial batches (sync-items/s), and their
-//     ratio (job/sync).
+//   - throughput/storage=file_system, throughput/storage=redis: the
+//     job's items a second from its creation to its end (job-items/s),
+//     those of 8 clients sending the same 50,000 elements as 100-item
+//     synchronous partial batches (sync-items/s), and their ratio
+//     (job/sync); with Caddy's storage the file system, or a
+//     redis-server of the benchmark's own.
 //
 //   - latency: single GETs' median before the job (idle-ms) and while it
 //     runs (job-ms), and their ratio (job/idle).
@@ -53,7 +55,7 @@ func BenchmarkJobsProcess(b *testing.B) {
 	// One Caddy for the sub-benchmarks that measure time; the rss ones
 	// start their own. It is the parent's, so that it outlives each
 	// sub-benchmark (idle while only rss runs).
-	shared := startJobsBenchCaddy(b, bin)
+	shared := startJobsBenchCaddy(b, bin, "")
 	gatewayForTime := func(*testing.B) string { return shared.base }
 	var runs atomic.Int64
 	identity := func(name string) string {
@@ -72,8 +74,9 @@ func BenchmarkJobsProcess(b *testing.B) {
 			cancelBenchJob(b, client, base, job)
 		}
 	})
-	b.Run("throughput", func(b *testing.B) {
-		base := gatewayForTime(b)
+	// The file system syncs a file per store, one at a time; a cluster's
+	// Redis takes several stores at once, each a round trip.
+	throughput := func(b *testing.B, base string) {
 		for range b.N {
 			const items = 50000
 			job := startBenchJob(b, client, base, identity("throughput"), items)
@@ -84,6 +87,15 @@ func BenchmarkJobsProcess(b *testing.B) {
 			b.ReportMetric(syncRate, "sync-items/s")
 			b.ReportMetric(jobRate/syncRate, "job/sync")
 		}
+	}
+	b.Run("throughput/storage=file_system", func(b *testing.B) { throughput(b, gatewayForTime(b)) })
+	b.Run("throughput/storage=redis", func(b *testing.B) {
+		if !hasRedisServer() {
+			b.Skip("no redis-server here: apt-get install redis-server")
+		}
+		host, port, _ := strings.Cut(startRedisServer(b), ":")
+		c := startJobsBenchCaddy(b, bin, redisOption(host, port, "jobsbench"))
+		throughput(b, c.base)
 	})
 	b.Run("latency", func(b *testing.B) {
 		base := gatewayForTime(b)
@@ -110,7 +122,7 @@ func BenchmarkJobsProcess(b *testing.B) {
 			for range b.N {
 				// A fresh Caddy: the peak measured is this job's, not
 				// another sub-benchmark's.
-				c := startJobsBenchCaddy(b, bin)
+				c := startJobsBenchCaddy(b, bin, "")
 				// One small job first, so that what every job needs once
 				// (the storage's folders, the pools) is in the baseline.
 				warm := startBenchJob(b, client, c.base, identity("warm"), 100)
@@ -139,13 +151,18 @@ type jobsBenchCaddy struct {
 
 // startJobsBenchCaddy starts cmd/caddy before a users API as the demo's
 // (users need a name; no service time), whose users are partial and
-// whose jobs live at /api/jobs.
-func startJobsBenchCaddy(b *testing.B, bin string) jobsBenchCaddy {
+// whose jobs live at /api/jobs; storage, if not empty, is its storage
+// global option (the file system's otherwise).
+func startJobsBenchCaddy(b *testing.B, bin, storage string) jobsBenchCaddy {
 	b.Helper()
 	api := legacyapi.New(legacyapi.Collection{Path: "/api/users", FilterParam: "id", Seed: records("user", 1, 3)})
 	upstream := httptest.NewServer(api)
 	addr := freeAddr(b)
-	config := quietGlobalOptions + fmt.Sprintf(`http://%s {
+	global := quietGlobalOptions
+	if storage != "" {
+		global = strings.Replace(global, "\tadmin off\n", "\tadmin off\n\t"+storage+"\n", 1)
+	}
+	config := global + fmt.Sprintf(`http://%s {
 	batch /api/* {
 		atomicity partial
 		jobs /api/jobs
