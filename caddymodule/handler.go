@@ -8,6 +8,7 @@ package caddymodule
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -372,14 +373,24 @@ func (h *Handler) serveBatch(w http.ResponseWriter, r *http.Request, a admission
 		dj.Also(keyed.held)
 	}
 	obs.saga = sagaOf(journal)
-	result := batch.Run(r.Context(), plan, batch.Runtime{
-		Send: send, Locks: obs.locks(sc.locks), Slots: h.slots, Observer: h.slots.observer(),
-		Journal: journal, Throttles: h.slots.throttles, Client: durable.Credentials(r.Header, sc.gateway.ScopeHeaders),
-		Trace: h.tracing(r.Context()),
-	})
+	result := batch.Run(r.Context(), plan, h.runtime(r.Context(), send, obs.locks(sc.locks), journal, r.Header, sc))
 	markSaga(r.Context(), obs.saga, result)
 	obs.finished(r.Context(), plan, result)
 	return keyed.write(w, result)
+}
+
+// runtime is what a batch of this handler runs on: its requests sent by
+// send, its items locked by locks and journaled by journal, for the
+// client whose request header is header under sc; the handler's slots,
+// their observer and the upstream's throttles (undos and jobs wait out
+// a throttle of their client as its batches do), and the route's
+// tracing.
+func (h *Handler) runtime(ctx context.Context, send batch.Sender, locks itemlock.Locker, journal batch.Journal, header http.Header, sc scope) batch.Runtime {
+	return batch.Runtime{
+		Send: send, Locks: locks, Journal: journal, Slots: h.slots, Observer: h.slots.observer(),
+		Throttles: h.slots.throttles, Client: durable.Credentials(header, sc.gateway.ScopeHeaders),
+		Trace: h.tracing(ctx),
+	}
 }
 
 // setOutcome sets the placeholders an access log can use.

@@ -196,8 +196,8 @@ type startedJob struct {
 func (h *Handler) offerJob(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, trip *batchapp.JobTrip) error {
 	rec := trip.Record()
 	if h.jobs != nil && rec.JobsPath == h.jobsPath {
-		if m, ok := h.policy.Lookup(rec.Path); ok && !m.Item && h.collectionScope(m).resource == rec.Resource {
-			if trip.Offer(jobHost{h: h, r: r, next: next, sc: h.collectionScope(m)}) {
+		if m, ok := h.policy.Lookup(rec.Path); ok && !m.Item {
+			if sc := h.collectionScope(m); sc.resource == rec.Resource && trip.Offer(jobHost{h: h, r: r, next: next, sc: sc}) {
 				return nil
 			}
 		}
@@ -221,22 +221,11 @@ func (jh jobHost) Room() (func(), bool) { return jh.h.jobs.acquire() }
 // job's bounds (job_concurrency, job_throttle_wait: jobLookup).
 func (jh jobHost) Site() batch.Site {
 	h, sc := jh.h, jh.sc
-	ctx := jh.r.Context()
-	send := newSubrequests(jh.r, jh.next, sc.settings.MaxBodySize)
-	// The start's tracing headers, which the job's stored header holds,
-	// are not sent again: a traced window writes its own, and an
-	// untraced one none.
-	send.strip = h.stripStored(ctx)
-	return batch.Site{
-		Runtime: batch.Runtime{
-			Send: send, Locks: sc.locks, Slots: h.slots, Observer: h.slots.observer(),
-			Throttles: h.slots.throttles, Client: durable.Credentials(jh.r.Header, sc.gateway.ScopeHeaders),
-			// The route's tracing, if it traces: the batch app puts the
-			// window under its job's span (batchapp.ThroughRoutes).
-			Trace: h.tracing(ctx),
-		},
-		Lookup: h.jobLookup,
-	}
+	// The journal is the window's log, which the driver sets; the
+	// route's tracing, if it traces, the batch app puts under the job's
+	// span (batchapp.ThroughRoutes).
+	send := h.sendStored(jh.r, jh.next, sc)
+	return batch.Site{Runtime: h.runtime(jh.r.Context(), send, sc.locks, nil, jh.r.Header, sc), Lookup: h.jobLookup}
 }
 
 // jobClient is the identity a job is counted and kept under: the hash of

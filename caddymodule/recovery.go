@@ -7,7 +7,6 @@ import (
 
 	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/batchapp"
-	"github.com/caddy-batch/caddy-batch/durable"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
@@ -36,20 +35,7 @@ func (h *Handler) offer(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 func (h *Handler) finish(r *http.Request, next caddyhttp.Handler, sc scope, job batchapp.Job) (*batch.Result, error) {
 	ctx := r.Context()
 	h.linkFinish(ctx, job, sagaOf(job.Journal))
-	send := newSubrequests(r, next, sc.settings.MaxBodySize)
-	send.strip = h.stripStored(ctx)
-	rt := batch.Runtime{
-		Send:     send,
-		Locks:    sc.locks,
-		Journal:  job.Journal,
-		Slots:    h.slots,
-		Observer: h.slots.observer(),
-		// Undos wait out the upstream's throttle of the client they
-		// undo for, as that client's batches do.
-		Throttles: h.slots.throttles,
-		Client:    durable.Credentials(job.Snap.Header, sc.gateway.ScopeHeaders),
-		Trace:     h.tracing(ctx),
-	}
+	rt := h.runtime(ctx, h.sendStored(r, next, sc), sc.locks, job.Journal, job.Snap.Header, sc)
 	var (
 		res *batch.Result
 		err error

@@ -9,6 +9,7 @@ import (
 
 	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/batchapp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
 // instrumentation names the module's spans' scope.
@@ -70,6 +71,16 @@ func (h *Handler) linkFinish(ctx context.Context, job batchapp.Job, saga string)
 	if saga != "" {
 		span.SetAttributes(attrSaga.String(saga))
 	}
+}
+
+// sendStored sends the sub-requests of a batch that runs again from its
+// stored header (a taken-over saga, a job's window) through next, as r,
+// made from that header, would go: without the tracing headers the
+// stored header holds (stripStored).
+func (h *Handler) sendStored(r *http.Request, next caddyhttp.Handler, sc scope) *subrequests {
+	send := newSubrequests(r, next, sc.settings.MaxBodySize)
+	send.strip = h.stripStored(r.Context())
+	return send
 }
 
 // stripStored removes the tracing headers a saga's stored header holds
