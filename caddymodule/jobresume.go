@@ -78,8 +78,9 @@ func (h *Handler) carryOnResumed(ctx context.Context, held *durable.HeldJob) {
 		return
 	}
 	rec := held.Record()
-	if err := held.Queue(context.WithoutCancel(ctx)); err != nil {
-		h.logger.Error("queueing a resumed bulk job for another instance; it is taken once its lease lapses", zap.String("job", rec.ID), zap.Error(err))
+	// Resume stored its progress queued already: only the lease is left.
+	if err := held.Release(context.WithoutCancel(ctx)); err != nil {
+		h.logger.Error("releasing a resumed bulk job for another instance; it is taken once its lease lapses", zap.String("job", rec.ID), zap.Error(err))
 		return
 	}
 	h.logger.Info("bulk job resumed and queued: this instance runs as many jobs as max_jobs allows", zap.String("job", rec.ID))
