@@ -40,12 +40,17 @@ func (run *batchRun) execute(clientCtx, batchCtx context.Context) {
 		ahead = run.recordsAhead(clientCtx, pending)
 	}
 	ahead.start()
-	run.started = fanOut(batchCtx, run.batchSettings.Concurrency, pending, stop, func(batchCtx context.Context, i int) {
+	if run.plan.window != nil {
+		run.plan.window.places = newPlaces(run.batchSettings.Concurrency, pending, stop, run.plan.window.stop)
+		defer halt()
+	}
+	run.started = fanOut(batchCtx, run.plan.width(run.batchSettings.Concurrency), pending, stop, func(batchCtx context.Context, i int) {
 		if run.plan.window.stopped() {
 			halt() // the item stays not_attempted
 			return
 		}
 		ahead.next(i)
+		defer run.plan.window.done(i)
 		if !run.executeItem(clientCtx, batchCtx, i) && (run.allOrNothing || run.refusedInWindow(i)) {
 			halt()
 		}
@@ -247,7 +252,27 @@ func (run *batchRun) executeItem(clientCtx, batchCtx context.Context, i int) boo
 			return nil
 		}
 	}
-	resp, err := run.send(i, req, o)
+	var resp *SubResponse
+	var err error
+	if o.sending != nil && run.plan.window != nil {
+		// A job's window records its write before it waits for its
+		// place and its slot, not holding either across the store: the
+		// records of the writes waiting together go in one store
+		// (recordsAhead), where each write holding a slot of the few a
+		// job has (at most half of max_in_flight) would leave each store
+		// a record or two (docs/durability.md, "Bulk jobs in storage").
+		err, o.sending = o.sending(), nil
+	}
+	if err == nil {
+		if !run.plan.window.enter(batchCtx, i) {
+			// The window halted, or its deadline passed, before the item's
+			// turn: it was not sent, and its record, which said it was
+			// about to be, says so now, so that a carry-on sends it.
+			_ = run.transition(ctx, i, PhaseSettled, nil, func(_ *ItemResult, st *itemState) { st.sent = nil })
+			return false
+		}
+		resp, err = run.send(i, req, o)
+	}
 	// Read by the item's undo, which runs once the item's goroutine ended.
 	run.state[i].writeSpan = sp.spanID()
 	switch {

@@ -90,6 +90,26 @@ type windowing struct {
 	keepBody int
 	// stop is WindowOpts.Stop: seen before each item starts.
 	stop <-chan struct{}
+	// places admit the window's items to be sent, in the order they
+	// were taken, at most the job's concurrency at once (executeItem).
+	places *places
+}
+
+// recordsAhead is how many times its concurrency a window has items
+// recorded as about to be sent: on the file system each store is a
+// synced file, one at a time, and the items a store finds waiting are
+// what it takes; with only the items in flight waiting, a job's writes
+// wait for a store each round (docs/durability.md, "Bulk jobs in
+// storage").
+const recordsAhead = 4
+
+// width is how many workers run a plan's items: its concurrency, and
+// a window's recordsAhead times as many.
+func (p *Plan) width(concurrency int) int {
+	if p.window == nil {
+		return concurrency
+	}
+	return concurrency * recordsAhead
 }
 
 // stopped reports whether the window was told to stop: never for a
