@@ -69,3 +69,16 @@ func TestXcaddyBuildMatchesGoMod(t *testing.T) {
 		t.Errorf("xcaddy.json replacements %+v, want %s => . (this checkout)", b.Replacements, module[1])
 	}
 }
+
+// TestReadmeReadsInOneSitting keeps the README the operators' front
+// door, short enough to read in one sitting: what grows goes to docs/,
+// linked from it.
+func TestReadmeReadsInOneSitting(t *testing.T) {
+	raw, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(raw), "\n"); n >= 450 {
+		t.Errorf("README.md has %d lines, want under 450: move a section's detail to docs/ and link it", n)
+	}
+}
