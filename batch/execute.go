@@ -243,49 +243,46 @@ func (run *batchRun) executeItem(clientCtx, batchCtx context.Context, i int) boo
 	defer sp.end(&run.mu, &run.items[i])
 	o := sendOpts{wait: batchCtx, ctx: ctx, timeout: limit{"item_timeout", t.settings.ItemTimeout}, parent: run.sender.batchTimeout, span: sp}
 	if t.kind.Writes() {
-		// req stays as it was sent, for a resend.
-		o.sending = func() error {
-			err := run.transition(ctx, i, PhaseSending, req, func(_ *ItemResult, st *itemState) { st.sent = req })
-			if err != nil {
-				return errors.Join(errJournal, err)
-			}
-			return nil
-		}
-	}
-	var resp *SubResponse
-	var err error
-	if o.sending != nil && run.plan.window != nil {
-		// A job's window records its write before it waits for its
-		// place and its slot, not holding either across the store: the
-		// records of the writes waiting together go in one store
-		// (recordsAhead), where each write holding a slot of the few a
-		// job has (at most half of max_in_flight) would leave each store
-		// a record or two (docs/durability.md, "Bulk jobs in storage").
-		err, o.sending = o.sending(), nil
-	}
-	if err == nil {
-		if !run.plan.window.enter(batchCtx, i) {
-			// The window halted, or its deadline passed, before the item's
-			// turn: it was not sent, and its record, which said it was
-			// about to be, says so now, so that a carry-on sends it.
-			_ = run.transition(ctx, i, PhaseSettled, nil, func(_ *ItemResult, st *itemState) { st.sent = nil })
+		// A write is recorded before it waits for its turn, a slot or a
+		// throttle hold, never holding a slot through its record's store:
+		// slots are few (max_in_flight auto starts at 4, and a job holds
+		// at most half), and a store then takes the records of the
+		// writes waiting, not only of those holding a slot
+		// (docs/durability.md, "Round trips per batch"). req stays as it
+		// was sent, for a resend.
+		err := run.transition(ctx, i, PhaseSending, req, func(_ *ItemResult, st *itemState) { st.sent = req })
+		if err != nil {
+			run.failByGateway(ctx, i, "the "+run.journalOf()+"'s journal could not record the write, so it was not sent", errors.Join(errJournal, err))
 			return false
 		}
-		resp, err = run.send(i, req, o)
 	}
+	if !run.plan.window.enter(batchCtx, i) {
+		// The window halted, or its deadline passed, before the item's
+		// turn.
+		return run.notSent(ctx, i)
+	}
+	resp, err := run.send(i, req, o)
 	// Read by the item's undo, which runs once the item's goroutine ended.
 	run.state[i].writeSpan = sp.spanID()
 	switch {
-	case errors.Is(err, errJournal):
-		run.failByGateway(ctx, i, "the "+run.journalOf()+"'s journal could not record the write, so it was not sent", err)
-		return false
 	case errors.Is(err, errFence):
 		run.fenced(ctx, i, err)
 		return false
 	case resp == nil && (errors.Is(err, slots.ErrNoSlot) || errors.Is(err, ErrThrottleWait)):
-		return false // the batch ran out of time before the item could start
+		return run.notSent(ctx, i) // the batch ran out of time before the item could start
 	}
 	return run.answered(ctx, i, req, resp, err)
+}
+
+// notSent leaves item i not attempted: its request never left. A
+// write's record, which said it was about to, says so now (settled, with
+// nothing sent), so that neither a recovery nor a job's carry-on takes
+// it for a write whose answer was lost.
+func (run *batchRun) notSent(ctx context.Context, i int) bool {
+	if run.state[i].tgt.kind.Writes() {
+		_ = run.transition(ctx, i, PhaseSettled, nil, func(_ *ItemResult, st *itemState) { st.sent = nil })
+	}
+	return false
 }
 
 // request is item i's own request, made the first time it is asked

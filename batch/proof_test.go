@@ -2,6 +2,7 @@ package batch
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -425,4 +426,31 @@ func TestBackgroundRunTakesBackgroundSlots(t *testing.T) {
 	equal(t, "normal slots", counted.normal.Load(), 4)
 	equal(t, "urgent slots", counted.urgent.Load(), 2)
 	equal(t, "background slots", counted.background.Load(), 6)
+}
+
+// A write is recorded before it waits for a slot: one whose slot never
+// came within the batch's time was not sent, and its record says so
+// (settled), so that a recovery does not take it for a write whose
+// answer was lost.
+func TestWriteThatGotNoSlotIsRecordedNotSent(t *testing.T) {
+	t.Parallel()
+	f := newFake()
+	j := &recordingJournal{f: f}
+	fifo := slots.NewFIFO(1)
+	release, err := fifo.Acquire(context.Background(), slots.Priority{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	p := mustPlan(t, newRequest("POST", "/widgets", `[{"name":"a"}]`), batchTimeout(50*time.Millisecond))
+	res := newBatchRun(p, Runtime{Send: f, Journal: j, Slots: fifo}, noBackoff).do(context.Background())
+	if len(f.sent()) != 0 || res.Items[0].Outcome != NotAttempted {
+		t.Fatalf("sent %v, item %s; want nothing sent, the item not attempted", f.sent(), res.Items[0].Outcome)
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	sending := slices.Index(j.events, "sending POST /widgets")
+	if sending < 0 || !slices.Contains(j.events[sending:], "settled") {
+		t.Errorf("journal %q: want the write recorded as about to be sent, then settled, nothing sent", j.events)
+	}
 }

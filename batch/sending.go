@@ -65,10 +65,6 @@ type sendOpts struct {
 	// timeout bounds one attempt (item_timeout, compensation_timeout);
 	// parent names wait's deadline for the client.
 	timeout, parent limit
-	// sending, if set, runs once, holding the first slot, just before
-	// the request first leaves (the journal's record of a write); its
-	// error sends nothing.
-	sending func() error
 	// span makes a span of each attempt and writes its context into the
 	// attempt's header; nil when nothing is traced.
 	span *reqSpan
@@ -98,7 +94,7 @@ func (s *sender) send(to *target, req *SubRequest, o sendOpts, beforeSend func()
 		case err != nil:
 			return nil, err
 		}
-		if err := leaving(attempt, o.sending, beforeSend); err != nil {
+		if err := leaving(beforeSend); err != nil {
 			release()
 			return nil, err
 		}
@@ -143,17 +139,12 @@ func (s *sender) send(to *target, req *SubRequest, o sendOpts, beforeSend func()
 	}
 }
 
-// leaving runs the hooks due just before attempt leaves.
-func leaving(attempt int, sending, beforeSend func() error) error {
-	if attempt == 0 && sending != nil {
-		if err := sending(); err != nil {
-			return err
-		}
+// leaving runs beforeSend, if set, just before an attempt leaves.
+func leaving(beforeSend func() error) error {
+	if beforeSend == nil {
+		return nil
 	}
-	if beforeSend != nil {
-		return beforeSend()
-	}
-	return nil
+	return beforeSend()
 }
 
 // read sends a read of the batch under item_timeout, within the batch's

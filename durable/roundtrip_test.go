@@ -12,6 +12,7 @@ import (
 
 	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/internal/itemlock"
+	"github.com/caddy-batch/caddy-batch/internal/slots"
 )
 
 // createPlan plans an all-or-nothing create of n widgets.
@@ -52,6 +53,10 @@ func roundTripsPerBatch(t *testing.T, atomic bool) {
 		items     int
 		maxRounds int
 		stores    int
+		// slots, when set, bound the writes in flight (max_in_flight)
+		// below the batch's concurrency: a write is recorded before it
+		// waits for one, so the stores are the same.
+		slots int
 	}{
 		// Locks: 1 round per 128 items; stores: a create's, the intent,
 		// then one per wave of 8; an update's, at most: the intent and
@@ -64,10 +69,11 @@ func roundTripsPerBatch(t *testing.T, atomic bool) {
 		// the locks are let go (a round per 128 items, or two when
 		// created items' locks go too). A create's lock is taken in the
 		// background, as its worker goes on.
-		{"PATCH 100", func(t *testing.T) *batch.Plan { return updatePlan(t, widgets(t), 100) }, 100, 1 + 4 + 5, 4},
-		{"PATCH 20", func(t *testing.T) *batch.Plan { return updatePlan(t, widgets(t), 20) }, 20, 1 + 4 + 5, 4},
-		{"CREATE 100", func(t *testing.T) *batch.Plan { return createPlan(t, 100) }, 100, 14 + 5, 1 + (100+7)/8},
-		{"CREATE 20", func(t *testing.T) *batch.Plan { return createPlan(t, 20) }, 20, 4 + 5, 1 + (20+7)/8},
+		{"PATCH 100", func(t *testing.T) *batch.Plan { return updatePlan(t, widgets(t), 100) }, 100, 1 + 4 + 5, 4, 0},
+		{"PATCH 20", func(t *testing.T) *batch.Plan { return updatePlan(t, widgets(t), 20) }, 20, 1 + 4 + 5, 4, 0},
+		{"CREATE 100", func(t *testing.T) *batch.Plan { return createPlan(t, 100) }, 100, 14 + 5, 1 + (100+7)/8, 0},
+		{"CREATE 20", func(t *testing.T) *batch.Plan { return createPlan(t, 20) }, 20, 4 + 5, 1 + (20+7)/8, 0},
+		{"CREATE 100, 4 slots", func(t *testing.T) *batch.Plan { return createPlan(t, 100) }, 100, 14 + 5, 1 + (100+7)/8, 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			inBubble(t, func(t *testing.T) {
@@ -80,7 +86,11 @@ func roundTripsPerBatch(t *testing.T, atomic bool) {
 				locks := NewItemLocks(&itemlock.Local{}, s, nil)
 				plan := tc.plan(t)
 				start := time.Now()
-				res := batch.Run(context.Background(), plan, batch.Runtime{Send: &upstream{}, Journal: js.New(Origin{}), Locks: locks})
+				run := batch.Runtime{Send: &upstream{}, Journal: js.New(Origin{}), Locks: locks}
+				if tc.slots > 0 {
+					run.Slots = slots.NewFIFO(tc.slots)
+				}
+				res := batch.Run(context.Background(), plan, run)
 				rounds := int(time.Since(start) / rt)
 				if res.Outcome != batch.Succeeded {
 					t.Fatalf("outcome %s: %s", res.Outcome, res.Detail)
