@@ -3,6 +3,8 @@ package batch
 import (
 	"context"
 	"sync"
+
+	"github.com/caddy-batch/caddy-batch/internal/stop"
 )
 
 // places admit a window's items to be sent in the order its workers
@@ -72,7 +74,7 @@ func (w *windowing) enter(ctx context.Context, i int) bool {
 			p.next++
 		}
 		switch {
-		case ctx.Err() != nil || closed(p.halted) || closed(p.stop):
+		case ctx.Err() != nil || stop.Asked(p.halted) || stop.Asked(p.stop):
 			p.passed[t] = true
 			p.cond.Broadcast()
 			return false
@@ -108,13 +110,4 @@ func (w *windowing) done(i int) {
 		p.passed[t] = true
 	}
 	p.cond.Broadcast()
-}
-
-func closed(c <-chan struct{}) bool {
-	select {
-	case <-c:
-		return true
-	default:
-		return false
-	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/caddy-batch/caddy-batch/internal/stop"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
@@ -115,15 +116,7 @@ func (p *Plan) width(concurrency int) int {
 // stopped reports whether the window was told to stop: never for a
 // batch (w nil).
 func (w *windowing) stopped() bool {
-	if w == nil {
-		return false
-	}
-	select {
-	case <-w.stop:
-		return true
-	default:
-		return false
-	}
+	return w != nil && stop.Asked(w.stop)
 }
 
 // base is the job index of the plan's first item: zero for a batch.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/durable"
+	"github.com/caddy-batch/caddy-batch/internal/stop"
 )
 
 // Bulk jobs run in the process, not in a request (docs/jobs.md): the
@@ -116,7 +117,7 @@ const handOverWait = 30 * time.Second
 // whoever holds it now.
 func (a *App) RunJob(held *durable.HeldJob, release func()) {
 	a.state.mu.Lock()
-	stopping := closed(a.stop)
+	stopping := stop.Asked(a.stop)
 	if !stopping {
 		a.jobsRunning.Add(1) // before handOver's Wait, or not at all
 	}
@@ -181,7 +182,7 @@ func (a *App) scanJobs(ctx context.Context) {
 // jobRoom is the scan's JobRoom: a max_jobs slot of the handler that
 // serves rec, found through the routes as the job's windows will be.
 func (a *App) jobRoom(rec *durable.JobRecord) (run func(*durable.HeldJob), release func(), ok bool) {
-	if closed(a.stop) {
+	if stop.Asked(a.stop) {
 		return nil, nil, false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), durable.StorageTimeout)
@@ -202,15 +203,6 @@ func (a *App) jobRoom(rec *durable.JobRecord) (run func(*durable.HeldJob), relea
 		return nil, nil, false
 	}
 	return func(held *durable.HeldJob) { a.RunJob(held, release) }, release, true
-}
-
-func closed(c <-chan struct{}) bool {
-	select {
-	case <-c:
-		return true
-	default:
-		return false
-	}
 }
 
 // jobEndFields are the fields of a job's end line: how it ended (st, its

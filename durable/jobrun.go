@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/internal/stop"
 )
 
 // Through runs work once through the routes of the running config, as
@@ -197,8 +198,8 @@ const (
 // halt says why no new window may start, or "" when one may: a lost
 // lease first (nothing may be written), then a cancel (the client's
 // word), the deadline, a pause (another instance would be refused the
-// same), a hand-over.
-func (d *driver) halt(stop <-chan struct{}) string {
+// same), a hand-over (handOver closed).
+func (d *driver) halt(handOver <-chan struct{}) string {
 	switch {
 	case d.hj.lease.lostErr() != nil:
 		return haltLease
@@ -208,19 +209,10 @@ func (d *driver) halt(stop <-chan struct{}) string {
 		return haltDeadline
 	case d.paused != "":
 		return haltPause
-	case closed(stop):
+	case stop.Asked(handOver):
 		return haltStop
 	}
 	return ""
-}
-
-func closed(c <-chan struct{}) bool {
-	select {
-	case <-c:
-		return true
-	default:
-		return false
-	}
 }
 
 // window runs the items of the window that begins at job index first
