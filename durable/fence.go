@@ -283,6 +283,13 @@ func renewFolderLease(ctx context.Context, s Storage, f leaseFolder, epoch int, 
 	} else if err != nil {
 		return nil, err
 	}
+	if err := ctx.Err(); err != nil {
+		// The read came back after the renewal's time (a storage that
+		// hung and healed, and does not heed ctx): the lease may have
+		// lapsed meanwhile, and a record written now would only tell a
+		// watching instance that the owner still renews.
+		return nil, fmt.Errorf("renewing the %s's lease took longer than its time: %w", f.what, err)
+	}
 	if err := s.Store(ctx, key, next); err != nil {
 		return nil, err
 	}
