@@ -280,3 +280,38 @@ func TestJobRenewalsRefused(t *testing.T) {
 		checkCarriedOn(t, b.js, id, token, up, a, b)
 	})
 }
+
+// A storage blip shorter than the lease (every call of the owner fails
+// for a third of it) loses nothing: a renewal it fails leaves the lease
+// unproven, the writes wait, and go on once the next renewal proves it;
+// the job ends succeeded, each element sent once, never taken over.
+func TestJobStorageBlipLosesNothing(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		defer endHeld(t)
+		a := newJobInstance("A", newMemStorage())
+		hj, token := startWidgets(t, a.js, jobFaultItems, true)
+		id := hj.Record().ID
+		up := newWidgetsUpstream(false)
+		a.before = func(n int) {
+			if n == 100 {
+				a.setFault(func(context.Context, string, string) error { return errors.New("connection refused") })
+				go func() { time.Sleep(jobFaultLease / 3); a.setFault(nil) }()
+			}
+		}
+		if err := hj.Run(context.Background(), a.through(t, up), nil); err != nil {
+			t.Fatalf("Run across a blip: %v", err)
+		}
+		st := mustStatus(t, a.js, id, token)
+		if st.State != JobSucceeded || st.Done != jobFaultItems || st.Succeeded != jobFaultItems || st.Takeovers != 0 {
+			t.Errorf("status %s, done %d, succeeded %d, takeovers %d; want succeeded, %d, %d, 0",
+				st.State, st.Done, st.Succeeded, st.Takeovers, jobFaultItems, jobFaultItems)
+		}
+		if indexes, _, _ := readResults(t, a.js, id, token); !slices.Equal(indexes, upTo(jobFaultItems)) {
+			t.Errorf("results of %d items, want 0 to %d in order", len(indexes), jobFaultItems-1)
+		}
+		if sent := a.sentFrom(time.Time{}); len(sent) != jobFaultItems {
+			t.Errorf("%d creates sent, want %d: nothing sent twice", len(sent), jobFaultItems)
+		}
+		up.checkMadeOnce(t, jobFaultItems)
+	})
+}
