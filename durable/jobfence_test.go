@@ -172,6 +172,20 @@ func (in *jobInstance) takeOver(t *testing.T, through Through) <-chan error {
 	return ran
 }
 
+// ranToItsEnd waits for the run takeOver answers: an hour of the
+// bubble's time, far past its job's run.
+func ranToItsEnd(t *testing.T, ran <-chan error) {
+	t.Helper()
+	select {
+	case err := <-ran:
+		if err != nil {
+			t.Fatalf("the instance that took the job over: %v", err)
+		}
+	case <-time.After(time.Hour):
+		t.Fatal("no scan of the other instance took the job over")
+	}
+}
+
 // checkCarriedOn checks the job the fault left to another owner: ended
 // succeeded with one takeover, its results every item in order, and
 // each element sent once across the owners, and made once.
@@ -243,9 +257,7 @@ func TestJobStorageHangingPastTheLapse(t *testing.T) {
 		}
 		err := hj.Run(context.Background(), a.through(t, up), nil)
 		checkStoppedBy(t, a, hj, err)
-		if err := <-takenOver; err != nil {
-			t.Fatalf("the instance that took the job over: %v", err)
-		}
+		ranToItsEnd(t, takenOver)
 		checkCarriedOn(t, b.js, id, token, up, a, b)
 	})
 }
@@ -274,9 +286,7 @@ func TestJobRenewalsRefused(t *testing.T) {
 		}
 		err := hj.Run(context.Background(), a.through(t, up), nil)
 		checkStoppedBy(t, a, hj, err)
-		if err := <-b.takeOver(t, b.through(t, up)); err != nil {
-			t.Fatalf("the instance that took the job over: %v", err)
-		}
+		ranToItsEnd(t, b.takeOver(t, b.through(t, up)))
 		checkCarriedOn(t, b.js, id, token, up, a, b)
 	})
 }
@@ -313,5 +323,44 @@ func TestJobStorageBlipLosesNothing(t *testing.T) {
 			t.Errorf("%d creates sent, want %d: nothing sent twice", len(sent), jobFaultItems)
 		}
 		up.checkMadeOnce(t, jobFaultItems)
+	})
+}
+
+// A lease key that vanishes (the storage forgot it, an operator deleted
+// it) is a lost lease at the owner's next renewal: it sends nothing
+// after, and writes nothing; a scan that then sees the job with no lease
+// for a whole lease takes it over and carries it on.
+func TestJobLeaseKeyVanishes(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		defer endHeld(t)
+		mem := newMemStorage()
+		a, b := newJobInstance("A", mem), newJobInstance("B", mem)
+		hj, token := startWidgets(t, a.js, jobFaultItems, true)
+		id := hj.Record().ID
+		up := newWidgetsUpstream(false)
+		var vanished time.Time
+		a.before = func(n int) {
+			if n == 100 {
+				if err := mem.Delete(context.Background(), jobLeases(id).key(0, Owner())); err != nil {
+					t.Error(err)
+				}
+				vanished = now()
+			}
+		}
+		err := hj.Run(context.Background(), a.through(t, up), nil)
+		var lost *batch.LeaseLost
+		if !errors.As(err, &lost) || !strings.Contains(lost.Why, "lease is gone") {
+			t.Errorf("Run = %v, want the lease found gone", err)
+		}
+		// The next renewal comes within a third of a lease.
+		renewed := vanished.Add(jobFaultLease / 3)
+		if late := a.sentFrom(renewed); len(late) > 0 {
+			t.Errorf("the owner sent %d creates after its lease was found gone, the first %+v", len(late), late[0])
+		}
+		if late := a.writesFrom(renewed); len(late) > 0 {
+			t.Errorf("the owner wrote %d times after its lease was found gone, the first %+v", len(late), late[0])
+		}
+		ranToItsEnd(t, b.takeOver(t, b.through(t, up)))
+		checkCarriedOn(t, b.js, id, token, up, a, b)
 	})
 }

@@ -161,16 +161,19 @@ func (js *Jobs) ClaimReleased(ctx context.Context, id string) (*HeldJob, error) 
 	if err != nil {
 		return nil, err
 	}
-	return js.claim(ctx, rec, leaseView{})
+	return js.claim(ctx, rec, nil)
 }
 
 // claim takes the job rec under the next epoch, under the job's storage
 // lock (of instances that find it at once, one goes first; the claim
 // itself proves, claimFolderKey): a job whose lease was released, or
 // whose lease record is still the one a scan watched stand unchanged
-// for a whole lease (lapsed). ErrJobHeld when it is neither, or another
-// instance claims it first.
-func (js *Jobs) claim(ctx context.Context, rec *JobRecord, lapsed leaseView) (*HeldJob, error) {
+// for a whole lease (lapsed; nil when no scan watched it). A job with
+// no lease key at all (the storage forgot it, or an operator deleted
+// it: its owner finds it gone at its next renewal, and stops) is
+// claimed once a scan watched it so for a lease, as a lapsed one is.
+// ErrJobHeld when it is neither, or another instance claims it first.
+func (js *Jobs) claim(ctx context.Context, rec *JobRecord, lapsed *leaseView) (*HeldJob, error) {
 	name := jobLock(rec.ID)
 	unlock, err := Lock(ctx, js.storage, name, 0, js.unlockFailed(name))
 	if errors.Is(err, itemlock.ErrLocked) {
@@ -184,13 +187,13 @@ func (js *Jobs) claim(ctx context.Context, rec *JobRecord, lapsed leaseView) (*H
 }
 
 // claimLocked is claim under the job's storage lock.
-func (js *Jobs) claimLocked(ctx context.Context, rec *JobRecord, lapsed leaseView) (*HeldJob, error) {
+func (js *Jobs) claimLocked(ctx context.Context, rec *JobRecord, lapsed *leaseView) (*HeldJob, error) {
 	f := jobLeases(rec.ID)
 	seen, err := readFolderLease(ctx, js.storage, f)
 	if err != nil {
 		return nil, fmt.Errorf("reading the lease of job %s: %w", rec.ID, err)
 	}
-	if !seen.released() && (lapsed.raw == nil || seen.record() != lapsed.record()) {
+	if !seen.released() && (lapsed == nil || seen.record() != lapsed.record()) {
 		return nil, ErrJobHeld
 	}
 	epoch := seen.epoch + 1
