@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"slices"
 	"sync"
 	"time"
@@ -70,6 +71,7 @@ type fencedLease struct {
 // stored, in a call that began at start.
 func holdLease(s Storage, leases *Leases, logger *zap.Logger, f leaseFolder, epoch int, stored []byte, start time.Time) *fencedLease {
 	l := &fencedLease{storage: s, folder: f, epoch: epoch, logger: logger, holder: newHolder(leases.Length), stored: stored}
+	l.what = f.what
 	l.prove(start)
 	l.stop = leases.Hold(l.renew, 0)
 	return l
@@ -93,8 +95,14 @@ func (l *fencedLease) renew() {
 	var lost *lostLease
 	switch {
 	case errors.As(err, &lost):
-		l.lose(lost.why)
-		l.logger.Error("a job's lease is lost: this process writes nothing more for it", zap.String("dir", l.folder.dir), zap.Int("epoch", l.epoch), zap.String("why", lost.why))
+		why := lost.why
+		if !lost.takenOver && l.guardGone(ctx) {
+			// Its record went with it: the storage forgot the job, or an
+			// operator deleted it. Nobody carries it on.
+			why = l.folder.guardGone().why
+		}
+		l.lose(why)
+		l.logger.Error("a job's lease is lost: this process writes nothing more for it", zap.String("dir", l.folder.dir), zap.Int("epoch", l.epoch), zap.String("why", why))
 	case err != nil:
 		l.logger.Warn("renewing a job's lease in storage; it writes nothing until a renewal proves it", zap.String("dir", l.folder.dir), zap.Error(err))
 	default:
@@ -105,6 +113,13 @@ func (l *fencedLease) renew() {
 			l.logger.Warn("a renewal of a job's lease did not prove it (too slow, or it lapsed meanwhile)", zap.String("dir", l.folder.dir), zap.Duration("took", now().Sub(start)))
 		}
 	}
+}
+
+// guardGone reports whether the folder's guard (the job's record) is
+// surely gone: a read that fails says nothing.
+func (l *fencedLease) guardGone(ctx context.Context) bool {
+	_, err := l.storage.Modified(ctx, l.folder.guard)
+	return errors.Is(err, fs.ErrNotExist)
 }
 
 // end stops the renewals, and makes the lease lost for good to this

@@ -296,6 +296,9 @@ func (d *driver) window(ctx context.Context, through Through, stop <-chan struct
 		if len(res.Refused) > 0 && d.paused == "" {
 			d.paused = d.pauseReason(res.Refused[0], res.Items[res.Refused[0]-base].Status)
 		}
+		if err := hj.retried(ctx, func() error { return hj.recordStands(ctx) }); err != nil {
+			return err
+		}
 		finished := d.finished(res, stop)
 		d.unsent = len(finished) < len(res.Items) && slices.Contains(res.Unsent, res.Items[len(finished)].Index)
 		stored := len(hj.page.lines)
@@ -315,6 +318,23 @@ func (d *driver) window(ctx context.Context, through Through, stop <-chan struct
 		return hj.retried(ctx, func() error { return hj.dropLog(ctx, first) })
 	}
 	return nil
+}
+
+// recordStands makes sure the job's record is still in storage before
+// the owner stores a window's results and progress: gone (the storage
+// forgot the job, or an operator deleted it), the lease is lost for good
+// and nothing is stored, so that no results page or progress stands in
+// a folder with no job. One call a window; the renewal that finds the
+// lease gone looks too.
+func (hj *HeldJob) recordStands(ctx context.Context) error {
+	_, err := hj.jobs.storage.Modified(ctx, jobKey(hj.rec.ID, jobName))
+	if !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	why := hj.lease.folder.guardGone().why
+	hj.lease.lose(why)
+	hj.jobs.logger.Error("a job's lease is lost: this process writes nothing more for it", zap.String("dir", hj.lease.folder.dir), zap.Int("epoch", hj.epoch), zap.String("why", why))
+	return hj.lease.lostErr()
 }
 
 // retryPauses is how many pauses between the tries of a driver's
