@@ -51,6 +51,9 @@ type jobInstance struct {
 	sent  []sentCreate
 	// before, if set, runs as the instance's nth create (from 1) leaves.
 	before func(n int)
+	// held, while set, keeps the answers the API gave the instance
+	// until it is closed: the instance's process is paused.
+	held chan struct{}
 }
 
 type sentCreate struct {
@@ -123,7 +126,14 @@ func (in *jobInstance) through(t *testing.T, up *widgetsUpstream) Through {
 			}
 			time.Sleep(time.Second)
 		}
-		return up.Send(ctx, req)
+		resp, err := up.Send(ctx, req)
+		in.mu.Lock()
+		held := in.held
+		in.mu.Unlock()
+		if held != nil {
+			<-held
+		}
+		return resp, err
 	})
 	return throughTo(widgetsPolicy(t, nil), send)
 }
@@ -421,5 +431,69 @@ func folderVanishes(t *testing.T, at int) {
 		if _, err := a.js.Status(context.Background(), id, token); !errors.Is(err, ErrUnknownJob) {
 			t.Errorf("the status of a job whose folder vanished: %v, want ErrUnknownJob (404)", err)
 		}
+	})
+}
+
+// An owner paused (its process stopped: its storage calls and the
+// answers it waits for held, its clock running) across a takeover:
+// another instance sees its lease unchanged for a lease, takes the job
+// over and ends it. The owner, awake, sends nothing more and writes
+// nothing more: no results page or progress over the new owner's, its
+// run ending with the lost lease; the job stands as the new owner ended
+// it, each element sent once.
+func TestJobOwnerPausedAcrossATakeover(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		defer endHeld(t)
+		mem := newMemStorage()
+		a, b := newJobInstance("A", mem), newJobInstance("B", mem)
+		hj, token := startWidgets(t, a.js, jobFaultItems, true)
+		id := hj.Record().ID
+		up := newWidgetsUpstream(false)
+		wake := make(chan struct{})
+		a.before = func(n int) {
+			if n == 300 {
+				a.mu.Lock()
+				a.held = wake
+				a.mu.Unlock()
+				a.setFault(func(context.Context, string, string) error { <-wake; return nil })
+			}
+		}
+		ran := make(chan error, 1)
+		go func() { ran <- hj.Run(context.Background(), a.through(t, up), nil) }()
+		for {
+			time.Sleep(time.Second)
+			a.mu.Lock()
+			paused := a.held != nil
+			a.mu.Unlock()
+			if paused {
+				break
+			}
+		}
+		ranToItsEnd(t, b.takeOver(t, b.through(t, up)))
+		ended := mem.valuesUnder(jobDir(id))
+		woke := now()
+		close(wake)
+		var lost *batch.LeaseLost
+		if err := <-ran; !errors.As(err, &lost) {
+			t.Errorf("the owner that woke: Run = %v, want its lease lost", err)
+		}
+		if late := a.sentFrom(woke); len(late) > 0 {
+			t.Errorf("the owner sent %d creates after it woke, the first %+v", len(late), late[0])
+		}
+		if late := a.writesFrom(woke); len(late) > 0 {
+			t.Errorf("the owner wrote %d times after it woke, the first %+v", len(late), late[0])
+		}
+		// A store the owner made before its pause lands as it wakes: only
+		// a log segment of its own epoch, which no later owner takes for
+		// its own.
+		for key, v := range mem.valuesUnder(jobDir(id)) {
+			if string(ended[key]) != string(v) && !strings.Contains(key, "/"+logName+"/") {
+				t.Errorf("%s changed after the owner woke", key)
+			}
+			if _, was := ended[key]; !was && strings.Contains(key, "/"+logName+"/") && !strings.Contains(key, "/seg.00000000.") {
+				t.Errorf("%s stored after the owner woke, not under its epoch", key)
+			}
+		}
+		checkCarriedOn(t, b.js, id, token, up, a, b)
 	})
 }
