@@ -19,7 +19,7 @@ import (
 )
 
 // The faults a cluster sees, played on a bulk job (docs/durability.md,
-// "What a job does at each fault"): the saga's fault tests (fence_test.go)
+// "A job at each fault"): the saga's fault tests (fence_test.go)
 // over HeldJob.Run, two instances on one in-memory storage in a synctest
 // bubble, the second taking the job over by its scan.
 
