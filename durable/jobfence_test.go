@@ -497,3 +497,52 @@ func TestJobOwnerPausedAcrossATakeover(t *testing.T) {
 		checkCarriedOn(t, b.js, id, token, up, a, b)
 	})
 }
+
+// A storage that fails one kind of call for good while the lease is
+// renewed is no blip: the owner tries for a lease, then ends its run
+// with the error and releases the job, which another instance may claim
+// at once; no write went whose record its log could not store.
+func TestJobStorageFailingForALease(t *testing.T) {
+	for _, c := range []struct{ name, calls, want string }{
+		{"window logs", "/" + logName + "/", "did not record the writes"},
+		{"results pages", "/" + resultsName + "/", "storing the results"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			bubble(t, func(t *testing.T) {
+				defer endHeld(t)
+				a := newJobInstance("A", newMemStorage())
+				hj, _ := startWidgets(t, a.js, jobFaultItems, true)
+				up := newWidgetsUpstream(false)
+				var broke time.Time
+				a.before = func(n int) {
+					if n == 100 {
+						broke = now()
+						a.setFault(func(_ context.Context, op, key string) error {
+							if op == "store" && strings.Contains(key, c.calls) {
+								return errors.New("OOM command not allowed")
+							}
+							return nil
+						})
+					}
+				}
+				err := hj.Run(context.Background(), a.through(t, up), nil)
+				if err == nil || !strings.Contains(err.Error(), c.want) {
+					t.Fatalf("Run = %v, want it ended by the failing stores (%q)", err, c.want)
+				}
+				if took := now().Sub(broke); took < jobFaultLease || took > 3*jobFaultLease {
+					t.Errorf("the run ended %s after the stores began failing, want after about a lease of tries", took)
+				}
+				if late := a.sentFrom(broke.Add(time.Millisecond)); c.calls == "/"+logName+"/" && len(late) > 0 {
+					t.Errorf("%d creates sent after the log's stores began failing, the first %+v: a write goes only once its record is stored", len(late), late[0])
+				}
+				next, err := a.js.ClaimReleased(context.Background(), hj.Record().ID)
+				if err != nil {
+					t.Fatalf("claiming the job its owner gave up: %v, want its lease released", err)
+				}
+				held.Lock()
+				held.by[t] = append(held.by[t], next)
+				held.Unlock()
+			})
+		})
+	}
+}
