@@ -11,7 +11,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"go.uber.org/zap"
@@ -337,104 +336,6 @@ func TestJobStorageBlipLosesNothing(t *testing.T) {
 	})
 }
 
-// A lease key that vanishes (the storage forgot it, an operator deleted
-// it) is a lost lease at the owner's next renewal: it sends nothing
-// after, and writes nothing; a scan that then sees the job with no lease
-// for a whole lease takes it over and carries it on.
-func TestJobLeaseKeyVanishes(t *testing.T) {
-	bubble(t, func(t *testing.T) {
-		defer endHeld(t)
-		mem := newMemStorage()
-		a, b := newJobInstance("A", mem), newJobInstance("B", mem)
-		hj, token := startWidgets(t, a.js, jobFaultItems, true)
-		id := hj.Record().ID
-		up := newWidgetsUpstream(false)
-		var vanished time.Time
-		a.before = func(n int) {
-			if n == 100 {
-				if err := mem.Delete(context.Background(), jobLeases(id).key(0, Owner())); err != nil {
-					t.Error(err)
-				}
-				vanished = now()
-			}
-		}
-		err := hj.Run(context.Background(), a.through(t, up), nil)
-		var lost *batch.LeaseLost
-		if !errors.As(err, &lost) || !strings.Contains(lost.Why, "lease is gone") {
-			t.Errorf("Run = %v, want the lease found gone", err)
-		}
-		// The next renewal comes within a third of a lease.
-		renewed := vanished.Add(jobFaultLease / 3)
-		if late := a.sentFrom(renewed); len(late) > 0 {
-			t.Errorf("the owner sent %d creates after its lease was found gone, the first %+v", len(late), late[0])
-		}
-		if late := a.writesFrom(renewed); len(late) > 0 {
-			t.Errorf("the owner wrote %d times after its lease was found gone, the first %+v", len(late), late[0])
-		}
-		ranToItsEnd(t, b.takeOver(t, b.through(t, up)))
-		checkCarriedOn(t, b.js, id, token, up, a, b)
-	})
-}
-
-// A job whose whole folder vanished (its record, input, lease, progress
-// and results: a storage that forgot them): its owner finds its lease
-// gone at its next renewal, learns that the record went with it, and
-// stops, its error saying so; it writes nothing after, and never the
-// progress, results or lease that would make a half job of what is
-// left. The job is then no job: its status answers as for one that
-// never was (ErrUnknownJob, 404).
-func TestJobFolderVanishes(t *testing.T) {
-	// Mid-window, and as the first window ends, its results and the
-	// progress about to be stored.
-	for _, at := range []int{100, 256} {
-		t.Run(fmt.Sprintf("at create %d", at), func(t *testing.T) { folderVanishes(t, at) })
-	}
-}
-
-func folderVanishes(t *testing.T, at int) {
-	bubble(t, func(t *testing.T) {
-		defer endHeld(t)
-		mem := newMemStorage()
-		a := newJobInstance("A", mem)
-		hj, token := startWidgets(t, a.js, jobFaultItems, true)
-		id := hj.Record().ID
-		up := newWidgetsUpstream(false)
-		var vanished time.Time
-		a.before = func(n int) {
-			if n == at {
-				for _, key := range mem.keysUnder(jobDir(id)) {
-					if err := mem.Delete(context.Background(), key); err != nil {
-						t.Error(err)
-					}
-				}
-				vanished = now()
-			}
-		}
-		err := hj.Run(context.Background(), a.through(t, up), nil)
-		var lost *batch.LeaseLost
-		if !errors.As(err, &lost) || !strings.Contains(lost.Why, "record is gone") {
-			t.Errorf("Run = %v, want the lease lost, the job's record gone", err)
-		}
-		renewed := vanished.Add(jobFaultLease / 3)
-		if late := a.sentFrom(renewed); len(late) > 0 {
-			t.Errorf("the owner sent %d creates after its lease was found gone, the first %+v", len(late), late[0])
-		}
-		for _, w := range a.writesFrom(vanished) {
-			if !strings.Contains(w.key, "/"+logName+"/") || !w.at.Before(renewed) {
-				t.Errorf("the owner wrote %s %s at %s, after the job's folder vanished at %s", w.op, w.key, w.at, vanished)
-			}
-		}
-		for _, key := range mem.keysUnder(jobDir(id)) {
-			if !strings.Contains(key, "/"+logName+"/") {
-				t.Errorf("%s is back in the vanished job's folder", key)
-			}
-		}
-		if _, err := a.js.Status(context.Background(), id, token); !errors.Is(err, ErrUnknownJob) {
-			t.Errorf("the status of a job whose folder vanished: %v, want ErrUnknownJob (404)", err)
-		}
-	})
-}
-
 // An owner paused (its process stopped: its storage calls and the
 // answers it waits for held, its clock running) across a takeover:
 // another instance sees its lease unchanged for a lease, takes the job
@@ -545,81 +446,5 @@ func TestJobStorageFailingForALease(t *testing.T) {
 				held.Unlock()
 			})
 		})
-	}
-}
-
-// A renewal of a job's lease and a scan's claim of the job that race: at
-// every interleaving of their storage calls (the renewal's read, write
-// and listing; the claim's listing and read of the lease, then its
-// write, listing and read again), at most one of them holds the job
-// afterwards.
-func TestJobRenewalRacingATakeover(t *testing.T) {
-	for _, order := range interleavings(3, 5) {
-		t.Run(order, func(t *testing.T) {
-			bubble(t, func(t *testing.T) { raceJobRenewalAndClaim(t, order) })
-		})
-	}
-}
-
-func raceJobRenewalAndClaim(t *testing.T, order string) {
-	defer endHeld(t)
-	s := newFaulty()
-	owner := NewJobs(s, NewLeases(time.Minute), zap.NewNop())
-	hj, _ := mustStart(t, owner, 1)
-	hj.lease.renew() // the lease key, as the owner last wrote it
-	other := NewJobs(s, NewLeases(time.Minute), zap.NewNop())
-	f := jobLeases(hj.Record().ID)
-	seen, err := readFolderLease(context.Background(), s, f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	turns := map[string]chan struct{}{"a": make(chan struct{}), "b": make(chan struct{})}
-	calls := map[string]int{}
-	var mu sync.Mutex
-	s.setHook(func(ctx context.Context, _, _ string) error {
-		who, _ := ctx.Value(raceParty{}).(string)
-		mu.Lock()
-		calls[who]++
-		n := calls[who]
-		mu.Unlock()
-		if who == "a" && n <= 3 || who == "b" && n <= 5 {
-			turns[who] <- struct{}{} // ready to call
-			<-turns[who]             // and called
-		}
-		return nil
-	})
-	renewed, claimed := make(chan error, 1), make(chan error, 1)
-	// A party may be done before its last turn: a claim that found the
-	// lease renewed reads no further.
-	done := map[string]chan struct{}{"a": make(chan struct{}), "b": make(chan struct{})}
-	go func() {
-		defer close(done["a"])
-		ctx := context.WithValue(context.Background(), raceParty{}, "a")
-		hj.lease.mu.Lock()
-		prev := hj.lease.stored
-		hj.lease.mu.Unlock()
-		_, err := renewFolderLease(ctx, s, f, 0, prev, leaseRecord(0, now().Add(time.Minute), 99))
-		renewed <- err
-	}()
-	go func() {
-		defer close(done["b"])
-		ctx := context.WithValue(context.Background(), raceParty{}, "b")
-		next, err := other.claim(ctx, hj.Record(), &seen)
-		if next != nil {
-			next.lease.end("the test ended")
-		}
-		claimed <- err
-	}()
-	for _, who := range order {
-		select {
-		case <-turns[string(who)]:
-			turns[string(who)] <- struct{}{}
-			synctest.Wait() // the call is made, and its party waits for its next turn or is done
-		case <-done[string(who)]:
-		}
-	}
-	aErr, bErr := <-renewed, <-claimed
-	if aErr == nil && bErr == nil {
-		t.Errorf("order %s: the renewal proved the lease and the takeover claimed the job", order)
 	}
 }
