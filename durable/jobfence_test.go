@@ -249,6 +249,7 @@ func checkStoppedBy(t *testing.T, a *jobInstance, hj *HeldJob, err error) {
 // nothing after the lapse and never renews again; each element is sent
 // once across the two.
 func TestJobStorageHangingPastTheLapse(t *testing.T) {
+	t.Parallel()
 	bubble(t, func(t *testing.T) {
 		defer endHeld(t)
 		mem := newMemStorage()
@@ -277,6 +278,7 @@ func TestJobStorageHangingPastTheLapse(t *testing.T) {
 // stops sending a sixth of a lease before it lapses by its own clock,
 // writing nothing after; another instance carries the job on.
 func TestJobRenewalsRefused(t *testing.T) {
+	t.Parallel()
 	bubble(t, func(t *testing.T) {
 		defer endHeld(t)
 		mem := newMemStorage()
@@ -306,6 +308,7 @@ func TestJobRenewalsRefused(t *testing.T) {
 // unproven, the writes wait, and go on once the next renewal proves it;
 // the job ends succeeded, each element sent once, never taken over.
 func TestJobStorageBlipLosesNothing(t *testing.T) {
+	t.Parallel()
 	bubble(t, func(t *testing.T) {
 		defer endHeld(t)
 		a := newJobInstance("A", newMemStorage())
@@ -344,6 +347,7 @@ func TestJobStorageBlipLosesNothing(t *testing.T) {
 // run ending with the lost lease; the job stands as the new owner ended
 // it, each element sent once.
 func TestJobOwnerPausedAcrossATakeover(t *testing.T) {
+	t.Parallel()
 	bubble(t, func(t *testing.T) {
 		defer endHeld(t)
 		mem := newMemStorage()
@@ -405,11 +409,13 @@ func TestJobOwnerPausedAcrossATakeover(t *testing.T) {
 // with the error and releases the job, which another instance may claim
 // at once; no write went whose record its log could not store.
 func TestJobStorageFailingForALease(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct{ name, calls, want string }{
 		{"window logs", "/" + logName + "/", "did not record the writes"},
 		{"results pages", "/" + resultsName + "/", "storing the results"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			bubble(t, func(t *testing.T) {
 				defer endHeld(t)
 				a := newJobInstance("A", newMemStorage())

@@ -19,6 +19,7 @@ import (
 // after, and writes nothing; a scan that then sees the job with no lease
 // for a whole lease takes it over and carries it on.
 func TestJobLeaseKeyVanishes(t *testing.T) {
+	t.Parallel()
 	bubble(t, func(t *testing.T) {
 		defer endHeld(t)
 		mem := newMemStorage()
@@ -61,10 +62,14 @@ func TestJobLeaseKeyVanishes(t *testing.T) {
 // left. The job is then no job: its status answers as for one that
 // never was (ErrUnknownJob, 404).
 func TestJobFolderVanishes(t *testing.T) {
+	t.Parallel()
 	// Mid-window, and as the first window ends, its results and the
 	// progress about to be stored.
 	for _, at := range []int{100, 256} {
-		t.Run(fmt.Sprintf("at create %d", at), func(t *testing.T) { folderVanishes(t, at) })
+		t.Run(fmt.Sprintf("at create %d", at), func(t *testing.T) {
+			t.Parallel()
+			folderVanishes(t, at)
+		})
 	}
 }
 

@@ -172,8 +172,10 @@ func TestJobLeaseTakenOverFencesTheOldOwner(t *testing.T) {
 // write, listing and read again), at most one of them holds the job
 // afterwards.
 func TestJobRenewalRacingATakeover(t *testing.T) {
+	t.Parallel()
 	for _, order := range interleavings(3, 5) {
 		t.Run(order, func(t *testing.T) {
+			t.Parallel()
 			bubble(t, func(t *testing.T) { raceJobRenewalAndClaim(t, order) })
 		})
 	}
