@@ -60,7 +60,7 @@ type LeaseLost struct {
 	Proven time.Time
 }
 
-func (e *LeaseLost) Error() string { return "the saga's lease is lost: " + e.Why }
+func (e *LeaseLost) Error() string { return "the lease is lost: " + e.Why }
 
 // NoJournal records nothing: a saga that dies with its process is lost.
 type NoJournal struct{}

@@ -57,6 +57,12 @@ type WindowResult struct {
 	// later one would be refused alike; those in flight run to their
 	// end.
 	Refused []int
+	// Unsent are the job indexes of the items failed by the gateway's
+	// own storage, in order: their write's record could not be stored,
+	// or the job's lease not proven in time, so nothing was sent. A
+	// job runs them again once its storage answers (a blip), where a
+	// synchronous batch answers them 503.
+	Unsent []int
 }
 
 // CredentialsRefused reports whether a sub-request's status refuses the
@@ -177,6 +183,13 @@ func ExecuteWindow(ctx context.Context, w *Snapshot, site Site, o WindowOpts) (*
 			res.Refused = append(res.Refused, it.Index)
 		}
 	}
+	run.mu.Lock()
+	for i := range run.state {
+		if run.state[i].byGateway {
+			res.Unsent = append(res.Unsent, run.items[i].Index)
+		}
+	}
+	run.mu.Unlock()
 	endWindow(span, res)
 	return res, nil
 }

@@ -2,6 +2,7 @@ package durable
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -111,6 +112,9 @@ func topLeases(names []string) (epoch int, keys []string) {
 // when it stands, on each of its clocks, and whether it is lost.
 type holder struct {
 	length time.Duration
+	// what names what the lease is for in the reason of its lapse: a
+	// saga's when empty.
+	what string
 
 	mu sync.Mutex
 	// mono and wall are when the lease lapses on the monotonic clock and
@@ -172,7 +176,7 @@ func (h *holder) lapsedLocked(at time.Time) bool {
 	case h.mono.IsZero(), at.Before(h.mono) && at.Round(0).Before(h.wall):
 		return false
 	}
-	h.lost = &batch.LeaseLost{Why: fmt.Sprintf("the saga's lease lapsed by this process's clock at %s: its renewals did not prove it in time (storage unreachable, or the process paused)", h.wall.Format(time.RFC3339)), Proven: h.proven}
+	h.lost = &batch.LeaseLost{Why: fmt.Sprintf("the %s's lease lapsed by this process's clock at %s: its renewals did not prove it in time (storage unreachable, or the process paused)", cmp.Or(h.what, "saga"), h.wall.Format(time.RFC3339)), Proven: h.proven}
 	h.signalLocked()
 	return true
 }
@@ -283,6 +287,13 @@ func renewFolderLease(ctx context.Context, s Storage, f leaseFolder, epoch int, 
 	} else if err != nil {
 		return nil, err
 	}
+	if err := ctx.Err(); err != nil {
+		// The read came back after the renewal's time (a storage that
+		// hung and healed, and does not heed ctx): the lease may have
+		// lapsed meanwhile, and a record written now would only tell a
+		// watching instance that the owner still renews.
+		return nil, fmt.Errorf("renewing the %s's lease took longer than its time: %w", f.what, err)
+	}
 	if err := s.Store(ctx, key, next); err != nil {
 		return nil, err
 	}
@@ -354,7 +365,7 @@ func outranks(names []string, epoch int, mine string) error {
 	for _, n := range names {
 		e, ok := leaseEpoch(n)
 		if ok && (e > epoch || e == epoch && n != path.Base(mine)) {
-			return &lostLease{fmt.Sprintf("another instance took the saga over (lease epoch %d)", e), true}
+			return &lostLease{fmt.Sprintf("another instance took it over (lease epoch %d)", e), true}
 		}
 	}
 	return nil

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"slices"
 	"sync"
 	"time"
@@ -70,6 +71,7 @@ type fencedLease struct {
 // stored, in a call that began at start.
 func holdLease(s Storage, leases *Leases, logger *zap.Logger, f leaseFolder, epoch int, stored []byte, start time.Time) *fencedLease {
 	l := &fencedLease{storage: s, folder: f, epoch: epoch, logger: logger, holder: newHolder(leases.Length), stored: stored}
+	l.what = f.what
 	l.prove(start)
 	l.stop = leases.Hold(l.renew, 0)
 	return l
@@ -93,8 +95,14 @@ func (l *fencedLease) renew() {
 	var lost *lostLease
 	switch {
 	case errors.As(err, &lost):
-		l.lose(lost.why)
-		l.logger.Error("a job's lease is lost: this process writes nothing more for it", zap.String("dir", l.folder.dir), zap.Int("epoch", l.epoch), zap.String("why", lost.why))
+		why := lost.why
+		if !lost.takenOver && l.guardGone(ctx) {
+			// Its record went with it: the storage forgot the job, or an
+			// operator deleted it. Nobody carries it on.
+			why = l.folder.guardGone().why
+		}
+		l.lose(why)
+		l.logger.Error("a job's lease is lost: this process writes nothing more for it", zap.String("dir", l.folder.dir), zap.Int("epoch", l.epoch), zap.String("why", why))
 	case err != nil:
 		l.logger.Warn("renewing a job's lease in storage; it writes nothing until a renewal proves it", zap.String("dir", l.folder.dir), zap.Error(err))
 	default:
@@ -105,6 +113,13 @@ func (l *fencedLease) renew() {
 			l.logger.Warn("a renewal of a job's lease did not prove it (too slow, or it lapsed meanwhile)", zap.String("dir", l.folder.dir), zap.Duration("took", now().Sub(start)))
 		}
 	}
+}
+
+// guardGone reports whether the folder's guard (the job's record) is
+// surely gone: a read that fails says nothing.
+func (l *fencedLease) guardGone(ctx context.Context) bool {
+	_, err := l.storage.Modified(ctx, l.folder.guard)
+	return errors.Is(err, fs.ErrNotExist)
 }
 
 // end stops the renewals, and makes the lease lost for good to this
@@ -161,16 +176,19 @@ func (js *Jobs) ClaimReleased(ctx context.Context, id string) (*HeldJob, error) 
 	if err != nil {
 		return nil, err
 	}
-	return js.claim(ctx, rec, leaseView{})
+	return js.claim(ctx, rec, nil)
 }
 
 // claim takes the job rec under the next epoch, under the job's storage
 // lock (of instances that find it at once, one goes first; the claim
 // itself proves, claimFolderKey): a job whose lease was released, or
 // whose lease record is still the one a scan watched stand unchanged
-// for a whole lease (lapsed). ErrJobHeld when it is neither, or another
-// instance claims it first.
-func (js *Jobs) claim(ctx context.Context, rec *JobRecord, lapsed leaseView) (*HeldJob, error) {
+// for a whole lease (lapsed; nil when no scan watched it). A job with
+// no lease key at all (the storage forgot it, or an operator deleted
+// it: its owner finds it gone at its next renewal, and stops) is
+// claimed once a scan watched it so for a lease, as a lapsed one is.
+// ErrJobHeld when it is neither, or another instance claims it first.
+func (js *Jobs) claim(ctx context.Context, rec *JobRecord, lapsed *leaseView) (*HeldJob, error) {
 	name := jobLock(rec.ID)
 	unlock, err := Lock(ctx, js.storage, name, 0, js.unlockFailed(name))
 	if errors.Is(err, itemlock.ErrLocked) {
@@ -184,13 +202,13 @@ func (js *Jobs) claim(ctx context.Context, rec *JobRecord, lapsed leaseView) (*H
 }
 
 // claimLocked is claim under the job's storage lock.
-func (js *Jobs) claimLocked(ctx context.Context, rec *JobRecord, lapsed leaseView) (*HeldJob, error) {
+func (js *Jobs) claimLocked(ctx context.Context, rec *JobRecord, lapsed *leaseView) (*HeldJob, error) {
 	f := jobLeases(rec.ID)
 	seen, err := readFolderLease(ctx, js.storage, f)
 	if err != nil {
 		return nil, fmt.Errorf("reading the lease of job %s: %w", rec.ID, err)
 	}
-	if !seen.released() && (lapsed.raw == nil || seen.record() != lapsed.record()) {
+	if !seen.released() && (lapsed == nil || seen.record() != lapsed.record()) {
 		return nil, ErrJobHeld
 	}
 	epoch := seen.epoch + 1

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"maps"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.uber.org/zap"
@@ -162,4 +164,82 @@ func TestJobLeaseTakenOverFencesTheOldOwner(t *testing.T) {
 			t.Errorf("the new owner's lease was written over: %s", b)
 		}
 	})
+}
+
+// A renewal of a job's lease and a scan's claim of the job that race: at
+// every interleaving of their storage calls (the renewal's read, write
+// and listing; the claim's listing and read of the lease, then its
+// write, listing and read again), at most one of them holds the job
+// afterwards.
+func TestJobRenewalRacingATakeover(t *testing.T) {
+	t.Parallel()
+	for _, order := range interleavings(3, 5) {
+		t.Run(order, func(t *testing.T) {
+			t.Parallel()
+			bubble(t, func(t *testing.T) { raceJobRenewalAndClaim(t, order) })
+		})
+	}
+}
+
+func raceJobRenewalAndClaim(t *testing.T, order string) {
+	defer endHeld(t)
+	s := newFaulty()
+	owner := NewJobs(s, NewLeases(time.Minute), zap.NewNop())
+	hj, _ := mustStart(t, owner, 1)
+	hj.lease.renew() // the lease key, as the owner last wrote it
+	other := NewJobs(s, NewLeases(time.Minute), zap.NewNop())
+	f := jobLeases(hj.Record().ID)
+	seen, err := readFolderLease(context.Background(), s, f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	turns := map[string]chan struct{}{"a": make(chan struct{}), "b": make(chan struct{})}
+	calls := map[string]int{}
+	var mu sync.Mutex
+	s.setHook(func(ctx context.Context, _, _ string) error {
+		who, _ := ctx.Value(raceParty{}).(string)
+		mu.Lock()
+		calls[who]++
+		n := calls[who]
+		mu.Unlock()
+		if who == "a" && n <= 3 || who == "b" && n <= 5 {
+			turns[who] <- struct{}{} // ready to call
+			<-turns[who]             // and called
+		}
+		return nil
+	})
+	renewed, claimed := make(chan error, 1), make(chan error, 1)
+	// A party may be done before its last turn: a claim that found the
+	// lease renewed reads no further.
+	done := map[string]chan struct{}{"a": make(chan struct{}), "b": make(chan struct{})}
+	go func() {
+		defer close(done["a"])
+		ctx := context.WithValue(context.Background(), raceParty{}, "a")
+		hj.lease.mu.Lock()
+		prev := hj.lease.stored
+		hj.lease.mu.Unlock()
+		_, err := renewFolderLease(ctx, s, f, 0, prev, leaseRecord(0, now().Add(time.Minute), 99))
+		renewed <- err
+	}()
+	go func() {
+		defer close(done["b"])
+		ctx := context.WithValue(context.Background(), raceParty{}, "b")
+		next, err := other.claim(ctx, hj.Record(), &seen)
+		if next != nil {
+			next.lease.end("the test ended")
+		}
+		claimed <- err
+	}()
+	for _, who := range order {
+		select {
+		case <-turns[string(who)]:
+			turns[string(who)] <- struct{}{}
+			synctest.Wait() // the call is made, and its party waits for its next turn or is done
+		case <-done[string(who)]:
+		}
+	}
+	aErr, bErr := <-renewed, <-claimed
+	if aErr == nil && bErr == nil {
+		t.Errorf("order %s: the renewal proved the lease and the takeover claimed the job", order)
+	}
 }

@@ -119,7 +119,7 @@ func (js *Jobs) Resume(ctx context.Context, id, token string, header http.Header
 	if !resumable(v) {
 		return nil, ErrJobNotPaused
 	}
-	held, err := js.claimLocked(ctx, v.rec, leaseView{})
+	held, err := js.claimLocked(ctx, v.rec, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -192,7 +192,7 @@ func (js *Jobs) EndPausedPastDeadline(ctx context.Context, id string) (bool, err
 	if err != nil || v.ended() || v.progress.State != JobPaused || now().Before(rec.Deadline) {
 		return false, err
 	}
-	held, err := js.claimLocked(ctx, rec, leaseView{})
+	held, err := js.claimLocked(ctx, rec, nil)
 	if errors.Is(err, ErrJobHeld) {
 		return false, nil
 	}

@@ -7,11 +7,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/http"
 	"path"
 	"slices"
 	"strconv"
 	"time"
+
+	"go.uber.org/zap"
 
 	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/internal/stop"
@@ -70,11 +73,15 @@ func (hj *HeldJob) run(ctx context.Context, through Through, stop <-chan struct{
 	if hj.rec.Atomicity != partialJob {
 		return fmt.Errorf("job %s is %s: this build runs only partial jobs", hj.rec.ID, hj.rec.Atomicity)
 	}
-	d, err := hj.newDriver(ctx)
+	var d *driver
+	err := hj.retried(ctx, func() (err error) {
+		d, err = hj.newDriver(ctx)
+		return err
+	})
 	if err != nil {
 		return err
 	}
-	if err := hj.WriteProgress(ctx, d.p); err != nil {
+	if err := hj.retried(ctx, func() error { return hj.WriteProgress(ctx, d.p) }); err != nil {
 		return err
 	}
 	for c, first := range d.chunks {
@@ -82,22 +89,33 @@ func (hj *HeldJob) run(ctx context.Context, through Through, stop <-chan struct{
 		if end <= d.p.Cursor {
 			continue
 		}
-		items, err := hj.ReadChunk(ctx, first)
+		var items []batch.ItemSnapshot
+		err := hj.retried(ctx, func() (err error) {
+			items, err = hj.ReadChunk(ctx, first)
+			return err
+		})
 		if err != nil {
 			return err
 		}
 		for w := first; w < end; w += jobWindowItems {
 			wend := min(w+jobWindowItems, end)
-			if wend <= d.p.Cursor {
-				continue
-			}
-			if why := d.halt(stop); why != "" {
-				return d.finish(ctx, why)
-			}
-			if err := d.window(ctx, through, stop, w, items[w-first:wend-first]); err != nil {
-				return err
-			}
-			if d.p.Cursor < wend {
+			for d.p.Cursor < wend {
+				if why := d.halt(stop); why != "" {
+					return d.finish(ctx, why)
+				}
+				from := d.p.Cursor
+				if err := d.window(ctx, through, stop, w, items[w-first:wend-first]); err != nil {
+					return err
+				}
+				if d.p.Cursor >= wend {
+					break
+				}
+				if d.unsent {
+					if err := d.again(ctx, d.p.Cursor > from); err != nil {
+						return err
+					}
+					continue
+				}
 				// The window stopped before its end.
 				why := d.halt(stop)
 				if why == "" && ctx.Err() != nil {
@@ -113,6 +131,28 @@ func (hj *HeldJob) run(ctx context.Context, through Through, stop <-chan struct{
 	return d.finish(ctx, haltNone)
 }
 
+// again waits a moment before the window is run again from the first
+// item whose write its storage failed (nothing was sent): the blip
+// passes meanwhile. A lease of runs again that finish no item is no
+// blip, and ends the run (the job released for whoever claims it).
+func (d *driver) again(ctx context.Context, progressed bool) error {
+	length := d.hj.lease.length
+	switch {
+	case progressed || d.unsentSince.IsZero():
+		d.unsentSince = now()
+	case now().Sub(d.unsentSince) >= length:
+		return fmt.Errorf("job %s: the storage did not record the writes from item %d for %s (the lease's length), so none was sent", d.hj.rec.ID, d.p.Cursor, length)
+	}
+	t := time.NewTimer(length / retryPauses)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
 // driver is a job being run: its progress, and where its input lies.
 type driver struct {
 	hj   *HeldJob
@@ -124,6 +164,11 @@ type driver struct {
 	// paused, once set, says why the job pauses (pauseReason): an item's
 	// credentials were refused.
 	paused string
+	// unsent says the last window stopped at an item its storage failed
+	// (batch.WindowResult.Unsent), and unsentSince since when the
+	// windows run again finish nothing (again).
+	unsent      bool
+	unsentSince time.Time
 }
 
 func (hj *HeldJob) newDriver(ctx context.Context) (*driver, error) {
@@ -219,7 +264,11 @@ func (d *driver) halt(handOver <-chan struct{}) string {
 // (its input, items), from the first one its results page does not hold.
 func (d *driver) window(ctx context.Context, through Through, stop <-chan struct{}, first int, items []batch.ItemSnapshot) error {
 	hj := d.hj
-	done, err := d.carriedOn(ctx, first)
+	var done int
+	err := hj.retried(ctx, func() (err error) {
+		done, err = d.carriedOn(ctx, first)
+		return err
+	})
 	if err != nil {
 		return err
 	}
@@ -229,7 +278,7 @@ func (d *driver) window(ctx context.Context, through Through, stop <-chan struct
 		// synchronous batch's carry its client's.
 		snap := &batch.Snapshot{Version: batch.SnapshotVersion, Op: hj.rec.Op, Path: hj.rec.Path, Query: hj.rec.Query,
 			Header: d.cred, Key: hj.rec.Key, KeyQuoted: hj.rec.KeyQuoted, Base: base, Items: slices.Clone(items[done:])}
-		if err := hj.readLog(ctx, first, base, snap.Items); err != nil {
+		if err := hj.retried(ctx, func() error { return hj.readLog(ctx, first, base, snap.Items) }); err != nil {
 			return err
 		}
 		res, err := d.run(ctx, through, stop, first, snap)
@@ -239,9 +288,13 @@ func (d *driver) window(ctx context.Context, through Through, stop <-chan struct
 		if len(res.Refused) > 0 && d.paused == "" {
 			d.paused = d.pauseReason(res.Refused[0], res.Items[res.Refused[0]-base].Status)
 		}
-		finished := d.finished(res.Items, stop)
+		if err := hj.retried(ctx, func() error { return hj.recordStands(ctx) }); err != nil {
+			return err
+		}
+		finished := d.finished(res, stop)
+		d.unsent = len(finished) < len(res.Items) && slices.Contains(res.Unsent, res.Items[len(finished)].Index)
 		stored := len(hj.page.lines)
-		if err := hj.AppendResults(ctx, first, finished); err != nil {
+		if err := hj.retried(ctx, func() error { return hj.AppendResults(ctx, first, finished) }); err != nil {
 			return err
 		}
 		d.p.ResultsBytes += int64(len(hj.page.lines) - stored)
@@ -250,13 +303,66 @@ func (d *driver) window(ctx context.Context, through Through, stop <-chan struct
 		done += len(finished)
 	}
 	d.p.Cursor = first + done
-	if err := hj.WriteProgress(ctx, d.p); err != nil {
+	if err := hj.retried(ctx, func() error { return hj.WriteProgress(ctx, d.p) }); err != nil {
 		return err
 	}
 	if done == len(items) {
-		return hj.dropLog(ctx, first)
+		return hj.retried(ctx, func() error { return hj.dropLog(ctx, first) })
 	}
 	return nil
+}
+
+// recordStands makes sure the job's record is still in storage before
+// the owner stores a window's results and progress: gone (the storage
+// forgot the job, or an operator deleted it), the lease is lost for good
+// and nothing is stored, so that no results page or progress stands in
+// a folder with no job. One call a window; the renewal that finds the
+// lease gone looks too.
+func (hj *HeldJob) recordStands(ctx context.Context) error {
+	_, err := hj.jobs.storage.Modified(ctx, jobKey(hj.rec.ID, jobName))
+	if !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	why := hj.lease.folder.guardGone().why
+	hj.lease.lose(why)
+	hj.jobs.logger.Error("a job's lease is lost: this process writes nothing more for it", zap.String("dir", hj.lease.folder.dir), zap.Int("epoch", hj.epoch), zap.String("why", why))
+	return hj.lease.lostErr()
+}
+
+// retryPauses is how many pauses between the tries of a driver's
+// storage step a lease holds (retried).
+const retryPauses = 10
+
+// retried runs step, a storage call of the driver, again after a failure
+// while the job's lease stands, for at most a lease: a storage blip
+// shorter than the lease (its renewals failing too, the lease unproven
+// meanwhile, and the writes among the steps waiting for it proven
+// again) then ends no run and hands no job over. A lost lease, ctx done,
+// a value this build cannot read or a key that is gone ends the tries at
+// once; so does a lease's time of failures, which is no blip.
+func (hj *HeldJob) retried(ctx context.Context, step func() error) error {
+	giveUp := now().Add(hj.lease.length)
+	for {
+		err := step()
+		var lost *batch.LeaseLost
+		switch {
+		case err == nil, errors.As(err, &lost), ctx.Err() != nil, errors.Is(err, errUnreadable), errors.Is(err, fs.ErrNotExist):
+			return err
+		case hj.lease.lostErr() != nil:
+			return hj.lease.lostErr()
+		case !now().Before(giveUp):
+			return err
+		}
+		hj.jobs.logger.Warn("a job's storage call failed; it is made again while the job's lease stands",
+			zap.String("job", hj.rec.ID), zap.Int("epoch", hj.epoch), zap.Error(err))
+		t := time.NewTimer(hj.lease.length / retryPauses)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
 }
 
 // finished is what of a window's items (its run's) the results keep:
@@ -268,7 +374,8 @@ func (d *driver) window(ctx context.Context, through Through, stop <-chan struct
 // the results keep every item up to the last one that started: one the
 // deadline held back while later ones went out stays not_attempted
 // among them.
-func (d *driver) finished(items []batch.ItemResult, stop <-chan struct{}) []batch.ItemResult {
+func (d *driver) finished(res *batch.WindowResult, stop <-chan struct{}) []batch.ItemResult {
+	items := res.Items
 	notStarted := func(it batch.ItemResult) bool { return it.Outcome == batch.NotAttempted }
 	if why := d.halt(stop); why == haltCancel || why == haltDeadline {
 		for len(items) > 0 && notStarted(items[len(items)-1]) {
@@ -276,7 +383,8 @@ func (d *driver) finished(items []batch.ItemResult, stop <-chan struct{}) []batc
 		}
 		return items
 	}
-	i := slices.IndexFunc(items, func(it batch.ItemResult) bool { return notStarted(it) || refusedItem(it) })
+	unsent := func(it batch.ItemResult) bool { return slices.Contains(res.Unsent, it.Index) }
+	i := slices.IndexFunc(items, func(it batch.ItemResult) bool { return notStarted(it) || refusedItem(it) || unsent(it) })
 	if i < 0 {
 		return items
 	}
@@ -315,10 +423,10 @@ func (d *driver) run(ctx context.Context, through Through, stop <-chan struct{},
 		site.Runtime.Journal, site.Runtime.Background = log, true
 		var err error
 		res, err = batch.ExecuteWindow(ctx, snap, site, batch.WindowOpts{Stop: halted, Deadline: hj.rec.Deadline, KeepBody: ResultBodyLimit})
-		if err == nil && (res.Stopped || len(res.Refused) > 0) {
+		if err == nil && (res.Stopped || len(res.Refused) > 0 || len(res.Unsent) > 0) {
 			// Stopped short, or paused: what the results will not say,
-			// the log must.
-			err = log.flush(ctx)
+			// the log must (or, its store failed, a carry-on resolves).
+			err = hj.retried(ctx, func() error { return log.flush(ctx) })
 		}
 		return err
 	})

@@ -98,7 +98,7 @@ func (js *Jobs) scanJob(ctx context.Context, id string, room JobRoom) (string, e
 	if !ok {
 		return "", nil
 	}
-	held, err := js.claim(ctx, rec, lease)
+	held, err := js.claim(ctx, rec, &lease)
 	if err != nil {
 		release()
 		if errors.Is(err, ErrJobHeld) {

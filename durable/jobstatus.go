@@ -124,7 +124,7 @@ func (js *Jobs) cancelQueued(ctx context.Context, v *jobView) (*JobStatus, error
 	if err != nil || !endsOnCancel(v.progress) {
 		return statusOf(v, err)
 	}
-	held, err := js.claimLocked(ctx, v.rec, leaseView{})
+	held, err := js.claimLocked(ctx, v.rec, nil)
 	if errors.Is(err, ErrJobHeld) {
 		return v.status(), nil
 	}

@@ -269,3 +269,16 @@ func (c *counting) Unlock(ctx context.Context, name string) error {
 	c.add("unlock")
 	return c.Storage.Unlock(ctx, name)
 }
+
+// valuesUnder are the keys under prefix and their values.
+func (s *memStorage) valuesUnder(prefix string) map[string][]byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string][]byte{}
+	for k, v := range s.keys {
+		if strings.HasPrefix(k, prefix+"/") {
+			out[k] = slices.Clone(v)
+		}
+	}
+	return out
+}
