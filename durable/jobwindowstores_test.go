@@ -105,10 +105,3 @@ func TestJobWindowRecordsGoToStorageTogether(t *testing.T) {
 		}
 	})
 }
-
-// senderFunc is a batch.Sender of a function.
-type senderFunc func(context.Context, *batch.SubRequest) (*batch.SubResponse, error)
-
-func (f senderFunc) Send(ctx context.Context, req *batch.SubRequest) (*batch.SubResponse, error) {
-	return f(ctx, req)
-}
