@@ -139,7 +139,13 @@ func (a *App) RunJob(held *durable.HeldJob, release func()) {
 		ctx, tr := withJobTrace(context.Background(), held)
 		err := held.Run(ctx, ThroughRoutes, a.stop)
 		tr.end(err)
+		var lost *batch.LeaseLost
 		switch {
+		case errors.As(err, &lost):
+			// Not this instance's any more: another carries it on, or, its
+			// record gone from storage, nobody does (the reason says).
+			a.logger.Warn("bulk job stopped: its lease is lost, and this instance sends nothing more for it",
+				zap.String("job", rec.ID), zap.String("why", lost.Why))
 		case err != nil:
 			a.logger.Warn("bulk job stopped before its end: the next scan of an instance with room carries it on",
 				zap.String("job", rec.ID), zap.Error(err))
