@@ -232,7 +232,8 @@ func (run *batchRun) executeItem(clientCtx, batchCtx context.Context, i int) boo
 	run.mu.Unlock()
 	if t.kind.Writes() && !run.saga {
 		// A partial batch's write locks its item only while in flight,
-		// as a single write through the gateway does.
+		// as a single write through the gateway does (a job's, also
+		// while it waits for its turn in its window).
 		unlock, ok := run.lockOne(clientCtx, batchCtx, i, id)
 		if !ok {
 			return false

@@ -52,9 +52,8 @@ func newPlaces(max int, order []int, halted, stop <-chan struct{}) *places {
 }
 
 // enter waits until item i's turn comes and a place is free, or until
-// ctx is done or the window halted (then it reports false, and the item
-// is not sent). For a batch
-// (w nil), nothing waits.
+// ctx is done or the window halted or was told to stop (then it reports
+// false, and the item is not sent). For a batch (w nil), nothing waits.
 func (w *windowing) enter(ctx context.Context, i int) bool {
 	if w == nil {
 		return true
