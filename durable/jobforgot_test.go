@@ -114,5 +114,24 @@ func folderVanishes(t *testing.T, at int) {
 		if _, err := a.js.Status(context.Background(), id, token); !errors.Is(err, ErrUnknownJob) {
 			t.Errorf("the status of a job whose folder vanished: %v, want ErrUnknownJob (404)", err)
 		}
+		// Its entries go too: its client's at the client's next count,
+		// so that the quota is free again; the active and index ones at
+		// the first scan that found the job with no owner for a lease.
+		if err := a.js.CheckQuota(context.Background(), goldenClient, Quota{PerClient: 1, Queued: 100}); err != nil {
+			t.Errorf("a start of the client whose job vanished, max_jobs_per_client 1: %v, want room", err)
+		}
+		if left := mem.keysUnder(jobClientsPrefix); len(left) > 0 {
+			t.Errorf("the client's entries %v stay", left)
+		}
+		r := &scanRoom{t: t, max: 1}
+		scanOnce(t, a.js, r)
+		if left := mem.keysUnder(jobActivePrefix); len(left) != 1 {
+			t.Errorf("active entries %v after a scan that saw no owner yet, want the job's, until a lease passed", left)
+		}
+		time.Sleep(jobFaultLease + time.Second)
+		scanOnce(t, a.js, r)
+		if left := append(mem.keysUnder(jobActivePrefix), mem.keysUnder(jobIndexPrefix)...); len(left) > 0 || len(r.asked) > 0 {
+			t.Errorf("entries %v after a scan a lease later, room asked for %v; want the entries gone, nothing run", left, r.asked)
+		}
 	})
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/http"
 	"path"
 	"strings"
@@ -48,6 +49,10 @@ func (js *Jobs) CheckQuota(ctx context.Context, client string, q Quota) error {
 	if err != nil {
 		return fmt.Errorf("counting the client's jobs: %w", err)
 	}
+	ids, err = js.withRecords(ctx, client, ids)
+	if err != nil {
+		return fmt.Errorf("counting the client's jobs: %w", err)
+	}
 	if len(ids) >= q.PerClient {
 		return &QuotaError{RetryAfter: clientQuotaRetry, Reason: fmt.Sprintf(
 			"this client has %d jobs not ended, and may have %d (max_jobs_per_client): wait for one to end, or cancel one", len(ids), q.PerClient)}
@@ -64,6 +69,29 @@ func (js *Jobs) CheckQuota(ctx context.Context, client string, q Quota) error {
 			"%d jobs wait to run, and %d may (max_queued_jobs): try again once the queue moved", queued, q.Queued)}
 	}
 	return nil
+}
+
+// withRecords keeps of ids, the jobs client's entries name, those whose
+// record is in storage, and deletes the entries of the others: jobs the
+// storage lost (a record goes in before its entries, and out after them
+// when the job ends), which would hold the client's quota for good. One
+// read per job counted, at most max_jobs_per_client of them.
+func (js *Jobs) withRecords(ctx context.Context, client string, ids []string) ([]string, error) {
+	kept := ids[:0]
+	for _, id := range ids {
+		_, err := js.storage.Modified(ctx, jobKey(id, jobName))
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			if err := deleteKey(ctx, js.storage, path.Join(jobClientsPrefix, client, id)); err != nil {
+				return nil, err
+			}
+		case err != nil:
+			return nil, err
+		default:
+			kept = append(kept, id)
+		}
+	}
+	return kept, nil
 }
 
 // queued counts the jobs of the cluster that wait to run: of the active

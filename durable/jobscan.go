@@ -3,9 +3,13 @@ package durable
 import (
 	"context"
 	"errors"
+	"io/fs"
+	"path"
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 // A job carries on wherever there is room for it (docs/durability.md,
@@ -51,20 +55,20 @@ func (js *Jobs) Scan(ctx context.Context, room JobRoom, failed func(id, doing st
 		ids = append(ids, name[strings.LastIndexByte(name, '.')+1:]) // <created>.<id>
 	}
 	js.watch.forgetAllBut(ids)
-	for _, id := range ids {
+	for k, id := range ids {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if doing, err := js.scanJob(ctx, id, room); err != nil {
+		if doing, err := js.scanJob(ctx, names[k], id, room); err != nil {
 			failed(id, doing, err)
 		}
 	}
 	return nil
 }
 
-// scanJob claims the job id for room if it waits for an owner: an error
-// comes with what was being done.
-func (js *Jobs) scanJob(ctx context.Context, id string, room JobRoom) (string, error) {
+// scanJob claims the job id, listed active as name, for room if it
+// waits for an owner: an error comes with what was being done.
+func (js *Jobs) scanJob(ctx context.Context, name, id string, room JobRoom) (string, error) {
 	if !validJobID(id) {
 		return "", nil // another build's entry
 	}
@@ -76,6 +80,14 @@ func (js *Jobs) scanJob(ctx context.Context, id string, room JobRoom) (string, e
 		return "", nil
 	}
 	rec, err := readJob(ctx, js.storage, id)
+	if errors.Is(err, fs.ErrNotExist) {
+		// Listed active with no record, and no owner for a whole lease:
+		// the storage forgot the job (a record goes in before its
+		// entries, and out after them). Nobody can carry it on, and its
+		// entries would only be read again at every scan.
+		js.watch.forget(id)
+		return "clearing the entries of a job whose record is gone", js.dropForgotten(ctx, name)
+	}
 	if err != nil {
 		return "reading the job", err
 	}
@@ -109,4 +121,17 @@ func (js *Jobs) scanJob(ctx context.Context, id string, room JobRoom) (string, e
 	js.watch.forget(id)
 	run(held)
 	return "", nil
+}
+
+// dropForgotten deletes the active and index entries, listed as name
+// (<created>.<id>), of a job not ended whose record the storage lost,
+// and logs it: its quota entry goes at its client's next count
+// (CheckQuota), its expiry entry at the sweep.
+func (js *Jobs) dropForgotten(ctx context.Context, name string) error {
+	js.logger.Error("a bulk job listed active has no record in storage (the storage lost it, or an operator deleted it): its entries are removed, and nobody carries it on",
+		zap.String("job", name[strings.LastIndexByte(name, '.')+1:]))
+	return errors.Join(
+		deleteKey(ctx, js.storage, path.Join(jobActivePrefix, name)),
+		deleteKey(ctx, js.storage, path.Join(jobIndexPrefix, name+"."+jobIndexActive)),
+	)
 }
