@@ -1,9 +1,7 @@
 package e2e
 
 import (
-	"encoding/json"
 	"fmt"
-	"net/http"
 	"net/http/httptest"
 	"strings"
 	"syscall"
@@ -79,27 +77,8 @@ func TestJobsCarriedOnByAnotherInstance(t *testing.T) {
 			b := startCaddyProcess(t, bin, jobsProcessConfig(addrB, upstream.Listener.Addr().String(), storage), addrB)
 
 			const n = 3000
-			req, _ := http.NewRequest("POST", "http://"+addrA+"/api/widgets", strings.NewReader(widgetLines(n)))
-			req.Header.Set("Content-Type", "application/x-ndjson")
-			req.Header.Set("Prefer", "respond-async")
-			req.Header.Set("Authorization", "Bearer client-a")
-			req.Header.Set("Idempotency-Key", "nightly-import-"+prefix)
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var job jobAnswer
-			err = json.NewDecoder(resp.Body).Decode(&job)
-			resp.Body.Close()
-			if err != nil || resp.StatusCode != 202 {
-				t.Fatalf("start: %d %v", resp.StatusCode, err)
-			}
-
-			for deadline := time.Now().Add(time.Minute); len(api.Items("/api/widgets")) < n/3; time.Sleep(10 * time.Millisecond) {
-				if time.Now().After(deadline) {
-					t.Fatalf("the job made %d widgets in a minute, want %d before the stop", len(api.Items("/api/widgets")), n/3)
-				}
-			}
+			job := startWidgetJob(t, addrA, n, "nightly-import-"+prefix)
+			awaitWidgets(t, api, n/3)
 			if err := a.cmd.Process.Signal(c.signal); err != nil {
 				t.Fatal(err)
 			}
@@ -111,32 +90,7 @@ func TestJobsCarriedOnByAnotherInstance(t *testing.T) {
 				t.Errorf("the stopped instance did not log the hand-over:\n%s", a.tail(20))
 			}
 
-			var st struct {
-				jobAnswer
-				Takeovers int `json:"takeovers"`
-			}
-			for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
-				r, err := http.NewRequest("GET", "http://"+addrB+"/api/jobs/"+job.ID, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				r.Header.Set("Authorization", "Bearer "+job.Token)
-				resp, err := http.DefaultClient.Do(r)
-				if err != nil {
-					t.Fatal(err)
-				}
-				err = json.NewDecoder(resp.Body).Decode(&st)
-				resp.Body.Close()
-				if err != nil || resp.StatusCode != 200 {
-					t.Fatalf("status from the other instance: %d %v", resp.StatusCode, err)
-				}
-				if st.State != "running" && st.State != "queued" {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("the job is still %s (%d of %d done) two minutes after its instance stopped:\n%s", st.State, st.Done, n, b.tail(20))
-				}
-			}
+			st := awaitJobEnd(t, addrB, job, 2*time.Minute, b)
 			if st.State != "succeeded" || st.Done != n || st.Succeeded != n || st.Takeovers != 1 {
 				t.Errorf("the job ended %s, %d done, %d succeeded, %d takeovers; want succeeded, %d, %d, 1", st.State, st.Done, st.Succeeded, st.Takeovers, n, n)
 			}
