@@ -221,15 +221,17 @@ func (c *jobFaultCluster) checkALostTheJob(t *testing.T, id string) {
 	for deadline := time.Now().Add(2 * jobFaultLease); ; time.Sleep(100 * time.Millisecond) {
 		stops = stops[:0]
 		for _, e := range c.a.entries(t) {
-			if msg, _ := e["msg"].(string); !strings.HasPrefix(msg, "bulk job stopped before its end") || e["job"] != id {
+			msg, _ := e["msg"].(string)
+			if !strings.HasPrefix(msg, "bulk job stopped") || e["job"] != id {
 				continue
 			}
-			why, _ := e["error"].(string)
-			if strings.Contains(why, "lease is lost") {
-				t.Logf("A logged: %s", why)
+			why, _ := e["why"].(string)
+			if strings.HasPrefix(msg, "bulk job stopped: its lease is lost") && why != "" {
+				t.Logf("A logged: %s (%s)", msg, why)
 				return
 			}
-			stops = append(stops, why)
+			err, _ := e["error"].(string)
+			stops = append(stops, msg+": "+err)
 		}
 		if time.Now().After(deadline) {
 			break
