@@ -28,7 +28,8 @@ const storesInFlight = 4
 // the file system's, whose every store is a synced file, and a disk syncs
 // one after another, so that overlapping stores only add syncs. A
 // journal on it keeps one store in flight, and the records that come
-// meanwhile go together in the next, with no join window.
+// meanwhile go together in the next, which waits for the writes sent
+// as the last one landed to come back (join), not for a join window.
 type SerialStorer interface {
 	SerialStores()
 }
@@ -105,6 +106,10 @@ type groupCommit struct {
 	// alone reports whether the next store must run with no other in
 	// flight (a journal's intent, until it landed).
 	alone func() bool
+	// outstanding, if set, counts the writes sent, or about to be,
+	// whose answer is not recorded yet: their writers record their next
+	// writes once it came (a saga's journal).
+	outstanding func() int
 }
 
 func newGroupCommit(mu *sync.Mutex, max int, storeKept func(context.Context, uint64) error, alone func() bool) groupCommit {
@@ -161,6 +166,23 @@ func (g *groupCommit) store(ctx context.Context) {
 // join waits while records keep coming, within the join window. The
 // mutex is held, and let go while it waits.
 func (g *groupCommit) join() {
+	if g.max == 1 && g.outstanding != nil {
+		// One store at a time: the writes sent as the last store landed
+		// come back while the next one syncs, and their writers' next
+		// records would wait for a store of their own after it, so that
+		// the writers take turns, half of them a store (measured: 27
+		// stores for a 100-item create where 14 do). This store waits for
+		// them instead, up to half of what a store takes, or a
+		// millisecond: a slower upstream's writes are not waited for
+		// long.
+		deadline := time.Now().Add(min(time.Millisecond, g.stores.ewma/2))
+		for g.outstanding() > 0 && time.Now().Before(deadline) {
+			g.committed.L.Unlock()
+			time.Sleep(joinWindow)
+			g.committed.L.Lock()
+		}
+		return
+	}
 	limit := min(maxJoin, g.stores.ewma/8)
 	if limit < joinWindow || g.max == 1 {
 		return

@@ -213,3 +213,65 @@ func TestRecoveryWithAnEarlierSegmentListedOnly(t *testing.T) {
 		j.Abandon()
 	})
 }
+
+// serialSegments is a storage whose stores take delay each, one at a
+// time, as the file system's synced files do; it counts the journal's
+// segments stored.
+type serialSegments struct {
+	*memStorage
+	delay time.Duration
+
+	mu       chanMutex
+	segments int
+}
+
+func (s *serialSegments) SerialStores() {}
+
+func (s *serialSegments) Store(ctx context.Context, key string, value []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	time.Sleep(s.delay)
+	if _, seg := parseSegment(path.Base(key)); seg {
+		s.segments++
+	}
+	return s.memStorage.Store(ctx, key, value)
+}
+
+// staggered is an upstream whose creates answer after 200µs to 900µs,
+// by their order: eight writes sent together come back one by one.
+type staggered struct {
+	upstream
+	mu sync.Mutex
+	n  int
+}
+
+func (u *staggered) Send(ctx context.Context, sr *batch.SubRequest) (*batch.SubResponse, error) {
+	u.mu.Lock()
+	u.n++
+	n := u.n
+	u.mu.Unlock()
+	time.Sleep(200*time.Microsecond + time.Duration(n%8)*100*time.Microsecond)
+	return u.upstream.Send(ctx, sr)
+}
+
+// On a storage that stores one at a time, the writes sent as a store
+// lands come back while the next store syncs. Were that store to start
+// at once, they would wait for one of their own after it, and the
+// writers would take turns, half of them a store: a 96-item create made
+// 24 stores of four records. The store about to start waits, up to half
+// of what a store takes, for the writes whose answers are to come.
+func TestSerialStoresTakeEveryWriter(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
+		s := &serialSegments{memStorage: newMemStorage(), delay: 2 * time.Millisecond}
+		js := NewJournals(s, NewLeases(time.Minute), zap.NewNop())
+		res := batch.Run(context.Background(), createPlan(t, 96), batch.Runtime{Send: &staggered{}, Journal: js.New(Origin{})})
+		if res.Outcome != batch.Succeeded {
+			t.Fatalf("outcome %s: %s", res.Outcome, res.Detail)
+		}
+		// The intent's store, and one a wave of eight, with a few to
+		// spare where a straggler misses its wave's.
+		if want := 1 + 96/8 + 3; s.segments > want {
+			t.Errorf("%d segments stored for 96 writes sent eight at a time, want at most %d", s.segments, want)
+		}
+	})
+}

@@ -269,7 +269,10 @@ type Journal struct {
 	// intentAhead whether the intent is to be stored with no write
 	// waiting, and storingAhead whether a store runs for them; ending
 	// stops those stores once the saga ends.
-	ahead                             map[int]bool
+	ahead map[int]bool
+	// out are the writes sent, or about to be, whose answer is not
+	// recorded yet (groupCommit.outstanding).
+	out                               map[int]bool
 	aheadKept                         int
 	intentAhead, storingAhead, ending bool
 	// removing is set once a removal of the journal began: a later one
@@ -312,8 +315,9 @@ func (js *Journals) New(origin Origin) *Journal {
 func (j *Journal) Saga() string { return j.saga }
 
 func newJournalOf(j *Journal) *Journal {
-	j.at, j.lastIn, j.ahead = map[int]int{}, map[int]uint64{}, map[int]bool{}
+	j.at, j.lastIn, j.ahead, j.out = map[int]int{}, map[int]uint64{}, map[int]bool{}, map[int]bool{}
 	j.groupCommit = newGroupCommit(&j.mu, j.js.maxStores, j.flush, func() bool { return j.intent != nil })
+	j.outstanding = func() int { return len(j.out) }
 	if j.lease == nil {
 		j.lease = newHolder(j.js.leases.Length)
 	}
@@ -339,17 +343,30 @@ func (j *Journal) Begin(_ context.Context, p *batch.Plan) error {
 func (j *Journal) Record(ctx context.Context, t batch.Transition) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	if t.Phase != batch.PhaseSending {
+		delete(j.out, t.Index)
+	}
 	if t.Phase == batch.PhaseSending && j.ahead[t.Index] {
 		delete(j.ahead, t.Index)
 		if _, kept := j.at[t.Index]; !kept && j.lostErr() == nil {
-			return j.landedAhead(ctx, t)
+			return j.leaving(t, j.landedAhead(ctx, t))
 		}
 	}
 	j.keep(t)
 	if (t.Phase == batch.PhaseSending || t.Phase == batch.PhaseUndoing) && j.lostErr() == nil {
-		return j.commit(ctx)
+		return j.leaving(t, j.commit(ctx))
 	}
 	return nil
+}
+
+// leaving notes the write of t, about to be sent, as one whose answer
+// is to come (outstanding), unless its record could not be stored (err).
+// j.mu is held.
+func (j *Journal) leaving(t batch.Transition, err error) error {
+	if err == nil && t.Phase == batch.PhaseSending {
+		j.out[t.Index] = true
+	}
+	return err
 }
 
 // keep keeps t's record for the next store, over any record of the same
