@@ -282,7 +282,7 @@ func renewFolderLease(ctx context.Context, s Storage, f leaseFolder, epoch int, 
 		case !bytes.Equal(b, prev):
 			return nil, &lostLease{fmt.Sprintf("another instance wrote the %s's lease", f.what), true}
 		}
-	} else if _, err := s.Modified(ctx, f.guard); errors.Is(err, fs.ErrNotExist) {
+	} else if missing, err := gone(ctx, s, f.guard); missing {
 		return nil, f.guardGone()
 	} else if err != nil {
 		return nil, err

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"slices"
 	"sync"
 	"time"
@@ -101,8 +100,7 @@ func (l *fencedLease) renew() {
 			// operator deleted it. Nobody carries it on.
 			why = l.folder.guardGone().why
 		}
-		l.lose(why)
-		l.logger.Error("a job's lease is lost: this process writes nothing more for it", zap.String("dir", l.folder.dir), zap.Int("epoch", l.epoch), zap.String("why", why))
+		l.lost(why)
 	case err != nil:
 		l.logger.Warn("renewing a job's lease in storage; it writes nothing until a renewal proves it", zap.String("dir", l.folder.dir), zap.Error(err))
 	default:
@@ -118,8 +116,15 @@ func (l *fencedLease) renew() {
 // guardGone reports whether the folder's guard (the job's record) is
 // surely gone: a read that fails says nothing.
 func (l *fencedLease) guardGone(ctx context.Context) bool {
-	_, err := l.storage.Modified(ctx, l.folder.guard)
-	return errors.Is(err, fs.ErrNotExist)
+	missing, _ := gone(ctx, l.storage, l.folder.guard)
+	return missing
+}
+
+// lost makes the lease lost for good to this process, for why, and
+// says so.
+func (l *fencedLease) lost(why string) {
+	l.lose(why)
+	l.logger.Error("a job's lease is lost: this process writes nothing more for it", zap.String("dir", l.folder.dir), zap.Int("epoch", l.epoch), zap.String("why", why))
 }
 
 // end stops the renewals, and makes the lease lost for good to this

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net/http"
 	"path"
 	"strings"
@@ -79,9 +78,9 @@ func (js *Jobs) CheckQuota(ctx context.Context, client string, q Quota) error {
 func (js *Jobs) withRecords(ctx context.Context, client string, ids []string) ([]string, error) {
 	kept := ids[:0]
 	for _, id := range ids {
-		_, err := js.storage.Modified(ctx, jobKey(id, jobName))
+		missing, err := gone(ctx, js.storage, jobKey(id, jobName))
 		switch {
-		case errors.Is(err, fs.ErrNotExist):
+		case missing:
 			if err := deleteKey(ctx, js.storage, path.Join(jobClientsPrefix, client, id)); err != nil {
 				return nil, err
 			}

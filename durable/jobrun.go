@@ -143,14 +143,7 @@ func (d *driver) again(ctx context.Context, progressed bool) error {
 	case now().Sub(d.unsentSince) >= length:
 		return fmt.Errorf("job %s: the storage did not record the writes from item %d for %s (the lease's length), so none was sent", d.hj.rec.ID, d.p.Cursor, length)
 	}
-	t := time.NewTimer(length / retryPauses)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
+	return d.hj.retryPause(ctx)
 }
 
 // driver is a job being run: its progress, and where its input lies.
@@ -319,14 +312,12 @@ func (d *driver) window(ctx context.Context, through Through, stop <-chan struct
 // a folder with no job. One call a window; the renewal that finds the
 // lease gone looks too.
 func (hj *HeldJob) recordStands(ctx context.Context) error {
-	_, err := hj.jobs.storage.Modified(ctx, jobKey(hj.rec.ID, jobName))
-	if !errors.Is(err, fs.ErrNotExist) {
+	l := hj.lease
+	if missing, err := gone(ctx, l.storage, l.folder.guard); !missing {
 		return err
 	}
-	why := hj.lease.folder.guardGone().why
-	hj.lease.lose(why)
-	hj.jobs.logger.Error("a job's lease is lost: this process writes nothing more for it", zap.String("dir", hj.lease.folder.dir), zap.Int("epoch", hj.epoch), zap.String("why", why))
-	return hj.lease.lostErr()
+	l.lost(l.folder.guardGone().why)
+	return l.lostErr()
 }
 
 // retryPauses is how many pauses between the tries of a driver's
@@ -355,13 +346,22 @@ func (hj *HeldJob) retried(ctx context.Context, step func() error) error {
 		}
 		hj.jobs.logger.Warn("a job's storage call failed; it is made again while the job's lease stands",
 			zap.String("job", hj.rec.ID), zap.Int("epoch", hj.epoch), zap.Error(err))
-		t := time.NewTimer(hj.lease.length / retryPauses)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if hj.retryPause(ctx) != nil {
 			return err
-		case <-t.C:
 		}
+	}
+}
+
+// retryPause waits a tenth of the lease (retryPauses) before a driver's
+// step is tried again, or until ctx is done, whose error it returns.
+func (hj *HeldJob) retryPause(ctx context.Context) error {
+	t := time.NewTimer(hj.lease.length / retryPauses)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
 	}
 }
 

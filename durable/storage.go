@@ -96,3 +96,13 @@ func loadJSON(ctx context.Context, s Storage, key string, v any) (found bool, er
 	}
 	return true, nil
 }
+
+// gone reports whether key is surely not in s: a read that fails
+// otherwise says nothing, and comes back as the error.
+func gone(ctx context.Context, s Storage, key string) (bool, error) {
+	_, err := s.Modified(ctx, key)
+	if errors.Is(err, fs.ErrNotExist) {
+		return true, nil
+	}
+	return false, err
+}
