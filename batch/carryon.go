@@ -99,6 +99,14 @@ func (run *batchRun) resolveForward(ctx context.Context, i int) (applied, settle
 	_ = run.transition(ctx, i, PhaseSettled, nil, func(it *ItemResult, st *itemState) {
 		it.clearResponse()
 		it.Outcome, st.applied, st.failure, st.settled = Succeeded, true, false, true
+		if st.tgt.kind == policy.OpCreate && st.createdFrom == "" {
+			st.createdFrom = "element"
+		}
+		if run.saga {
+			// An all-or-nothing job's: what the item reads now is what
+			// an undo proves against.
+			st.undo, st.noUndo = st.undoOf(it, resp)
+		}
 		if st.tgt.kind == policy.OpDelete {
 			it.Status = http.StatusNoContent
 			return

@@ -49,7 +49,8 @@ func (run *batchRun) preflight(ctx context.Context) bool {
 		return true
 	}
 	for i := range run.items {
-		if !run.state[i].failure {
+		// A job's window carried on keeps what its items that ran did.
+		if !run.state[i].failure && !(run.plan.window != nil && run.state[i].settled) {
 			_ = run.transition(ctx, i, PhaseSettled, nil, func(it *ItemResult, _ *itemState) {
 				it.clearResponse()
 				it.Outcome = NotAttempted

@@ -41,6 +41,12 @@ type WindowOpts struct {
 	// longer one is cut into body_text (ItemResult.BodyCut). Zero keeps
 	// bodies whole.
 	KeepBody int
+	// AllOrNothing runs the window as a part of an all-or-nothing job's
+	// saga: its items locked (through Runtime.Locks, which for a job
+	// keeps them to its end: itemlock.Held) and preflighted before any
+	// is sent, no new item started once one failed, and every write's
+	// undo recorded with it, for UndoWindow.
+	AllOrNothing bool
 }
 
 // WindowResult is what a window did.
@@ -63,6 +69,9 @@ type WindowResult struct {
 	// job runs them again once its storage answers (a blip), where a
 	// synchronous batch answers them 503.
 	Unsent []int
+	// Refusal, for an all-or-nothing window, says why it sent nothing:
+	// its items' locks could not be had. Empty otherwise.
+	Refusal string
 }
 
 // CredentialsRefused reports whether a sub-request's status refuses the
@@ -154,12 +163,13 @@ func (w *windowing) keep(it *ItemResult) {
 // resolved forward first (resolveForward); the rest are sent. The error
 // is for a window that cannot run here at all.
 func ExecuteWindow(ctx context.Context, w *Snapshot, site Site, o WindowOpts) (*WindowResult, error) {
-	p, err := windowPlan(w, site.Lookup, o.KeepBody)
+	p, err := windowPlan(w, site.Lookup, o.KeepBody, o.AllOrNothing)
 	if err != nil {
 		return nil, err
 	}
 	p.window.stop = o.Stop
 	run := newBatchRun(p, site.Runtime, compensationBackoff)
+	defer func() { run.locks.release() }() // the locks lockCreated takes are waited for
 	ctx, span := run.trace.windowSpan(ctx, site.Parent, w.Base, len(w.Items))
 	for i, it := range w.Items {
 		run.carriedOn(i, it)
@@ -171,10 +181,13 @@ func ExecuteWindow(ctx context.Context, w *Snapshot, site Site, o WindowOpts) (*
 		defer cancel()
 	}
 	run.resolveAll(startCtx)
-	if !slices.ContainsFunc(run.items, credentialsRefused) {
+	res := &WindowResult{}
+	if run.saga && !run.lock(ctx, startCtx) {
+		res.Refusal = run.refusal.detail
+	} else if !slices.ContainsFunc(run.items, credentialsRefused) && (!run.saga || !anyFailure(run.state) && run.preflight(startCtx)) {
 		run.execute(ctx, startCtx)
 	}
-	res := &WindowResult{Items: run.items}
+	res.Items = run.items
 	for _, it := range run.items {
 		if it.Outcome == NotAttempted {
 			res.Stopped = true
@@ -200,8 +213,8 @@ func credentialsRefused(it ItemResult) bool {
 	return it.Outcome == Failed && CredentialsRefused(it.Status)
 }
 
-// windowPlan is the plan of a job's window.
-func windowPlan(w *Snapshot, lookup func(string) (policy.Match, bool), keepBody int) (*Plan, error) {
+// windowPlan is the plan of a job's window, all-or-nothing or partial.
+func windowPlan(w *Snapshot, lookup func(string) (policy.Match, bool), keepBody int, allOrNothing bool) (*Plan, error) {
 	if w.Version != SnapshotVersion {
 		return nil, fmt.Errorf("%w: format version %d, this gateway knows %d", ErrNotResumable, w.Version, SnapshotVersion)
 	}
@@ -219,6 +232,9 @@ func windowPlan(w *Snapshot, lookup func(string) (policy.Match, bool), keepBody 
 		header: w.Header,
 		key:    idempotencyKey{base: w.Key, quoted: w.KeyQuoted},
 		window: &windowing{base: w.Base, keepBody: keepBody},
+	}
+	if allOrNothing {
+		p.Atomicity = policy.AllOrNothing
 	}
 	if p.header == nil {
 		p.header = http.Header{}

@@ -92,6 +92,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    id_format            any|integer|uuid
 //	    stamped_fields       <member...>
 //	    max_job_items        <n>
+//	    max_atomic_job_items <n>
 //	    max_job_body_size    <size>
 //	    max_jobs             <n>
 //	    max_jobs_per_client  <n>

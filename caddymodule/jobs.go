@@ -148,12 +148,6 @@ func (h *Handler) stageJob(r *http.Request, m policy.Match, op policy.Op, sc sco
 	plan, prob, err := batch.AdmitJob(r, m, op, jobLimits(sc), func(first int, items []batch.ItemSnapshot) error {
 		return staging.Chunk(ctx, first, items)
 	})
-	if prob == nil && plan.Atomicity != policy.Partial {
-		p := problem.New(http.StatusConflict, "job-atomicity-unsupported",
-			fmt.Sprintf("batch %s runs all_or_nothing on %s, and this gateway runs partial jobs only: send the batch synchronously, or as a partial job (atomicity %s partial, or Prefer: atomicity=partial where allow_override is on)",
-				op, m.Resource.Collection, op))
-		prob = &p
-	}
 	if prob == nil {
 		return staging, plan, nil, nil
 	}

@@ -228,5 +228,5 @@ func answerRefusedStart(w http.ResponseWriter, refused *batch.SubResponse) error
 // batch's max_items and max_body_size.
 func jobLimits(sc scope) batch.JobLimits {
 	g := sc.gateway
-	return batch.JobLimits{MaxItems: g.MaxJobItems, MaxAtomic: g.MaxJobItems, MaxBody: g.MaxJobBodySize, MaxElement: sc.settings.MaxBodySize}
+	return batch.JobLimits{MaxItems: g.MaxJobItems, MaxAtomic: g.MaxAtomicJobItems, MaxBody: g.MaxJobBodySize, MaxElement: sc.settings.MaxBodySize}
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"sync"
 
@@ -23,9 +22,6 @@ import (
 // failed in another way included. err is the storage's, or the route's
 // when no handler ran the window: what Run's would be.
 func (hj *HeldJob) RunFirst(ctx context.Context, through Through) (refused *batch.SubResponse, err error) {
-	if hj.rec.Atomicity != partialJob {
-		return nil, fmt.Errorf("job %s is %s: this build runs only partial jobs", hj.rec.ID, hj.rec.Atomicity)
-	}
 	if hj.rec.Items == 0 {
 		return nil, nil
 	}
@@ -33,6 +29,7 @@ func (hj *HeldJob) RunFirst(ctx context.Context, through Through) (refused *batc
 	if err != nil {
 		return nil, err
 	}
+	defer d.held.Release() // Run takes them again
 	if d.p.Cursor > 0 {
 		return nil, nil // carried on: the first item ran before
 	}

@@ -101,7 +101,12 @@ func (hj *HeldJob) End(ctx context.Context, final JobProgress) error {
 	for _, key := range []string{rec.indexKey(jobIndexActive), rec.activeKey(), rec.clientKey(), jobKey(rec.ID, credentialsName)} {
 		errs = append(errs, deleteKey(ctx, s, key))
 	}
-	errs = append(errs, deleteFolder(ctx, s, path.Join(jobDir(rec.ID), inputName)), deleteLogs(ctx, s, rec.ID))
+	errs = append(errs, deleteFolder(ctx, s, path.Join(jobDir(rec.ID), inputName)))
+	if final.State != JobRollbackFailed {
+		// A job that left items behind keeps its logs, which hold each
+		// one's pre-image, for whoever repairs them.
+		errs = append(errs, deleteLogs(ctx, s, rec.ID))
+	}
 	hj.lease.end("the job ended")
 	errs = append(errs, deleteLeases(ctx, s, rec.ID))
 	if err := errors.Join(errs...); err != nil {
@@ -154,7 +159,10 @@ func (hj *HeldJob) Queue(ctx context.Context) error {
 		return err
 	}
 	p := v.progress
-	p.State, p.Reason = JobQueued, ""
+	p.State = JobQueued
+	if !p.Undoing {
+		p.Reason = "" // an undo's stays: it says why the job is undone
+	}
 	if err := hj.WriteProgress(ctx, p); err != nil {
 		return err
 	}

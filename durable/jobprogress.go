@@ -39,6 +39,13 @@ type JobProgress struct {
 	// monitor that must refuse an answer larger than max_response_size
 	// before it reads any.
 	ResultsBytes int64 `json:"results_bytes,omitempty"`
+	// Undoing says an all-or-nothing job is being undone (jobundo.go),
+	// UndoNext is the first item of the window it undoes next (going
+	// back: -1 once its first is undone), and LeftBehind counts its
+	// items whose undo failed so far.
+	Undoing    bool `json:"undoing,omitempty"`
+	UndoNext   int  `json:"undo_next,omitempty"`
+	LeftBehind int  `json:"left_behind,omitempty"`
 }
 
 // Tally counts finished items into p: each whose outcome is other than

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/internal/itemlock"
 	"github.com/caddy-batch/caddy-batch/internal/stop"
 )
 
@@ -52,8 +53,9 @@ const partialJob = "partial"
 // Once the lease is lost Run writes nothing more, and returns the
 // *batch.LeaseLost. On any other error (storage, a window that cannot
 // run here, ctx done) it releases the lease, leaving the job to whoever
-// claims it next, and returns the error. Only partial jobs are run: an
-// all-or-nothing one is refused, its lease released.
+// claims it next, and returns the error. An all-or-nothing job that
+// writes is a saga in windows (jobundo.go): one that fails, is
+// cancelled or runs out of time is undone, its last window first.
 func (hj *HeldJob) Run(ctx context.Context, through Through, stop <-chan struct{}) error {
 	jobsRunning.Add(1)
 	defer jobsRunning.Add(-1)
@@ -70,9 +72,6 @@ func (hj *HeldJob) Run(ctx context.Context, through Through, stop <-chan struct{
 
 // run is Run, but for what an error leaves behind.
 func (hj *HeldJob) run(ctx context.Context, through Through, stop <-chan struct{}) error {
-	if hj.rec.Atomicity != partialJob {
-		return fmt.Errorf("job %s is %s: this build runs only partial jobs", hj.rec.ID, hj.rec.Atomicity)
-	}
 	var d *driver
 	err := hj.retried(ctx, func() (err error) {
 		d, err = hj.newDriver(ctx)
@@ -81,8 +80,13 @@ func (hj *HeldJob) run(ctx context.Context, through Through, stop <-chan struct{
 	if err != nil {
 		return err
 	}
+	d.through, d.handOver = through, stop
+	defer d.held.Release()
 	if err := hj.retried(ctx, func() error { return hj.WriteProgress(ctx, d.p) }); err != nil {
 		return err
+	}
+	if d.p.Undoing {
+		return d.undo(ctx)
 	}
 	for c, first := range d.chunks {
 		end := d.chunkEnd(c)
@@ -106,6 +110,9 @@ func (hj *HeldJob) run(ctx context.Context, through Through, stop <-chan struct{
 				from := d.p.Cursor
 				if err := d.window(ctx, through, stop, w, items[w-first:wend-first]); err != nil {
 					return err
+				}
+				if d.p.Undoing {
+					return d.undo(ctx)
 				}
 				if d.p.Cursor >= wend {
 					break
@@ -148,9 +155,20 @@ func (d *driver) again(ctx context.Context, progressed bool) error {
 
 // driver is a job being run: its progress, and where its input lies.
 type driver struct {
-	hj   *HeldJob
-	cred http.Header
-	p    JobProgress
+	hj *HeldJob
+	// through is how its windows run; handOver, once closed, hands the
+	// job over (Run's stop).
+	through  Through
+	handOver <-chan struct{}
+	cred     http.Header
+	p        JobProgress
+	// atomic says the job is a saga in windows (jobundo.go): all or
+	// nothing, and it writes. held are its items' locks, kept from the
+	// window that took them to the run's end; relocked, once those of
+	// the items an earlier run wrote are taken again.
+	atomic   bool
+	held     itemlock.Held
+	relocked bool
 	// chunks are the job index of each input chunk's first item, in
 	// order.
 	chunks []int
@@ -177,7 +195,7 @@ func (hj *HeldJob) newDriver(ctx context.Context) (*driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &driver{hj: hj, cred: cred, p: v.progress, chunks: chunks}
+	d := &driver{hj: hj, cred: cred, p: v.progress, chunks: chunks, atomic: hj.rec.atomic()}
 	if !d.p.Started.IsZero() && v.epoch < hj.epoch && d.p.State == JobRunning {
 		// It ran before under another epoch, and was neither paused nor
 		// queued (its first item sent at its start) by its owner.
@@ -185,6 +203,13 @@ func (hj *HeldJob) newDriver(ctx context.Context) (*driver, error) {
 	}
 	if d.p.Started.IsZero() {
 		d.p.Started = now().UTC()
+	}
+	if d.p.Undoing {
+		// Its undo goes on, for the reason it began.
+		if d.p.State != JobCancelling {
+			d.p.State = JobRunning
+		}
+		return d, nil
 	}
 	if d.p.State == JobPaused {
 		// Claimed without a resume (to end it past its deadline): it
@@ -267,10 +292,7 @@ func (d *driver) window(ctx context.Context, through Through, stop <-chan struct
 	}
 	base := first + done
 	if done < len(items) {
-		// The job's requests carry the headers it forwards, as a
-		// synchronous batch's carry its client's.
-		snap := &batch.Snapshot{Version: batch.SnapshotVersion, Op: hj.rec.Op, Path: hj.rec.Path, Query: hj.rec.Query,
-			Header: d.cred, Key: hj.rec.Key, KeyQuoted: hj.rec.KeyQuoted, Base: base, Items: slices.Clone(items[done:])}
+		snap := d.snapshot(base, slices.Clone(items[done:]))
 		if err := hj.retried(ctx, func() error { return hj.readLog(ctx, first, base, snap.Items) }); err != nil {
 			return err
 		}
@@ -283,6 +305,10 @@ func (d *driver) window(ctx context.Context, through Through, stop <-chan struct
 		}
 		if err := hj.retried(ctx, func() error { return hj.recordStands(ctx) }); err != nil {
 			return err
+		}
+		if why := d.failure(res); why != "" {
+			// Undone from its log, as every window before it.
+			return d.beginUndo(ctx, why, false)
 		}
 		finished := d.finished(res, stop)
 		d.unsent = len(finished) < len(res.Items) && slices.Contains(res.Unsent, res.Items[len(finished)].Index)
@@ -299,7 +325,9 @@ func (d *driver) window(ctx context.Context, through Through, stop <-chan struct
 	if err := hj.retried(ctx, func() error { return hj.WriteProgress(ctx, d.p) }); err != nil {
 		return err
 	}
-	if done == len(items) {
+	if done == len(items) && !d.atomic {
+		// An all-or-nothing job's logs are its undo journal: they stay
+		// to its end.
 		return hj.retried(ctx, func() error { return hj.dropLog(ctx, first) })
 	}
 	return nil
@@ -421,9 +449,18 @@ func (d *driver) run(ctx context.Context, through Through, stop <-chan struct{},
 		// A job's requests take slots below every synchronous batch's.
 		log := hj.windowLog(first, snap.Base)
 		site.Runtime.Journal, site.Runtime.Background = log, true
+		if d.atomic {
+			site.Runtime.Locks = d.held.Through(site.Runtime.Locks)
+			if refusal, err := d.relock(ctx, site, first); err != nil || refusal != "" {
+				res = &batch.WindowResult{Refusal: refusal}
+				return err
+			}
+		}
 		var err error
-		res, err = batch.ExecuteWindow(ctx, snap, site, batch.WindowOpts{Stop: halted, Deadline: hj.rec.Deadline, KeepBody: ResultBodyLimit})
-		if err == nil && (res.Stopped || len(res.Refused) > 0 || len(res.Unsent) > 0) {
+		res, err = batch.ExecuteWindow(ctx, snap, site, batch.WindowOpts{Stop: halted, Deadline: hj.rec.Deadline, KeepBody: ResultBodyLimit, AllOrNothing: d.atomic})
+		if err == nil && (d.atomic || res.Stopped || len(res.Refused) > 0 || len(res.Unsent) > 0) {
+			// An all-or-nothing window's log is its undo's journal:
+			// every answer in it.
 			// Stopped short, or paused: what the results will not say,
 			// the log must (or, its store failed, a carry-on resolves).
 			err = hj.retried(ctx, func() error { return log.flush(ctx) })
@@ -483,8 +520,19 @@ func (d *driver) finish(ctx context.Context, why string) error {
 	case haltPause:
 		return hj.pause(ctx, p, d.paused)
 	case haltCancel:
+		if d.atomic {
+			return d.undoNow(ctx, "the job was cancelled", true)
+		}
 		p.State, p.Outcome, p.Reason = JobCancelled, "", ""
 	case haltDeadline:
+		if d.atomic {
+			why := fmt.Sprintf("job_timeout passed (the job had to end by %s) with %d of its %d items done",
+				hj.rec.Deadline.UTC().Format(time.RFC3339), p.Done, hj.rec.Items)
+			if d.paused != "" {
+				why += "; it was paused: " + d.paused
+			}
+			return d.undoNow(ctx, why, false)
+		}
 		p.State = partialEnd(p, hj.rec.Items)
 		p.Outcome = p.State
 		p.Reason = fmt.Sprintf("job_timeout passed (the job had to end by %s) with %d of its %d items done: the rest were not sent",
@@ -494,6 +542,10 @@ func (d *driver) finish(ctx context.Context, why string) error {
 		}
 	default:
 		p.State = partialEnd(p, hj.rec.Items)
+		if p.State == JobPartial && hj.rec.Atomicity != partialJob {
+			// An all-or-nothing read fails whole when an item fails.
+			p.State = JobFailed
+		}
 		p.Outcome = p.State
 	}
 	p.Ended = now().UTC()

@@ -38,6 +38,10 @@ type widgetsUpstream struct {
 	nextID  int
 	// unauthorized counts creates without the job's Authorization.
 	unauthorized int
+	// refuse names the element a create of is answered 422; deleted
+	// are the ids deletes named, in order.
+	refuse  string
+	deleted []string
 }
 
 func newWidgetsUpstream(honorKeys bool) *widgetsUpstream {
@@ -58,6 +62,16 @@ func (u *widgetsUpstream) Send(_ context.Context, req *batch.SubRequest) (*batch
 			u.onCreate(n)
 		}
 		return u.create(req), nil
+	case req.Method == http.MethodDelete && strings.HasPrefix(req.Path, "/widgets/"):
+		u.mu.Lock()
+		defer u.mu.Unlock()
+		id := strings.TrimPrefix(req.Path, "/widgets/")
+		u.deleted = append(u.deleted, id)
+		if _, ok := u.items[id]; !ok {
+			return &batch.SubResponse{Status: http.StatusNotFound, Header: http.Header{}}, nil
+		}
+		delete(u.items, id)
+		return &batch.SubResponse{Status: http.StatusOK, Header: jsonHeader(), Body: []byte("{}")}, nil
 	case req.Method == http.MethodGet && strings.HasPrefix(req.Path, "/widgets/"):
 		u.mu.Lock()
 		defer u.mu.Unlock()
@@ -79,6 +93,9 @@ func (u *widgetsUpstream) create(req *batch.SubRequest) *batch.SubResponse {
 	}
 	var w map[string]any
 	_ = json.Unmarshal(req.Body, &w)
+	if u.refuse != "" && w["name"] == u.refuse {
+		return &batch.SubResponse{Status: http.StatusUnprocessableEntity, Header: http.Header{"Content-Type": {"text/html"}}, Body: []byte("<p>name taken</p>")}
+	}
 	id, _ := w["id"].(string)
 	if id == "" {
 		u.nextID++
@@ -146,6 +163,12 @@ func throughTo(pol *policy.Policy, up batch.Sender) Through {
 // 1,000 as AdmitJob hands them over; withIDs gives each element its id.
 func startWidgets(t *testing.T, js *Jobs, n int, withIDs bool) (*HeldJob, string) {
 	t.Helper()
+	return startWidgetsAs(t, js, n, withIDs, "partial")
+}
+
+// startWidgetsAs is startWidgets of a job of the atomicity given.
+func startWidgetsAs(t *testing.T, js *Jobs, n int, withIDs bool, atomicity string) (*HeldJob, string) {
+	t.Helper()
 	ctx := context.Background()
 	st, err := js.Stage(ctx, time.Hour)
 	if err != nil {
@@ -163,7 +186,9 @@ func startWidgets(t *testing.T, js *Jobs, n int, withIDs bool) (*HeldJob, string
 			t.Fatal(err)
 		}
 	}
-	hj, token, err := js.Register(ctx, st, widgetsJob(n, goldenClient), http.Header{"Authorization": {"Bearer golden"}}, roomy)
+	rec := widgetsJob(n, goldenClient)
+	rec.Atomicity = atomicity
+	hj, token, err := js.Register(ctx, st, rec, http.Header{"Authorization": {"Bearer golden"}}, roomy)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -411,28 +436,4 @@ func TestJobRunPastItsDeadline(t *testing.T) {
 			t.Errorf("results of %d items in order %v, %d of them done; want a prefix holding the %d done", len(indexes), slices.Equal(indexes, upTo(len(indexes))), done, st.Done)
 		}
 	})
-}
-
-// An all-or-nothing job is not run by this build: nothing is sent, and
-// its lease is released for a build that runs it.
-func TestJobRunRefusesAllOrNothing(t *testing.T) {
-	t.Parallel()
-	defer endHeld(t)
-	js := NewJobs(newMemStorage(), NewLeases(time.Minute), zap.NewNop())
-	hj, _ := startWidgets(t, js, 10, false)
-	hj.Record().Atomicity = "all_or_nothing"
-	up := newWidgetsUpstream(false)
-	if err := hj.Run(context.Background(), throughTo(widgetsPolicy(t, nil), up), nil); err == nil || !strings.Contains(err.Error(), "only partial") {
-		t.Errorf("Run = %v, want it refused", err)
-	}
-	if up.creates != 0 {
-		t.Errorf("%d creates sent, want none", up.creates)
-	}
-	next, err := js.ClaimReleased(context.Background(), hj.Record().ID)
-	if err != nil {
-		t.Fatalf("claiming the refused job: %v, want its lease released", err)
-	}
-	held.Lock()
-	held.by[t] = append(held.by[t], next)
-	held.Unlock()
 }

@@ -97,6 +97,9 @@ func (js *Jobs) scanJob(ctx context.Context, name, id string, room JobRoom) (str
 		return "reading the job's progress", err
 	case v.ended():
 		return "", nil // its owner is clearing it after its end
+	case v.progress.State == JobPaused && rec.atomic() && (v.cancelled || !now().Before(rec.Deadline)):
+		// Undone, which takes its routes: it is claimed and run, and
+		// its run undoes it.
 	case v.progress.State == JobPaused && now().Before(rec.Deadline):
 		return "", nil
 	case v.progress.State == JobPaused:

@@ -89,7 +89,7 @@ func (js *Jobs) cancel(ctx context.Context, v *jobView, by string) (*JobStatus, 
 		}
 		v.cancelled = true
 	}
-	if endsOnCancel(v.progress) {
+	if endsOnCancel(v.rec, v.progress) {
 		return js.cancelQueued(ctx, v)
 	}
 	return v.status(), nil
@@ -98,9 +98,11 @@ func (js *Jobs) cancel(ctx context.Context, v *jobView, by string) (*JobStatus, 
 // endsOnCancel reports whether a cancel ends a job of progress p at
 // once: nobody runs it, and nothing of it is in flight. A queued job
 // that ran before (handed over) has items in its windows' logs, which
-// only a run carries on into its results.
-func endsOnCancel(p JobProgress) bool {
-	return p.State == JobQueued && p.Done == 0 || p.State == JobPaused
+// only a run carries on into its results; an all-or-nothing one that
+// paused has writes to undo, which only a run sends (the next scan
+// claims it).
+func endsOnCancel(rec *JobRecord, p JobProgress) bool {
+	return p.State == JobQueued && p.Done == 0 || p.State == JobPaused && !rec.atomic()
 }
 
 // cancelQueued ends a queued job that nothing was written for, or a
@@ -121,7 +123,7 @@ func (js *Jobs) cancelQueued(ctx context.Context, v *jobView) (*JobStatus, error
 	}
 	defer unlock()
 	v, err = viewJob(ctx, js.storage, v.rec)
-	if err != nil || !endsOnCancel(v.progress) {
+	if err != nil || !endsOnCancel(v.rec, v.progress) {
 		return statusOf(v, err)
 	}
 	held, err := js.claimLocked(ctx, v.rec, nil)

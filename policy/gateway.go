@@ -32,9 +32,11 @@ type GatewaySettings struct {
 	// Cookie, say who a client is (an API keyed by X-API-Key): its
 	// Idempotency-Key records and throttle holds are its own.
 	ScopeHeaders []string
-	// MaxJobItems and MaxJobBodySize bound what a bulk job is given.
-	MaxJobItems    int
-	MaxJobBodySize int64
+	// MaxJobItems and MaxJobBodySize bound what a bulk job is given;
+	// MaxAtomicJobItems, what an all-or-nothing one is.
+	MaxJobItems       int
+	MaxAtomicJobItems int
+	MaxJobBodySize    int64
 	// MaxJobs, MaxJobsPerClient and MaxQueuedJobs are the jobs this
 	// instance runs at once, one client may have, and may wait.
 	MaxJobs          int
@@ -61,13 +63,14 @@ func GatewayDefaults() GatewaySettings {
 		IdempotencyTTL: 24 * time.Hour,
 		Journal:        true,
 
-		MaxJobItems:      100000,
-		MaxJobBodySize:   64 << 20,
-		MaxJobs:          4,
-		MaxJobsPerClient: 2,
-		MaxQueuedJobs:    16,
-		JobTTL:           24 * time.Hour,
-		JobTimeout:       6 * time.Hour,
+		MaxJobItems:       100000,
+		MaxAtomicJobItems: 5000,
+		MaxJobBodySize:    64 << 20,
+		MaxJobs:           4,
+		MaxJobsPerClient:  2,
+		MaxQueuedJobs:     16,
+		JobTTL:            24 * time.Hour,
+		JobTimeout:        6 * time.Hour,
 	}
 }
 

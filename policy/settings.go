@@ -274,6 +274,7 @@ func limits(s Settings, g GatewaySettings) []limit {
 		{"compensation_timeout", int64(s.CompensationTimeout), durationLimit},
 		{"idempotency_ttl", int64(g.IdempotencyTTL), durationLimit},
 		{"max_job_items", int64(g.MaxJobItems), countLimit},
+		{"max_atomic_job_items", int64(g.MaxAtomicJobItems), countLimit},
 		{"max_job_body_size", g.MaxJobBodySize, sizeLimit},
 		{"max_jobs", int64(g.MaxJobs), countLimit},
 		{"max_jobs_per_client", int64(g.MaxJobsPerClient), countLimit},

@@ -138,3 +138,65 @@ func Release(unlocks []func()) {
 type LossReporter interface {
 	Lost(keys []string) error
 }
+
+// Held keeps the locks taken through it until Release: an all-or-nothing
+// bulk job's, whose items stay locked from the window that wrote them to
+// the job's end (docs/jobs.md, "All-or-nothing jobs"), while each window
+// is a run of its own that lets its locks go when it ends. The zero
+// value holds nothing.
+type Held struct {
+	mu      sync.Mutex
+	unlocks map[string]func()
+}
+
+// Through is a Locker that takes a lock from l, unless h holds it
+// already, and keeps it in h: its unlocks do nothing. l may change from
+// one call to the next (a reload's), the locks kept stay held.
+func (h *Held) Through(l Locker) Locker {
+	if l == nil {
+		return nil
+	}
+	return heldThrough{h: h, l: l}
+}
+
+type heldThrough struct {
+	h *Held
+	l Locker
+}
+
+func (t heldThrough) Lock(ctx context.Context, key string) (func(), error) {
+	h := t.h
+	h.mu.Lock()
+	_, ok := h.unlocks[key]
+	h.mu.Unlock()
+	if ok {
+		return func() {}, nil
+	}
+	unlock, err := t.l.Lock(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.unlocks == nil {
+		h.unlocks = map[string]func(){}
+	}
+	if _, ok := h.unlocks[key]; ok {
+		unlock() // taken twice at once: one is enough
+	} else {
+		h.unlocks[key] = unlock
+	}
+	return func() {}, nil
+}
+
+// Release lets every lock h holds go.
+func (h *Held) Release() {
+	h.mu.Lock()
+	unlocks := make([]func(), 0, len(h.unlocks))
+	for _, u := range h.unlocks {
+		unlocks = append(unlocks, u)
+	}
+	h.unlocks = nil
+	h.mu.Unlock()
+	Release(unlocks)
+}

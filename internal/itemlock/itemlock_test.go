@@ -54,3 +54,30 @@ func TestLocalLocks(t *testing.T) {
 		}
 	})
 }
+
+// A Held keeps what it takes until Release: its own second take of a
+// key is free, another holder waits, and Release lets every one go.
+func TestHeldKeepsItsLocksUntilRelease(t *testing.T) {
+	var table Local
+	var h Held
+	through := h.Through(&table)
+	ctx := context.Background()
+	for range 2 {
+		unlock, err := through.Lock(ctx, "/widgets/1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		unlock() // nothing: the Held keeps it
+	}
+	short, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
+	defer cancel()
+	if _, err := table.Lock(short, "/widgets/1"); !errors.Is(err, ErrLocked) {
+		t.Fatalf("another writer's lock while held: %v, want ErrLocked", err)
+	}
+	h.Release()
+	unlock, err := table.Lock(ctx, "/widgets/1")
+	if err != nil {
+		t.Fatalf("after Release: %v", err)
+	}
+	unlock()
+}

@@ -232,6 +232,13 @@ type Options struct {
 	// Default: 100000.
 	MaxJobItems int `json:"max_job_items,omitempty"`
 
+	// The most items an all-or-nothing bulk job may hold: it keeps every
+	// item's lock, and its window logs every pre-image, until it ends, so
+	// a larger one is answered `413` and should run `partial`
+	// ([All-or-nothing jobs](docs/jobs.md#all-or-nothing-jobs)).
+	// Default: 5000.
+	MaxAtomicJobItems int `json:"max_atomic_job_items,omitempty"`
+
 	// The largest body of a bulk job, in bytes, read as a stream; larger
 	// is answered `413` and no job is made. Each element is still bounded
 	// by `max_body_size`, as a sub-request's body. Default: 64MiB
@@ -438,6 +445,8 @@ var optionTable = []option{
 		func(o *Options, l *Level) (*[]string, *[]string) { return &o.StampedFields, &l.StampedFields }),
 	count("max_job_items", "100000",
 		func(o *Options, l *Level) (*int, *int) { return &o.MaxJobItems, &l.MaxJobItems }),
+	count("max_atomic_job_items", "5000",
+		func(o *Options, l *Level) (*int, *int) { return &o.MaxAtomicJobItems, &l.MaxAtomicJobItems }),
 	size("max_job_body_size", "64MiB",
 		func(o *Options, l *Level) (*int64, *int64) { return &o.MaxJobBodySize, &l.MaxJobBodySize }),
 	count("max_jobs", "4",

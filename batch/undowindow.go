@@ -1,0 +1,81 @@
+package batch
+
+import (
+	"context"
+	"slices"
+
+	"github.com/caddy-batch/caddy-batch/policy"
+)
+
+// An all-or-nothing job is one saga in windows (docs/jobs.md,
+// "All-or-nothing jobs"): each window is executed by a run of its own
+// (ExecuteWindow), its items' locks kept by the job to its end and every
+// write recorded in the window's log with its pre-image and its undo; a
+// job that fails is undone window by window, the last first, each from
+// its log, as Resume finishes a saga from its journal.
+
+// UndoWindow undoes what w, a window of an all-or-nothing job as its log
+// recorded it, did, through site: every item whose write took effect, or
+// may have (recorded as being sent with no answer), is undone with the
+// proofs of a saga's undo, in reverse order of index, at most the
+// resource's concurrency at once, each undo recorded in
+// site.Runtime.Journal and fenced by it. An item never recorded stays
+// not_attempted. The items' locks are taken first through
+// site.Runtime.Locks (held already by the job, they are not waited
+// for); one that cannot be had leaves its item to its proof, which is
+// what guards it from a writer. A lost lease returns a *LeaseLost with
+// what was undone so far: the rest is the next owner's.
+func UndoWindow(ctx context.Context, w *Snapshot, site Site, o WindowOpts) (*WindowResult, error) {
+	p, err := windowPlan(w, site.Lookup, o.KeepBody, true)
+	if err != nil {
+		return nil, err
+	}
+	run := newBatchRun(p, site.Runtime, compensationBackoff)
+	ctx, span := run.trace.windowSpan(ctx, site.Parent, w.Base, len(w.Items))
+	for i, it := range w.Items {
+		if it.Phase == 0 {
+			continue // nothing recorded: it did not start
+		}
+		run.items[i], run.state[i] = resumedItem(i, it, run.state[i])
+		run.items[i].Index = p.base() + i
+		if it.Phase >= PhaseSending {
+			run.started = append(run.started, i)
+		}
+	}
+	lockCtx, cancel := context.WithTimeout(ctx, run.batchSettings.BatchTimeout)
+	run.lock(ctx, lockCtx)
+	cancel()
+	defer func() { run.locks.release() }()
+	for _, i := range run.started {
+		if id := run.items[i].ID; run.state[i].tgt.kind == policy.OpCreate && run.state[i].applied && id != "" {
+			run.lockCreated(ctx, i, id)
+		}
+	}
+	if slices.ContainsFunc(run.started, func(i int) bool { return run.state[i].applied && !run.items[i].undone() }) {
+		run.compensate(context.WithoutCancel(ctx))
+	}
+	res := &WindowResult{Items: run.items}
+	endWindow(span, res)
+	if lost := run.lease.loss(); lost != nil {
+		return res, lost
+	}
+	return res, nil
+}
+
+// WindowKeys are the lock keys of w's items that name an id (a created
+// item by the id its result names), sorted: what a job that carries on
+// takes again of the windows an earlier run of it wrote.
+func WindowKeys(w *Snapshot, lookup func(string) (policy.Match, bool)) ([]string, error) {
+	p, err := windowPlan(w, lookup, 0, true)
+	if err != nil {
+		return nil, err
+	}
+	var keys []string
+	for _, it := range p.Items {
+		if it.ID != "" {
+			keys = append(keys, it.tgt.paths.Key(it.ID))
+		}
+	}
+	slices.Sort(keys)
+	return slices.Compact(keys), nil
+}
