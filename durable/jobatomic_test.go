@@ -349,3 +349,49 @@ func TestAtomicJobUndoLeavesAnotherWritersItem(t *testing.T) {
 		t.Error("the windows' logs are gone, want them kept with the job that left an item")
 	}
 }
+
+// A paused all-or-nothing job has writes to undo, which only a run
+// sends: a cancel marks it and leaves it paused, and the next scan
+// claims it and undoes it; so does one past its job_timeout.
+func TestAtomicJobPausedIsUndoneByAScan(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		end    func(t *testing.T, js *Jobs, hj *HeldJob, token string)
+		reason string
+	}{
+		{name: "cancelled", reason: "cancelled", end: func(t *testing.T, js *Jobs, hj *HeldJob, token string) {
+			st, err := js.Cancel(context.Background(), hj.Record().ID, token, "client")
+			if err != nil || st.Ended != nil {
+				t.Fatalf("cancel of the paused job: %+v, %v; want it marked, not ended", st, err)
+			}
+		}},
+		{name: "past its job_timeout", reason: "job_timeout passed", end: func(t *testing.T, js *Jobs, hj *HeldJob, token string) {
+			time.Sleep(time.Until(hj.Record().Deadline) + time.Second)
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			inBubble(t, func(t *testing.T) {
+				defer endHeld(t)
+				ctx := context.Background()
+				js := NewJobs(newMemStorage(), NewLeases(30*time.Second), zap.NewNop())
+				hj, token := startWidgetsAs(t, js, 300, true, "all_or_nothing")
+				id := hj.Record().ID
+				up := newExpiringUpstream(func(n int, auth string) bool { return n == 280 })
+				through := throughLocked(widgetsPolicy(t, nil), up, &itemlock.Local{})
+				if err := hj.Run(ctx, through, nil); err != nil {
+					t.Fatal(err)
+				}
+				if st := mustStatus(t, js, id, token); st.State != JobPaused {
+					t.Fatalf("after the refusal: %s, want paused", st.State)
+				}
+				c.end(t, js, hj, token)
+				scanOnce(t, js, &scanRoom{t: t, through: through, max: 1})
+				st := mustStatus(t, js, id, token)
+				if st.State != JobRolledBack || !strings.Contains(st.Reason, c.reason) {
+					t.Errorf("after the scan: %s, reason %q; want rolled_back for %s", st.State, st.Reason, c.reason)
+				}
+				up.checkNothingLeft(t)
+			})
+		})
+	}
+}

@@ -169,6 +169,10 @@ type driver struct {
 	atomic   bool
 	held     itemlock.Held
 	relocked bool
+	// cancelled says the job's cancel mark was there when it was
+	// claimed: a paused job claimed to be undone is, before the first
+	// renewal lists the mark.
+	cancelled bool
 	// chunks are the job index of each input chunk's first item, in
 	// order.
 	chunks []int
@@ -195,7 +199,7 @@ func (hj *HeldJob) newDriver(ctx context.Context) (*driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &driver{hj: hj, cred: cred, p: v.progress, chunks: chunks, atomic: hj.rec.atomic()}
+	d := &driver{hj: hj, cred: cred, p: v.progress, chunks: chunks, atomic: hj.rec.atomic(), cancelled: v.cancelled}
 	if !d.p.Started.IsZero() && v.epoch < hj.epoch && d.p.State == JobRunning {
 		// It ran before under another epoch, and was neither paused nor
 		// queued (its first item sent at its start) by its owner.
@@ -266,7 +270,7 @@ func (d *driver) halt(handOver <-chan struct{}) string {
 	switch {
 	case d.hj.lease.lostErr() != nil:
 		return haltLease
-	case d.hj.CancelAsked():
+	case d.cancelled || d.hj.CancelAsked():
 		return haltCancel
 	case !now().Before(d.hj.rec.Deadline):
 		return haltDeadline
