@@ -78,16 +78,23 @@ func (run *batchRun) executeGraph(clientCtx, batchCtx context.Context) {
 	started, ended, succeeded := make([]bool, n), make([]bool, n), make([]bool, n)
 	finished := make(chan int)
 	results := make([]bool, n)
+	for i := range n {
+		if run.state[i].settled {
+			// A job's window carried on: what its log says it did stands.
+			started[i], ended[i], succeeded[i] = true, true, run.items[i].Outcome == Succeeded
+		}
+	}
 	running, halted := 0, false
 	for {
-		halted = halted || clientCtx.Err() != nil || batchCtx.Err() != nil
+		// A job's window stops as a batch's client going away stops it.
+		halted = halted || clientCtx.Err() != nil || batchCtx.Err() != nil || run.plan.window.stopped()
 		for i := 0; i < n && !halted && running < run.batchSettings.Concurrency; i++ {
 			if started[i] {
 				continue
 			}
-			ready, failedDep := run.plan.dependencies(i, ended, succeeded)
+			ready, failedDep, blocked := run.plan.dependencies(i, ended, succeeded)
 			switch {
-			case failedDep >= 0:
+			case blocked:
 				started[i], ended[i] = true, true
 				run.notAttempted(writeCtx, i, failedDep)
 			case ready:
@@ -106,7 +113,7 @@ func (run *batchRun) executeGraph(clientCtx, batchCtx context.Context) {
 		i := <-finished
 		running--
 		ended[i], succeeded[i] = true, results[i]
-		if !results[i] && run.allOrNothing {
+		if !results[i] && (run.allOrNothing || run.refusedInWindow(i)) {
 			halted = true
 		}
 	}
@@ -150,7 +157,7 @@ func (run *batchRun) fill(ctx context.Context, i int) bool {
 	planned := &run.plan.Items[i]
 	eo := planned.operation
 	t, id, body := planned.tgt, planned.ID, planned.Body
-	f := filling{plan: run.plan, ended: run.items}
+	f := filling{plan: run.plan, ended: run.result}
 	var err error
 	if len(eo.refs) > 0 {
 		t, id, err = f.url(eo)
@@ -213,7 +220,7 @@ func (run *batchRun) notAttempted(ctx context.Context, i, dep int) {
 	_ = run.transition(ctx, i, PhaseSettled, nil, func(it *ItemResult, st *itemState) {
 		it.clearResponse()
 		it.Status, it.Outcome, st.settled = http.StatusFailedDependency, NotAttempted, true
-		it.Error = fmt.Sprintf("operation %q, which it depends on, did not succeed", run.plan.Items[dep].operation.id)
+		it.Error = fmt.Sprintf("operation %q, which it depends on, did not succeed", run.result(dep).OperationID)
 	})
 }
 

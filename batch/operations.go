@@ -167,6 +167,9 @@ func (p *Plan) dependsOn(i, j int) bool {
 	var reaches func(k int) bool
 	reaches = func(k int) bool {
 		for _, d := range p.Items[k].operation.deps {
+			if d < 0 {
+				continue // before a job's window: it waits for nothing in it
+			}
 			if d == j || d > j && !seen[d] && reaches(d) {
 				return true
 			}

@@ -53,9 +53,11 @@ func newPlaces(max int, order []int, halted, stop <-chan struct{}) *places {
 
 // enter waits until item i's turn comes and a place is free, or until
 // ctx is done or the window halted or was told to stop (then it reports
-// false, and the item is not sent). For a batch (w nil), nothing waits.
+// false, and the item is not sent). For a batch (w nil), or an envelope
+// job's window (no places: its graph orders its operations), nothing
+// waits.
 func (w *windowing) enter(ctx context.Context, i int) bool {
-	if w == nil {
+	if w == nil || w.places == nil {
 		return true
 	}
 	p := w.places
@@ -93,9 +95,9 @@ func (w *windowing) enter(ctx context.Context, i int) bool {
 // never did (it stopped first), so that the turns after it come. It
 // runs once the window has seen the item's answer, so that a refusal
 // halts the window before the next item enters. A no-op for a batch
-// (w nil).
+// (w nil), or an envelope job's window.
 func (w *windowing) done(i int) {
-	if w == nil {
+	if w == nil || w.places == nil {
 		return
 	}
 	p := w.places

@@ -100,8 +100,10 @@ func rebuild(v any, leaf func(any) (any, error)) (out any, err error) {
 // run that it references: their answers, which ended before the
 // operation started (the graph waits for them).
 type filling struct {
-	plan  *Plan
-	ended []ItemResult // the run's items
+	plan *Plan
+	// ended is the result of an operation by its index in the plan
+	// (batchRun.result).
+	ended func(int) *ItemResult
 }
 
 // url fills the references of the operation's url: it returns its
@@ -143,7 +145,7 @@ func (f filling) text(ref reference) (string, error) {
 func (f filling) value(ref reference) (json.RawMessage, error) {
 	// The operation referenced ended before this one started: the graph
 	// waits for it.
-	done := &f.ended[ref.operation]
+	done := f.ended(ref.operation)
 	if !ref.member {
 		if done.ID == "" {
 			return nil, fmt.Errorf("%s names operation %q, whose item's id is not known", ref.text, done.OperationID)

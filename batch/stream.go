@@ -222,7 +222,7 @@ func readFailure(err error, limit sizeLimit) *problem.Details {
 }
 
 // lines admits a JSON Lines body, a line at a time.
-func (a *admission) lines(body io.Reader, rules *elementRules) *problem.Details {
+func (a *admission) lines(body io.Reader, rules itemRules) *problem.Details {
 	in := bufio.NewReaderSize(body, 64<<10)
 	var line []byte // reused: an element is copied out of it
 	for n := 1; ; n++ {
@@ -275,7 +275,7 @@ func readLine(in *bufio.Reader, buf []byte, most int64) ([]byte, error) {
 }
 
 // array admits a JSON array body, an element at a time.
-func (a *admission) array(body io.Reader, rules *elementRules) *problem.Details {
+func (a *admission) array(body io.Reader, rules itemRules) *problem.Details {
 	bound := &elementBound{r: body, most: a.lim.MaxElement + elementSlack}
 	dec := json.NewDecoder(bound)
 	open, err := dec.Token()
@@ -287,6 +287,21 @@ func (a *admission) array(body io.Reader, rules *elementRules) *problem.Details 
 	case open != json.Delim('['):
 		return invalid("the body is a JSON %s; a job's body is a JSON array of objects, or JSON Lines of objects (Content-Type: application/x-ndjson)", tokenKind(open))
 	}
+	if prob := a.elements(dec, bound, rules); prob != nil {
+		return prob
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		if err != nil {
+			return a.notJSON(err, dec)
+		}
+		return invalid("the body goes on after its array (at byte %d): a job's body is one JSON array", dec.InputOffset())
+	}
+	return nil
+}
+
+// elements admits the elements of the array dec has just opened, and
+// its closing bracket.
+func (a *admission) elements(dec *json.Decoder, bound *elementBound, rules itemRules) *problem.Details {
 	for i := 0; ; i++ {
 		bound.start = dec.InputOffset()
 		if !dec.More() {
@@ -306,12 +321,6 @@ func (a *admission) array(body io.Reader, rules *elementRules) *problem.Details 
 	}
 	if _, err := dec.Token(); err != nil { // the array's closing bracket
 		return a.notJSON(err, dec)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		if err != nil {
-			return a.notJSON(err, dec)
-		}
-		return invalid("the body goes on after its array (at byte %d): a job's body is one JSON array", dec.InputOffset())
 	}
 	return nil
 }
@@ -380,20 +389,34 @@ func (a *admission) elementTooLarge(pos position) *problem.Details {
 	return &d
 }
 
+// itemRules are the input rules of a job's elements: a batch's
+// (elementRules), or an envelope's operations (operationRules).
+type itemRules interface {
+	// snapshot applies the rules to the element at n (a line's number,
+	// or an index), the job's item i, and returns the item as the job
+	// keeps it.
+	snapshot(n, i int, elem json.RawMessage) (ItemSnapshot, *problem.Details)
+}
+
+func (r *elementRules) snapshot(n, _ int, elem json.RawMessage) (ItemSnapshot, *problem.Details) {
+	it, prob := r.item(n, elem)
+	return it.plannedSnapshot(), prob
+}
+
 // element admits the element at n, once the job has room for it. elem,
 // without the white space around it, is the item's to keep.
-func (a *admission) element(rules *elementRules, n int, elem json.RawMessage) *problem.Details {
+func (a *admission) element(rules itemRules, n int, elem json.RawMessage) *problem.Details {
 	if prob := a.room(); prob != nil {
 		return prob
 	}
-	it, prob := rules.item(n, elem)
+	snap, prob := rules.snapshot(n, a.items, elem)
 	if prob != nil {
 		return prob
 	}
 	a.items++
 	a.digest.Write(elem)
 	a.digest.Write([]byte{'\n'})
-	return a.chunks.add(it.plannedSnapshot())
+	return a.chunks.add(snap)
 }
 
 // room refuses one more item past the job's limits.

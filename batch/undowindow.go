@@ -2,6 +2,8 @@ package batch
 
 import (
 	"context"
+	"fmt"
+	"net/url"
 	"slices"
 
 	"github.com/caddy-batch/caddy-batch/policy"
@@ -26,7 +28,7 @@ import (
 // what guards it from a writer. A lost lease returns a *LeaseLost with
 // what was undone so far: the rest is the next owner's.
 func UndoWindow(ctx context.Context, w *Snapshot, site Site, o WindowOpts) (*WindowResult, error) {
-	p, err := windowPlan(w, site.Lookup, o.KeepBody, true)
+	p, err := planWindow(w, site, o, true, false)
 	if err != nil {
 		return nil, err
 	}
@@ -66,6 +68,9 @@ func UndoWindow(ctx context.Context, w *Snapshot, site Site, o WindowOpts) (*Win
 // item by the id its result names), sorted: what a job that carries on
 // takes again of the windows an earlier run of it wrote.
 func WindowKeys(w *Snapshot, lookup func(string) (policy.Match, bool)) ([]string, error) {
+	if w.Op == policy.OpEnvelope.String() {
+		return operationKeys(w, lookup)
+	}
 	p, err := windowPlan(w, lookup, 0, true)
 	if err != nil {
 		return nil, err
@@ -75,6 +80,35 @@ func WindowKeys(w *Snapshot, lookup func(string) (policy.Match, bool)) ([]string
 		if it.ID != "" {
 			keys = append(keys, it.tgt.paths.Key(it.ID))
 		}
+	}
+	slices.Sort(keys)
+	return slices.Compact(keys), nil
+}
+
+// operationKeys is WindowKeys of an envelope job's window: each
+// operation that writes, by the url it was sent to (Method and URL, as
+// its result has them) and the id of its item.
+func operationKeys(w *Snapshot, lookup func(string) (policy.Match, bool)) ([]string, error) {
+	var keys []string
+	for _, s := range w.Items {
+		kind, ok := operationKinds[s.Method]
+		if !ok || !kind.Writes() || s.ID == "" {
+			continue
+		}
+		u, err := url.Parse(s.URL)
+		if err != nil {
+			return nil, fmt.Errorf("%w: operation %q's url %q: %v", ErrNotResumable, s.OperationID, s.URL, err)
+		}
+		m, ok := lookup(u.EscapedPath())
+		if !ok {
+			return nil, fmt.Errorf("%w: operation %q's url %s names no resource configured here", ErrNotResumable, s.OperationID, s.URL)
+		}
+		eo := &envelopeOperation{kind: kind, method: s.Method}
+		t, _, err := eo.target(m)
+		if err != nil {
+			return nil, err
+		}
+		keys = append(keys, t.paths.Key(s.ID))
 	}
 	slices.Sort(keys)
 	return slices.Compact(keys), nil

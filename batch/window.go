@@ -28,6 +28,9 @@ type Site struct {
 	// requests' spans going under the window's. Invalid, no window span
 	// is made.
 	Parent trace.SpanContext
+	// Envelope is the handler's envelope, which an envelope job's
+	// windows run as; nil where it has none.
+	Envelope *Envelope
 }
 
 // WindowOpts are how a window runs.
@@ -41,6 +44,10 @@ type WindowOpts struct {
 	// longer one is cut into body_text (ItemResult.BodyCut). Zero keeps
 	// bodies whole.
 	KeepBody int
+	// Done are the results of the operations before the window that an
+	// envelope job's operations in it depend on, by job index: what
+	// their references are filled from, and whether they may start.
+	Done map[int]ItemResult
 	// AllOrNothing runs the window as a part of an all-or-nothing job's
 	// saga: its items locked (through Runtime.Locks, which for a job
 	// keeps them to its end: itemlock.Held) and preflighted before any
@@ -109,6 +116,25 @@ type windowing struct {
 	// places admit the window's items to be sent, in the order they
 	// were taken, at most the job's concurrency at once (executeItem).
 	places *places
+	// before are WindowOpts.Done: an envelope's operations before the
+	// window, by job index, which its plan's dependencies name by
+	// outside (a negative index).
+	before map[int]ItemResult
+}
+
+// outside is how an envelope window's plan names operation j of the job,
+// before the window (at base): by a negative index, which no item of
+// the plan has.
+func outside(j int) int { return -1 - j }
+
+// result is the result of the operation dep names: an item of the run,
+// or, negative, one before the window (outside).
+func (run *batchRun) result(dep int) *ItemResult {
+	if dep < 0 {
+		r := run.plan.window.before[-1-dep]
+		return &r
+	}
+	return &run.items[dep]
 }
 
 // recordsAhead is how many times its concurrency a window has items
@@ -163,7 +189,7 @@ func (w *windowing) keep(it *ItemResult) {
 // resolved forward first (resolveForward); the rest are sent. The error
 // is for a window that cannot run here at all.
 func ExecuteWindow(ctx context.Context, w *Snapshot, site Site, o WindowOpts) (*WindowResult, error) {
-	p, err := windowPlan(w, site.Lookup, o.KeepBody, o.AllOrNothing)
+	p, err := planWindow(w, site, o, o.AllOrNothing, true)
 	if err != nil {
 		return nil, err
 	}
@@ -213,7 +239,17 @@ func credentialsRefused(it ItemResult) bool {
 	return it.Outcome == Failed && CredentialsRefused(it.Status)
 }
 
-// windowPlan is the plan of a job's window, all-or-nothing or partial.
+// planWindow is the plan of a job's window, an envelope job's or a
+// batch job's; parse is false for an envelope window that is only
+// undone, whose operations that never started are not parsed again.
+func planWindow(w *Snapshot, site Site, o WindowOpts, allOrNothing, parse bool) (*Plan, error) {
+	if w.Op == policy.OpEnvelope.String() {
+		return envelopeWindowPlan(w, site.Envelope, o, allOrNothing, parse)
+	}
+	return windowPlan(w, site.Lookup, o.KeepBody, allOrNothing)
+}
+
+// windowPlan is the plan of a batch job's window, all-or-nothing or partial.
 func windowPlan(w *Snapshot, lookup func(string) (policy.Match, bool), keepBody int, allOrNothing bool) (*Plan, error) {
 	if w.Version != SnapshotVersion {
 		return nil, fmt.Errorf("%w: format version %d, this gateway knows %d", ErrNotResumable, w.Version, SnapshotVersion)
