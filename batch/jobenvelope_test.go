@@ -81,8 +81,8 @@ func TestEnvelopeJobRefusals(t *testing.T) {
 	e := shop(t)
 	for _, c := range []struct {
 		name, body, ct string
-		status        int
-		says          string
+		status         int
+		says           string
 	}{
 		{"a later reference", `{"operations": [{"id": "p", "method": "POST", "url": "/users/$u/posts", "body": {}}, {"id": "u", "method": "POST", "url": "/users", "body": {}}]}`, "", 400, "no earlier operation"},
 		{"a bad line", `{"id": "u", "method": "POST", "url": "/users", "body": {}}` + "\n" + `{"id": "u", "method": "POST", "url": "/users", "body": {}}`, ndjson, 400, "line 2"},
