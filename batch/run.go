@@ -370,6 +370,9 @@ func (run *batchRun) transition(ctx context.Context, i int, phase Phase, req *Su
 	}
 	st.phase = phase
 	t := Transition{Index: i, Phase: phase, Request: req, Item: snapshotItem(it, st, &run.plan.Items[i])}
+	if run.plan.window != nil {
+		t.Item.Answer = it.Body
+	}
 	run.mu.Unlock()
 	// Outside the lock, so that a journal can store the records of
 	// several items in one write; an item's own transitions come from

@@ -60,6 +60,11 @@ type ItemSnapshot struct {
 	Undo        *Undo         `json:"undo,omitempty"`
 	NoUndo      string        `json:"no_undo,omitempty"`
 	CreatedFrom string        `json:"created_from,omitempty"`
+	// Answer is, in a job's window's log, the JSON body of the item's
+	// answer as the window keeps it: what its result says, and what an
+	// envelope's later operations reference, once another owner carries
+	// the window on. A saga's journal keeps no answers.
+	Answer json.RawMessage `json:"answer,omitempty"`
 	// The rest are an envelope's: the operation's id (kept as "name"),
 	// method and url (as sent, once filled), the operations it depends
 	// on, and where its requests go, once its references are filled.
@@ -263,7 +268,7 @@ func (it *Item) resumeOperation(snap ItemSnapshot, lookup func(path string) (pol
 // resumedItem is item i as its journal recorded it (it), with its
 // requests as the resumed plan has them (admitted).
 func resumedItem(i int, it ItemSnapshot, admitted itemState) (ItemResult, itemState) {
-	res := ItemResult{Index: i, ID: it.ID, Outcome: it.Outcome, Status: it.Status, Error: it.Error}
+	res := ItemResult{Index: i, ID: it.ID, Outcome: it.Outcome, Status: it.Status, Error: it.Error, Body: it.Answer}
 	if it.OperationID != "" {
 		res.OperationID, res.Method, res.URL = it.OperationID, it.Method, it.URL
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/internal/itemlock"
 	"github.com/caddy-batch/caddy-batch/internal/stop"
+	"github.com/caddy-batch/caddy-batch/policy"
 )
 
 // Through runs work once through the routes of the running config, as
@@ -169,6 +170,8 @@ type driver struct {
 	atomic   bool
 	held     itemlock.Held
 	relocked bool
+	// envelope says the job is an envelope's operations (jobenvelope.go).
+	envelope bool
 	// cancelled says the job's cancel mark was there when it was
 	// claimed: a paused job claimed to be undone is, before the first
 	// renewal lists the mark.
@@ -199,7 +202,8 @@ func (hj *HeldJob) newDriver(ctx context.Context) (*driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &driver{hj: hj, cred: cred, p: v.progress, chunks: chunks, atomic: hj.rec.atomic(), cancelled: v.cancelled}
+	d := &driver{hj: hj, cred: cred, p: v.progress, chunks: chunks, atomic: hj.rec.atomic(), cancelled: v.cancelled,
+		envelope: hj.rec.Op == policy.OpEnvelope.String()}
 	if !d.p.Started.IsZero() && v.epoch < hj.epoch && d.p.State == JobRunning {
 		// It ran before under another epoch, and was neither paused nor
 		// queued (its first item sent at its start) by its owner.
@@ -295,12 +299,27 @@ func (d *driver) window(ctx context.Context, through Through, stop <-chan struct
 		return err
 	}
 	base := first + done
+	if d.envelope {
+		// Its window runs whole, carried on or not: the indexes its log
+		// names its operations' dependencies by stay the same.
+		base = first
+	}
 	if done < len(items) {
-		snap := d.snapshot(base, slices.Clone(items[done:]))
+		snap := d.snapshot(base, slices.Clone(items[base-first:]))
+		var before map[int]batch.ItemResult
+		if d.envelope {
+			err := hj.retried(ctx, func() (err error) {
+				before, err = d.resultsBefore(ctx, first, snap.Items)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+		}
 		if err := hj.retried(ctx, func() error { return hj.readLog(ctx, first, base, snap.Items) }); err != nil {
 			return err
 		}
-		res, err := d.run(ctx, through, stop, first, snap)
+		res, err := d.run(ctx, through, stop, first, snap, before)
 		if err != nil {
 			return err
 		}
@@ -316,6 +335,9 @@ func (d *driver) window(ctx context.Context, through Through, stop <-chan struct
 		}
 		finished := d.finished(res, stop)
 		d.unsent = len(finished) < len(res.Items) && slices.Contains(res.Unsent, res.Items[len(finished)].Index)
+		// An envelope's window ran whole: its results page holds the
+		// first done of them already.
+		finished = finished[min(first+done-base, len(finished)):]
 		stored := len(hj.page.lines)
 		if err := hj.retried(ctx, func() error { return hj.AppendResults(ctx, first, finished) }); err != nil {
 			return err
@@ -426,7 +448,7 @@ func (d *driver) finished(res *batch.WindowResult, stop <-chan struct{}) []batch
 // run runs a window through through, its writes recorded in its log, no
 // item started once stop closes, a cancel is seen, or the deadline
 // passes.
-func (d *driver) run(ctx context.Context, through Through, stop <-chan struct{}, first int, snap *batch.Snapshot) (*batch.WindowResult, error) {
+func (d *driver) run(ctx context.Context, through Through, stop <-chan struct{}, first int, snap *batch.Snapshot, before map[int]batch.ItemResult) (*batch.WindowResult, error) {
 	hj := d.hj
 	halted := make(chan struct{})
 	watchCtx, cancel := context.WithCancel(ctx)
@@ -461,7 +483,7 @@ func (d *driver) run(ctx context.Context, through Through, stop <-chan struct{},
 			}
 		}
 		var err error
-		res, err = batch.ExecuteWindow(ctx, snap, site, batch.WindowOpts{Stop: halted, Deadline: hj.rec.Deadline, KeepBody: ResultBodyLimit, AllOrNothing: d.atomic})
+		res, err = batch.ExecuteWindow(ctx, snap, site, batch.WindowOpts{Stop: halted, Deadline: hj.rec.Deadline, KeepBody: ResultBodyLimit, Done: before, AllOrNothing: d.atomic})
 		if err == nil && (d.atomic || res.Stopped || len(res.Refused) > 0 || len(res.Unsent) > 0) {
 			// An all-or-nothing window's log is its undo's journal:
 			// every answer in it.

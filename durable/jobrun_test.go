@@ -72,6 +72,30 @@ func (u *widgetsUpstream) Send(_ context.Context, req *batch.SubRequest) (*batch
 		}
 		delete(u.items, id)
 		return &batch.SubResponse{Status: http.StatusOK, Header: jsonHeader(), Body: []byte("{}")}, nil
+	case req.Method == http.MethodPatch && strings.HasPrefix(req.Path, "/widgets/"):
+		u.mu.Lock()
+		defer u.mu.Unlock()
+		id := strings.TrimPrefix(req.Path, "/widgets/")
+		b, ok := u.items[id]
+		if !ok {
+			return &batch.SubResponse{Status: http.StatusNotFound, Header: http.Header{}}, nil
+		}
+		if u.refuse != "" && strings.Contains(string(req.Body), u.refuse) {
+			return &batch.SubResponse{Status: http.StatusUnprocessableEntity, Header: http.Header{}, Body: []byte("<p>no</p>")}, nil
+		}
+		var item, patch map[string]any
+		_ = json.Unmarshal(b, &item)
+		_ = json.Unmarshal(req.Body, &patch)
+		for k, v := range patch { // a merge patch: null removes
+			if v == nil {
+				delete(item, k)
+			} else {
+				item[k] = v
+			}
+		}
+		b, _ = json.Marshal(item)
+		u.items[id] = b
+		return &batch.SubResponse{Status: http.StatusOK, Header: jsonHeader(), Body: b}, nil
 	case req.Method == http.MethodGet && strings.HasPrefix(req.Path, "/widgets/"):
 		u.mu.Lock()
 		defer u.mu.Unlock()

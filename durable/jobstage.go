@@ -53,8 +53,11 @@ func (st *Staging) Chunk(ctx context.Context, first int, items []batch.ItemSnaps
 		return err
 	}
 	for _, it := range items {
-		// As sent, and nothing a run adds.
-		if err := enc.Encode(batch.ItemSnapshot{ID: it.ID, Element: it.Element, Fields: it.Fields}); err != nil {
+		// As sent, and nothing a run adds: an envelope's operation keeps
+		// its id, method and url, and what it depends on.
+		in := batch.ItemSnapshot{ID: it.ID, Element: it.Element, Fields: it.Fields,
+			OperationID: it.OperationID, Method: it.Method, URL: it.URL, Deps: it.Deps}
+		if err := enc.Encode(in); err != nil {
 			return err
 		}
 	}

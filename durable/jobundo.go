@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -35,8 +36,14 @@ import (
 // nothing, and it writes. An all-or-nothing read runs as a partial one
 // does, and fails whole when an item fails.
 func (rec *JobRecord) atomic() bool {
+	if rec.Atomicity != policy.AllOrNothing.String() {
+		return false
+	}
+	if rec.Op == policy.OpEnvelope.String() {
+		return true // what its reads did needs no undo
+	}
 	op, err := policy.ParseOp(rec.Op)
-	return err == nil && op.Writes() && rec.Atomicity == policy.AllOrNothing.String()
+	return err == nil && op.Writes()
 }
 
 // failure is why an all-or-nothing job must be undone after the window
@@ -213,9 +220,9 @@ func (d *driver) relock(ctx context.Context, site batch.Site, first int) (string
 		return "", nil
 	}
 	hj := d.hj
-	m, ok := site.Lookup(hj.rec.Path)
-	if !ok {
-		return "", fmt.Errorf("%w: no resource is configured for %s", batch.ErrNotResumable, hj.rec.Path)
+	timeout, err := d.batchTimeout(site)
+	if err != nil {
+		return "", err
 	}
 	for c, chunk := range d.chunks {
 		for w := chunk; w < d.chunkEnd(c) && w <= first; w += jobWindowItems {
@@ -231,23 +238,39 @@ func (d *driver) relock(ctx context.Context, site batch.Site, first int) (string
 				if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
 					return "", fmt.Errorf("job %s's results from item %d: %w", hj.rec.ID, w, err)
 				}
-				items = append(items, batch.ItemSnapshot{ID: line.ID})
+				items = append(items, batch.ItemSnapshot{ID: line.ID, OperationID: line.OperationID, Method: line.Method, URL: line.URL})
 			}
 			keys, err := batch.WindowKeys(d.snapshot(w, items), site.Lookup)
 			if err != nil {
 				return "", err
 			}
-			lockCtx, cancel := context.WithTimeout(ctx, m.Resource.Settings.BatchTimeout)
+			lockCtx, cancel := context.WithTimeout(ctx, timeout)
 			_, failed, err := itemlock.LockAll(lockCtx, site.Runtime.Locks, keys)
 			cancel()
 			if err != nil {
 				return fmt.Sprintf("%s, which the job wrote before, could not be locked again within batch_timeout (%s): %v",
-					keys[max(failed, 0)], m.Resource.Settings.BatchTimeout, err), nil
+					keys[max(failed, 0)], timeout, err), nil
 			}
 		}
 	}
 	d.relocked = true
 	return "", nil
+}
+
+// batchTimeout is the batch_timeout of the job's resource, or of the
+// envelope for an envelope job, as site has it.
+func (d *driver) batchTimeout(site batch.Site) (time.Duration, error) {
+	if d.envelope {
+		if site.Envelope == nil {
+			return 0, fmt.Errorf("%w: no envelope is configured at %s", batch.ErrNotResumable, d.hj.rec.Path)
+		}
+		return site.Envelope.Settings.BatchTimeout, nil
+	}
+	m, ok := site.Lookup(d.hj.rec.Path)
+	if !ok {
+		return 0, fmt.Errorf("%w: no resource is configured for %s", batch.ErrNotResumable, d.hj.rec.Path)
+	}
+	return m.Resource.Settings.BatchTimeout, nil
 }
 
 // ReplaceResults stores the results page of the window at windowFirst
