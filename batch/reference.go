@@ -120,7 +120,9 @@ func (f filling) url(eo *envelopeOperation) (*target, string, error) {
 		return nil, "", err
 	}
 	m, ok := f.plan.lookup(path)
-	if !ok || m.Resource != eo.resource || m.Item != (eo.kind != policy.OpCreate) {
+	// The same resource by its template: a job's lookup gives each
+	// match a copy of it, with a job's settings (policy.Match.ForJob).
+	if !ok || m.Resource.Collection.Plain() != eo.resource.Collection.Plain() || m.Item != (eo.kind != policy.OpCreate) {
 		return nil, "", fmt.Errorf("its filled url %s is no longer a path of %s", path, eo.resource.Collection)
 	}
 	return eo.target(m)

@@ -49,7 +49,7 @@ func UndoWindow(ctx context.Context, w *Snapshot, site Site, o WindowOpts) (*Win
 	cancel()
 	defer func() { run.locks.release() }()
 	for _, i := range run.started {
-		if id := run.items[i].ID; run.state[i].tgt.kind == policy.OpCreate && run.state[i].applied && id != "" {
+		if t, id := run.state[i].tgt, run.items[i].ID; t != nil && t.kind == policy.OpCreate && run.state[i].applied && id != "" {
 			run.lockCreated(ctx, i, id)
 		}
 	}

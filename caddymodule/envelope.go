@@ -78,6 +78,9 @@ func (h *Handler) serveEnvelope(w http.ResponseWriter, r *http.Request, next cad
 	}
 	switch r.Method {
 	case http.MethodPost:
+		if h.jobs != nil && batch.IsAsync(r.Header) {
+			return h.serveJobStart(w, r, h.envelopeScope(), policy.OpEnvelope, h.envelopeJob)
+		}
 		return h.serveBatch(w, r, h.admitEnvelope(r), next)
 	case http.MethodOptions:
 		return answerOptions(w, r, next, envelopeAllow, false)

@@ -257,7 +257,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			return refuse(w, problem.New(http.StatusBadRequest, "invalid-batch", "reading the body: "+err.Error()), m.Allow())
 		}
 		if isJob {
-			return h.serveJobStart(w, r, m, op)
+			return h.serveJobStart(w, r, h.collectionScope(m), op, collectionJob(m, op))
 		}
 	}
 	a, isBatch := h.admit(r, m)

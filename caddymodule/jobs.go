@@ -69,16 +69,15 @@ func (j *jobs) acquire() (release func(), ok bool) {
 // key started; or refuses it, with nothing stored and nothing sent (or,
 // refused by the route's authentication, nothing but its first
 // request).
-func (h *Handler) serveJobStart(w http.ResponseWriter, r *http.Request, m policy.Match, op policy.Op) error {
+func (h *Handler) serveJobStart(w http.ResponseWriter, r *http.Request, sc scope, op policy.Op, admit jobAdmission) error {
 	ctx := r.Context()
-	sc := h.collectionScope(m)
 	client, ok := jobClient(r, sc)
 	if !ok {
 		return problem.New(http.StatusForbidden, "job-needs-identity",
 			"a bulk job is made only for a client that says who it is: send Authorization or a Cookie"+identityHint(sc)+
 				", or send the batch without Prefer: respond-async to run it synchronously").Write(w)
 	}
-	key, done, err := h.claimStart(w, r, m, op, sc, client)
+	key, done, err := h.claimStart(w, r, sc, op, client, admit)
 	if done {
 		return err
 	}
@@ -93,7 +92,7 @@ func (h *Handler) serveJobStart(w http.ResponseWriter, r *http.Request, m policy
 	if err := h.jobs.store.CheckQuota(ctx, client, quota); err != nil {
 		return h.refuseJob(w, err)
 	}
-	staging, plan, prob, err := h.stageJob(r, m, op, sc)
+	staging, plan, prob, err := h.stageJob(r, sc, admit)
 	switch {
 	case err != nil:
 		return h.refuseJob(w, err)
@@ -135,17 +134,35 @@ func (h *Handler) serveJobStart(w http.ResponseWriter, r *http.Request, m policy
 	})
 }
 
+// jobAdmission reads and checks a job's body as a stream, handing its
+// items to chunk as they pass (batch.AdmitJob of a collection's batch,
+// batch.AdmitEnvelopeJob of the envelope's operations).
+type jobAdmission func(r *http.Request, lim batch.JobLimits, chunk func(first int, items []batch.ItemSnapshot) error) (*batch.JobPlan, *problem.Details, error)
+
+// collectionJob is the admission of a batch job of op on the collection
+// m matched.
+func collectionJob(m policy.Match, op policy.Op) jobAdmission {
+	return func(r *http.Request, lim batch.JobLimits, chunk func(int, []batch.ItemSnapshot) error) (*batch.JobPlan, *problem.Details, error) {
+		return batch.AdmitJob(r, m, op, lim, chunk)
+	}
+}
+
+// envelopeJob is the admission of an envelope job.
+func (h *Handler) envelopeJob(r *http.Request, lim batch.JobLimits, chunk func(int, []batch.ItemSnapshot) error) (*batch.JobPlan, *problem.Details, error) {
+	return batch.AdmitEnvelopeJob(r, h.envelope, lim, chunk)
+}
+
 // stageJob reads and checks the job's body as a stream, storing its
 // items in chunks as they pass: the staged input and the job's plan, or
 // the problem that refused it (the chunks stored so far discarded), or
 // the storage's error.
-func (h *Handler) stageJob(r *http.Request, m policy.Match, op policy.Op, sc scope) (*durable.Staging, *batch.JobPlan, *problem.Details, error) {
+func (h *Handler) stageJob(r *http.Request, sc scope, admit jobAdmission) (*durable.Staging, *batch.JobPlan, *problem.Details, error) {
 	ctx := r.Context()
 	staging, err := h.jobs.store.Stage(ctx, sc.gateway.JobTTL)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	plan, prob, err := batch.AdmitJob(r, m, op, jobLimits(sc), func(first int, items []batch.ItemSnapshot) error {
+	plan, prob, err := admit(r, jobLimits(sc), func(first int, items []batch.ItemSnapshot) error {
 		return staging.Chunk(ctx, first, items)
 	})
 	if prob == nil {
@@ -190,7 +207,11 @@ type startedJob struct {
 func (h *Handler) offerJob(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, trip *batchapp.JobTrip) error {
 	rec := trip.Record()
 	if h.jobs != nil && rec.JobsPath == h.jobsPath {
-		if m, ok := h.policy.Lookup(rec.Path); ok && !m.Item {
+		if h.envelope != nil && rec.Op == policy.OpEnvelope.String() && rec.Path == h.envelope.Path {
+			if trip.Offer(jobHost{h: h, r: r, next: next, sc: h.envelopeScope()}) {
+				return nil
+			}
+		} else if m, ok := h.policy.Lookup(rec.Path); ok && !m.Item {
 			if sc := h.collectionScope(m); sc.resource == rec.Resource && trip.Offer(jobHost{h: h, r: r, next: next, sc: sc}) {
 				return nil
 			}
@@ -219,7 +240,13 @@ func (jh jobHost) Site() batch.Site {
 	// route's tracing, if it traces, the batch app puts under the job's
 	// span (batchapp.ThroughRoutes).
 	send := h.sendStored(jh.r, jh.next, sc)
-	return batch.Site{Runtime: h.runtime(jh.r.Context(), send, sc.locks, nil, jh.r.Header, sc), Lookup: h.jobLookup}
+	site := batch.Site{Runtime: h.runtime(jh.r.Context(), send, sc.locks, nil, jh.r.Header, sc), Lookup: h.jobLookup}
+	if e := h.envelope; e != nil {
+		// An envelope job's windows run as the envelope, with a job's
+		// bounds, each operation under its resource's (jobLookup).
+		site.Envelope = &batch.Envelope{Path: e.Path, Settings: e.Settings.ForJob(), Atomicity: e.Atomicity, Lookup: h.jobLookup}
+	}
+	return site
 }
 
 // jobClient is the identity a job is counted and kept under: the hash of

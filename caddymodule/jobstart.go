@@ -59,7 +59,7 @@ func startKeyTTL(g policy.GatewaySettings) time.Duration {
 // the request was answered instead: a replay of the job the key started
 // (or 410 once it is gone), or 409, 422, 503 as a batch's key is refused
 // (refusal).
-func (h *Handler) claimStart(w http.ResponseWriter, r *http.Request, m policy.Match, op policy.Op, sc scope, client string) (k *keyedStart, done bool, err error) {
+func (h *Handler) claimStart(w http.ResponseWriter, r *http.Request, sc scope, op policy.Op, client string, admit jobAdmission) (k *keyedStart, done bool, err error) {
 	key := strings.TrimSpace(r.Header.Get("Idempotency-Key"))
 	if key == "" || h.idem == nil {
 		return nil, false, nil
@@ -79,7 +79,7 @@ func (h *Handler) claimStart(w http.ResponseWriter, r *http.Request, m policy.Ma
 	case durable.Proceed:
 		return &keyedStart{held: d.Held, record: record, ttl: ttl, logger: h.logger}, false, nil
 	case durable.Started:
-		return nil, true, h.replayStart(w, r, m, op, sc, d.Record)
+		return nil, true, h.replayStart(w, r, sc, op, d.Record, admit)
 	case durable.Unavailable:
 		h.logger.Error("idempotency record of a job's start unavailable", zap.String("record", record), zap.Error(d.Err))
 	}
@@ -102,8 +102,8 @@ func startFingerprint(r *http.Request, plan *batch.JobPlan) string {
 // read through, and fingerprinted, without keeping it; the same start
 // again is answered 202 with the job's status now and the same token,
 // a body of another start 422, and a job removed or expired 410.
-func (h *Handler) replayStart(w http.ResponseWriter, r *http.Request, m policy.Match, op policy.Op, sc scope, rec *durable.Record) error {
-	plan, prob, _ := batch.AdmitJob(r, m, op, jobLimits(sc), func(int, []batch.ItemSnapshot) error { return nil })
+func (h *Handler) replayStart(w http.ResponseWriter, r *http.Request, sc scope, op policy.Op, rec *durable.Record, admit jobAdmission) error {
+	plan, prob, _ := admit(r, jobLimits(sc), func(int, []batch.ItemSnapshot) error { return nil })
 	if prob != nil {
 		return refuse(w, *prob, sc.allow)
 	}

@@ -63,3 +63,26 @@ func (d *driver) resultsBefore(ctx context.Context, first int, items []batch.Ite
 	}
 	return out, nil
 }
+
+// finishedBefore lays over items, the first of an envelope job's window
+// that runs whole, what its results page says they did (hj.page, which
+// carriedOn read): they are not run again, and the window's later
+// operations read their ids and answers. The page, not the log, is what
+// stands for them: a window's log goes once its results are stored.
+func (d *driver) finishedBefore(items []batch.ItemSnapshot) error {
+	if len(items) == 0 {
+		return nil
+	}
+	sc := bufio.NewScanner(bytes.NewReader(d.hj.page.lines))
+	sc.Buffer(nil, 1<<20)
+	for k := 0; k < len(items) && sc.Scan(); k++ {
+		var line ResultLine
+		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
+			return fmt.Errorf("job %s's results from item %d: %w", d.hj.rec.ID, d.hj.page.head.First, err)
+		}
+		it := line.ItemResult
+		items[k] = batch.ItemSnapshot{ID: it.ID, OperationID: it.OperationID, Method: it.Method, URL: it.URL,
+			Phase: batch.PhaseSettled, Outcome: it.Outcome, Status: it.Status, Error: it.Error, Answer: it.Body}
+	}
+	return sc.Err()
+}

@@ -84,8 +84,9 @@ func startEnvelopeJob(t *testing.T, js *Jobs, env *batch.Envelope, body string) 
 }
 
 // A partial envelope job's operations fill their references from
-// operations windows before theirs: every widget created, then patched
-// with what its create answered.
+// operations windows before theirs: every widget created once (the
+// first, by the start, before the rest), then patched with what its
+// create answered.
 func TestEnvelopeJobReferencesAcrossWindows(t *testing.T) {
 	t.Parallel()
 	defer endHeld(t)
@@ -93,9 +94,14 @@ func TestEnvelopeJobReferencesAcrossWindows(t *testing.T) {
 	pol, env := widgetsEnvelope(t, policy.Partial, nil)
 	hj, token := startEnvelopeJob(t, js, env, creatingThenPatching(300))
 	up := newWidgetsUpstream(false)
-	if err := hj.Run(context.Background(), throughEnvelope(pol, env, up, &itemlock.Local{}), nil); err != nil {
+	through := throughEnvelope(pol, env, up, &itemlock.Local{})
+	if _, err := hj.RunFirst(context.Background(), through); err != nil {
 		t.Fatal(err)
 	}
+	if err := hj.Run(context.Background(), through, nil); err != nil {
+		t.Fatal(err)
+	}
+	up.checkMadeOnce(t, 300)
 	st := mustStatus(t, js, hj.Record().ID, token)
 	if st.State != JobSucceeded || st.Succeeded != 600 {
 		t.Fatalf("status %s, succeeded %d, reason %q; want succeeded, 600", st.State, st.Succeeded, st.Reason)

@@ -319,6 +319,9 @@ func (d *driver) window(ctx context.Context, through Through, stop <-chan struct
 		if err := hj.retried(ctx, func() error { return hj.readLog(ctx, first, base, snap.Items) }); err != nil {
 			return err
 		}
+		if err := d.finishedBefore(snap.Items[:first+done-base]); err != nil {
+			return err
+		}
 		res, err := d.run(ctx, through, stop, first, snap, before)
 		if err != nil {
 			return err

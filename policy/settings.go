@@ -414,8 +414,15 @@ func (m Match) ForJob() Match {
 		return m
 	}
 	r := *m.Resource
-	r.Settings.Concurrency = r.Settings.jobConcurrency()
-	r.Settings.MaxThrottleWait = r.Settings.JobThrottleWait
+	r.Settings = r.Settings.ForJob()
 	m.Resource = &r
 	return m
+}
+
+// ForJob is s as a job's requests run under it: job_concurrency and
+// job_throttle_wait in place of concurrency and max_throttle_wait.
+func (s Settings) ForJob() Settings {
+	s.Concurrency = s.jobConcurrency()
+	s.MaxThrottleWait = s.JobThrottleWait
+	return s
 }
