@@ -369,3 +369,131 @@ func TestJobsAtomicSingleWriteWaits(t *testing.T) {
 		t.Errorf("widget 2 is %v, want the job's name", w)
 	}
 }
+
+// TestJobsAtomicQueuedCancelled: an all-or-nothing create job queued
+// behind max_jobs, its first item created at its start, and cancelled
+// while it waits, is undone when an instance takes it from the queue:
+// it ends rolled_back, its first widget deleted and no other created.
+// (Its claim used to miss the cancel mark until the lease's first
+// renewal, and a short job ran to succeeded.)
+func TestJobsAtomicQueuedCancelled(t *testing.T) {
+	api := seededAPI()
+	g := startGateway(t, api, strings.Replace(atomicJobsSite, "jobs /api/jobs\n", "jobs /api/jobs\n\t\tmax_jobs 1\n", 1))
+	// The first job holds the one place until the test lets its last
+	// item go.
+	held, release := heldUntilReleased(legacyapi.Fault{Method: "PATCH", Path: "/api/widgets/20"})
+	api.Inject(held)
+	defer release()
+	first := startJob(t, g, "PATCH", "/api/widgets", renameLines(20))
+	eventually(t, 30*time.Second, "the first job to reach its last item", func() bool {
+		return received(api, "PATCH", "/api/widgets/20")
+	})
+	before := api.Items("/api/widgets")
+
+	r := g.do(t, "POST", "/api/widgets", namedLines("queued-", 50),
+		"Content-Type", "application/x-ndjson", "Prefer", "respond-async", "Authorization", "Bearer client-b")
+	if r.Status != 202 {
+		t.Fatalf("start of the second job: %d %s, want 202", r.Status, r.Body)
+	}
+	second := decodeJob(t, r)
+	if second.State != "queued" || len(api.Items("/api/widgets")) != len(before)+1 {
+		t.Fatalf("the second job is %s with %d widgets made; want queued, its first item made at its start",
+			second.State, len(api.Items("/api/widgets"))-len(before))
+	}
+	if c := g.do(t, "DELETE", "/api/jobs/"+second.ID, nil, bearerOf(second.Token)...); c.Status != 202 {
+		t.Fatalf("cancel of the queued job: %d %s, want 202", c.Status, c.Body)
+	}
+	release()
+	if st := pollJob(t, g, first, time.Minute); st.State != "succeeded" {
+		t.Fatalf("the first job ended %+v, want succeeded", st)
+	}
+	st := pollJob(t, g, second, time.Minute)
+	outcome, reason := jobReason(t, g, second)
+	if st.State != "rolled_back" || outcome != "rolled_back" {
+		t.Errorf("the queued job cancelled ended %+v, outcome %q, reason %q; want rolled_back", st, outcome, reason)
+	}
+	after := api.Items("/api/widgets")
+	for id, w := range after {
+		if name := fmt.Sprint(w["name"]); strings.HasPrefix(name, "queued-") || name != "renamed-"+id {
+			t.Errorf("widget %s is %v after both jobs: want the first job's rename, nothing of the cancelled one", id, w)
+		}
+	}
+	if len(after) != len(before) {
+		t.Errorf("the API holds %d widgets, want the %d it held before the cancelled job", len(after), len(before))
+	}
+	posts := 0
+	for _, w := range api.AppliedWrites() {
+		if w.Method == "POST" {
+			posts++
+		}
+	}
+	if posts != 1 {
+		t.Errorf("the API created %d widgets, want the one of the job's start: nothing after the cancel", posts)
+	}
+}
+
+// TestJobsAtomicTimedOut: an all-or-nothing create job still running at
+// its job_timeout is undone: it ends rolled_back, nothing it created
+// left.
+func TestJobsAtomicTimedOut(t *testing.T) {
+	api := seededAPI()
+	g := startGateway(t, api, strings.Replace(atomicJobsSite, "jobs /api/jobs\n",
+		"jobs /api/jobs\n\t\titem_timeout 1s\n\t\tjob_timeout 2s\n", 1))
+	before := api.Items("/api/widgets")
+	// 600 creates of 50ms, 8 at a time, take near 4s: past job_timeout.
+	api.Inject(legacyapi.Fault{Method: "POST", Path: "/api/widgets", Delay: 50 * time.Millisecond})
+	job := startJob(t, g, "POST", "/api/widgets", namedLines("late-", atomicJobItems))
+	st := pollJob(t, g, job, time.Minute)
+	outcome, reason := jobReason(t, g, job)
+	if st.State != "rolled_back" || outcome != "rolled_back" {
+		t.Fatalf("the job past job_timeout ended %+v, outcome %q, reason %q; want rolled_back", st, outcome, reason)
+	}
+	if w := api.Writes(); w.Applied == 0 || w.Applied >= 2*atomicJobItems {
+		t.Errorf("the API applied %d writes: want some creates, and their deletes, not the whole job", w.Applied)
+	}
+	sameState(t, api, "/api/widgets", before)
+}
+
+// TestJobsAtomicFirstItemFails: the API refusing the item a job sends at
+// its start (not an authentication's refusal) makes a job all the same,
+// which ends rolled_back with nothing more sent.
+func TestJobsAtomicFirstItemFails(t *testing.T) {
+	api := seededAPI()
+	g := startGateway(t, api, atomicJobsSite)
+	before := api.Items("/api/widgets")
+	api.Inject(legacyapi.Fault{Method: "POST", Path: "/api/widgets", Status: 422, Body: htmlError, Times: 1})
+	job := startJob(t, g, "POST", "/api/widgets", namedLines("first-", 300))
+	st := pollJob(t, g, job, time.Minute)
+	outcome, reason := jobReason(t, g, job)
+	if st.State != "rolled_back" || outcome != "rolled_back" || !strings.Contains(reason, "item 0 ") {
+		t.Fatalf("job ended %+v, outcome %q, reason %q; want rolled_back, naming item 0", st, outcome, reason)
+	}
+	if reqs := writes(api.Requests()); len(reqs) != 1 {
+		t.Errorf("the API received %d writes, want the refused first one alone:%s", len(reqs), describeRequests(reqs))
+	}
+	sameState(t, api, "/api/widgets", before)
+}
+
+// TestJobsAtomicPreflightRefused: an all-or-nothing update naming, in
+// its third window, a widget the API does not have fails that window's
+// preflight read: the two windows before it are undone, the widget's
+// result naming the read, and no write of that window is sent.
+func TestJobsAtomicPreflightRefused(t *testing.T) {
+	api := legacyapi.NewRecording(legacyapi.Collection{Path: "/api/widgets", Seed: records("w", 1, atomicJobItems)})
+	g := startGateway(t, api, atomicJobsSite)
+	before := api.Items("/api/widgets")
+	const missing = 549 // item 549 names widget 9999
+	body := strings.Replace(renameLines(atomicJobItems), `{"id":550,`, `{"id":9999,`, 1)
+	job := startJob(t, g, "PATCH", "/api/widgets", body)
+	st := pollJob(t, g, job, time.Minute)
+	outcome, reason := jobReason(t, g, job)
+	if st.State != "rolled_back" || outcome != "rolled_back" || !strings.Contains(reason, "item 549 ") || !strings.Contains(reason, "GET /api/widgets/9999") {
+		t.Fatalf("job ended %+v, outcome %q, reason %q; want rolled_back, naming item %d and its read", st, outcome, reason, missing)
+	}
+	sameState(t, api, "/api/widgets", before)
+	for _, r := range writes(api.Requests()) {
+		if id, _ := strconv.Atoi(strings.TrimPrefix(r.Path, "/api/widgets/")); id > 512 && r.Method == "PATCH" && !bytes.Contains(r.Body, []byte(`"w`)) {
+			t.Errorf("%s %s %s was sent: the third window's preflight failed before any of its writes", r.Method, r.Path, r.Body)
+		}
+	}
+}
