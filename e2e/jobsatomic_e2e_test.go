@@ -497,3 +497,76 @@ func TestJobsAtomicPreflightRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestJobsAtomicHandedOverKeepsItsLocks: a reload hands a running
+// all-or-nothing update over (its locks let go with the old config's
+// run); the new config's run takes again the locks of what the job
+// wrote before it carries the job on: a single PATCH of a widget the
+// job renamed before the reload, sent while the job is in its last
+// window, waits for the job's end. Every widget is renamed once.
+func TestJobsAtomicHandedOverKeepsItsLocks(t *testing.T) {
+	const n = 800
+	api := legacyapi.NewRecording(legacyapi.Collection{Path: "/api/widgets", Seed: records("w", 1, n), WriteDelay: 2 * time.Millisecond})
+	site := strings.Replace(atomicJobsSite, "jobs /api/jobs\n", "jobs /api/jobs\n\t\tconcurrency 4\n", 1)
+	g := startGatewayStorage(t, api, newUpstream(t, api), "storage file_system "+t.TempDir(), site)
+	held, release := heldUntilReleased(legacyapi.Fault{Method: "PATCH", Path: "/api/widgets/" + strconv.Itoa(n)})
+	api.Inject(held)
+	defer release()
+
+	job := startJob(t, g, "PATCH", "/api/widgets", renameLines(n))
+	eventually(t, 30*time.Second, "the job to rename 100 widgets", func() bool { return jobStatus(t, g, job).Done >= 100 })
+	g.reload(t, site+"\n\theader X-Reloaded yes\n")
+	if mid := jobStatus(t, g, job); mid.Done >= n-256 {
+		t.Fatalf("the job was in its last window (%d done) at the reload: the test needs it earlier", mid.Done)
+	}
+	eventually(t, 30*time.Second, "the job to reach its last item", func() bool {
+		return received(api, "PATCH", "/api/widgets/"+strconv.Itoa(n))
+	})
+	var takeovers struct {
+		Takeovers int `json:"takeovers"`
+	}
+	_ = json.Unmarshal(g.do(t, "GET", "/api/jobs/"+job.ID, nil, bearerOf(job.Token)...).Body, &takeovers)
+	if takeovers.Takeovers != 1 {
+		t.Fatalf("takeovers %d, want 1: the new config carries the job on", takeovers.Takeovers)
+	}
+
+	single := make(chan response, 1)
+	go func() {
+		r, err := g.try("PATCH", "/api/widgets/1", map[string]string{"name": "single"}, "Authorization", "Bearer client-b")
+		if err != nil {
+			r = response{Status: -1, Body: []byte(err.Error())}
+		}
+		single <- r
+	}()
+	select {
+	case r := <-single:
+		t.Fatalf("the single PATCH of widget 1 was answered (%v) while the carried-on job runs", r)
+	case <-time.After(time.Second):
+	}
+	release()
+	if st := pollJob(t, g, job, time.Minute); st.State != "succeeded" || st.Succeeded != n {
+		t.Fatalf("job ended %+v, want succeeded with %d items", st, n)
+	}
+	select {
+	case r := <-single:
+		if r.Status != 200 {
+			t.Errorf("the single PATCH: %v, want 200", r)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the single PATCH was not answered within 30s of the job's end")
+	}
+	patched := map[string]int{}
+	for _, w := range api.AppliedWrites() {
+		if w.Method == "PATCH" {
+			patched[w.Path]++
+		}
+	}
+	for id := 2; id <= n; id++ {
+		if c := patched["/api/widgets/"+strconv.Itoa(id)]; c != 1 {
+			t.Fatalf("widget %d was patched %d times, want once", id, c)
+		}
+	}
+	if w, _ := api.Item("/api/widgets", "1"); w["name"] != "single" || patched["/api/widgets/1"] != 2 {
+		t.Errorf("widget 1 is %v after %d PATCHes, want the single PATCH's name, after the job's", w, patched["/api/widgets/1"])
+	}
+}
