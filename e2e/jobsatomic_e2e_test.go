@@ -570,3 +570,39 @@ func TestJobsAtomicHandedOverKeepsItsLocks(t *testing.T) {
 		t.Errorf("widget 1 is %v after %d PATCHes, want the single PATCH's name, after the job's", w, patched["/api/widgets/1"])
 	}
 }
+
+// TestJobsAtomicRollbackFailed: an all-or-nothing create job whose undo
+// of one widget the API refuses ends rollback_failed, its reason saying
+// how many items could not be undone: that widget alone is left, its
+// result rollback_failed, every other widget the job created deleted.
+func TestJobsAtomicRollbackFailed(t *testing.T) {
+	api := seededAPI()
+	g := startGateway(t, api, atomicJobsSite)
+	before := api.Items("/api/widgets")
+	api.Inject(passThrough("POST", "/api/widgets", 290))
+	api.Inject(legacyapi.Fault{Method: "POST", Path: "/api/widgets", Status: 422, Body: htmlError, Times: 1})
+	// The API gives created widgets ids from 1000 on: the sixth stays.
+	api.Inject(legacyapi.Fault{Method: "DELETE", Path: "/api/widgets/1005", Status: 422, Body: htmlError})
+	job := startJob(t, g, "POST", "/api/widgets", namedLines("kept-", 300))
+	st := pollJob(t, g, job, time.Minute)
+	outcome, reason := jobReason(t, g, job)
+	if st.State != "rollback_failed" || outcome != "rollback_failed" || !strings.Contains(reason, "1 of its items could not be undone") {
+		t.Fatalf("job ended %+v, outcome %q, reason %q; want rollback_failed, one item left", st, outcome, reason)
+	}
+	after := api.Items("/api/widgets")
+	left, ok := after["1005"]
+	if !ok || len(after) != len(before)+1 {
+		t.Fatalf("the API holds %d widgets (1005: %v), want the %d before and widget 1005, whose undo it refused", len(after), left, len(before))
+	}
+	delete(after, "1005")
+	for id, w := range after {
+		if _, was := before[id]; !was {
+			t.Errorf("widget %s (%v) the job created is left, want it deleted", id, w)
+		}
+	}
+	for _, it := range jobResultLines(t, g, job) {
+		if (it.ID == "1005") != (it.Outcome == "rollback_failed") {
+			t.Errorf("item %d (widget %s) ended %s: want rollback_failed for widget 1005 alone", it.Index, it.ID, it.Outcome)
+		}
+	}
+}
