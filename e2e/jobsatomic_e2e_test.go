@@ -606,3 +606,32 @@ func TestJobsAtomicRollbackFailed(t *testing.T) {
 		}
 	}
 }
+
+// TestJobsAtomicPausedCancelled: an all-or-nothing job paused by a 401
+// and then cancelled is undone by the next scan (nobody runs a paused
+// job): it ends rolled_back, nothing it created left.
+func TestJobsAtomicPausedCancelled(t *testing.T) {
+	api := seededAPI()
+	// A scan every 200ms: a paused job's undo waits for one.
+	g := startGatewayStorage(t, api, newUpstream(t, api), "storage file_system "+t.TempDir()+"\n\tbatch {\n\t\trecovery_interval 200ms\n\t}", atomicJobsSite)
+	before := api.Items("/api/widgets")
+	api.Inject(passThrough("POST", "/api/widgets", 300))
+	api.Inject(legacyapi.Fault{Method: "POST", Path: "/api/widgets", Status: 401, Body: htmlError, Times: 1})
+	job := startJob(t, g, "POST", "/api/widgets", namedLines("paused-", atomicJobItems))
+	st := pollJob(t, g, job, time.Minute)
+	if _, reason := jobReason(t, g, job); st.State != "paused" || !strings.Contains(reason, " 401 ") {
+		t.Fatalf("after the 401: %+v, reason %q; want paused", st, reason)
+	}
+	if made := len(api.Items("/api/widgets")) - len(before); made < 300 {
+		t.Fatalf("the paused job made %d widgets, want at least 300: the test undoes them", made)
+	}
+	if c := g.do(t, "DELETE", "/api/jobs/"+job.ID, nil, bearerOf(job.Token)...); c.Status != 202 {
+		t.Fatalf("cancel of the paused job: %d %s, want 202", c.Status, c.Body)
+	}
+	st = pollJob(t, g, job, 30*time.Second)
+	outcome, reason := jobReason(t, g, job)
+	if st.State != "rolled_back" || outcome != "rolled_back" {
+		t.Fatalf("the paused job cancelled ended %+v, outcome %q, reason %q; want rolled_back", st, outcome, reason)
+	}
+	sameState(t, api, "/api/widgets", before)
+}
