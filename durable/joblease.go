@@ -67,9 +67,12 @@ type fencedLease struct {
 }
 
 // holdLease starts renewing the lease of epoch this process stored as
-// stored, in a call that began at start.
-func holdLease(s Storage, leases *Leases, logger *zap.Logger, f leaseFolder, epoch int, stored []byte, start time.Time) *fencedLease {
-	l := &fencedLease{storage: s, folder: f, epoch: epoch, logger: logger, holder: newHolder(leases.Length), stored: stored}
+// stored, in a call that began at start; listed is the folder as the
+// claim found it, which stands for a renewal's list until the first one:
+// a cancel marked while the job was queued must stop it before it sends
+// anything, not a third of a lease later.
+func holdLease(s Storage, leases *Leases, logger *zap.Logger, f leaseFolder, epoch int, stored []byte, start time.Time, listed []string) *fencedLease {
+	l := &fencedLease{storage: s, folder: f, epoch: epoch, logger: logger, holder: newHolder(leases.Length), stored: stored, listed: listed}
 	l.what = f.what
 	l.prove(start)
 	l.stop = leases.Hold(l.renew, 0)
@@ -227,5 +230,5 @@ func (js *Jobs) claimLocked(ctx context.Context, rec *JobRecord, lapsed *leaseVi
 	case err != nil:
 		return nil, fmt.Errorf("%s: %w", doing, err)
 	}
-	return &HeldJob{jobs: js, rec: rec, epoch: epoch, lease: holdLease(js.storage, js.leases, js.logger, f, epoch, record, start)}, nil
+	return &HeldJob{jobs: js, rec: rec, epoch: epoch, lease: holdLease(js.storage, js.leases, js.logger, f, epoch, record, start, seen.names)}, nil
 }

@@ -153,7 +153,7 @@ func (js *Jobs) Register(ctx context.Context, st *Staging, rec *JobRecord, cred 
 	if err := js.storeNew(ctx, st, rec, cred, lease); err != nil {
 		return nil, "", err
 	}
-	hj := &HeldJob{jobs: js, rec: rec, lease: holdLease(js.storage, js.leases, js.logger, jobLeases(rec.ID), 0, lease, start)}
+	hj := &HeldJob{jobs: js, rec: rec, lease: holdLease(js.storage, js.leases, js.logger, jobLeases(rec.ID), 0, lease, start, nil)}
 	return hj, token, nil
 }
 
