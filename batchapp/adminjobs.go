@@ -112,6 +112,9 @@ func (a *App) serveJobCancel(w http.ResponseWriter, r *http.Request, id string) 
 		return jobError(w, err)
 	}
 	a.logger.Info("bulk job cancelled by an operator", zap.String("job", id), zap.String("caller", r.RemoteAddr), zap.String("state", st.State))
+	if st.Ended == nil {
+		NudgeJobs() // a job nobody runs is ended by a scan's run
+	}
 	return writeJSON(w, http.StatusAccepted, st)
 }
 

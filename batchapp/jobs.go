@@ -131,7 +131,7 @@ func (a *App) RunJob(held *durable.HeldJob, release func()) {
 	}
 	go func() {
 		defer a.jobsRunning.Done()
-		defer nudgeJobs()
+		defer NudgeJobs()
 		defer release()
 		rec := held.Record()
 		a.logger.Info("bulk job running", zap.String("job", rec.ID), zap.String("op", rec.Op),
@@ -157,10 +157,11 @@ func (a *App) RunJob(held *durable.HeldJob, release func()) {
 	}()
 }
 
-// nudgeJobs has the running config's jobs' scan look at once: a job
+// NudgeJobs has the running config's jobs' scan look at once: a job
 // ended or was handed over (by a config that stopped, for the next),
-// and room freed.
-func nudgeJobs() {
+// and room freed; or a cancel left a job that only a run can end (an
+// all-or-nothing one paused, which is undone).
+func NudgeJobs() {
 	a := operated.Load()
 	if a == nil {
 		return

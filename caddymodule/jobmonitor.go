@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/caddy-batch/caddy-batch/batchapp"
 	"github.com/caddy-batch/caddy-batch/durable"
 	"github.com/caddy-batch/caddy-batch/internal/problem"
 )
@@ -72,6 +73,7 @@ func (h *Handler) serveJobDelete(w http.ResponseWriter, r *http.Request, id, tok
 		return h.refuseJob(w, err)
 	}
 	if status.Ended == nil {
+		batchapp.NudgeJobs() // a job nobody runs is ended by a scan's run
 		return writeStatus(w, http.StatusAccepted, status)
 	}
 	err = h.jobs.store.Remove(ctx, id, token)

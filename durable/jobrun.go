@@ -172,10 +172,6 @@ type driver struct {
 	relocked bool
 	// envelope says the job is an envelope's operations (jobenvelope.go).
 	envelope bool
-	// cancelled says the job's cancel mark was there when it was
-	// claimed: a paused job claimed to be undone is, before the first
-	// renewal lists the mark.
-	cancelled bool
 	// chunks are the job index of each input chunk's first item, in
 	// order.
 	chunks []int
@@ -202,7 +198,7 @@ func (hj *HeldJob) newDriver(ctx context.Context) (*driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &driver{hj: hj, cred: cred, p: v.progress, chunks: chunks, atomic: hj.rec.atomic(), cancelled: v.cancelled,
+	d := &driver{hj: hj, cred: cred, p: v.progress, chunks: chunks, atomic: hj.rec.atomic(),
 		envelope: hj.rec.Op == policy.OpEnvelope.String()}
 	if !d.p.Started.IsZero() && v.epoch < hj.epoch && d.p.State == JobRunning {
 		// It ran before under another epoch, and was neither paused nor
@@ -274,7 +270,7 @@ func (d *driver) halt(handOver <-chan struct{}) string {
 	switch {
 	case d.hj.lease.lostErr() != nil:
 		return haltLease
-	case d.cancelled || d.hj.CancelAsked():
+	case d.hj.CancelAsked():
 		return haltCancel
 	case !now().Before(d.hj.rec.Deadline):
 		return haltDeadline

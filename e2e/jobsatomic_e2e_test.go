@@ -608,12 +608,13 @@ func TestJobsAtomicRollbackFailed(t *testing.T) {
 }
 
 // TestJobsAtomicPausedCancelled: an all-or-nothing job paused by a 401
-// and then cancelled is undone by the next scan (nobody runs a paused
-// job): it ends rolled_back, nothing it created left.
+// and then cancelled is undone by a scan that the cancel asks for at
+// once (nobody runs a paused job): it ends rolled_back, nothing it
+// created left.
 func TestJobsAtomicPausedCancelled(t *testing.T) {
 	api := seededAPI()
-	// A scan every 200ms: a paused job's undo waits for one.
-	g := startGatewayStorage(t, api, newUpstream(t, api), "storage file_system "+t.TempDir()+"\n\tbatch {\n\t\trecovery_interval 200ms\n\t}", atomicJobsSite)
+	// No scan comes by itself within the test: the cancel's must.
+	g := startGatewayStorage(t, api, newUpstream(t, api), "storage file_system "+t.TempDir()+"\n\tbatch {\n\t\trecovery_interval 1h\n\t}", atomicJobsSite)
 	before := api.Items("/api/widgets")
 	api.Inject(passThrough("POST", "/api/widgets", 300))
 	api.Inject(legacyapi.Fault{Method: "POST", Path: "/api/widgets", Status: 401, Body: htmlError, Times: 1})
