@@ -271,8 +271,9 @@ type Options struct {
 
 	// How long a bulk job may take from its start, waits included; past
 	// it no new item starts and the job ends `partial` (or `failed` when
-	// nothing succeeded), its status saying why; so does a job paused
-	// past it ([Paused jobs](docs/jobs.md#paused-jobs)). Default: 6h.
+	// nothing succeeded; an all-or-nothing one is undone), its status
+	// saying why; so does a job paused past it ([Paused
+	// jobs](docs/jobs.md#paused-jobs)). Default: 6h.
 	JobTimeout caddy.Duration `json:"job_timeout,omitempty"`
 
 	// How many sub-requests of one bulk job may be in flight at once,
