@@ -395,3 +395,38 @@ func TestAtomicJobPausedIsUndoneByAScan(t *testing.T) {
 		})
 	}
 }
+
+// An all-or-nothing job whose first item, run by its start, fails is to
+// be undone whoever runs it, and ends rolled_back: queued, then
+// cancelled, it is not ended at once as a queued job that did nothing
+// is (its counts start again at nothing as its undo begins), but by
+// the scan that claims it.
+func TestAtomicJobFailingAtItsStartIsUndoneFromTheQueue(t *testing.T) {
+	t.Parallel()
+	defer endHeld(t)
+	ctx := context.Background()
+	js := NewJobs(newMemStorage(), NewLeases(time.Minute), zap.NewNop())
+	hj, token := startWidgetsAs(t, js, 300, true, "all_or_nothing")
+	id := hj.Record().ID
+	up := newWidgetsUpstream(false)
+	up.refuse = "w0"
+	through := throughLocked(widgetsPolicy(t, nil), up, &itemlock.Local{})
+	if _, err := hj.RunFirst(ctx, through); err != nil {
+		t.Fatal(err)
+	}
+	if err := hj.Queue(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Cancel(ctx, id, token, "client")
+	if err != nil || st.Ended != nil {
+		t.Fatalf("cancel of the queued job being undone: %+v, %v; want it left to a run", st, err)
+	}
+	scanOnce(t, js, &scanRoom{t: t, through: through, max: 1})
+	st = mustStatus(t, js, id, token)
+	if st.State != JobRolledBack || !strings.Contains(st.Reason, "item 0 failed") {
+		t.Errorf("status %s, reason %q; want rolled_back for item 0", st.State, st.Reason)
+	}
+	if up.creates != 1 {
+		t.Errorf("%d creates sent, want the first item's alone", up.creates)
+	}
+}

@@ -99,9 +99,12 @@ func (js *Jobs) cancel(ctx context.Context, v *jobView, by string) (*JobStatus, 
 // once: nobody runs it, and nothing of it is in flight. A queued job
 // that ran before (handed over) has items in its windows' logs, which
 // only a run carries on into its results; an all-or-nothing one that
-// paused has writes to undo, which only a run sends (the next scan
-// claims it).
+// paused, or is being undone, has writes to undo, which only a run
+// sends (the next scan claims it).
 func endsOnCancel(rec *JobRecord, p JobProgress) bool {
+	if p.Undoing {
+		return false
+	}
 	return p.State == JobQueued && p.Done == 0 || p.State == JobPaused && !rec.atomic()
 }
 
