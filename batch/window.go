@@ -181,13 +181,14 @@ func (w *windowing) keep(it *ItemResult) {
 	}
 }
 
-// ExecuteWindow runs w, a contiguous range of a partial job's items
-// beginning at job index w.Base, through site: every write recorded in
-// site.Runtime.Journal before it is sent, and fenced by it, as a saga's.
-// Items w records as answered or settled (a window carried on) keep
-// their outcome; an item recorded as being sent with no answer is
-// resolved forward first (resolveForward); the rest are sent. The error
-// is for a window that cannot run here at all.
+// ExecuteWindow runs w, a contiguous range of a job's items (a batch's,
+// or an envelope's operations) beginning at job index w.Base, through
+// site: every write recorded in site.Runtime.Journal before it is sent,
+// and fenced by it, as a saga's. Items w records as answered or settled
+// (a window carried on) keep their outcome; an item recorded as being
+// sent with no answer is resolved forward first (resolveForward); the
+// rest are sent, all-or-nothing or partial as o says. The error is for
+// a window that cannot run here at all.
 func ExecuteWindow(ctx context.Context, w *Snapshot, site Site, o WindowOpts) (*WindowResult, error) {
 	p, err := planWindow(w, site, o, o.AllOrNothing, true)
 	if err != nil {

@@ -131,10 +131,7 @@ func (d *driver) undo(ctx context.Context) error {
 		for len(items) > 0 && items[len(items)-1].Outcome == batch.NotAttempted {
 			items = items[:len(items)-1]
 		}
-		if err := hj.retried(ctx, func() error {
-			hj.page = resultsPage{}
-			return hj.ReplaceResults(ctx, first, items)
-		}); err != nil {
+		if err := hj.retried(ctx, func() error { return hj.ReplaceResults(ctx, first, items) }); err != nil {
 			return err
 		}
 		d.p.ResultsBytes += int64(len(hj.page.lines))
