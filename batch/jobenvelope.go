@@ -1,9 +1,7 @@
 package batch
 
 import (
-	"crypto/sha256"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -36,8 +34,7 @@ func AdmitEnvelopeJob(r *http.Request, e *Envelope, lim JobLimits, chunk func(fi
 	plan.Atomicity, plan.PreferenceApplied = p.Atomicity, p.PreferenceApplied
 	key := newIdempotencyKey(r.Header.Get("Idempotency-Key"))
 	plan.Spec.Key, plan.Spec.KeyQuoted = key.base, key.quoted
-	a := &admission{lim: lim, atomic: plan.Atomicity == policy.AllOrNothing, allowOverride: e.Settings.AllowOverride,
-		digest: sha256.New(), chunks: chunker{send: chunk}}
+	a := newAdmission(lim, plan.Atomicity, e.Settings.AllowOverride, chunk)
 	query := policy.WithoutParam(r.URL.RawQuery, policy.MethodParam)
 	if a.atomic {
 		if prob := unscopedParam(query, e.Settings); prob != nil {
@@ -45,29 +42,16 @@ func AdmitEnvelopeJob(r *http.Request, e *Envelope, lim JobLimits, chunk func(fi
 		}
 	}
 	rules := &operationRules{e: e, query: query, atomicity: plan.Atomicity, names: map[string]int{}, writers: map[string]int{}}
-	prob := a.envelope(r, rules, plan)
-	if prob == nil {
-		prob = a.chunks.flush()
-	}
-	if prob != nil {
-		return nil, prob, a.chunks.err
-	}
-	plan.Spec.Query, plan.Items, plan.Digest = query, a.items, a.digest.Sum(nil)
-	return plan, nil, nil
+	return a.done(plan, query, a.envelope(r, rules, plan))
 }
 
 // envelope admits an envelope job's body: JSON Lines of operations, or
 // the envelope's JSON object.
 func (a *admission) envelope(r *http.Request, rules *operationRules, plan *JobPlan) *problem.Details {
-	limit := a.bodyLimit()
-	if prob := refusedBody(r, limit, isJobBody, "JSON (application/json) or JSON Lines (application/x-ndjson, application/jsonl)"); prob != nil {
+	body, prob := a.open(r)
+	if prob != nil {
 		return prob
 	}
-	body := io.Reader(http.NoBody)
-	if r.Body != nil {
-		body = http.MaxBytesReader(nil, r.Body, limit.most)
-	}
-	var prob *problem.Details
 	if isJSONLines(r.Header.Get("Content-Type")) {
 		rules.noun = "line"
 		prob = a.lines(body, rules)
@@ -86,16 +70,9 @@ func (a *admission) envelope(r *http.Request, rules *operationRules, plan *JobPl
 // object admits the envelope's JSON object: its "atomicity", then its
 // "operations", an element at a time.
 func (a *admission) object(body io.Reader, rules *operationRules, plan *JobPlan) *problem.Details {
-	bound := &elementBound{r: body, most: a.lim.MaxElement + elementSlack}
-	dec := json.NewDecoder(bound)
-	open, err := dec.Token()
-	switch {
-	case err == io.EOF:
-		return invalid("the body is empty; an envelope job's body is the envelope's JSON object, or JSON Lines of operations (Content-Type: application/x-ndjson)")
-	case err != nil:
-		return a.notJSON(err, dec)
-	case open != json.Delim('{'):
-		return invalid("the body is a JSON %s; an envelope job's body is the envelope's JSON object, or JSON Lines of operations (Content-Type: application/x-ndjson)", tokenKind(open))
+	dec, bound, prob := a.decode(body, '{', "an envelope job's body is the envelope's JSON object, or JSON Lines of operations (Content-Type: application/x-ndjson)")
+	if prob != nil {
+		return prob
 	}
 	seen := map[string]bool{}
 	for dec.More() {
@@ -141,13 +118,7 @@ func (a *admission) object(body io.Reader, rules *operationRules, plan *JobPlan)
 	if _, err := dec.Token(); err != nil { // the object's closing brace
 		return a.notJSON(err, dec)
 	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		if err != nil {
-			return a.notJSON(err, dec)
-		}
-		return invalid("the body goes on after the envelope (at byte %d): a job's body is one JSON object", dec.InputOffset())
-	}
-	return nil
+	return a.ended(dec, "object", "an envelope job's body is one JSON object")
 }
 
 // operationRules are the envelope's input rules, applied to a job's

@@ -98,9 +98,19 @@ func AdmitJob(r *http.Request, m policy.Match, op policy.Op, lim JobLimits, chun
 		key := newIdempotencyKey(r.Header.Get("Idempotency-Key"))
 		plan.Spec.Key, plan.Spec.KeyQuoted = key.base, key.quoted
 	}
-	a := &admission{lim: lim, atomic: plan.Atomicity == policy.AllOrNothing, allowOverride: s.AllowOverride,
-		digest: sha256.New(), chunks: chunker{send: chunk}}
+	a := newAdmission(lim, plan.Atomicity, s.AllowOverride, chunk)
 	query, prob := a.admit(r, op, s)
+	return a.done(plan, query, prob)
+}
+
+func newAdmission(lim JobLimits, atomicity policy.Atomicity, allowOverride bool, chunk func(first int, items []ItemSnapshot) error) *admission {
+	return &admission{lim: lim, atomic: atomicity == policy.AllOrNothing, allowOverride: allowOverride,
+		digest: sha256.New(), chunks: chunker{send: chunk}}
+}
+
+// done hands the last chunk over, and completes plan with what was
+// admitted; or answers prob, the admission's refusal.
+func (a *admission) done(plan *JobPlan, query string, prob *problem.Details) (*JobPlan, *problem.Details, error) {
 	if prob == nil {
 		prob = a.chunks.flush()
 	}
@@ -184,17 +194,25 @@ func (a *admission) ids(rawQuery string, op policy.Op, s policy.Settings) (strin
 	return query, nil
 }
 
-// body admits a CREATE or UPDATE job's elements, from its body.
-func (a *admission) body(r *http.Request, op policy.Op, s policy.Settings) *problem.Details {
+// open is the job's body, bounded by max_job_body_size, once its size
+// and type are a job's.
+func (a *admission) open(r *http.Request) (io.Reader, *problem.Details) {
 	limit := a.bodyLimit()
 	if prob := refusedBody(r, limit, isJobBody, "JSON (application/json) or JSON Lines (application/x-ndjson, application/jsonl)"); prob != nil {
+		return nil, prob
+	}
+	if r.Body == nil {
+		return http.NoBody, nil
+	}
+	return http.MaxBytesReader(nil, r.Body, limit.most), nil
+}
+
+// body admits a CREATE or UPDATE job's elements, from its body.
+func (a *admission) body(r *http.Request, op policy.Op, s policy.Settings) *problem.Details {
+	body, prob := a.open(r)
+	if prob != nil {
 		return prob
 	}
-	body := io.Reader(http.NoBody)
-	if r.Body != nil {
-		body = http.MaxBytesReader(nil, r.Body, limit.most)
-	}
-	var prob *problem.Details
 	if isJSONLines(r.Header.Get("Content-Type")) {
 		prob = a.lines(body, newElementRules(op, s, "line"))
 	} else {
@@ -276,25 +294,41 @@ func readLine(in *bufio.Reader, buf []byte, most int64) ([]byte, error) {
 
 // array admits a JSON array body, an element at a time.
 func (a *admission) array(body io.Reader, rules itemRules) *problem.Details {
-	bound := &elementBound{r: body, most: a.lim.MaxElement + elementSlack}
-	dec := json.NewDecoder(bound)
-	open, err := dec.Token()
-	switch {
-	case err == io.EOF:
-		return invalid("the body is empty; a job's body is a JSON array of objects, or JSON Lines of objects (Content-Type: application/x-ndjson)")
-	case err != nil:
-		return a.notJSON(err, dec)
-	case open != json.Delim('['):
-		return invalid("the body is a JSON %s; a job's body is a JSON array of objects, or JSON Lines of objects (Content-Type: application/x-ndjson)", tokenKind(open))
+	dec, bound, prob := a.decode(body, '[', "a job's body is a JSON array of objects, or JSON Lines of objects (Content-Type: application/x-ndjson)")
+	if prob != nil {
+		return prob
 	}
 	if prob := a.elements(dec, bound, rules); prob != nil {
 		return prob
 	}
+	return a.ended(dec, "array", "a job's body is one JSON array")
+}
+
+// decode opens body, a JSON value that opens with open (what says what
+// the body must be), to be read an element at a time.
+func (a *admission) decode(body io.Reader, open json.Delim, what string) (*json.Decoder, *elementBound, *problem.Details) {
+	bound := &elementBound{r: body, most: a.lim.MaxElement + elementSlack}
+	dec := json.NewDecoder(bound)
+	tok, err := dec.Token()
+	switch {
+	case err == io.EOF:
+		return nil, nil, invalid("the body is empty; %s", what)
+	case err != nil:
+		return nil, nil, a.notJSON(err, dec)
+	case tok != open:
+		return nil, nil, invalid("the body is a JSON %s; %s", tokenKind(tok), what)
+	}
+	return dec, bound, nil
+}
+
+// ended refuses a body that goes on after its value, a JSON kind (what
+// says what the body must be).
+func (a *admission) ended(dec *json.Decoder, kind, what string) *problem.Details {
 	if _, err := dec.Token(); err != io.EOF {
 		if err != nil {
 			return a.notJSON(err, dec)
 		}
-		return invalid("the body goes on after its array (at byte %d): a job's body is one JSON array", dec.InputOffset())
+		return invalid("the body goes on after its %s (at byte %d): %s", kind, dec.InputOffset(), what)
 	}
 	return nil
 }

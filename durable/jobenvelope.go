@@ -1,10 +1,7 @@
 package durable
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 
 	"github.com/caddy-batch/caddy-batch/batch"
@@ -41,18 +38,13 @@ func (d *driver) resultsBefore(ctx context.Context, first int, items []batch.Ite
 		if err != nil {
 			return nil, err
 		}
-		sc := bufio.NewScanner(bytes.NewReader(page.lines))
-		sc.Buffer(nil, 1<<20)
-		for sc.Scan() {
-			var line ResultLine
-			if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
-				return nil, fmt.Errorf("job %s's results from item %d: %w", d.hj.rec.ID, w, err)
-			}
+		err = page.eachLine(d.hj.rec.ID, func(line ResultLine, _ int) bool {
 			if need[line.Index] {
 				out[line.Index] = line.ItemResult
 			}
-		}
-		if err := sc.Err(); err != nil {
+			return true
+		})
+		if err != nil {
 			return nil, err
 		}
 	}
@@ -73,16 +65,12 @@ func (d *driver) finishedBefore(items []batch.ItemSnapshot) error {
 	if len(items) == 0 {
 		return nil
 	}
-	sc := bufio.NewScanner(bytes.NewReader(d.hj.page.lines))
-	sc.Buffer(nil, 1<<20)
-	for k := 0; k < len(items) && sc.Scan(); k++ {
-		var line ResultLine
-		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
-			return fmt.Errorf("job %s's results from item %d: %w", d.hj.rec.ID, d.hj.page.head.First, err)
-		}
+	k := 0
+	return d.hj.page.eachLine(d.hj.rec.ID, func(line ResultLine, _ int) bool {
 		it := line.ItemResult
 		items[k] = batch.ItemSnapshot{ID: it.ID, OperationID: it.OperationID, Method: it.Method, URL: it.URL,
 			Phase: batch.PhaseSettled, Outcome: it.Outcome, Status: it.Status, Error: it.Error, Answer: it.Body}
-	}
-	return sc.Err()
+		k++
+		return k < len(items)
+	})
 }

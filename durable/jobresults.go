@@ -1,6 +1,7 @@
 package durable
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -131,6 +132,23 @@ func loadPage(ctx context.Context, s Storage, id string, first int) (resultsPage
 		return resultsPage{}, fmt.Errorf("%s says it begins at item %d", key, head.First)
 	}
 	return resultsPage{loaded: true, head: head, lines: lines}, nil
+}
+
+// eachLine calls each with every result line of the page, in order, and
+// its size without its newline, until each returns false.
+func (p resultsPage) eachLine(id string, each func(line ResultLine, size int) bool) error {
+	sc := bufio.NewScanner(bytes.NewReader(p.lines))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var line ResultLine
+		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
+			return fmt.Errorf("job %s's results from item %d: %w", id, p.head.First, err)
+		}
+		if !each(line, len(sc.Bytes())) {
+			return nil
+		}
+	}
+	return sc.Err()
 }
 
 // splitPage reads a stored page's first line, and the lines after it.

@@ -1,10 +1,7 @@
 package durable
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -512,21 +509,16 @@ func (d *driver) carriedOn(ctx context.Context, first int) (int, error) {
 		return 0, err
 	}
 	hj.page = page
-	sc := bufio.NewScanner(bytes.NewReader(page.lines))
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		var line ResultLine
-		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
-			return 0, fmt.Errorf("job %s's results from item %d: %w", hj.rec.ID, first, err)
-		}
+	err = page.eachLine(hj.rec.ID, func(line ResultLine, size int) bool {
 		if line.Index >= d.p.Cursor {
 			// Stored before the progress that counts it was: counted
 			// now, as the results' size is, with its newline.
 			d.p.Tally([]batch.ItemResult{line.ItemResult})
-			d.p.ResultsBytes += int64(len(sc.Bytes()) + 1)
+			d.p.ResultsBytes += int64(size + 1)
 		}
-	}
-	return page.head.Count, sc.Err()
+		return true
+	})
+	return page.head.Count, err
 }
 
 // finish ends the job as why says, or hands it over: stop stores the

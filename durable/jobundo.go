@@ -1,10 +1,7 @@
 package durable
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"time"
@@ -228,14 +225,12 @@ func (d *driver) relock(ctx context.Context, site batch.Site, first int) (string
 				return "", err
 			}
 			var items []batch.ItemSnapshot
-			sc := bufio.NewScanner(bytes.NewReader(page.lines))
-			sc.Buffer(nil, 1<<20)
-			for sc.Scan() {
-				var line ResultLine
-				if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
-					return "", fmt.Errorf("job %s's results from item %d: %w", hj.rec.ID, w, err)
-				}
+			err = page.eachLine(hj.rec.ID, func(line ResultLine, _ int) bool {
 				items = append(items, batch.ItemSnapshot{ID: line.ID, OperationID: line.OperationID, Method: line.Method, URL: line.URL})
+				return true
+			})
+			if err != nil {
+				return "", err
 			}
 			keys, err := batch.WindowKeys(d.snapshot(w, items), site.Lookup)
 			if err != nil {
