@@ -430,3 +430,32 @@ func TestAtomicJobFailingAtItsStartIsUndoneFromTheQueue(t *testing.T) {
 		t.Errorf("%d creates sent, want the first item's alone", up.creates)
 	}
 }
+
+// The Finished hook hears each window an undo ends, its items as the
+// undo left them: the items metric counts what was rolled back.
+func TestAtomicJobHooksHearTheUndo(t *testing.T) {
+	t.Parallel()
+	defer endHeld(t)
+	var mu sync.Mutex
+	outcomes := map[batch.Outcome]int{}
+	js := NewJobs(newMemStorage(), NewLeases(time.Minute), zap.NewNop()).WithHooks(JobHooks{
+		Finished: func(items []batch.ItemResult) {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, it := range items {
+				outcomes[it.Outcome]++
+			}
+		},
+	})
+	hj, _ := startWidgetsAs(t, js, 300, true, "all_or_nothing")
+	up := newWidgetsUpstream(false)
+	up.refuse = "w280"
+	if err := hj.Run(context.Background(), throughLocked(widgetsPolicy(t, nil), up, &itemlock.Local{}), nil); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if outcomes[batch.Succeeded] != 256 || outcomes[batch.RolledBack] < 280 || outcomes[batch.Failed] != 1 {
+		t.Errorf("the Finished hook heard %v; want the first window's 256 succeeded, then every item made rolled_back, the one that failed", outcomes)
+	}
+}

@@ -133,6 +133,7 @@ func (d *driver) undo(ctx context.Context) error {
 		}
 		d.p.ResultsBytes += int64(len(hj.page.lines))
 		d.p.Tally(items)
+		hj.jobs.hooks.finished(items)
 		for _, it := range items {
 			if it.Outcome == batch.RollbackFailed {
 				d.p.LeftBehind++
