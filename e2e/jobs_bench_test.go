@@ -55,7 +55,7 @@ func BenchmarkJobsProcess(b *testing.B) {
 	// One Caddy for the sub-benchmarks that measure time; the rss ones
 	// start their own. It is the parent's, so that it outlives each
 	// sub-benchmark (idle while only rss runs).
-	shared := startJobsBenchCaddy(b, bin, "")
+	shared := startJobsBenchCaddy(b, bin, "", "")
 	gatewayForTime := func(*testing.B) string { return shared.base }
 	var runs atomic.Int64
 	identity := func(name string) string {
@@ -89,12 +89,20 @@ func BenchmarkJobsProcess(b *testing.B) {
 		}
 	}
 	b.Run("throughput/storage=file_system", func(b *testing.B) { throughput(b, gatewayForTime(b)) })
+	// Where the limit has room beyond twice what the API needs, a job's
+	// half of the slots is not what bounds it.
+	b.Run("throughput/max_in_flight=32", func(b *testing.B) {
+		throughput(b, startJobsBenchCaddy(b, bin, "", "\n\t\tmax_in_flight 32").base)
+	})
+	b.Run("throughput/max_in_flight=32/job_concurrency=16", func(b *testing.B) {
+		throughput(b, startJobsBenchCaddy(b, bin, "", "\n\t\tmax_in_flight 32\n\t\tjob_concurrency 16").base)
+	})
 	b.Run("throughput/storage=redis", func(b *testing.B) {
 		if !hasRedisServer() {
 			b.Skip("no redis-server here: apt-get install redis-server")
 		}
 		host, port, _ := strings.Cut(startRedisServer(b), ":")
-		c := startJobsBenchCaddy(b, bin, redisOption(host, port, "jobsbench"))
+		c := startJobsBenchCaddy(b, bin, redisOption(host, port, "jobsbench"), "")
 		throughput(b, c.base)
 	})
 	// An all-or-nothing job locks and reads each item before it writes
@@ -142,7 +150,7 @@ func BenchmarkJobsProcess(b *testing.B) {
 			for range b.N {
 				// A fresh Caddy: the peak measured is this job's, not
 				// another sub-benchmark's.
-				c := startJobsBenchCaddy(b, bin, "")
+				c := startJobsBenchCaddy(b, bin, "", "")
 				// One small job first, so that what every job needs once
 				// (the storage's folders, the pools) is in the baseline.
 				warm := startBenchJob(b, client, c.base, identity("warm"), 100)
@@ -172,8 +180,9 @@ type jobsBenchCaddy struct {
 // startJobsBenchCaddy starts cmd/caddy before a users API as the demo's
 // (users need a name; no service time), whose users are partial and
 // whose jobs live at /api/jobs; storage, if not empty, is its storage
-// global option (the file system's otherwise).
-func startJobsBenchCaddy(b *testing.B, bin, storage string) jobsBenchCaddy {
+// global option (the file system's otherwise), and maxInFlight, if not
+// empty, lines of the batch block (its max_in_flight: auto otherwise).
+func startJobsBenchCaddy(b *testing.B, bin, storage, maxInFlight string) jobsBenchCaddy {
 	b.Helper()
 	api := legacyapi.New(legacyapi.Collection{Path: "/api/users", FilterParam: "id", Seed: records("user", 1, 3)})
 	upstream := httptest.NewServer(api)
@@ -186,7 +195,7 @@ func startJobsBenchCaddy(b *testing.B, bin, storage string) jobsBenchCaddy {
 	batch /api/* {
 		atomicity partial
 		allow_override
-		jobs /api/jobs
+		jobs /api/jobs%s
 		resource /api/users {
 			collection GET POST PATCH DELETE
 			item GET PUT PATCH DELETE
@@ -194,7 +203,7 @@ func startJobsBenchCaddy(b *testing.B, bin, storage string) jobsBenchCaddy {
 	}
 	reverse_proxy %s
 }
-`, addr, upstream.Listener.Addr())
+`, addr, maxInFlight, upstream.Listener.Addr())
 	p := startCaddyProcess(b, bin, config, addr)
 	var once sync.Once
 	stop := func() {
