@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -220,15 +221,33 @@ func drained(resp *http.Response, err error, want int) error {
 	return nil
 }
 
+// freeAddr is a loopback address nothing listens on, for a server a
+// test starts later: a port below the kernel's ephemeral range
+// (32768–60999 on Linux), where the source ports of the tests' own
+// connections and the ports of their httptest servers never land
+// between the pick and the bind, and never one this process handed out
+// before.
 func freeAddr(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 1000 {
+		port := 20000 + rand.IntN(12000)
+		if _, taken := handedOut.LoadOrStore(port, true); taken {
+			continue
+		}
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			continue // another program's
+		}
+		l.Close()
+		return addr
 	}
-	defer l.Close()
-	return l.Addr().String()
+	t.Fatal("no free port between 20000 and 32000 in 1000 tries")
+	return ""
 }
+
+// handedOut are the ports freeAddr gave.
+var handedOut sync.Map
 
 // response is an answer of the gateway, read whole.
 type response struct {

@@ -95,9 +95,13 @@ func startCaddyProcess(t testing.TB, bin, config, addr string) *caddyProcess {
 		}
 	})
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		// Its own log says it serves: what answers at addr may be
+		// another program's, when this one could not bind it.
 		if c, err := net.Dial("tcp", addr); err == nil {
 			c.Close()
-			return p
+			if strings.Contains(p.tail(1000), "serving initial configuration") {
+				return p
+			}
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("caddy did not serve %s within 30s:\n%s", addr, p.tail(40))
