@@ -109,3 +109,37 @@ func TestJobsEnvelopeAllOrNothingRolledBack(t *testing.T) {
 		}
 	}
 }
+
+// An envelope job's start sent again with its Idempotency-Key answers the
+// same job, never a second: each user is made once; the same key with
+// other operations is 422.
+func TestJobsEnvelopeIdempotentStart(t *testing.T) {
+	api := shopAPI()
+	g := startGateway(t, api, envelopeJobsSite("partial"))
+	client := []string{"Content-Type", "application/x-ndjson", "Prefer", "respond-async", "Authorization", "Bearer client-a", "Idempotency-Key", "ops-1"}
+	body := usersWithPosts(3, "")
+	first := g.do(t, "POST", "/api/batch", body, client...)
+	again := g.do(t, "POST", "/api/batch", body, client...)
+	if first.Status != 202 || again.Status != 202 || again.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("start %d, again %d (replayed %q); want 202 twice, the second replayed", first.Status, again.Status, again.Header.Get("Idempotent-Replayed"))
+	}
+	job, replayed := decodeJob(t, first), decodeJob(t, again)
+	if replayed.ID != job.ID || replayed.Token != job.Token {
+		t.Errorf("the start again answered job %s, want %s with its token", replayed.ID, job.ID)
+	}
+	if st := pollJob(t, g, job, time.Minute); st.State != "succeeded" {
+		t.Fatalf("job ended %+v", st)
+	}
+	if other := g.do(t, "POST", "/api/batch", usersWithPosts(4, ""), client...); other.Status != 422 {
+		t.Errorf("the key with other operations: %d %s, want 422", other.Status, other.Body)
+	}
+	made := 0
+	for _, u := range api.Items("/api/users") {
+		if strings.HasPrefix(fmt.Sprint(u["name"]), "bulk-") {
+			made++
+		}
+	}
+	if made != 3 {
+		t.Errorf("the API holds %d users of the job, want 3: one job", made)
+	}
+}
