@@ -60,9 +60,9 @@ func (j *jobs) acquire() (release func(), ok bool) {
 	}
 }
 
-// serveJobStart makes a job of a batch sent with Prefer: respond-async
-// (op, on the collection m matched), runs its first item through the
-// route, and answers 202 with its status and token, kept for replay
+// serveJobStart makes a job of a batch, or an envelope, sent with
+// Prefer: respond-async (op, in scope sc, its body read by admit), runs
+// its first item through the route, and answers 202 with its status and token, kept for replay
 // under its Idempotency-Key if it has one: the rest runs on this
 // instance where one of max_jobs is free, and waits queued otherwise,
 // for the next scan of any instance with room. Or it replays the job its
