@@ -160,18 +160,7 @@ func (r *operationRules) snapshot(n, i int, elem json.RawMessage) (ItemSnapshot,
 
 // dependsOn is Plan.dependsOn over the operations admitted so far.
 func (r *operationRules) dependsOn(i, j int) bool {
-	seen := make([]bool, i+1)
-	var reaches func(k int) bool
-	reaches = func(k int) bool {
-		for _, d := range r.deps[k] {
-			if d == j || d > j && !seen[d] && reaches(d) {
-				return true
-			}
-			seen[d] = true
-		}
-		return false
-	}
-	return reaches(i)
+	return waitsFor(func(k int) []int { return r.deps[k] }, i, j)
 }
 
 // idOf is the id of operation j.

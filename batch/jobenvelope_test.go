@@ -182,3 +182,33 @@ func TestEnvelopeWindowAllOrNothingUndone(t *testing.T) {
 	}
 	api.checkUnchanged(t, before)
 }
+
+// An envelope's saga resumed from a journal that recorded an operation
+// whose references could not be filled (settled failed, no target) is
+// finished without touching it: recovery used to take every started
+// item for one with a target.
+func TestResumeEnvelopeWithAnUnfilledOperation(t *testing.T) {
+	api := newShopAPI("/users", "/users/7/posts").put("/users/7", map[string]any{"id": 7, "name": "grace"})
+	before := api.state()
+	e := shop(t)
+	p, prob := admitEnvelope(t, e, `{"operations": [
+		{"id": "u", "method": "PUT", "url": "/users/7", "body": {"id": 7, "name": "Grace"}},
+		{"id": "p", "method": "POST", "url": "/users/$u/posts", "body": {"by": "$u#/missing"}}
+	]}`)
+	if prob != nil {
+		t.Fatalf("refused: %s", prob.Detail)
+	}
+	j := &memJournal{}
+	res := Run(context.Background(), p, Runtime{Send: api, Journal: j, Locks: &itemlock.Local{}})
+	if res.Outcome != RolledBack || res.Items[1].Status != http.StatusBadRequest {
+		t.Fatalf("the envelope: %s, p %d; want rolled_back, p failing to fill", res.Outcome, res.Items[1].Status)
+	}
+	again, err := Resume(context.Background(), j.stored(t), e.Lookup, e, Runtime{Send: api, Journal: &memJournal{snap: j.stored(t)}, Locks: &itemlock.Local{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Outcome != RolledBack {
+		t.Errorf("resumed: %s, want rolled_back", again.Outcome)
+	}
+	api.checkUnchanged(t, before)
+}

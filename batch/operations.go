@@ -163,12 +163,19 @@ func writeKey(t *target, id string) string {
 // operation j. Each operation is looked at once: the graph's paths can be
 // exponentially many, its operations are at most max_items.
 func (p *Plan) dependsOn(i, j int) bool {
+	return waitsFor(func(k int) []int { return p.Items[k].operation.deps }, i, j)
+}
+
+// waitsFor reports whether operation i waits, directly or not, for
+// operation j, deps(k) being those operation k waits for (before it);
+// one before a job's window (a negative index) waits for nothing in it.
+func waitsFor(deps func(k int) []int, i, j int) bool {
 	seen := make([]bool, i+1)
 	var reaches func(k int) bool
 	reaches = func(k int) bool {
-		for _, d := range p.Items[k].operation.deps {
+		for _, d := range deps(k) {
 			if d < 0 {
-				continue // before a job's window: it waits for nothing in it
+				continue
 			}
 			if d == j || d > j && !seen[d] && reaches(d) {
 				return true

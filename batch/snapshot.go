@@ -168,12 +168,7 @@ func resume(ctx context.Context, snap *Snapshot, lookup func(path string) (polic
 		return nil, err
 	}
 	run := newBatchRun(p, rt, compensationBackoff)
-	for i, it := range snap.Items {
-		run.items[i], run.state[i] = resumedItem(i, it, run.state[i])
-		if it.Phase >= PhaseSending {
-			run.started = append(run.started, i)
-		}
-	}
+	run.recorded(snap.Items)
 	if reopen != nil {
 		reopen(run)
 	}
@@ -183,16 +178,7 @@ func resume(ctx context.Context, snap *Snapshot, lookup func(path string) (polic
 		return nil, fmt.Errorf("the saga's items are locked by another write: %s", run.refusal.detail)
 	}
 	defer run.locks.release()
-	toUndo := false
-	for _, i := range run.started {
-		if id := run.items[i].ID; run.state[i].tgt.kind == policy.OpCreate && id != "" && run.state[i].applied {
-			run.lockCreated(ctx, i, id)
-		}
-		if run.state[i].applied && !run.items[i].undone() {
-			toUndo = true
-		}
-	}
-	res := run.end(ctx, ctx, toUndo)
+	res := run.end(ctx, ctx, run.lockRecordedCreates(ctx))
 	if res.Outcome == Succeeded {
 		// Every item had succeeded, but the client never heard it: the
 		// batch is undone whole, which is the only outcome the saga can
@@ -201,6 +187,39 @@ func resume(ctx context.Context, snap *Snapshot, lookup func(path string) (polic
 	}
 	run.trace.finish(ctx, p, res)
 	return res, nil
+}
+
+// recorded gives the run's items what a saga's journal, or a job's
+// window's log, recorded of them (items, by index), and takes those
+// recorded as sent, or past that, as started, in the order of their
+// index (compensation undoes them backwards); an item with no record
+// stays as the plan admitted it.
+func (run *batchRun) recorded(items []ItemSnapshot) {
+	for i, it := range items {
+		if it.Phase == 0 {
+			continue
+		}
+		run.items[i], run.state[i] = resumedItem(i, it, run.state[i])
+		run.items[i].Index = run.plan.base() + i
+		if it.Phase >= PhaseSending {
+			run.started = append(run.started, i)
+		}
+	}
+}
+
+// lockRecordedCreates locks each item a recorded create made (an
+// envelope's operation that failed before its target was known made
+// none), and reports whether a started item took effect, or may have,
+// and is not undone: whether there is anything to undo.
+func (run *batchRun) lockRecordedCreates(ctx context.Context) (toUndo bool) {
+	for _, i := range run.started {
+		st := &run.state[i]
+		if id := run.items[i].ID; st.tgt != nil && st.tgt.kind == policy.OpCreate && id != "" && st.applied {
+			run.lockCreated(ctx, i, id)
+		}
+		toUndo = toUndo || st.applied && !run.items[i].undone()
+	}
+	return toUndo
 }
 
 // resumedPlan is the plan of a saga that a journal kept.

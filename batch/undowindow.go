@@ -34,26 +34,12 @@ func UndoWindow(ctx context.Context, w *Snapshot, site Site, o WindowOpts) (*Win
 	}
 	run := newBatchRun(p, site.Runtime, compensationBackoff)
 	ctx, span := run.trace.windowSpan(ctx, site.Parent, w.Base, len(w.Items))
-	for i, it := range w.Items {
-		if it.Phase == 0 {
-			continue // nothing recorded: it did not start
-		}
-		run.items[i], run.state[i] = resumedItem(i, it, run.state[i])
-		run.items[i].Index = p.base() + i
-		if it.Phase >= PhaseSending {
-			run.started = append(run.started, i)
-		}
-	}
+	run.recorded(w.Items)
 	lockCtx, cancel := context.WithTimeout(ctx, run.batchSettings.BatchTimeout)
 	run.lock(ctx, lockCtx)
 	cancel()
 	defer func() { run.locks.release() }()
-	for _, i := range run.started {
-		if t, id := run.state[i].tgt, run.items[i].ID; t != nil && t.kind == policy.OpCreate && run.state[i].applied && id != "" {
-			run.lockCreated(ctx, i, id)
-		}
-	}
-	if slices.ContainsFunc(run.started, func(i int) bool { return run.state[i].applied && !run.items[i].undone() }) {
+	if run.lockRecordedCreates(ctx) {
 		run.compensate(context.WithoutCancel(ctx))
 	}
 	res := &WindowResult{Items: run.items}
