@@ -9,6 +9,7 @@ import (
 	"path"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -80,6 +81,7 @@ func (hj *HeldJob) run(ctx context.Context, through Through, stop <-chan struct{
 	}
 	d.through, d.handOver = through, stop
 	defer d.held.Release()
+	defer d.drops.Wait()
 	if err := hj.retried(ctx, func() error { return hj.WriteProgress(ctx, d.p) }); err != nil {
 		return err
 	}
@@ -180,6 +182,9 @@ type driver struct {
 	// windows run again finish nothing (again).
 	unsent      bool
 	unsentSince time.Time
+	// drops are the deletion of the last finished window's log
+	// (dropLater).
+	drops sync.WaitGroup
 }
 
 func (hj *HeldJob) newDriver(ctx context.Context) (*driver, error) {
@@ -350,9 +355,27 @@ func (d *driver) window(ctx context.Context, through Through, stop <-chan struct
 	if done == len(items) && !d.atomic {
 		// An all-or-nothing job's logs are its undo journal: they stay
 		// to its end.
-		return hj.retried(ctx, func() error { return hj.dropLog(ctx, first) })
+		d.dropLater(ctx, first)
 	}
 	return nil
+}
+
+// dropLater deletes the log of the window at first, which ran whole
+// and whose results and progress are stored, while the next window
+// runs: nothing reads a log before the cursor, and deleting one key by
+// key took a tenth of a job's time on the file system when the next
+// window waited for it. One drop at a time; the run waits for the last
+// before it ends, so that its end's own sweep of the logs (End) and a
+// later owner find no drop of this one's still going. A drop that fails
+// leaves the log to that sweep.
+func (d *driver) dropLater(ctx context.Context, first int) {
+	d.drops.Wait()
+	d.drops.Go(func() {
+		if err := d.hj.dropLog(context.WithoutCancel(ctx), first); err != nil {
+			d.hj.jobs.logger.Warn("a job's finished window's log could not be deleted; the job's end deletes it",
+				zap.String("job", d.hj.rec.ID), zap.Int("window", first), zap.Error(err))
+		}
+	})
 }
 
 // recordStands makes sure the job's record is still in storage before
@@ -525,6 +548,7 @@ func (d *driver) carriedOn(ctx context.Context, first int) (int, error) {
 // progress and releases the lease (nothing is undone); a lost lease
 // writes nothing.
 func (d *driver) finish(ctx context.Context, why string) error {
+	d.drops.Wait()
 	hj, p := d.hj, d.p
 	switch why {
 	case haltLease:

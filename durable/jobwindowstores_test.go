@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"path"
 	"strings"
 	"sync"
 	"testing"
@@ -102,6 +103,65 @@ func TestJobWindowRecordsGoToStorageTogether(t *testing.T) {
 		// upstream's pace, not at the storage's (5ms a store).
 		if limit := n * time.Millisecond; took > limit {
 			t.Errorf("the job took %v, want at most %v: its writes waited for the storage", took, limit)
+		}
+	})
+}
+
+// slowLogDeletes is a storage whose deletes of a window's log take
+// delay each, and which notes when the first of them ended.
+type slowLogDeletes struct {
+	*memStorage
+	delay time.Duration
+
+	mu          sync.Mutex
+	firstDelete time.Time
+}
+
+func (s *slowLogDeletes) Delete(ctx context.Context, key string) error {
+	if strings.Contains(key, "/"+logName+"/") {
+		time.Sleep(s.delay)
+		s.mu.Lock()
+		if s.firstDelete.IsZero() {
+			s.firstDelete = time.Now()
+		}
+		s.mu.Unlock()
+	}
+	return s.memStorage.Delete(ctx, key)
+}
+
+// A finished window's log is deleted key by key, which on the file
+// system took a tenth of a job's time while the next window waited for
+// it: the next window runs meanwhile, and the job's end waits for the
+// deletion, so that nothing is left.
+func TestJobNextWindowDoesNotWaitForTheLogsDeletion(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
+		defer endHeld(t)
+		s := &slowLogDeletes{memStorage: newMemStorage(), delay: time.Minute}
+		js := NewJobs(s, NewLeases(10*time.Minute), zap.NewNop())
+		const n = jobWindowItems + 10
+		hj, token := startWidgets(t, js, n, false)
+		up := newWidgetsUpstream(false)
+		var secondWindow time.Time
+		up.onCreate = func(c int) {
+			if c == jobWindowItems+1 {
+				secondWindow = time.Now()
+			}
+		}
+		through := func(_ context.Context, _ *JobRecord, _ http.Header, work func(batch.Site) error) error {
+			return work(batch.Site{Runtime: batch.Runtime{Send: up, Background: true}, Lookup: widgetsPolicy(t, nil).Lookup})
+		}
+		if err := hj.Run(context.Background(), through, nil); err != nil {
+			t.Fatal(err)
+		}
+		if st := mustStatus(t, js, hj.Record().ID, token); st.State != JobSucceeded || st.Succeeded != n {
+			t.Fatalf("status %s, %d succeeded; want succeeded, %d", st.State, st.Succeeded, n)
+		}
+		up.checkMadeOnce(t, n)
+		if secondWindow.IsZero() || !secondWindow.Before(s.firstDelete) {
+			t.Errorf("the second window's first create at %v, the first log key deleted at %v: the window waited for the deletion", secondWindow, s.firstDelete)
+		}
+		if keys := s.keysUnder(path.Join(jobDir(hj.Record().ID), logName)); len(keys) > 0 {
+			t.Errorf("the job ended with %d log keys left: %v", len(keys), keys)
 		}
 	})
 }
