@@ -76,18 +76,19 @@ func BenchmarkJobsProcess(b *testing.B) {
 	})
 	// The file system syncs a file per store, one at a time; a cluster's
 	// Redis takes several stores at once, each a round trip.
-	throughput := func(b *testing.B, base string) {
+	throughputAgainst := func(b *testing.B, base, syncPrefer string) {
 		for range b.N {
 			const items = 50000
 			job := startBenchJob(b, client, base, identity("throughput"), items)
 			status := waitBenchJob(b, client, base, job, 10*time.Minute)
 			jobRate := float64(items) / status.Ended.Sub(status.Created).Seconds()
-			syncRate := syncBatchesRate(b, client, base, identity("sync"), items, 8, 100)
+			syncRate := syncBatchesRate(b, client, base, identity("sync"), syncPrefer, items, 8, 100)
 			b.ReportMetric(jobRate, "job-items/s")
 			b.ReportMetric(syncRate, "sync-items/s")
 			b.ReportMetric(jobRate/syncRate, "job/sync")
 		}
 	}
+	throughput := func(b *testing.B, base string) { throughputAgainst(b, base, "") }
 	b.Run("throughput/storage=file_system", func(b *testing.B) { throughput(b, gatewayForTime(b)) })
 	// Where the limit has room beyond twice what the API needs, a job's
 	// half of the slots is not what bounds it.
@@ -96,6 +97,13 @@ func BenchmarkJobsProcess(b *testing.B) {
 	})
 	b.Run("throughput/max_in_flight=32/job_concurrency=16", func(b *testing.B) {
 		throughput(b, startJobsBenchCaddy(b, bin, "", "\n\t\tmax_in_flight 32\n\t\tjob_concurrency 16").base)
+	})
+	// The demo's users are all-or-nothing: a client that chunks an
+	// import into synchronous batches there sends sagas, each kept in
+	// the journal, where the job (past max_atomic_job_items) runs
+	// partial.
+	b.Run("throughput/sync=all_or_nothing", func(b *testing.B) {
+		throughputAgainst(b, gatewayForTime(b), "atomicity=all-or-nothing")
 	})
 	b.Run("throughput/storage=redis", func(b *testing.B) {
 		if !hasRedisServer() {
@@ -330,8 +338,9 @@ func cancelBenchJob(b *testing.B, client *http.Client, base string, job benchJob
 }
 
 // syncBatchesRate sends n users to create as 100-item synchronous
-// partial batches from clients at once, and returns the items a second.
-func syncBatchesRate(b *testing.B, client *http.Client, base, authorization string, n, clients, size int) float64 {
+// batches from clients at once, partial but where prefer (a Prefer
+// header) asks otherwise, and returns the items a second.
+func syncBatchesRate(b *testing.B, client *http.Client, base, authorization, prefer string, n, clients, size int) float64 {
 	b.Helper()
 	batches := make(chan []byte, n/size+1)
 	for from := 0; from < n; from += size {
@@ -358,6 +367,9 @@ func syncBatchesRate(b *testing.B, client *http.Client, base, authorization stri
 				req, _ := http.NewRequest("POST", base+"/api/users", bytes.NewReader(body))
 				req.Header.Set("Content-Type", "application/json")
 				req.Header.Set("Authorization", authorization)
+				if prefer != "" {
+					req.Header.Set("Prefer", prefer)
+				}
 				resp, err := client.Do(req)
 				if err := drained(resp, err, http.StatusCreated); err != nil {
 					errs <- err
