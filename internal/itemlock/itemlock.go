@@ -189,6 +189,51 @@ func (t heldThrough) Lock(ctx context.Context, key string) (func(), error) {
 	return func() {}, nil
 }
 
+// LockAll takes, as LockAll does from the Locker it goes through, the
+// locks of keys that h does not hold yet: in one go where that Locker
+// can (a window of an all-or-nothing job on storage locks would
+// otherwise wait for a round trip per item), and keeps them in h. On an
+// error it takes none (those h held stay held), and failed indexes
+// keys.
+func (t heldThrough) LockAll(ctx context.Context, keys []string) ([]func(), int, error) {
+	h := t.h
+	var missing []int
+	h.mu.Lock()
+	for i, key := range keys {
+		if _, ok := h.unlocks[key]; !ok {
+			missing = append(missing, i)
+		}
+	}
+	h.mu.Unlock()
+	take := make([]string, len(missing))
+	for j, i := range missing {
+		take[j] = keys[i]
+	}
+	unlocks, failed, err := LockAll(ctx, t.l, take)
+	if err != nil {
+		return nil, missing[max(failed, 0)], err
+	}
+	h.mu.Lock()
+	if h.unlocks == nil {
+		h.unlocks = map[string]func(){}
+	}
+	var twice []func()
+	for j, key := range take {
+		if _, ok := h.unlocks[key]; ok {
+			twice = append(twice, unlocks[j]) // taken twice at once: one is enough
+		} else {
+			h.unlocks[key] = unlocks[j]
+		}
+	}
+	h.mu.Unlock()
+	Release(twice)
+	kept := make([]func(), len(keys))
+	for i := range kept {
+		kept[i] = func() {}
+	}
+	return kept, -1, nil
+}
+
 // Release lets every lock h holds go.
 func (h *Held) Release() {
 	h.mu.Lock()

@@ -81,3 +81,80 @@ func TestHeldKeepsItsLocksUntilRelease(t *testing.T) {
 	}
 	unlock()
 }
+
+// groupTable is a Local that takes several locks in one call, and
+// counts its calls.
+type groupTable struct {
+	Local
+	groups [][]string
+	locks  int
+}
+
+func (g *groupTable) Lock(ctx context.Context, key string) (func(), error) {
+	g.locks++
+	return g.Local.Lock(ctx, key)
+}
+
+func (g *groupTable) LockAll(ctx context.Context, keys []string) ([]func(), int, error) {
+	g.groups = append(g.groups, keys)
+	var unlocks []func()
+	for i, key := range keys {
+		unlock, err := g.Local.Lock(ctx, key)
+		if err != nil {
+			Release(unlocks)
+			return nil, i, err
+		}
+		unlocks = append(unlocks, unlock)
+	}
+	return unlocks, -1, nil
+}
+
+// A window of an all-or-nothing job takes its locks through Held in one
+// call of a storage that takes several at once, asking only for those
+// the job does not hold yet; a refusal names the key refused, and takes
+// none.
+func TestHeldTakesItsLocksTogether(t *testing.T) {
+	table := &groupTable{}
+	var h Held
+	through := h.Through(table)
+	ctx := context.Background()
+	if _, _, err := LockAll(ctx, through, []string{"/w/1", "/w/2"}); err != nil {
+		t.Fatal(err)
+	}
+	unlocks, failed, err := LockAll(ctx, through, []string{"/w/1", "/w/2", "/w/3", "/w/4"})
+	if err != nil || failed != -1 || len(unlocks) != 4 {
+		t.Fatalf("LockAll: %d unlocks, failed %d, %v", len(unlocks), failed, err)
+	}
+	Release(unlocks) // nothing: the Held keeps them
+	if table.locks != 0 || len(table.groups) != 2 || len(table.groups[1]) != 2 || table.groups[1][0] != "/w/3" {
+		t.Fatalf("%d single locks and groups %v, want two groups, the second only of /w/3 and /w/4", table.locks, table.groups)
+	}
+
+	other, err := table.Local.Lock(ctx, "/w/6")
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
+	defer cancel()
+	if _, failed, err := LockAll(short, through, []string{"/w/1", "/w/5", "/w/6"}); !errors.Is(err, ErrLocked) || failed != 2 {
+		t.Fatalf("LockAll past another's lock: failed %d, %v; want 2 (/w/6), ErrLocked", failed, err)
+	}
+	other()
+	free, cancelFree := context.WithTimeout(ctx, time.Second)
+	defer cancelFree()
+	if unlock, err := table.Local.Lock(free, "/w/5"); err != nil {
+		t.Fatalf("/w/5 is held after a refused LockAll: %v", err)
+	} else {
+		unlock()
+	}
+	h.Release()
+	for _, key := range []string{"/w/1", "/w/2", "/w/3", "/w/4"} {
+		free, cancel := context.WithTimeout(ctx, time.Second)
+		unlock, err := table.Local.Lock(free, key)
+		cancel()
+		if err != nil {
+			t.Fatalf("%s after Release: %v", key, err)
+		}
+		unlock()
+	}
+}
