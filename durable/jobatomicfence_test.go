@@ -1,0 +1,449 @@
+package durable
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"path"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/internal/itemlock"
+)
+
+// The faults of docs/durability.md, "A job at each fault", played on an
+// all-or-nothing job (jobundo.go) over the cluster of jobfence_test.go:
+// a job that goes forward is carried on by the instance that takes it
+// over, its items locked again; one being undone is undone on from
+// where its progress says; and an owner that lost the job never undoes
+// anything of it, since the undo is the taker-over's.
+
+// aonInstance is a jobInstance whose windows run all-or-nothing: its
+// item locks a table of its own (each instance is a process), its
+// deletes counted and logged with its creates, and each write logged
+// by the API as it lands.
+type aonInstance struct {
+	*jobInstance
+	locks *itemlock.Local
+	api   *apiLog
+	// beforeDelete, if set, runs as the instance's nth delete (from 1)
+	// leaves.
+	beforeDelete func(n int)
+	deletes      int
+}
+
+func newAONInstance(name string, mem *memStorage, api *apiLog) *aonInstance {
+	return &aonInstance{jobInstance: newJobInstance(name, mem), locks: &itemlock.Local{}, api: api}
+}
+
+// apiLog is what landed at the API, in order: the writes each instance
+// made of each item.
+type apiLog struct {
+	mu     sync.Mutex
+	landed []landing
+}
+
+type landing struct {
+	by, method, id string
+	at             time.Time
+}
+
+func (l *apiLog) land(by, method, id string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.landed = append(l.landed, landing{by, method, id, now()})
+}
+
+func (l *apiLog) all() []landing {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.landed)
+}
+
+// through is the instance's way to up, each write taking a second of
+// the bubble's time so that renewals come between them: a create logged
+// as its element's name, a delete as "delete <id>".
+func (in *aonInstance) through(t *testing.T, up *widgetsUpstream) Through {
+	send := senderFunc(func(ctx context.Context, req *batch.SubRequest) (*batch.SubResponse, error) {
+		var id string
+		switch req.Method {
+		case http.MethodPost:
+			var w struct{ ID, Name string }
+			_ = json.Unmarshal(req.Body, &w)
+			id = w.ID
+			in.mu.Lock()
+			in.sent = append(in.sent, sentCreate{w.Name, now()})
+			n, before := len(in.sent), in.before
+			in.mu.Unlock()
+			if before != nil {
+				before(n)
+			}
+			time.Sleep(time.Second)
+		case http.MethodDelete:
+			id = strings.TrimPrefix(req.Path, "/widgets/")
+			in.mu.Lock()
+			in.sent = append(in.sent, sentCreate{"delete " + id, now()})
+			in.deletes++
+			n, before := in.deletes, in.beforeDelete
+			in.mu.Unlock()
+			if before != nil {
+				before(n)
+			}
+			time.Sleep(time.Second)
+		}
+		if id != "" {
+			in.api.land(in.name, req.Method, id)
+		}
+		resp, err := up.Send(ctx, req)
+		in.mu.Lock()
+		held := in.held
+		in.mu.Unlock()
+		if held != nil {
+			<-held
+		}
+		return resp, err
+	})
+	return throughLocked(widgetsPolicy(t, nil), send, in.locks)
+}
+
+// deletesSent are the deletes the instance sent.
+func (in *aonInstance) deletesSent() []sentCreate {
+	var out []sentCreate
+	for _, c := range in.sentFrom(time.Time{}) {
+		if strings.HasPrefix(c.name, "delete ") {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// createsSent are the creates the instance sent at or after at.
+func (in *aonInstance) createsSent(at time.Time) []sentCreate {
+	var out []sentCreate
+	for _, c := range in.sentFrom(at) {
+		if !strings.HasPrefix(c.name, "delete ") {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// checkSucceededWhole checks the API after an all-or-nothing job that
+// ended succeeded: it holds exactly the job's items, each made once,
+// and nothing of them was deleted.
+func checkSucceededWhole(t *testing.T, up *widgetsUpstream) {
+	t.Helper()
+	up.checkMadeOnce(t, jobFaultItems)
+	up.mu.Lock()
+	defer up.mu.Unlock()
+	if len(up.items) != jobFaultItems || len(up.deleted) != 0 {
+		t.Errorf("the API holds %d items and saw %d deletes, want the job's %d and none", len(up.items), len(up.deleted), jobFaultItems)
+	}
+	for i := range jobFaultItems {
+		if _, ok := up.items[fmt.Sprintf("e%d", i)]; !ok {
+			t.Errorf("the API lacks e%d", i)
+		}
+	}
+}
+
+// checkRolledBack checks an all-or-nothing job undone whole after a
+// takeover: rolled_back, taken over once, no result standing, and the
+// API back to its seed (no item: the job only created).
+func checkRolledBack(t *testing.T, js *Jobs, id, token string, up *widgetsUpstream) {
+	t.Helper()
+	st := mustStatus(t, js, id, token)
+	if st.State != JobRolledBack || st.Takeovers != 1 {
+		t.Errorf("status %s (%q), takeovers %d; want rolled_back, taken over once", st.State, st.Reason, st.Takeovers)
+	}
+	_, _, lines := readResults(t, js, id, token)
+	for _, l := range lines {
+		if l.Outcome == batch.Succeeded || l.Outcome == batch.RollbackFailed {
+			t.Errorf("result %+v after the undo, want none standing or left", l)
+			break
+		}
+	}
+	up.checkNothingLeft(t)
+}
+
+// checkNoWriteAfterUndo fails for a write by lost that landed at the API
+// after taker's delete of the same item: an undo that a late write of
+// the owner that lost the job made good for nothing.
+func checkNoWriteAfterUndo(t *testing.T, api *apiLog, lost, taker string) {
+	t.Helper()
+	undone := map[string]time.Time{}
+	landed := api.all()
+	for _, l := range landed {
+		if l.by == taker && l.method == http.MethodDelete {
+			undone[l.id] = l.at
+		}
+	}
+	if len(undone) == 0 {
+		t.Errorf("%s deleted nothing, want it to undo the job", taker)
+	}
+	for _, l := range landed {
+		if at, ok := undone[l.id]; ok && l.by == lost && l.at.After(at) {
+			t.Errorf("%s's %s of %s landed at %s, after %s undid it at %s", lost, l.method, l.id, l.at, taker, at)
+		}
+	}
+}
+
+// startAON starts the fault tests' job, all-or-nothing, on in.
+func startAON(t *testing.T, in *aonInstance) (*HeldJob, string, string) {
+	t.Helper()
+	hj, token := startWidgetsAs(t, in.js, jobFaultItems, true, "all_or_nothing")
+	return hj, token, hj.Record().ID
+}
+
+// A storage hanging past the lapse mid-window of an all-or-nothing job
+// (the partition of TestJobStorageHangingPastTheLapse): the owner sends
+// nothing once its lease lapsed by its own clock, and undoes nothing;
+// another instance takes the job over, locks again what it wrote, and
+// carries it on to succeeded, each item made once; the owner's stores
+// landing late change nothing of its status or results. With an item
+// that then fails, the taker-over undoes the whole job, the windows the
+// first owner wrote among them, and no write of that owner lands after
+// the undo of its item.
+func TestAtomicJobStorageHangingPastTheLapse(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name   string
+		refuse string
+	}{
+		{"carried on", ""},
+		{"then undone whole", "w550"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			bubble(t, func(t *testing.T) {
+				defer endHeld(t)
+				mem, api := newMemStorage(), &apiLog{}
+				a, b := newAONInstance("A", mem, api), newAONInstance("B", mem, api)
+				hj, token, id := startAON(t, a)
+				up := newWidgetsUpstream(false)
+				up.refuse = c.refuse
+				heal := make(chan struct{})
+				var takenOver <-chan error
+				a.before = func(n int) {
+					if n == 300 {
+						a.setFault(func(context.Context, string, string) error { <-heal; return nil })
+						go func() { time.Sleep(jobFaultLease * 3 / 2); close(heal) }()
+						takenOver = b.takeOver(t, b.through(t, up))
+					}
+				}
+				err := hj.Run(context.Background(), a.through(t, up), nil)
+				checkStoppedBy(t, a.jobInstance, hj, err)
+				if undid := a.deletesSent(); len(undid) > 0 {
+					t.Errorf("the owner that lost the job sent %d deletes, the first %+v: the undo is the taker-over's", len(undid), undid[0])
+				}
+				ranToItsEnd(t, takenOver)
+				if c.refuse == "" {
+					checkCarriedOn(t, b.js, id, token, up, a.jobInstance, b.jobInstance)
+					checkSucceededWhole(t, up)
+					return
+				}
+				checkRolledBack(t, b.js, id, token, up)
+				checkNoWriteAfterUndo(t, api, "A", "B")
+				if n := len(b.deletesSent()); n < 550 {
+					t.Errorf("the taker-over sent %d deletes, want one for each of the 550 items made, A's among them", n)
+				}
+			})
+		})
+	}
+}
+
+// Renewals refused mid-window of an all-or-nothing job, every other
+// call passing: the owner stops sending a sixth of a lease before its
+// lapse, writes nothing after, and undoes nothing; the taker-over
+// carries the job on to succeeded, each item made once.
+func TestAtomicJobRenewalsRefused(t *testing.T) {
+	t.Parallel()
+	bubble(t, func(t *testing.T) {
+		defer endHeld(t)
+		mem, api := newMemStorage(), &apiLog{}
+		a, b := newAONInstance("A", mem, api), newAONInstance("B", mem, api)
+		hj, token, id := startAON(t, a)
+		up := newWidgetsUpstream(false)
+		a.before = func(n int) {
+			if n == 100 {
+				a.setFault(func(_ context.Context, op, key string) error {
+					if op == "store" && strings.HasPrefix(path.Base(key), leaseName) {
+						return errors.New("READONLY")
+					}
+					return nil
+				})
+			}
+		}
+		err := hj.Run(context.Background(), a.through(t, up), nil)
+		checkStoppedBy(t, a.jobInstance, hj, err)
+		if undid := a.deletesSent(); len(undid) > 0 {
+			t.Errorf("the owner that lost the job sent %d deletes: the undo is the taker-over's", len(undid))
+		}
+		ranToItsEnd(t, b.takeOver(t, b.through(t, up)))
+		checkCarriedOn(t, b.js, id, token, up, a.jobInstance, b.jobInstance)
+		checkSucceededWhole(t, up)
+	})
+}
+
+// An owner of an all-or-nothing job paused across a takeover: the
+// taker-over ends the job (succeeded, or undone when an item fails);
+// the owner, awake, sends nothing, stores nothing over the new owner's
+// progress or results, and undoes nothing, since a window that lost its
+// lease does not undo (batch.ExecuteWindow never ends a lost saga): the
+// API holds what the taker-over left.
+func TestAtomicJobOwnerPausedAcrossATakeover(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name   string
+		refuse string
+	}{
+		{"carried on", ""},
+		{"then undone whole", "w550"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			bubble(t, func(t *testing.T) {
+				defer endHeld(t)
+				mem, api := newMemStorage(), &apiLog{}
+				a, b := newAONInstance("A", mem, api), newAONInstance("B", mem, api)
+				hj, token, id := startAON(t, a)
+				up := newWidgetsUpstream(false)
+				up.refuse = c.refuse
+				wake := make(chan struct{})
+				a.before = func(n int) {
+					if n == 300 {
+						a.mu.Lock()
+						a.held = wake
+						a.mu.Unlock()
+						a.setFault(func(context.Context, string, string) error { <-wake; return nil })
+					}
+				}
+				ran := make(chan error, 1)
+				go func() { ran <- hj.Run(context.Background(), a.through(t, up), nil) }()
+				for {
+					time.Sleep(time.Second)
+					a.mu.Lock()
+					paused := a.held != nil
+					a.mu.Unlock()
+					if paused {
+						break
+					}
+				}
+				ranToItsEnd(t, b.takeOver(t, b.through(t, up)))
+				ended := mem.valuesUnder(jobDir(id))
+				up.mu.Lock()
+				left := len(up.items)
+				up.mu.Unlock()
+				woke := now()
+				close(wake)
+				var lost *batch.LeaseLost
+				if err := <-ran; !errors.As(err, &lost) {
+					t.Errorf("the owner that woke: Run = %v, want its lease lost", err)
+				}
+				if late := a.sentFrom(woke); len(late) > 0 {
+					t.Errorf("the owner sent %d writes after it woke, the first %+v", len(late), late[0])
+				}
+				if undid := a.deletesSent(); len(undid) > 0 {
+					t.Errorf("the owner that lost the job sent %d deletes: the undo is the taker-over's", len(undid))
+				}
+				if late := a.writesFrom(woke); len(late) > 0 {
+					t.Errorf("the owner wrote %d times to storage after it woke, the first %+v", len(late), late[0])
+				}
+				for key, v := range mem.valuesUnder(jobDir(id)) {
+					if string(ended[key]) != string(v) && !strings.Contains(key, "/"+logName+"/") {
+						t.Errorf("%s changed after the owner woke", key)
+					}
+				}
+				up.mu.Lock()
+				if len(up.items) != left {
+					t.Errorf("the API held %d items as the owner woke, %d after: want the taker-over's end to stand", left, len(up.items))
+				}
+				up.mu.Unlock()
+				if c.refuse == "" {
+					checkCarriedOn(t, b.js, id, token, up, a.jobInstance, b.jobInstance)
+					checkSucceededWhole(t, up)
+					return
+				}
+				checkRolledBack(t, b.js, id, token, up)
+				checkNoWriteAfterUndo(t, api, "A", "B")
+			})
+		})
+	}
+}
+
+// A lease key that vanishes while an all-or-nothing job goes forward,
+// and while it is undone: the owner finds its lease gone at its next
+// renewal and sends nothing more; going forward the taker-over carries
+// the job on to succeeded, mid-undo it undoes on from the window the
+// progress names (undo_next), sending no create, and the API ends with
+// nothing of the job.
+func TestAtomicJobLeaseKeyVanishes(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name    string
+		refuse  string
+		creates int // the owner's create, or delete when undoing, before which the key goes
+	}{
+		{"going forward", "", 100},
+		{"mid-undo", "w550", 100},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			bubble(t, func(t *testing.T) {
+				defer endHeld(t)
+				mem, api := newMemStorage(), &apiLog{}
+				a, b := newAONInstance("A", mem, api), newAONInstance("B", mem, api)
+				hj, token, id := startAON(t, a)
+				up := newWidgetsUpstream(false)
+				up.refuse = c.refuse
+				var vanished time.Time
+				vanish := func(n int) {
+					if n == c.creates {
+						if err := mem.Delete(context.Background(), jobLeases(id).key(0, Owner())); err != nil {
+							t.Error(err)
+						}
+						vanished = now()
+					}
+				}
+				if c.refuse == "" {
+					a.before = vanish
+				} else {
+					a.beforeDelete = vanish
+				}
+				err := hj.Run(context.Background(), a.through(t, up), nil)
+				var lost *batch.LeaseLost
+				if !errors.As(err, &lost) || !strings.Contains(lost.Why, "lease is gone") {
+					t.Errorf("Run = %v, want the lease found gone", err)
+				}
+				renewed := vanished.Add(jobFaultLease / 3)
+				if late := a.sentFrom(renewed); len(late) > 0 {
+					t.Errorf("the owner sent %d writes after its lease was found gone, the first %+v", len(late), late[0])
+				}
+				if late := a.writesFrom(renewed); len(late) > 0 {
+					t.Errorf("the owner wrote %d times after its lease was found gone, the first %+v", len(late), late[0])
+				}
+				if c.refuse == "" {
+					ranToItsEnd(t, b.takeOver(t, b.through(t, up)))
+					checkCarriedOn(t, b.js, id, token, up, a.jobInstance, b.jobInstance)
+					checkSucceededWhole(t, up)
+					return
+				}
+				p, err := loadProgress(t, b.js, id)
+				if err != nil || !p.Undoing || p.UndoNext != jobWindowItems {
+					t.Fatalf("progress as the owner stopped: %+v, %v; want undoing, the window from %d next", p, err, jobWindowItems)
+				}
+				ranToItsEnd(t, b.takeOver(t, b.through(t, up)))
+				if sent := b.createsSent(time.Time{}); len(sent) > 0 {
+					t.Errorf("the taker-over of an undo sent %d creates, the first %+v; want none", len(sent), sent[0])
+				}
+				checkRolledBack(t, b.js, id, token, up)
+				checkNoWriteAfterUndo(t, api, "A", "B")
+			})
+		})
+	}
+}
