@@ -544,3 +544,57 @@ func TestAtomicJobPausedOwnersLateWriteOutlivesTheUndo(t *testing.T) {
 		}
 	})
 }
+
+// A storage blip shorter than the lease mid-window of an all-or-nothing
+// job loses nothing and undoes nothing: an item whose record could not
+// be stored was not sent, and is run again (with the items the window
+// did not start once its storage failed one), not taken for a failure
+// nor for a job_timeout; the job ends succeeded, never taken over, each
+// item made once. Undone later for an item that fails, it is undone
+// whole, nothing left.
+func TestAtomicJobStorageBlipLosesNothing(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name   string
+		refuse string
+	}{
+		{"succeeded", ""},
+		{"then undone whole", "w550"},
+		{"undone in the window of the blip", "w120"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			bubble(t, func(t *testing.T) {
+				defer endHeld(t)
+				a := newAONInstance("A", newMemStorage(), &apiLog{})
+				hj, token, id := startAON(t, a)
+				up := newWidgetsUpstream(false)
+				up.refuse = c.refuse
+				a.before = func(n int) {
+					if n == 100 {
+						a.setFault(func(context.Context, string, string) error { return errors.New("connection refused") })
+						go func() { time.Sleep(jobFaultLease / 3); a.setFault(nil) }()
+					}
+				}
+				if err := hj.Run(context.Background(), a.through(t, up), nil); err != nil {
+					t.Fatalf("Run across a blip: %v", err)
+				}
+				st := mustStatus(t, a.js, id, token)
+				if c.refuse != "" {
+					if st.State != JobRolledBack || st.Takeovers != 0 || !strings.Contains(st.Reason, "item "+c.refuse[1:]+" failed") {
+						t.Errorf("status %s (%q), takeovers %d; want rolled_back for item 550, never taken over", st.State, st.Reason, st.Takeovers)
+					}
+					up.checkNothingLeft(t)
+					return
+				}
+				if st.State != JobSucceeded || st.Succeeded != jobFaultItems || st.Takeovers != 0 {
+					t.Errorf("status %s (%q), succeeded %d, takeovers %d; want succeeded, %d, 0", st.State, st.Reason, st.Succeeded, st.Takeovers, jobFaultItems)
+				}
+				if sent := a.sentFrom(time.Time{}); len(sent) != jobFaultItems {
+					t.Errorf("%d writes sent, want %d: nothing sent twice, nothing undone", len(sent), jobFaultItems)
+				}
+				checkSucceededWhole(t, up)
+			})
+		})
+	}
+}
