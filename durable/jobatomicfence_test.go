@@ -598,3 +598,51 @@ func TestAtomicJobStorageBlipLosesNothing(t *testing.T) {
 		})
 	}
 }
+
+// An all-or-nothing job whose folder vanished mid-window (a storage
+// that forgot it) lost its undo journal with it: its owner stops at the
+// renewal that finds the record gone, sends nothing after and undoes
+// nothing, and nobody can; the job answers as unknown, and what it
+// created before stays at the API.
+func TestAtomicJobFolderVanishes(t *testing.T) {
+	t.Parallel()
+	bubble(t, func(t *testing.T) {
+		defer endHeld(t)
+		mem := newMemStorage()
+		a := newAONInstance("A", mem, &apiLog{})
+		hj, token, id := startAON(t, a)
+		up := newWidgetsUpstream(false)
+		var vanished time.Time
+		a.before = func(n int) {
+			if n == 300 {
+				for _, key := range mem.keysUnder(jobDir(id)) {
+					if err := mem.Delete(context.Background(), key); err != nil {
+						t.Error(err)
+					}
+				}
+				vanished = now()
+			}
+		}
+		err := hj.Run(context.Background(), a.through(t, up), nil)
+		var lost *batch.LeaseLost
+		if !errors.As(err, &lost) || !strings.Contains(lost.Why, "record is gone") {
+			t.Errorf("Run = %v, want the lease lost, the job's record gone", err)
+		}
+		if late := a.sentFrom(vanished.Add(jobFaultLease / 3)); len(late) > 0 {
+			t.Errorf("the owner sent %d writes after its lease was found gone, the first %+v", len(late), late[0])
+		}
+		if undid := a.deletesSent(); len(undid) > 0 {
+			t.Errorf("the owner sent %d deletes, want none: the undo is no lost owner's", len(undid))
+		}
+		if _, err := a.js.Status(context.Background(), id, token); !errors.Is(err, ErrUnknownJob) {
+			t.Errorf("the status of a job whose folder vanished: %v, want ErrUnknownJob", err)
+		}
+		made := len(a.createsSent(time.Time{}))
+		up.mu.Lock()
+		left := len(up.items)
+		up.mu.Unlock()
+		if left < 300 || left != made {
+			t.Errorf("the API holds %d items, the owner sent %d creates; want each it sent, at least 300, left", left, made)
+		}
+	})
+}
