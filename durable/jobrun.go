@@ -335,7 +335,10 @@ func (d *driver) window(ctx context.Context, through Through, stop <-chan struct
 			return d.beginUndo(ctx, why, false)
 		}
 		finished := d.finished(res, stop)
-		d.unsent = len(finished) < len(res.Items) && slices.Contains(res.Unsent, res.Items[len(finished)].Index)
+		// An all-or-nothing window starts no item once its storage failed
+		// one, so items it never started may come before that one: the
+		// window stopped for its storage all the same, and runs again.
+		d.unsent = len(finished) < len(res.Items) && len(res.Unsent) > 0
 		// An envelope's window ran whole: its results page holds the
 		// first done of them already.
 		finished = finished[min(first+done-base, len(finished)):]
