@@ -507,26 +507,10 @@ func TestAtomicJobOwnerPausedAcrossATakeover(t *testing.T) {
 			mem, api := newMemStorage(), &apiLog{}
 			a, b := newAONInstance("A", mem, api), newAONInstance("B", mem, api)
 			hj, token, id, up := c.op.start(t, a, c.refuse)
-			wake := make(chan struct{})
-			a.before = func(n int) {
-				if n == 300 {
-					a.mu.Lock()
-					a.held = wake
-					a.mu.Unlock()
-					a.setFault(func(context.Context, string, string) error { <-wake; return nil })
-				}
-			}
+			wake, paused := a.pause(300)
 			ran := make(chan error, 1)
 			go func() { ran <- hj.Run(context.Background(), a.through(t, up), nil) }()
-			for {
-				time.Sleep(time.Second)
-				a.mu.Lock()
-				paused := a.held != nil
-				a.mu.Unlock()
-				if paused {
-					break
-				}
-			}
+			<-paused
 			ranToItsEnd(t, b.takeOver(t, b.through(t, up)))
 			ended := mem.valuesUnder(jobDir(id))
 			left := c.op.changed(up)
@@ -645,15 +629,11 @@ func TestAtomicJobPausedOwnersLateWriteOutlivesTheUndo(t *testing.T) {
 				mem, api := newMemStorage(), &apiLog{}
 				a, b := newAONInstance("A", mem, api), newAONInstance("B", mem, api)
 				hj, token, id, up := op.start(t, a, "w550")
-				wake := make(chan struct{})
-				paused := make(chan struct{})
+				wake, paused := a.pause(300)
+				pause := a.before
 				a.before = func(n int) {
+					pause(n)
 					if n == 300 {
-						a.mu.Lock()
-						a.held = wake
-						a.mu.Unlock()
-						a.setFault(func(context.Context, string, string) error { <-wake; return nil })
-						close(paused)
 						<-wake // the write leaves only once the owner wakes
 					}
 				}

@@ -83,6 +83,23 @@ func (in *jobInstance) setFault(f func(ctx context.Context, op, key string) erro
 	in.fault = f
 }
 
+// pause pauses the instance's process as it sends its nth create (or
+// forward write): the API's answers and its storage calls are held
+// until wake closes. paused closes once it is.
+func (in *jobInstance) pause(n int) (wake, paused chan struct{}) {
+	wake, paused = make(chan struct{}), make(chan struct{})
+	in.before = func(c int) {
+		if c == n {
+			in.mu.Lock()
+			in.held = wake
+			in.mu.Unlock()
+			in.setFault(func(context.Context, string, string) error { <-wake; return nil })
+			close(paused)
+		}
+	}
+	return wake, paused
+}
+
 // writesFrom are the stores and deletes the instance began at or after
 // at.
 func (in *jobInstance) writesFrom(at time.Time) []storageCall {
@@ -355,26 +372,10 @@ func TestJobOwnerPausedAcrossATakeover(t *testing.T) {
 		hj, token := startWidgets(t, a.js, jobFaultItems, true)
 		id := hj.Record().ID
 		up := newWidgetsUpstream(false)
-		wake := make(chan struct{})
-		a.before = func(n int) {
-			if n == 300 {
-				a.mu.Lock()
-				a.held = wake
-				a.mu.Unlock()
-				a.setFault(func(context.Context, string, string) error { <-wake; return nil })
-			}
-		}
+		wake, paused := a.pause(300)
 		ran := make(chan error, 1)
 		go func() { ran <- hj.Run(context.Background(), a.through(t, up), nil) }()
-		for {
-			time.Sleep(time.Second)
-			a.mu.Lock()
-			paused := a.held != nil
-			a.mu.Unlock()
-			if paused {
-				break
-			}
-		}
+		<-paused
 		ranToItsEnd(t, b.takeOver(t, b.through(t, up)))
 		ended := mem.valuesUnder(jobDir(id))
 		woke := now()
