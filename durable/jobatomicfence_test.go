@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"path"
 	"reflect"
 	"slices"
 	"strings"
@@ -473,12 +472,7 @@ func TestAtomicJobRenewalsRefused(t *testing.T) {
 				hj, token, id, up := op.start(t, a, "")
 				a.before = func(n int) {
 					if n == 100 {
-						a.setFault(func(_ context.Context, op, key string) error {
-							if op == "store" && strings.HasPrefix(path.Base(key), leaseName) {
-								return errors.New("READONLY")
-							}
-							return nil
-						})
+						a.setFault(refuseRenewals)
 					}
 				}
 				err := hj.Run(context.Background(), a.through(t, up), nil)

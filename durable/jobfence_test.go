@@ -83,6 +83,15 @@ func (in *jobInstance) setFault(f func(ctx context.Context, op, key string) erro
 	in.fault = f
 }
 
+// refuseRenewals is a fault that refuses every store of a job's lease
+// (a storage read-only for that key), and lets every other call pass.
+func refuseRenewals(_ context.Context, op, key string) error {
+	if op == "store" && strings.HasPrefix(path.Base(key), leaseName) {
+		return errors.New("READONLY")
+	}
+	return nil
+}
+
 // pause pauses the instance's process as it sends its nth create (or
 // forward write): the API's answers and its storage calls are held
 // until wake closes. paused closes once it is.
@@ -305,12 +314,7 @@ func TestJobRenewalsRefused(t *testing.T) {
 		up := newWidgetsUpstream(false)
 		a.before = func(n int) {
 			if n == 100 {
-				a.setFault(func(_ context.Context, op, key string) error {
-					if op == "store" && strings.HasPrefix(path.Base(key), leaseName) {
-						return errors.New("READONLY")
-					}
-					return nil
-				})
+				a.setFault(refuseRenewals)
 			}
 		}
 		err := hj.Run(context.Background(), a.through(t, up), nil)
