@@ -33,8 +33,11 @@ import (
 //     job's items a second from its creation to its end (job-items/s),
 //     those of 8 clients sending the same 50,000 elements as 100-item
 //     synchronous partial batches (sync-items/s), and their ratio
-//     (job/sync); with Caddy's storage the file system, or a
-//     redis-server of the benchmark's own.
+//     (job/sync), and Caddy's CPU time per item of each
+//     (job-cpu-us/item, sync-cpu-us/item); with Caddy's storage the
+//     file system, or a redis-server of the benchmark's own.
+//     throughput/sync=all_or_nothing: the same, the synchronous batches
+//     all-or-nothing, as the demo's users are.
 //
 //   - latency: single GETs' median before the job (idle-ms) and while it
 //     runs (job-ms), and their ratio (job/idle).
@@ -76,42 +79,50 @@ func BenchmarkJobsProcess(b *testing.B) {
 	})
 	// The file system syncs a file per store, one at a time; a cluster's
 	// Redis takes several stores at once, each a round trip.
-	throughputAgainst := func(b *testing.B, base, syncPrefer string) {
+	// Caddy's own CPU time per item, for the job and for the
+	// synchronous batches (cpu-us/item): what each item costs the
+	// gateway, whatever bounds the rate.
+	throughputAgainst := func(b *testing.B, c jobsBenchCaddy, syncPrefer string) {
 		for range b.N {
 			const items = 50000
-			job := startBenchJob(b, client, base, identity("throughput"), items)
-			status := waitBenchJob(b, client, base, job, 10*time.Minute)
+			cpu := processCPUOf(b, c.pid)
+			job := startBenchJob(b, client, c.base, identity("throughput"), items)
+			status := waitBenchJob(b, client, c.base, job, 10*time.Minute)
 			jobRate := float64(items) / status.Ended.Sub(status.Created).Seconds()
-			syncRate := syncBatchesRate(b, client, base, identity("sync"), syncPrefer, items, 8, 100)
+			jobCPU := processCPUOf(b, c.pid) - cpu
+			cpu = processCPUOf(b, c.pid)
+			syncRate := syncBatchesRate(b, client, c.base, identity("sync"), syncPrefer, items, 8, 100)
+			syncCPU := processCPUOf(b, c.pid) - cpu
 			b.ReportMetric(jobRate, "job-items/s")
 			b.ReportMetric(syncRate, "sync-items/s")
 			b.ReportMetric(jobRate/syncRate, "job/sync")
+			b.ReportMetric(float64(jobCPU.Microseconds())/items, "job-cpu-us/item")
+			b.ReportMetric(float64(syncCPU.Microseconds())/items, "sync-cpu-us/item")
 		}
 	}
-	throughput := func(b *testing.B, base string) { throughputAgainst(b, base, "") }
-	b.Run("throughput/storage=file_system", func(b *testing.B) { throughput(b, gatewayForTime(b)) })
+	throughput := func(b *testing.B, c jobsBenchCaddy) { throughputAgainst(b, c, "") }
+	b.Run("throughput/storage=file_system", func(b *testing.B) { throughput(b, shared) })
 	// Where the limit has room beyond twice what the API needs, a job's
 	// half of the slots is not what bounds it.
 	b.Run("throughput/max_in_flight=32", func(b *testing.B) {
-		throughput(b, startJobsBenchCaddy(b, bin, "", "\n\t\tmax_in_flight 32").base)
+		throughput(b, startJobsBenchCaddy(b, bin, "", "\n\t\tmax_in_flight 32"))
 	})
 	b.Run("throughput/max_in_flight=32/job_concurrency=16", func(b *testing.B) {
-		throughput(b, startJobsBenchCaddy(b, bin, "", "\n\t\tmax_in_flight 32\n\t\tjob_concurrency 16").base)
+		throughput(b, startJobsBenchCaddy(b, bin, "", "\n\t\tmax_in_flight 32\n\t\tjob_concurrency 16"))
 	})
 	// The demo's users are all-or-nothing: a client that chunks an
 	// import into synchronous batches there sends sagas, each kept in
 	// the journal, where the job (past max_atomic_job_items) runs
 	// partial.
 	b.Run("throughput/sync=all_or_nothing", func(b *testing.B) {
-		throughputAgainst(b, gatewayForTime(b), "atomicity=all-or-nothing")
+		throughputAgainst(b, shared, "atomicity=all-or-nothing")
 	})
 	b.Run("throughput/storage=redis", func(b *testing.B) {
 		if !hasRedisServer() {
 			b.Skip("no redis-server here: apt-get install redis-server")
 		}
 		host, port, _ := strings.Cut(startRedisServer(b), ":")
-		c := startJobsBenchCaddy(b, bin, redisOption(host, port, "jobsbench"), "")
-		throughput(b, c.base)
+		throughput(b, startJobsBenchCaddy(b, bin, redisOption(host, port, "jobsbench"), ""))
 	})
 	// An all-or-nothing job locks and reads each item before it writes
 	// it, and keeps its windows' logs: what that costs, against a
