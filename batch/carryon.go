@@ -65,6 +65,9 @@ func (run *batchRun) resolveForward(ctx context.Context, i int) (applied, settle
 	st := &run.state[i]
 	if st.tgt.settings.IdempotentUpstream && st.sent != nil {
 		run.pendingAgain(i)
+		run.mu.Lock()
+		st.resentWithKey = true
+		run.mu.Unlock()
 		return false, false
 	}
 	id := run.items[i].ID

@@ -17,11 +17,14 @@ import (
 // create names that already exists, fails the batch while nothing has
 // changed. The bodies read are the pre-images an undo puts back, and a
 // strong ETag read with one makes the write conditional. It reports
-// whether the batch may go on.
+// whether the batch may go on. A write of a job's window carried on
+// that is sent again with its key is not read: it may have taken effect
+// already, and what it replaced is the pre-image its last owner read.
 func (run *batchRun) preflight(ctx context.Context) bool {
 	var targets []int
 	for _, i := range pending(run.plan, run.state) {
-		if run.state[i].tgt != nil && !run.plan.Items[i].rewrite && run.items[i].ID != "" && run.preflightRead(i) != nil {
+		st := &run.state[i]
+		if st.tgt != nil && !st.resentWithKey && !run.plan.Items[i].rewrite && run.items[i].ID != "" && run.preflightRead(i) != nil {
 			targets = append(targets, i)
 		}
 	}

@@ -183,6 +183,12 @@ type itemState struct {
 	// inFlightUntil is when a write that a dead saga recorded as being
 	// sent, with no answer, is over for sure: it is resolved after.
 	inFlightUntil time.Time
+	// resentWithKey marks a write a job's last owner sent with no answer
+	// recorded, which goes again with the same Idempotency-Key
+	// (resolveForward): it may have taken effect, so its pre-image is
+	// the one recorded before it was first sent, and no preflight reads
+	// it again.
+	resentWithKey bool
 	// writeSpan is the span of the item's own request, which its undo's
 	// span names (batch.compensation.of); invalid when nothing was
 	// traced, or the write was another process's.
