@@ -14,6 +14,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/batchapp"
 	"github.com/caddy-batch/caddy-batch/durable"
 	"github.com/caddy-batch/caddy-batch/internal/problem"
 )
@@ -51,6 +52,9 @@ func (h *Handler) serveJobResume(w http.ResponseWriter, r *http.Request, id, tok
 	held, err := h.jobs.store.Resume(ctx, id, token, header)
 	switch {
 	case errors.Is(err, durable.ErrJobNotPaused):
+		// One past its job_timeout is ended by a scan's run (an
+		// all-or-nothing one undone): now, not at the next interval.
+		batchapp.NudgeJobs()
 		return problem.New(http.StatusConflict, "job-not-paused",
 			"the job is not paused: only a job paused because the upstream refused its credentials is resumed; read its status for its state").Write(w)
 	case errors.Is(err, durable.ErrJobHeld):

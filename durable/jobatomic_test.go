@@ -352,7 +352,8 @@ func TestAtomicJobUndoLeavesAnotherWritersItem(t *testing.T) {
 
 // A paused all-or-nothing job has writes to undo, which only a run
 // sends: a cancel marks it and leaves it paused, and the next scan
-// claims it and undoes it; so does one past its job_timeout.
+// claims it and undoes it; so does one past its job_timeout, resumed
+// too late or not.
 func TestAtomicJobPausedIsUndoneByAScan(t *testing.T) {
 	for _, c := range []struct {
 		name   string
@@ -367,6 +368,18 @@ func TestAtomicJobPausedIsUndoneByAScan(t *testing.T) {
 		}},
 		{name: "past its job_timeout", reason: "job_timeout passed", end: func(t *testing.T, js *Jobs, hj *HeldJob, token string) {
 			time.Sleep(time.Until(hj.Record().Deadline) + time.Second)
+		}},
+		// Its client's resume comes too late: it leaves the job to the
+		// scan, whose run has the routes its undo takes (ending it in
+		// place once dereferenced routes it had not).
+		{name: "resumed past its job_timeout", reason: "job_timeout passed", end: func(t *testing.T, js *Jobs, hj *HeldJob, token string) {
+			time.Sleep(time.Until(hj.Record().Deadline) + time.Second)
+			if _, err := js.Resume(context.Background(), hj.Record().ID, token, nil); !errors.Is(err, ErrJobNotPaused) {
+				t.Fatalf("Resume past the deadline: %v, want ErrJobNotPaused", err)
+			}
+			if st := mustStatus(t, js, hj.Record().ID, token); st.State != JobPaused {
+				t.Fatalf("after the resume past the deadline: %s, want paused, for a scan to undo", st.State)
+			}
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -88,7 +88,8 @@ func (js *Jobs) JobPaused(ctx context.Context, id string) (paused, pastDeadline 
 // (HeldJob.Run) or release for a scan to claim. ErrUnknownJob as for
 // every monitor; ErrJobNotPaused for a job that is not paused (or whose
 // cancel is asked, which ends it, or that is past its job_timeout,
-// which Resume then ends); ErrJobHeld while another instance claims it.
+// which Resume then ends as EndPausedPastDeadline does, an all-or-nothing
+// one left to a scan); ErrJobHeld while another instance claims it.
 func (js *Jobs) Resume(ctx context.Context, id, token string, header http.Header) (*HeldJob, error) {
 	v, err := js.open(ctx, id, token)
 	if err != nil {
@@ -170,7 +171,9 @@ func (hj *HeldJob) replaceCredentials(ctx context.Context, header http.Header) e
 // released lease, so that a resume or a cancel racing it finds the job
 // held, or ended. It reports whether it ended the job; false, with no
 // error, for a job not paused or not past its deadline, or another
-// instance's claim.
+// instance's claim, and for an all-or-nothing job: its undo sends
+// requests, which only a run has the routes for, so a scan claims it
+// and runs it (jobscan.go), and its run undoes it.
 func (js *Jobs) EndPausedPastDeadline(ctx context.Context, id string) (bool, error) {
 	if !validJobID(id) {
 		return false, ErrUnknownJob
@@ -189,7 +192,7 @@ func (js *Jobs) EndPausedPastDeadline(ctx context.Context, id string) (bool, err
 		return false, err
 	}
 	v, err := viewJob(ctx, js.storage, rec)
-	if err != nil || v.ended() || v.progress.State != JobPaused || now().Before(rec.Deadline) {
+	if err != nil || v.ended() || v.progress.State != JobPaused || now().Before(rec.Deadline) || rec.atomic() {
 		return false, err
 	}
 	held, err := js.claimLocked(ctx, rec, nil)
