@@ -159,8 +159,8 @@ func TestAtomicJobCancelledIsUndone(t *testing.T) {
 
 // An owner that loses the job while it undoes it writes nothing more;
 // the instance that claims it goes on with the undo where the progress
-// says, and the job ends rolled_back with nothing left: no window is
-// undone twice, and none is carried forward.
+// says, its locks taken again first, and the job ends rolled_back with
+// nothing left: no window is undone twice, and none is carried forward.
 func TestAtomicJobUndoTakenOver(t *testing.T) {
 	t.Parallel()
 	defer endHeld(t)
@@ -192,8 +192,27 @@ func TestAtomicJobUndoTakenOver(t *testing.T) {
 	held.by[t] = append(held.by[t], next)
 	held.Unlock()
 	creates := up.creates
-	if err := next.Run(ctx, throughLocked(pol, up, locks), nil); err != nil {
+	// The claimant's process, a lock table of its own: as it undoes
+	// its first window, the items of the windows its undo has not
+	// reached are locked already, so that no single write through the
+	// gateway slips in before their undo.
+	claimant := &itemlock.Local{}
+	var heldMidUndo error
+	first := &deleteHook{up: up, at: 1, do: func() {
+		lctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+		defer cancel()
+		unlock, err := claimant.Lock(lctx, lockKey(t, pol, "e5"))
+		if err == nil {
+			unlock()
+			err = fmt.Errorf("free")
+		}
+		heldMidUndo = err
+	}}
+	if err := next.Run(ctx, throughLocked(pol, first, claimant), nil); err != nil {
 		t.Fatal(err)
+	}
+	if !errors.Is(heldMidUndo, itemlock.ErrLocked) {
+		t.Errorf("item e5, in the job's first window, as the claimant undid a later one: %v, want it locked", heldMidUndo)
 	}
 	if up.creates != creates {
 		t.Errorf("the claimant sent %d creates, want none: the job was being undone", up.creates-creates)

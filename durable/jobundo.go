@@ -182,6 +182,9 @@ func (d *driver) undoWindow(ctx context.Context, first, end int) (*batch.WindowR
 		log := hj.windowLog(first, first)
 		site.Runtime.Journal, site.Runtime.Background = log, true
 		site.Runtime.Locks = d.held.Through(site.Runtime.Locks)
+		if err := d.relockForUndo(ctx, site, first); err != nil {
+			return err
+		}
 		var err error
 		res, err = batch.UndoWindow(ctx, snap, site, batch.WindowOpts{KeepBody: ResultBodyLimit})
 		if ferr := log.flush(ctx); err == nil {
@@ -193,6 +196,29 @@ func (d *driver) undoWindow(ctx context.Context, first, end int) (*batch.WindowR
 		err = fmt.Errorf("undoing job %s from item %d: no handler ran the window", hj.rec.ID, first)
 	}
 	return res, err
+}
+
+// relockForUndo takes again, before a run's first undo, the locks of
+// the items the job wrote in the windows before first, which the undo
+// reaches later: a run that begins undoing (a takeover mid-undo, a
+// paused job cancelled or past its job_timeout) holds none, and a single
+// write through the gateway must not slip in before their undo. Locks
+// that cannot be had within batch_timeout do not stop the undo: its
+// proofs leave an item another writer changed, and say so.
+func (d *driver) relockForUndo(ctx context.Context, site batch.Site, first int) error {
+	if d.relocked {
+		return nil
+	}
+	refusal, err := d.relock(ctx, site, first)
+	if err != nil {
+		return err
+	}
+	if refusal != "" {
+		d.hj.jobs.logger.Warn("an all-or-nothing bulk job being undone could not lock again all it wrote; its undo goes on, each item proved before it is undone",
+			zap.String("job", d.hj.rec.ID), zap.String("why", refusal))
+	}
+	d.relocked = true
+	return nil
 }
 
 // snapshot is the window of the job from job index base, its items as
