@@ -491,3 +491,74 @@ func TestAtomicJobHooksHearTheUndo(t *testing.T) {
 		t.Errorf("the Finished hook heard %v; want the first window's 256 succeeded, then every item made rolled_back, the one that failed", outcomes)
 	}
 }
+
+// losableLocks is a lock table whose locks may be lost while held, as
+// storage locks are (leases): lose marks one so.
+type losableLocks struct {
+	itemlock.Local
+	mu   sync.Mutex
+	lost map[string]bool
+}
+
+func (l *losableLocks) lose(key string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.lost == nil {
+		l.lost = map[string]bool{}
+	}
+	l.lost[key] = true
+}
+
+func (l *losableLocks) Lost(keys []string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, k := range keys {
+		if l.lost[k] {
+			return fmt.Errorf("%s: its refresh failed", k)
+		}
+	}
+	return nil
+}
+
+// An item lock an all-or-nothing job holds in storage is a lease too:
+// one lost (its refresh failed), whichever window took it, is the job's
+// lease lost. The owner sends no write after the ones already past
+// their fence, and the job is carried on by the instance whose scan
+// takes it over once its lease lapsed, which takes the locks again: it
+// succeeds, each element made once.
+func TestAtomicJobLostItemLockIsALostLease(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
+		defer endHeld(t)
+		const lease = 30 * time.Second
+		js := NewJobs(newMemStorage(), NewLeases(lease), zap.NewNop())
+		hj, token := startWidgetsAs(t, js, 1000, true, "all_or_nothing")
+		id := hj.Record().ID
+		pol := widgetsPolicy(t, nil)
+		up := newWidgetsUpstream(false)
+		locks := &losableLocks{}
+		up.onCreate = func(n int) {
+			if n == 400 {
+				locks.lose(lockKey(t, pol, "e5")) // taken by the job's first window
+			}
+		}
+		var lost *batch.LeaseLost
+		if err := hj.Run(context.Background(), throughLocked(pol, up, locks), nil); !errors.As(err, &lost) || !strings.Contains(lost.Why, "item lock") {
+			t.Fatalf("Run = %v, want the lease lost for the item lock", err)
+		}
+		up.onCreate = nil
+		if up.creates > 400+16 {
+			t.Errorf("%d creates sent, the lock lost at the 400th: the owner went on writing", up.creates)
+		}
+		r := &scanRoom{t: t, through: throughLocked(pol, up, &itemlock.Local{}), max: 1}
+		scanOnce(t, js, r) // sees the lease record
+		time.Sleep(lease + time.Second)
+		scanOnce(t, js, r)
+		if len(r.ran) != 1 || r.ran[0] != nil {
+			t.Fatalf("the scan a lease later ran %v, want the job once, to its end", r.ran)
+		}
+		if st := mustStatus(t, js, id, token); st.State != JobSucceeded || st.Succeeded != 1000 || st.Takeovers != 1 {
+			t.Errorf("status %s, succeeded %d, takeovers %d; want succeeded, 1000, 1", st.State, st.Succeeded, st.Takeovers)
+		}
+		up.checkMadeOnce(t, 1000)
+	})
+}

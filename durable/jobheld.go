@@ -28,6 +28,9 @@ type HeldJob struct {
 	// stored is the last progress this epoch stored, for the end of the
 	// run's span (Stored).
 	stored atomic.Pointer[JobProgress]
+	// locksLost says why one of the item locks the job holds is lost
+	// (windowLog.WatchLocks); nil while none is watched.
+	locksLost atomic.Pointer[func() error]
 }
 
 // Record is the job as it was started.

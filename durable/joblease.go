@@ -169,9 +169,16 @@ func (hj *HeldJob) CancelAsked() bool {
 func (hj *HeldJob) Release(ctx context.Context) error { return hj.lease.release(ctx) }
 
 // fence returns once the job's lease is proven with a sixth of it to
-// spare, or the *batch.LeaseLost once it is lost: every owner's write
-// waits for it.
-func (hj *HeldJob) fence(ctx context.Context) error { return hj.lease.fence(ctx) }
+// spare, or the *batch.LeaseLost once it is lost (an item lock it holds
+// in storage lost loses it too): every owner's write waits for it.
+func (hj *HeldJob) fence(ctx context.Context) error {
+	if lost := hj.locksLost.Load(); lost != nil {
+		if err := (*lost)(); err != nil {
+			hj.lease.lost("an item lock in storage was lost: " + err.Error())
+		}
+	}
+	return hj.lease.fence(ctx)
+}
 
 // ClaimReleased takes the job id whose lease was released, under the
 // next epoch: ErrJobHeld when its lease is not released, or another

@@ -70,6 +70,12 @@ func (l *windowLog) End(context.Context, *batch.Result)       {}
 // Fence returns once the job's lease is proven.
 func (l *windowLog) Fence(ctx context.Context) error { return l.hj.fence(ctx) }
 
+// WatchLocks makes the job's lease stand on the item locks it holds
+// (batch.LockWatcher): an all-or-nothing job's, kept to its end, which
+// in storage are leases too; one lost is the job's lease lost, and the
+// next owner takes them again.
+func (l *windowLog) WatchLocks(lost func() error) { l.hj.locksLost.Store(&lost) }
+
 // Record keeps t, and, for a write about to leave, returns once a store
 // holds it (with everything kept before it): an owner that lost the job
 // stores nothing, so nothing it records can mislead the next. Other

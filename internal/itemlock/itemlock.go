@@ -147,6 +147,9 @@ type LossReporter interface {
 type Held struct {
 	mu      sync.Mutex
 	unlocks map[string]func()
+	// keys are those of unlocks, in the order taken: appended to only,
+	// so that Lost reads them without a copy.
+	keys []string
 }
 
 // Through is a Locker that takes a lock from l, unless h holds it
@@ -185,8 +188,24 @@ func (t heldThrough) Lock(ctx context.Context, key string) (func(), error) {
 		unlock() // taken twice at once: one is enough
 	} else {
 		h.unlocks[key] = unlock
+		h.keys = append(h.keys, key)
 	}
 	return func() {}, nil
+}
+
+// Lost says why the lock of one of the keys h holds is lost, where the
+// Locker it goes through can tell (LossReporter), whichever keys it is
+// asked of: a job's lease stands on every lock it holds, taken by any
+// of its windows.
+func (t heldThrough) Lost([]string) error {
+	lr, ok := t.l.(LossReporter)
+	if !ok {
+		return nil
+	}
+	t.h.mu.Lock()
+	keys := t.h.keys
+	t.h.mu.Unlock()
+	return lr.Lost(keys)
 }
 
 // LockAll takes, as LockAll does from the Locker it goes through, the
@@ -223,6 +242,7 @@ func (t heldThrough) LockAll(ctx context.Context, keys []string) ([]func(), int,
 			twice = append(twice, unlocks[j]) // taken twice at once: one is enough
 		} else {
 			h.unlocks[key] = unlocks[j]
+			h.keys = append(h.keys, key)
 		}
 	}
 	h.mu.Unlock()
@@ -241,7 +261,7 @@ func (h *Held) Release() {
 	for _, u := range h.unlocks {
 		unlocks = append(unlocks, u)
 	}
-	h.unlocks = nil
+	h.unlocks, h.keys = nil, nil
 	h.mu.Unlock()
 	Release(unlocks)
 }
