@@ -562,3 +562,46 @@ func TestAtomicJobLostItemLockIsALostLease(t *testing.T) {
 		up.checkMadeOnce(t, 1000)
 	})
 }
+
+// A queued all-or-nothing job whose start's first write landed but
+// whose results could not be stored (the storage refused them for a
+// whole lease) counts nothing done, and still has that write to undo:
+// its cancel leaves it to a run, which undoes it and ends it
+// rolled_back, not cancelled with the write standing.
+func TestAtomicJobQueuedWithAnUncountedWriteIsUndoneOnCancel(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
+		defer endHeld(t)
+		ctx := context.Background()
+		s := newFaulty()
+		js := NewJobs(s, NewLeases(30*time.Second), zap.NewNop())
+		hj, token := startWidgetsAs(t, js, 300, true, "all_or_nothing")
+		id := hj.Record().ID
+		up := newWidgetsUpstream(false)
+		through := throughLocked(widgetsPolicy(t, nil), up, &itemlock.Local{})
+		s.setHook(func(_ context.Context, op, key string) error {
+			if op == "store" && strings.Contains(key, "/"+resultsName+"/") {
+				return errors.New("READONLY")
+			}
+			return nil
+		})
+		if _, err := hj.RunFirst(ctx, through); err == nil {
+			t.Fatal("RunFirst with its results refused: no error")
+		}
+		s.setHook(nil)
+		if up.creates != 1 {
+			t.Fatalf("%d creates sent by the start, want its first item's", up.creates)
+		}
+		if err := hj.Queue(ctx); err != nil {
+			t.Fatal(err)
+		}
+		st, err := js.Cancel(ctx, id, token, "client")
+		if err != nil || st.Ended != nil || st.Done != 0 {
+			t.Fatalf("cancel of the queued job: %+v, %v; want it left to a run, nothing counted done", st, err)
+		}
+		scanOnce(t, js, &scanRoom{t: t, through: through, max: 1})
+		if st := mustStatus(t, js, id, token); st.State != JobRolledBack {
+			t.Errorf("after the scan: %s (%s), want rolled_back", st.State, st.Reason)
+		}
+		up.checkNothingLeft(t)
+	})
+}

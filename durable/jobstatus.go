@@ -98,14 +98,16 @@ func (js *Jobs) cancel(ctx context.Context, v *jobView, by string) (*JobStatus, 
 // endsOnCancel reports whether a cancel ends a job of progress p at
 // once: nobody runs it, and nothing of it is in flight. A queued job
 // that ran before (handed over) has items in its windows' logs, which
-// only a run carries on into its results; an all-or-nothing one that
-// paused, or is being undone, has writes to undo, which only a run
-// sends (the next scan claims it).
+// only a run carries on into its results; an all-or-nothing one, queued
+// or paused, may have writes to undo, which only a run sends (the next
+// scan claims it, and its undo ends it rolled_back): even with nothing
+// done, its start's first write may have landed with its results never
+// stored.
 func endsOnCancel(rec *JobRecord, p JobProgress) bool {
-	if p.Undoing {
+	if p.Undoing || rec.atomic() {
 		return false
 	}
-	return p.State == JobQueued && p.Done == 0 || p.State == JobPaused && !rec.atomic()
+	return p.State == JobQueued && p.Done == 0 || p.State == JobPaused
 }
 
 // cancelQueued ends a queued job that nothing was written for, or a
