@@ -91,11 +91,13 @@ func (h *Handler) claimStart(w http.ResponseWriter, r *http.Request, sc scope, o
 }
 
 // startFingerprint is the hash of what makes a job's start this start:
-// its method, path and query (a GET or DELETE job's ids), and its
-// elements (batch.JobPlan.Digest: an array and JSON Lines of the same
-// elements are the same start).
+// its method, path and query (a GET or DELETE job's ids), its elements
+// (batch.JobPlan.Digest: an array and JSON Lines of the same elements
+// are the same start), and its atomicity (an envelope's member, or a
+// Prefer under allow_override: the same elements all-or-nothing are
+// another start).
 func startFingerprint(r *http.Request, plan *batch.JobPlan) string {
-	return durable.HashFields("job start", r.Method, r.URL.EscapedPath(), r.URL.RawQuery, hex.EncodeToString(plan.Digest))
+	return durable.HashFields("job start", r.Method, r.URL.EscapedPath(), r.URL.RawQuery, hex.EncodeToString(plan.Digest), plan.Atomicity.String())
 }
 
 // replayStart answers a start whose key started a job (rec): its body

@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -112,10 +113,10 @@ func TestJobsEnvelopeAllOrNothingRolledBack(t *testing.T) {
 
 // An envelope job's start sent again with its Idempotency-Key answers the
 // same job, never a second: each user is made once; the same key with
-// other operations is 422.
+// other operations, or the same ones all-or-nothing, is 422.
 func TestJobsEnvelopeIdempotentStart(t *testing.T) {
 	api := shopAPI()
-	g := startGateway(t, api, envelopeJobsSite("partial"))
+	g := startGateway(t, api, envelopeJobsSite("partial\n\t\tallow_override"))
 	client := []string{"Content-Type", "application/x-ndjson", "Prefer", "respond-async", "Authorization", "Bearer client-a", "Idempotency-Key", "ops-1"}
 	body := usersWithPosts(3, "")
 	first := g.do(t, "POST", "/api/batch", body, client...)
@@ -132,6 +133,12 @@ func TestJobsEnvelopeIdempotentStart(t *testing.T) {
 	}
 	if other := g.do(t, "POST", "/api/batch", usersWithPosts(4, ""), client...); other.Status != 422 {
 		t.Errorf("the key with other operations: %d %s, want 422", other.Status, other.Body)
+	}
+	// The same operations all-or-nothing are another start.
+	atomic := `{"atomicity":"all_or_nothing","operations":[` + strings.Join(strings.Split(strings.TrimSpace(body), "\n"), ",") + `]}`
+	objectClient := append(slices.Clone(client), "Content-Type", "application/json")
+	if other := g.do(t, "POST", "/api/batch", atomic, objectClient...); other.Status != 422 {
+		t.Errorf("the key with the same operations all-or-nothing: %d %s, want 422", other.Status, other.Body)
 	}
 	made := 0
 	for _, u := range api.Items("/api/users") {
