@@ -13,6 +13,7 @@ import (
 	"reflect"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -95,11 +96,12 @@ func startCaddyProcess(t testing.TB, bin, config, addr string) *caddyProcess {
 		}
 	})
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		// Its own log says it serves: what answers at addr may be
-		// another program's, when this one could not bind it.
+		// The process itself listens there: what answers at addr may be
+		// another program's, when this one could not bind it. (Its log
+		// cannot say: a quiet config discards it.)
 		if c, err := net.Dial("tcp", addr); err == nil {
 			c.Close()
-			if strings.Contains(p.tail(1000), "serving initial configuration") {
+			if listens(p.cmd.Process.Pid, addr) {
 				return p
 			}
 		}
@@ -107,6 +109,41 @@ func startCaddyProcess(t testing.TB, bin, config, addr string) *caddyProcess {
 			t.Fatalf("caddy did not serve %s within 30s:\n%s", addr, p.tail(40))
 		}
 	}
+}
+
+// listens reports whether process pid holds a socket listening on
+// addr's port (on any address: a site may bind every interface): the
+// inode of a listening socket of that port in /proc/net/tcp or tcp6
+// among the process's open files. Where there is no /proc, it takes
+// what answers at addr for the process.
+func listens(pid int, addr string) bool {
+	_, port, _ := net.SplitHostPort(addr)
+	n, _ := strconv.Atoi(port)
+	suffix := fmt.Sprintf(":%04X", n)
+	inodes := map[string]bool{}
+	for _, name := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		table, err := os.ReadFile(name)
+		if err != nil {
+			return true
+		}
+		for _, line := range strings.Split(string(table), "\n")[1:] {
+			// sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+			f := strings.Fields(line)
+			if len(f) > 9 && strings.HasSuffix(f[1], suffix) && f[3] == "0A" {
+				inodes["socket:["+f[9]+"]"] = true
+			}
+		}
+	}
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		return false
+	}
+	for _, fd := range fds {
+		if target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); err == nil && inodes[target] {
+			return true
+		}
+	}
+	return false
 }
 
 // kill sends SIGKILL and reaps the process.
