@@ -287,7 +287,9 @@ func (run *batchRun) executeItem(clientCtx, batchCtx context.Context, i int) boo
 // nothing sent), so that neither a recovery nor a job's carry-on takes
 // it for a write whose answer was lost.
 func (run *batchRun) notSent(ctx context.Context, i int) bool {
-	if run.state[i].tgt.kind.Writes() {
+	// A write its job's last owner may have applied keeps that owner's
+	// record, unanswered: failByGateway says why.
+	if run.state[i].tgt.kind.Writes() && !run.state[i].resentWithKey {
 		_ = run.transition(ctx, i, PhaseSettled, nil, func(_ *ItemResult, st *itemState) { st.sent = nil })
 	}
 	return false
@@ -413,11 +415,25 @@ func (run *batchRun) fail(ctx context.Context, i, status int, reason string, cau
 // failByGateway settles item i as failed by the gateway's own storage
 // (its journal, its lease), with nothing sent: 503, which the batch
 // answers as it is, never as the upstream's 502 (failureStatus).
+//
+// Its record says so (ItemSnapshot.Unsent), for a job whose window runs
+// again to send it; but not for a write its job's last owner may have
+// applied (resentWithKey): the log's record of that owner's copy, still
+// unanswered, is what keeps it unknown, with its first pre-image, for
+// whoever runs the window next.
 func (run *batchRun) failByGateway(ctx context.Context, i int, reason string, cause error) {
-	run.fail(ctx, i, http.StatusServiceUnavailable, reason, cause)
-	run.mu.Lock()
-	defer run.mu.Unlock()
-	run.state[i].byGateway = true
+	settle := func(it *ItemResult, st *itemState) {
+		it.clearResponse()
+		it.Status, it.Error, it.cause = http.StatusServiceUnavailable, reason, cause
+		it.Outcome, st.failure, st.byGateway = Failed, true, true
+	}
+	if run.state[i].resentWithKey {
+		run.mu.Lock()
+		settle(&run.items[i], &run.state[i])
+		run.mu.Unlock()
+		return
+	}
+	_ = run.transition(ctx, i, PhaseSettled, nil, settle)
 }
 
 // fenced fails item i, whose write the lease did not let go: nothing

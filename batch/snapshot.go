@@ -60,6 +60,10 @@ type ItemSnapshot struct {
 	Undo        *Undo         `json:"undo,omitempty"`
 	NoUndo      string        `json:"no_undo,omitempty"`
 	CreatedFrom string        `json:"created_from,omitempty"`
+	// Unsent marks a write failed by the gateway's own storage (its
+	// record not stored, or its lease not proven): nothing was sent, and
+	// a job's window that runs again sends it.
+	Unsent bool `json:"unsent,omitempty"`
 	// Answer is, in a job's window's log, the JSON body of the item's
 	// answer as the window keeps it: what its result says, and what an
 	// envelope's later operations reference, once another owner carries
@@ -135,7 +139,7 @@ func snapshotItem(it *ItemResult, st *itemState, planned *Item) ItemSnapshot {
 	snap := ItemSnapshot{
 		ID: it.ID, Element: st.body, Fields: planned.fields, Phase: st.phase, Outcome: it.Outcome, Status: it.Status, Error: it.Error,
 		Preimage: st.preimage, PreETag: st.preETag, Applied: st.applied, Failure: st.failure, Settled: st.settled,
-		Sent: st.sent, Undo: st.undo, NoUndo: st.noUndo, CreatedFrom: st.createdFrom,
+		Sent: st.sent, Undo: st.undo, NoUndo: st.noUndo, CreatedFrom: st.createdFrom, Unsent: st.byGateway,
 	}
 	if st.sent != nil {
 		snap.SentTimeout = st.tgt.settings.ItemTimeout

@@ -136,9 +136,11 @@ func (l *windowLog) storeKept(ctx context.Context, _ uint64) error {
 // readLog reads the records of the window at first, and lays each item's
 // last one over items, the window's input from job index base: but for
 // an answer refusing the job's credentials, which paused the job and
-// was not processed, and for an item settled not attempted (recorded as
+// was not processed, for an item settled not attempted (recorded as
 // about to be sent while it waited its turn, and not sent: the window
-// halted first), so that the item is sent, as its input says.
+// halted first), and for one the gateway's storage failed before it was
+// sent (ItemSnapshot.Unsent), so that the item is sent, as its input
+// says.
 func (hj *HeldJob) readLog(ctx context.Context, first, base int, items []batch.ItemSnapshot) error {
 	input := slices.Clone(items)
 	s, dir := hj.jobs.storage, logDir(hj.rec.ID, first)
@@ -160,7 +162,7 @@ func (hj *HeldJob) readLog(ctx context.Context, first, base int, items []batch.I
 			i := rec.Index - base
 			switch {
 			case i < 0 || i >= len(items):
-			case rec.Item.Outcome == batch.Failed && batch.CredentialsRefused(rec.Item.Status),
+			case rec.Item.Outcome == batch.Failed && batch.CredentialsRefused(rec.Item.Status), rec.Item.Unsent,
 				rec.Item.Outcome == batch.NotAttempted && rec.Item.Phase >= batch.PhaseAnswered:
 				items[i] = input[i]
 			default:
