@@ -1,11 +1,14 @@
 package caddymodule
 
 import (
+	"encoding/hex"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 
+	"github.com/caddy-batch/caddy-batch/batch"
+	"github.com/caddy-batch/caddy-batch/durable"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
@@ -97,6 +100,35 @@ func TestReadResumeHeaders(t *testing.T) {
 	} {
 		if _, status := read(body); status != http.StatusBadRequest {
 			t.Errorf("%s: %d, want 400", body, status)
+		}
+	}
+}
+
+// A keyed start's record made by a build whose fingerprint left the
+// atomicity out still replays its start (checked against the job's
+// atomicity then); the fingerprint of this build tells the same
+// elements all-or-nothing from them partial.
+func TestStartReplaysAcrossTheFingerprintsAtomicity(t *testing.T) {
+	r := httptest.NewRequest(http.MethodPost, "/api/users", nil)
+	partial := &batch.JobPlan{Digest: []byte("elements"), Atomicity: policy.Partial}
+	atomic := &batch.JobPlan{Digest: []byte("elements"), Atomicity: policy.AllOrNothing}
+	before := &durable.Record{Fingerprint: durable.HashFields("job start", "POST", "/api/users", "", hex.EncodeToString([]byte("elements")))}
+	now := &durable.Record{Fingerprint: startFingerprint(r, partial)}
+	for _, c := range []struct {
+		name               string
+		rec                *durable.Record
+		plan               *batch.JobPlan
+		replays, unchecked bool
+	}{
+		{"this build's, the same start", now, partial, true, false},
+		{"this build's, all-or-nothing now", now, atomic, false, false},
+		{"the build before's", before, partial, true, true},
+		{"the build before's, all-or-nothing now", before, atomic, true, true},
+		{"another start", now, &batch.JobPlan{Digest: []byte("others"), Atomicity: policy.Partial}, false, false},
+	} {
+		replays, unchecked := startReplays(c.rec, r, c.plan)
+		if replays != c.replays || unchecked != c.unchecked {
+			t.Errorf("%s: replays %v, atomicity unchecked %v; want %v, %v", c.name, replays, unchecked, c.replays, c.unchecked)
 		}
 	}
 }

@@ -97,7 +97,26 @@ func (h *Handler) claimStart(w http.ResponseWriter, r *http.Request, sc scope, o
 // Prefer under allow_override: the same elements all-or-nothing are
 // another start).
 func startFingerprint(r *http.Request, plan *batch.JobPlan) string {
-	return durable.HashFields("job start", r.Method, r.URL.EscapedPath(), r.URL.RawQuery, hex.EncodeToString(plan.Digest), plan.Atomicity.String())
+	return durable.HashFields(startFields(r, plan, plan.Atomicity.String())...)
+}
+
+func startFields(r *http.Request, plan *batch.JobPlan, more ...string) []string {
+	return append([]string{"job start", r.Method, r.URL.EscapedPath(), r.URL.RawQuery, hex.EncodeToString(plan.Digest)}, more...)
+}
+
+// startReplays reports whether rec, the record of a keyed start, is of
+// this start; atomicityUnchecked says its fingerprint was made by a
+// build that left the atomicity out of it (kept up to job_timeout plus
+// job_ttl, through an upgrade), so that the job it started must be of
+// plan's atomicity too.
+func startReplays(rec *durable.Record, r *http.Request, plan *batch.JobPlan) (replays, atomicityUnchecked bool) {
+	if durable.StartVerdict(rec, startFingerprint(r, plan)) == durable.Replay {
+		return true, false
+	}
+	if durable.StartVerdict(rec, durable.HashFields(startFields(r, plan)...)) == durable.Replay {
+		return true, true
+	}
+	return false, false
 }
 
 // replayStart answers a start whose key started a job (rec): its body
@@ -109,7 +128,8 @@ func (h *Handler) replayStart(w http.ResponseWriter, r *http.Request, sc scope, 
 	if prob != nil {
 		return refuse(w, *prob, sc.allow)
 	}
-	if durable.StartVerdict(rec, startFingerprint(r, plan)) != durable.Replay {
+	replays, atomicityUnchecked := startReplays(rec, r, plan)
+	if !replays {
 		p, _ := refusal(durable.Decision{Verdict: durable.Mismatch})
 		return p.Write(w)
 	}
@@ -126,6 +146,9 @@ func (h *Handler) replayStart(w http.ResponseWriter, r *http.Request, sc scope, 
 			"the job this Idempotency-Key started is gone: it was removed (DELETE) or kept past job_ttl; the key starts no other job: to run the batch again, send it with a new Idempotency-Key").Write(w)
 	case err != nil:
 		return h.refuseJob(w, err)
+	case atomicityUnchecked && status.Atomicity != plan.Atomicity.String():
+		p, _ := refusal(durable.Decision{Verdict: durable.Mismatch})
+		return p.Write(w)
 	}
 	telemetry.Metrics.Replays.WithLabelValues(serverName(r), sc.resource, op.String()).Inc()
 	h.logger.Info("bulk job start replayed", zap.String("job", first.ID), zap.String("state", status.State))
