@@ -44,7 +44,7 @@ func (run *batchRun) lock(clientCtx, batchCtx context.Context) bool {
 	}
 	lr, reports := run.rt.Locks.(itemlock.LossReporter)
 	if lw, watches := run.rt.Journal.(LockWatcher); reports && watches {
-		lw.WatchLocks(func() error { return lr.Lost(run.locks.held()) })
+		lw.WatchLocks(func() error { return lr.Lost(run.locks.held) })
 	}
 	return true
 }

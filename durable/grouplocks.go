@@ -151,12 +151,12 @@ type LockLoser interface {
 // Lost says why the storage lock of one of keys is lost, where the
 // storage knows (LockLoser); nil otherwise. A saga whose item lock is
 // lost has lost its lease (Journal.WatchLocks).
-func (l *ItemLocks) Lost(keys []string) error {
+func (l *ItemLocks) Lost(keys func() []string) error {
 	ll, ok := l.storage.(LockLoser)
 	if !ok || ll.NoneLost() {
 		return nil
 	}
-	for _, key := range keys {
+	for _, key := range keys() {
 		if err := ll.LockLost(l.nameOf(key)); err != nil {
 			return fmt.Errorf("the lock of %s: %w", key, err)
 		}

@@ -509,10 +509,10 @@ func (l *losableLocks) lose(key string) {
 	l.lost[key] = true
 }
 
-func (l *losableLocks) Lost(keys []string) error {
+func (l *losableLocks) Lost(keys func() []string) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for _, k := range keys {
+	for _, k := range keys() {
 		if l.lost[k] {
 			return fmt.Errorf("%s: its refresh failed", k)
 		}

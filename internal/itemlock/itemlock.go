@@ -133,10 +133,11 @@ func Release(unlocks []func()) {
 }
 
 // LossReporter is a Locker whose locks may be lost while held (storage
-// locks are leases): Lost returns why one of keys' locks, taken from it
-// and held, is lost, or nil.
+// locks are leases): Lost returns why one of the locks of keys (asked
+// for only when one may be lost: it runs before every write), taken
+// from it and held, is lost, or nil.
 type LossReporter interface {
-	Lost(keys []string) error
+	Lost(keys func() []string) error
 }
 
 // Held keeps the locks taken through it until Release: an all-or-nothing
@@ -197,15 +198,16 @@ func (t heldThrough) Lock(ctx context.Context, key string) (func(), error) {
 // Locker it goes through can tell (LossReporter), whichever keys it is
 // asked of: a job's lease stands on every lock it holds, taken by any
 // of its windows.
-func (t heldThrough) Lost([]string) error {
+func (t heldThrough) Lost(func() []string) error {
 	lr, ok := t.l.(LossReporter)
 	if !ok {
 		return nil
 	}
-	t.h.mu.Lock()
-	keys := t.h.keys
-	t.h.mu.Unlock()
-	return lr.Lost(keys)
+	return lr.Lost(func() []string {
+		t.h.mu.Lock()
+		defer t.h.mu.Unlock()
+		return t.h.keys
+	})
 }
 
 // LockAll takes, as LockAll does from the Locker it goes through, the

@@ -297,7 +297,7 @@ func (l observedLocks) LockAll(ctx context.Context, keys []string) ([]func(), in
 
 // Lost forwards itemlock.LossReporter, where the wrapped locks report
 // their losses.
-func (l observedLocks) Lost(keys []string) error {
+func (l observedLocks) Lost(keys func() []string) error {
 	if lr, ok := l.Locker.(itemlock.LossReporter); ok {
 		return lr.Lost(keys)
 	}
