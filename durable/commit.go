@@ -110,7 +110,19 @@ type groupCommit struct {
 	// whose answer is not recorded yet: their writers record their next
 	// writes once it came (a saga's journal).
 	outstanding func() int
+	// gather says the records are a bulk job's window's: on a storage
+	// that stores one at a time, each store first waits what a store
+	// takes (at most maxGather), so that it takes the records of more of
+	// the window's writers. A job runs in the background, and what
+	// bounds it there is what its stores cost the process (a synced
+	// file each: measured, a 50,000-create job spent 409 to 474 µs of
+	// Caddy's CPU an item without the wait, 292 to 368 with it, and went
+	// 10 to 20 % faster), not how long one write waits.
+	gather bool
 }
+
+// maxGather bounds the wait of a job's store for more records.
+const maxGather = 2 * time.Millisecond
 
 func newGroupCommit(mu *sync.Mutex, max int, storeKept func(context.Context, uint64) error, alone func() bool) groupCommit {
 	return groupCommit{
@@ -166,6 +178,12 @@ func (g *groupCommit) store(ctx context.Context) {
 // join waits while records keep coming, within the join window. The
 // mutex is held, and let go while it waits.
 func (g *groupCommit) join() {
+	if g.max == 1 && g.gather {
+		g.committed.L.Unlock()
+		time.Sleep(min(maxGather, g.stores.ewma))
+		g.committed.L.Lock()
+		return
+	}
 	if g.max == 1 && g.outstanding != nil {
 		// One store at a time: the writes sent as the last store landed
 		// come back while the next one syncs, and their writers' next

@@ -55,6 +55,7 @@ type windowLog struct {
 func (hj *HeldJob) windowLog(first, base int) *windowLog {
 	l := &windowLog{hj: hj, first: first, base: base, seq: &hj.logSeq}
 	l.groupCommit = newGroupCommit(&l.mu, maxStores(hj.jobs.storage), l.storeKept, func() bool { return false })
+	l.groupCommit.gather = true
 	return l
 }
 
