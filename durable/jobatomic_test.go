@@ -184,13 +184,7 @@ func TestAtomicJobUndoTakenOver(t *testing.T) {
 	if err != nil || !p.Undoing || p.UndoNext < 0 || p.UndoNext >= 768 {
 		t.Fatalf("progress after the loss: %+v, %v; want undoing, a window before the failing one next", p, err)
 	}
-	next, err := js.ClaimReleased(ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	held.Lock()
-	held.by[t] = append(held.by[t], next)
-	held.Unlock()
+	next := claimReleased(t, js, id)
 	creates := up.creates
 	// The claimant's process, a lock table of its own: as it undoes
 	// its first window, the items of the windows its undo has not
@@ -308,13 +302,7 @@ func TestAtomicJobCarriedOnLocksAgain(t *testing.T) {
 			})
 		}
 	}
-	next, err := js.ClaimReleased(ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	held.Lock()
-	held.by[t] = append(held.by[t], next)
-	held.Unlock()
+	next := claimReleased(t, js, id)
 	if err := next.Run(ctx, throughLocked(pol, up, locks), nil); err != nil {
 		t.Fatal(err)
 	}

@@ -212,9 +212,7 @@ func (op aonOp) start(t *testing.T, in *aonInstance, refuse string) (hj *HeldJob
 	if err != nil {
 		t.Fatal(err)
 	}
-	held.Lock()
-	held.by[t] = append(held.by[t], hj)
-	held.Unlock()
+	keepHeld(t, hj)
 	return hj, token, hj.Record().ID, up
 }
 

@@ -44,13 +44,7 @@ func TestAtomicJobCarriedOnUnderIdempotentUpstream(t *testing.T) {
 		t.Fatalf("Run = %v, want its lease lost", err)
 	}
 	up.onCreate = nil
-	next, err := js.ClaimReleased(ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	held.Lock()
-	held.by[t] = append(held.by[t], next)
-	held.Unlock()
+	next := claimReleased(t, js, id)
 	if err := next.Run(ctx, throughLocked(pol, up, &itemlock.Local{}), nil); err != nil {
 		t.Fatal(err)
 	}
@@ -93,29 +87,8 @@ func TestAtomicJobCarriedOnUnderIdempotentUpstreamThenUndone(t *testing.T) {
 	ctx := context.Background()
 	js := NewJobs(newMemStorage(), NewLeases(time.Minute), zap.NewNop())
 	const n = 600
-	st, err := js.Stage(ctx, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
 	up := newWidgetsUpstream(true)
-	items := make([]batch.ItemSnapshot, n)
-	for i := range items {
-		id := fmt.Sprintf("e%d", i)
-		up.items[id] = []byte(fmt.Sprintf(`{"id":%q,"name":"old%d"}`, id, i))
-		items[i] = batch.ItemSnapshot{ID: id, Element: json.RawMessage(fmt.Sprintf(`{"id":%q,"name":"new%d"}`, id, i)), Fields: []string{"name"}}
-	}
-	if err := st.Chunk(ctx, 0, items); err != nil {
-		t.Fatal(err)
-	}
-	rec := widgetsJob(n, goldenClient)
-	rec.Op, rec.Atomicity = "update", "all_or_nothing"
-	hj, token, err := js.Register(ctx, st, rec, http.Header{"Authorization": {"Bearer golden"}}, roomy)
-	if err != nil {
-		t.Fatal(err)
-	}
-	held.Lock()
-	held.by[t] = append(held.by[t], hj)
-	held.Unlock()
+	hj, token := startRenames(t, js, up, n)
 	id := hj.Record().ID
 	pol := widgetsPolicy(t, func(s *policy.Settings) { s.IdempotentUpstream = true; s.RestoreUpdated = policy.RestorePatch })
 	hook := &patchHook{up: up, at: 300, do: func() {
@@ -129,13 +102,7 @@ func TestAtomicJobCarriedOnUnderIdempotentUpstreamThenUndone(t *testing.T) {
 	}
 	hook.do = nil
 	up.refuse = "new590" // the job fails later, and is undone
-	next, err := js.ClaimReleased(ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	held.Lock()
-	held.by[t] = append(held.by[t], next)
-	held.Unlock()
+	next := claimReleased(t, js, id)
 	if err := next.Run(ctx, throughLocked(pol, up, &itemlock.Local{}), nil); err != nil {
 		t.Fatal(err)
 	}
@@ -154,4 +121,32 @@ func TestAtomicJobCarriedOnUnderIdempotentUpstreamThenUndone(t *testing.T) {
 	if len(changed) > 0 {
 		t.Errorf("the job says rolled_back but %d items are still changed: %v", len(changed), changed)
 	}
+}
+
+// startRenames seeds up with the widgets e0 to e<n-1>, each named
+// old<i>, and starts an all-or-nothing job renaming each new<i>.
+func startRenames(t *testing.T, js *Jobs, up *widgetsUpstream, n int) (*HeldJob, string) {
+	t.Helper()
+	ctx := context.Background()
+	st, err := js.Stage(ctx, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	items := make([]batch.ItemSnapshot, n)
+	for i := range items {
+		id := fmt.Sprintf("e%d", i)
+		up.items[id] = []byte(fmt.Sprintf(`{"id":%q,"name":"old%d"}`, id, i))
+		items[i] = batch.ItemSnapshot{ID: id, Element: json.RawMessage(fmt.Sprintf(`{"id":%q,"name":"new%d"}`, id, i)), Fields: []string{"name"}}
+	}
+	if err := st.Chunk(ctx, 0, items); err != nil {
+		t.Fatal(err)
+	}
+	rec := widgetsJob(n, goldenClient)
+	rec.Op, rec.Atomicity = "update", "all_or_nothing"
+	hj, token, err := js.Register(ctx, st, rec, http.Header{"Authorization": {"Bearer golden"}}, roomy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keepHeld(t, hj)
+	return hj, token
 }

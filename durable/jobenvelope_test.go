@@ -169,11 +169,7 @@ func TestEnvelopeJobCarriedOn(t *testing.T) {
 		t.Fatalf("Run = %v, want its lease lost", err)
 	}
 	up.onCreate = nil
-	next, err := js.ClaimReleased(ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keepHeld(t, next)
+	next := claimReleased(t, js, id)
 	if err := next.Run(ctx, throughEnvelope(pol, env, up, &itemlock.Local{}), nil); err != nil {
 		t.Fatal(err)
 	}

@@ -186,9 +186,7 @@ func (in *jobInstance) takeOver(t *testing.T, through Through) <-chan error {
 	ran := make(chan error, 1)
 	room := func(*JobRecord) (func(*HeldJob), func(), bool) {
 		run := func(hj *HeldJob) {
-			held.Lock()
-			held.by[t] = append(held.by[t], hj)
-			held.Unlock()
+			keepHeld(t, hj)
 			ran <- hj.Run(context.Background(), through, nil)
 		}
 		return run, func() {}, true
@@ -460,9 +458,7 @@ func TestJobStorageFailingForALease(t *testing.T) {
 				if err != nil {
 					t.Fatalf("claiming the job its owner gave up: %v, want its lease released", err)
 				}
-				held.Lock()
-				held.by[t] = append(held.by[t], next)
-				held.Unlock()
+				keepHeld(t, next)
 			})
 		})
 	}

@@ -62,13 +62,6 @@ func (u *expiringUpstream) sentWith(n int) []string {
 	return slices.Clone(u.sent[n])
 }
 
-// keepHeld keeps hj's lease renewals for endHeld to stop.
-func keepHeld(t *testing.T, hj *HeldJob) {
-	held.Lock()
-	held.by[t] = append(held.by[t], hj)
-	held.Unlock()
-}
-
 // leaseReleased reports whether job id's lease is released, for a claim.
 func leaseReleased(t *testing.T, js *Jobs, id string) bool {
 	t.Helper()
@@ -364,11 +357,7 @@ func TestJobPausedRunWithoutResumeStaysPaused(t *testing.T) {
 	}
 	before := mustStatus(t, js, id, token)
 	sent := len(up.sentWith(5))
-	next, err := js.ClaimReleased(ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keepHeld(t, next)
+	next := claimReleased(t, js, id)
 	if err := next.Run(ctx, throughTo(pol, up), nil); err != nil {
 		t.Fatal(err)
 	}

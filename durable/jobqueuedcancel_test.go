@@ -39,13 +39,7 @@ func TestQueuedJobCancelledIsSeenAtItsClaim(t *testing.T) {
 			if st, err := js.Cancel(ctx, id, token, "client"); err != nil || st.State != JobCancelling {
 				t.Fatalf("cancel of the queued job: %+v, %v; want cancelling, its first item to be dealt with by a run", st, err)
 			}
-			next, err := js.ClaimReleased(ctx, id)
-			if err != nil {
-				t.Fatal(err)
-			}
-			held.Lock()
-			held.by[t] = append(held.by[t], next)
-			held.Unlock()
+			next := claimReleased(t, js, id)
 			if err := next.Run(ctx, throughLocked(pol, up, locks), nil); err != nil {
 				t.Fatal(err)
 			}

@@ -62,13 +62,7 @@ func TestJobResultsSizeCarriedOn(t *testing.T) {
 	if err := hj.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	next, err := js.ClaimReleased(ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	held.Lock()
-	held.by[t] = append(held.by[t], next)
-	held.Unlock()
+	next := claimReleased(t, js, id)
 	if err := next.Run(ctx, throughTo(widgetsPolicy(t, nil), newWidgetsUpstream(false)), nil); err != nil {
 		t.Fatal(err)
 	}

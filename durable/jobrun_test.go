@@ -216,9 +216,7 @@ func startWidgetsAs(t *testing.T, js *Jobs, n int, withIDs bool, atomicity strin
 	if err != nil {
 		t.Fatal(err)
 	}
-	held.Lock()
-	held.by[t] = append(held.by[t], hj)
-	held.Unlock()
+	keepHeld(t, hj)
 	return hj, token
 }
 
@@ -346,13 +344,7 @@ func TestJobRunCarriedOnCreatesEachOnce(t *testing.T) {
 				t.Errorf("after the loss: %s, done %d; want running, the first window's 256", st.State, st.Done)
 			}
 			up.onCreate = nil
-			next, err := js.ClaimReleased(ctx, id)
-			if err != nil {
-				t.Fatal(err)
-			}
-			held.Lock()
-			held.by[t] = append(held.by[t], next)
-			held.Unlock()
+			next := claimReleased(t, js, id)
 			if err := next.Run(ctx, throughTo(pol, up), nil); err != nil {
 				t.Fatal(err)
 			}
@@ -408,9 +400,7 @@ func TestJobRunHandedOver(t *testing.T) {
 	if err != nil {
 		t.Fatalf("claiming the handed-over job at once: %v", err)
 	}
-	held.Lock()
-	held.by[t] = append(held.by[t], next)
-	held.Unlock()
+	keepHeld(t, next)
 	if err := next.Run(ctx, throughTo(pol, up), nil); err != nil {
 		t.Fatal(err)
 	}

@@ -58,9 +58,7 @@ func startJob(t *testing.T, js *Jobs, n int, client string, q Quota) (*HeldJob, 
 		st.Discard(ctx)
 		return nil, "", err
 	}
-	held.Lock()
-	held.by[t] = append(held.by[t], hj)
-	held.Unlock()
+	keepHeld(t, hj)
 	return hj, token, nil
 }
 
@@ -81,6 +79,24 @@ func endHeld(t *testing.T) {
 	for _, hj := range jobs {
 		hj.lease.end("the test ended")
 	}
+}
+
+// keepHeld has endHeld(t) end hj's lease.
+func keepHeld(t *testing.T, hj *HeldJob) {
+	held.Lock()
+	defer held.Unlock()
+	held.by[t] = append(held.by[t], hj)
+}
+
+// claimReleased claims job id, whose lease was released, for t.
+func claimReleased(t *testing.T, js *Jobs, id string) *HeldJob {
+	t.Helper()
+	hj, err := js.ClaimReleased(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keepHeld(t, hj)
+	return hj
 }
 
 var roomy = Quota{PerClient: 100, Queued: 100}

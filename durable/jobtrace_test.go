@@ -49,9 +49,7 @@ func TestJobKeepsItsStartTrace(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		held.Lock()
-		held.by[t] = append(held.by[t], next)
-		held.Unlock()
+		keepHeld(t, next)
 		if got := next.Record().StartTrace; got != start {
 			t.Errorf("the record read back keeps start_trace %q, want %q", got, start)
 		}

@@ -2,10 +2,8 @@ package durable
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -33,17 +31,7 @@ func TestJobOneLogStoreFailing(t *testing.T) {
 		hj, token := startWidgets(t, a.js, jobFaultItems, true)
 		id := hj.Record().ID
 		up := newWidgetsUpstream(false)
-		var failed atomic.Int32
-		a.before = func(n int) {
-			if n == 100 {
-				a.setFault(func(_ context.Context, op, key string) error {
-					if op == "store" && strings.Contains(key, "/"+logName+"/") && failed.Add(1) == 1 {
-						return errors.New("connection reset")
-					}
-					return nil
-				})
-			}
-		}
+		failOneLogStore(a, 100)
 		if err := hj.Run(context.Background(), a.through(t, up), nil); err != nil {
 			t.Fatalf("Run: %v", err)
 		}
@@ -83,17 +71,7 @@ func TestAtomicJobOneLogStoreFailing(t *testing.T) {
 				defer endHeld(t)
 				a := newAONInstance("A", newMemStorage(), &apiLog{})
 				hj, token, id, up := op.start(t, a, "")
-				var failed atomic.Int32
-				a.before = func(n int) {
-					if n == 100 {
-						a.setFault(func(_ context.Context, op, key string) error {
-							if op == "store" && strings.Contains(key, "/"+logName+"/") && failed.Add(1) == 1 {
-								return errors.New("connection reset")
-							}
-							return nil
-						})
-					}
-				}
+				failOneLogStore(a.jobInstance, 100)
 				if err := hj.Run(context.Background(), a.through(t, up), nil); err != nil {
 					t.Fatalf("Run: %v", err)
 				}
@@ -123,29 +101,8 @@ func TestAtomicJobResentWithItsKeyAndHandedOver(t *testing.T) {
 		s := &faulty{memStorage: newMemStorage()}
 		js := NewJobs(s, NewLeases(time.Minute), zap.NewNop())
 		const n = 600
-		st, err := js.Stage(ctx, time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
 		up := newWidgetsUpstream(true)
-		items := make([]batch.ItemSnapshot, n)
-		for i := range items {
-			id := fmt.Sprintf("e%d", i)
-			up.items[id] = []byte(fmt.Sprintf(`{"id":%q,"name":"old%d"}`, id, i))
-			items[i] = batch.ItemSnapshot{ID: id, Element: json.RawMessage(fmt.Sprintf(`{"id":%q,"name":"new%d"}`, id, i)), Fields: []string{"name"}}
-		}
-		if err := st.Chunk(ctx, 0, items); err != nil {
-			t.Fatal(err)
-		}
-		rec := widgetsJob(n, goldenClient)
-		rec.Op, rec.Atomicity = "update", "all_or_nothing"
-		hj, token, err := js.Register(ctx, st, rec, http.Header{"Authorization": {"Bearer golden"}}, roomy)
-		if err != nil {
-			t.Fatal(err)
-		}
-		held.Lock()
-		held.by[t] = append(held.by[t], hj)
-		held.Unlock()
+		hj, token := startRenames(t, js, up, n)
 		id := hj.Record().ID
 		pol := widgetsPolicy(t, func(s *policy.Settings) { s.IdempotentUpstream = true; s.RestoreUpdated = policy.RestorePatch })
 
@@ -185,13 +142,7 @@ func TestAtomicJobResentWithItsKeyAndHandedOver(t *testing.T) {
 		}
 
 		// B: handed over as its first resend leaves.
-		b, err := js.ClaimReleased(ctx, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		held.Lock()
-		held.by[t] = append(held.by[t], b)
-		held.Unlock()
+		b := claimReleased(t, js, id)
 		stop := make(chan struct{})
 		var once sync.Once
 		hookB := &patchHook{up: up, at: 1, do: func() { once.Do(func() { close(stop) }) }}
@@ -201,13 +152,7 @@ func TestAtomicJobResentWithItsKeyAndHandedOver(t *testing.T) {
 
 		// C: carries on, fails at item 590, undoes the job.
 		up.refuse = "new590"
-		c, err := js.ClaimReleased(ctx, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		held.Lock()
-		held.by[t] = append(held.by[t], c)
-		held.Unlock()
+		c := claimReleased(t, js, id)
 		if err := c.Run(ctx, throughLocked(pol, up, &itemlock.Local{}), nil); err != nil {
 			t.Fatal(err)
 		}
@@ -225,4 +170,21 @@ func TestAtomicJobResentWithItsKeyAndHandedOver(t *testing.T) {
 			t.Errorf("the job ended %s (%s) with %d items still changed: %v; want rolled_back, none", status.State, status.Reason, len(changed), changed)
 		}
 	})
+}
+
+// failOneLogStore fails, as the instance sends its nth write, the next
+// store of a window's log it makes, and that one only: a blip of one
+// call, the lease proven all along.
+func failOneLogStore(in *jobInstance, n int) {
+	var failed atomic.Int32
+	in.before = func(c int) {
+		if c == n {
+			in.setFault(func(_ context.Context, op, key string) error {
+				if op == "store" && strings.Contains(key, "/"+logName+"/") && failed.Add(1) == 1 {
+					return errors.New("connection reset")
+				}
+				return nil
+			})
+		}
+	}
 }
