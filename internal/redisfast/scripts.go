@@ -161,7 +161,9 @@ return lost`)
 
 // renewScript is a lease's conditional renewal: if the lease key holds
 // the value this process last stored (or, for its first renewal, if
-// segment 0 is there), the module's Store of the new value; then the
+// segment 0 is there), or already the new one (this very renewal, run
+// again by the client after its reply was lost: go-redis resends a
+// command whose connection broke), the module's Store of the new value; then the
 // names in the lease's folder, for the caller to look for a higher
 // epoch. It answers {0, names} once stored, 1 for a key not there, 2
 // for another value, 3 for a value compressed or encrypted.
@@ -175,7 +177,7 @@ if ARGV[1] == 'prev' then
   if not v then return 1 end
   local sd = cjson.decode(v)
   if sd.compression ~= 0 or sd.encryption ~= 0 then return 3 end
-  if sd.value ~= ARGV[2] then return 2 end
+  if sd.value ~= ARGV[2] and sd.value ~= cjson.decode(ARGV[3]).value then return 2 end
 elseif redis.call('EXISTS', KEYS[last]) == 0 then
   return 1
 end
@@ -184,8 +186,9 @@ return {0, redis.call('ZRANGE', KEYS[2], 0, -1)}`)
 
 // storeIfScript is durable.GuardedStorer's StoreIf: if the lock is free
 // (when one is named) and the guarded key holds the expected value (or,
-// with none expected, is absent), the module's Store of each write in
-// turn. It answers {0, what the key held}, {1} for a lock held, {2} for
+// with none expected, is absent), or already what this call writes to
+// it (this very call, run again by the client after its reply was
+// lost), the module's Store of each write in turn. It answers {0, what the key held}, {1} for a lock held, {2} for
 // a key not there, {3, what it held} for another value, {4} for a value
 // compressed, encrypted or not the module's envelope. An empty value
 // (null in the envelope) compares as "".
@@ -201,7 +204,16 @@ local v = redis.call('GET', KEYS[2])
 if v then
   local val = plainValue(v)
   if val == nil then return {4} end
-  if ARGV[2] == 'absent' or val ~= ARGV[3] then return {3, v} end
+  if ARGV[2] == 'absent' or val ~= ARGV[3] then
+    local k, a, again = 3, 6, false
+    for w = 1, tonumber(ARGV[5]) do
+      local n = tonumber(ARGV[a])
+      if KEYS[k] == KEYS[2] then again = val == cjson.decode(ARGV[a + 1]).value end
+      k, a = k + n, a + n + 1
+    end
+    if not again then return {3, v} end
+    v = nil
+  end
 elseif ARGV[2] == 'equals' then
   return {2}
 end
