@@ -256,9 +256,22 @@ func (e *lostLease) Error() string { return e.why }
 // stored there (nil when it never did: then segment 0, stored with the
 // lease, must still be there). A *lostLease says the lease is lost; any
 // other error leaves it unproven.
-func (js *Journals) renewLease(ctx context.Context, saga string, epoch int, prev, next []byte) error {
-	_, err := renewFolderLease(ctx, js.storage, sagaLeases(saga), epoch, prev, next)
+func (js *Journals) renewLease(ctx context.Context, saga string, epoch int, prev, maybe, next []byte) error {
+	_, err := renewFolderLeaseOver(ctx, js.storage, sagaLeases(saga), epoch, prev, maybe, next)
 	return err
+}
+
+// renewFolderLeaseOver is renewFolderLease after a renewal that answered
+// an error may have landed all the same (a reply lost, a timeout after
+// the write): maybe is what that renewal wrote, nil when none is in
+// doubt. The key holding it holds this process's own lease, not another
+// instance's.
+func renewFolderLeaseOver(ctx context.Context, s Storage, f leaseFolder, epoch int, prev, maybe, next []byte) ([]string, error) {
+	names, err := renewFolderLease(ctx, s, f, epoch, prev, next)
+	if lost, ok := errors.AsType[*lostLease](err); ok && lost.takenOver && maybe != nil {
+		return renewFolderLease(ctx, s, f, epoch, maybe, next)
+	}
+	return names, err
 }
 
 // renewFolderLease is renewLease in the lease folder f (the release of a

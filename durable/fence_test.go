@@ -425,7 +425,7 @@ func raceRenewalAndClaim(t *testing.T, order string) {
 		j.mu.Lock()
 		prev := j.leaseBytes
 		j.mu.Unlock()
-		renewed <- owner.renewLease(ctx, j.Saga(), 0, prev, leaseRecord(0, time.Now().Add(time.Minute), 99))
+		renewed <- owner.renewLease(ctx, j.Saga(), 0, prev, nil, leaseRecord(0, time.Now().Add(time.Minute), 99))
 	}()
 	go func() {
 		ctx := context.WithValue(context.Background(), raceParty{}, "b")

@@ -58,8 +58,11 @@ type fencedLease struct {
 	*holder
 
 	mu sync.Mutex
-	// stored is what this process last stored at its lease key.
+	// stored is what this process last stored at its lease key, and
+	// maybe what a renewal after it wrote that answered an error, which
+	// may have landed (nil: none in doubt).
 	stored   []byte
+	maybe    []byte
 	renewals int
 	// listed is what the folder held at the last renewal.
 	listed []string
@@ -87,13 +90,13 @@ func (l *fencedLease) renew() {
 	}
 	start := now()
 	l.mu.Lock()
-	prev := l.stored
+	prev, maybe := l.stored, l.maybe
 	l.renewals++
 	next := leaseRecord(l.epoch, start.Add(l.length), l.renewals)
 	l.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), l.length/3)
 	defer cancel()
-	names, err := renewFolderLease(ctx, l.storage, l.folder, l.epoch, prev, next)
+	names, err := renewFolderLeaseOver(ctx, l.storage, l.folder, l.epoch, prev, maybe, next)
 	var lost *lostLease
 	switch {
 	case errors.As(err, &lost):
@@ -105,10 +108,13 @@ func (l *fencedLease) renew() {
 		}
 		l.lost(why)
 	case err != nil:
+		l.mu.Lock()
+		l.maybe = next
+		l.mu.Unlock()
 		l.logger.Warn("renewing a job's lease in storage; it writes nothing until a renewal proves it", zap.String("dir", l.folder.dir), zap.Error(err))
 	default:
 		l.mu.Lock()
-		l.stored, l.listed = next, names
+		l.stored, l.listed, l.maybe = next, names, nil
 		l.mu.Unlock()
 		if !l.prove(start) {
 			l.logger.Warn("a renewal of a job's lease did not prove it (too slow, or it lapsed meanwhile)", zap.String("dir", l.folder.dir), zap.Duration("took", now().Sub(start)))
@@ -144,11 +150,11 @@ func (l *fencedLease) end(why string) {
 func (l *fencedLease) release(ctx context.Context) error {
 	l.end("this process released the lease")
 	l.mu.Lock()
-	prev := l.stored
+	prev, maybe := l.stored, l.maybe
 	l.renewals++
 	next := releasedRecord(l.epoch, l.renewals)
 	l.mu.Unlock()
-	if _, err := renewFolderLease(ctx, l.storage, l.folder, l.epoch, prev, next); err != nil {
+	if _, err := renewFolderLeaseOver(ctx, l.storage, l.folder, l.epoch, prev, maybe, next); err != nil {
 		return fmt.Errorf("releasing the lease of %s: %w", l.folder.dir, err)
 	}
 	return nil

@@ -283,9 +283,12 @@ type Journal struct {
 	// returned without an error.
 	stored, landed bool
 	// lease is what this process knows of its lease on the saga, and
-	// leaseBytes what it last stored as its lease key (nil: nothing yet).
+	// leaseBytes what it last stored as its lease key (nil: nothing yet),
+	// and maybeLease what a renewal after it wrote that answered an
+	// error, which may have landed (nil: none in doubt).
 	lease      *holder
 	leaseBytes []byte
+	maybeLease []byte
 	renewals   int
 	// also are other leases the saga's writes stand on (its
 	// Idempotency-Key claim): one lost is the saga's lease lost.
@@ -663,13 +666,13 @@ func (j *Journal) renew() {
 	}
 	start := now()
 	j.mu.Lock()
-	prev := j.leaseBytes
+	prev, maybe := j.leaseBytes, j.maybeLease
 	j.renewals++
 	next := leaseRecord(j.epoch, start.Add(j.js.leases.Length), j.renewals)
 	j.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), j.js.leases.Length/3)
 	defer cancel()
-	err := j.js.renewLease(ctx, j.saga, j.epoch, prev, next)
+	err := j.js.renewLease(ctx, j.saga, j.epoch, prev, maybe, next)
 	var lost *lostLease
 	switch {
 	case errors.As(err, &lost):
@@ -677,10 +680,13 @@ func (j *Journal) renew() {
 		j.takenOver.Store(lost.takenOver)
 		j.logLost(lost.why)
 	case err != nil:
+		j.mu.Lock()
+		j.maybeLease = next
+		j.mu.Unlock()
 		j.js.logger.Warn("renewing a saga's lease in storage; it sends nothing until a renewal proves it", zap.String("saga", j.saga), zap.Error(err))
 	default:
 		j.mu.Lock()
-		j.leaseBytes = next
+		j.leaseBytes, j.maybeLease = next, nil
 		j.mu.Unlock()
 		if j.lease.prove(start) {
 			return

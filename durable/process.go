@@ -87,7 +87,22 @@ func (j *Journal) endLater(hurry <-chan struct{}, end func(context.Context) erro
 		case <-time.After(wait):
 		case <-hurry:
 		}
+		// The lease proven (a sixth of it to spare) before anything is
+		// removed or kept: a lease lost meanwhile (the storage unreachable
+		// past it, the saga taken over) leaves the journal to its new
+		// owner, whose keys a removal would delete.
+		fenced, cancel := context.WithTimeout(context.Background(), j.js.leases.Length/3)
+		ferr := j.lease.fence(fenced)
+		cancel()
 		j.stopRenewal()
+		if j.lostErr() != nil {
+			j.js.logger.Warn("the saga's journal is left to the instance that took it over: this one's lease was lost before it could remove it", zap.String("saga", j.saga))
+			return
+		}
+		if ferr != nil {
+			j.js.logger.Warn("the saga's lease could not be proven to remove its journal; retrying", zap.String("saga", j.saga), zap.Int("tries", try), zap.Error(ferr))
+			continue
+		}
 		err := end(context.Background())
 		if _, lost := errors.AsType[*lostLease](err); lost {
 			return // the journal is the new owner's: nothing to retry

@@ -29,7 +29,7 @@ func (j *Journal) removeJournal(ctx context.Context) error {
 	if j.renewals > 0 || j.epoch > 0 {
 		written = append(written, leaseKeyOf(j.saga, j.epoch, Owner()))
 	}
-	g := j.leaseGuardLocked()
+	g, maybe := j.leaseGuardLocked(), j.maybeLease
 	first, segments := !j.removing, max(j.seq, 1)
 	j.removing = true
 	j.mu.Unlock()
@@ -43,6 +43,12 @@ func (j *Journal) removeJournal(ctx context.Context) error {
 			}
 		}
 		err := j.js.removeAtOnce(ctx, ar, g, j.saga, stored, written)
+		if lost, ok := errors.AsType[*lostLease](err); ok && lost.takenOver && maybe != nil {
+			// The lease holds what a renewal that answered an error
+			// wrote: this process's own.
+			g.Holds = maybe
+			err = j.js.removeAtOnce(ctx, ar, g, j.saga, stored, written)
+		}
 		if lost, ok := errors.AsType[*lostLease](err); ok {
 			j.lease.lose(lost.why)
 			j.takenOver.Store(lost.takenOver)
