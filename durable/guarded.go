@@ -95,15 +95,15 @@ func decodeRecord(raw []byte) *Record {
 	return &rec
 }
 
-// storeOverAtOnce is storeOver on a GuardedStorer: entry (if any) and
-// next stored in one call if the record still holds what this process
-// last wrote. done is false where the storage cannot decide.
-func (h *Held) storeOverAtOnce(ctx context.Context, gs GuardedStorer, entry *KeyValue, next []byte) (done bool, err error) {
+// storeOverAtOnce is storeOverFrom on a GuardedStorer: entry (if any)
+// and next stored in one call if the record still holds was. done is
+// false where the storage cannot decide.
+func (h *Held) storeOverAtOnce(ctx context.Context, gs GuardedStorer, was []byte, entry *KeyValue, next []byte) (done bool, err error) {
 	writes := []KeyValue{{h.key, next}}
 	if entry != nil {
 		writes = []KeyValue{*entry, writes[0]}
 	}
-	_, err = gs.StoreIf(ctx, "", h.key, h.wrote, writes)
+	_, err = gs.StoreIf(ctx, "", h.key, was, writes)
 	switch {
 	case errors.Is(err, ErrUndecidable):
 		return false, nil
@@ -111,8 +111,6 @@ func (h *Held) storeOverAtOnce(ctx context.Context, gs GuardedStorer, entry *Key
 		return true, &lostLease{why: "the key's record is gone from storage"}
 	case errors.Is(err, ErrKeyChanged):
 		return true, &lostLease{"another instance settled or claimed the key", true}
-	case err == nil:
-		h.wrote = next
 	}
 	return true, err
 }

@@ -10,6 +10,7 @@ import (
 	"path"
 	"reflect"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,6 +28,9 @@ type guardedMem struct {
 	// undecidable makes StoreIf answer ErrUndecidable, as the fast path
 	// does for a value another instance compressed.
 	undecidable bool
+	// replyLost, if set, is asked after each StoreIf that stored: true
+	// answers an error all the same (a reply lost).
+	replyLost func(key string) bool
 }
 
 func newGuardedMem(s *memStorage) *guardedMem {
@@ -63,6 +67,9 @@ func (g *guardedMem) StoreIf(_ context.Context, free, key string, want []byte, w
 		m.stores++
 		m.keys[w.Key] = append([]byte(nil), w.Value...)
 		m.modified[w.Key] = time.Now()
+	}
+	if g.replyLost != nil && g.replyLost(key) {
+		return nil, errors.New("i/o timeout (the store ran; its reply was lost)")
 	}
 	return held, nil
 }
@@ -241,5 +248,59 @@ func TestStoredV1IdempotencyRecordsDecideAtOnce(t *testing.T) {
 				d.Held.Release()
 			}
 		}
+	}
+}
+
+// lossyRecordStores is a storage whose one store of a key's record
+// lands and answers an error all the same, as a store whose reply was
+// lost does.
+type lossyRecordStores struct {
+	*memStorage
+	record string
+	lose   atomic.Bool
+}
+
+func (s *lossyRecordStores) Store(ctx context.Context, key string, value []byte) error {
+	err := s.memStorage.Store(ctx, key, value)
+	if key == s.record && err == nil && s.lose.CompareAndSwap(true, false) {
+		return errors.New("i/o timeout (the store ran; its reply was lost)")
+	}
+	return err
+}
+
+// A renewal of an Idempotency-Key's claim whose reply was lost (it
+// landed) is a blip: the claim's next renewal and its answer take what
+// it wrote for this process's own, on the storage that compares in one
+// call and on one that reads first. They took it for another instance's
+// settling the key: the claim lost, and the answer never recorded.
+func TestClaimRenewalWhoseReplyIsLost(t *testing.T) {
+	t.Parallel()
+	for name, guarded := range map[string]bool{"read first": false, "at once": true} {
+		t.Run(name, func(t *testing.T) {
+			bubble(t, func(t *testing.T) {
+				ctx := context.Background()
+				c := claimOf("fp")
+				lossy := &lossyRecordStores{memStorage: newMemStorage(), record: c.Record}
+				var s Storage = lossy
+				if guarded {
+					gm := newGuardedMem(lossy.memStorage)
+					gm.replyLost = func(key string) bool { return key == c.Record && lossy.lose.CompareAndSwap(true, false) }
+					s = gm
+				}
+				keys := NewKeys(s, NewLeases(30*time.Millisecond), zap.NewNop())
+				d := proceeds(t, keys, c)
+				lossy.lose.Store(true)
+				time.Sleep(40 * time.Millisecond) // renewed at once, and again
+				if d.Held.Lost() {
+					t.Fatal("the claim is lost after a renewal whose reply was lost")
+				}
+				if err := d.Held.Answered(ctx, &Answer{Status: 200}, "succeeded", time.Hour, 1<<20); err != nil {
+					t.Fatalf("answering: %v", err)
+				}
+				if rec := stored(t, lossy.memStorage, c.Record); rec.Outcome != "succeeded" {
+					t.Errorf("the record after the answer: %+v", rec)
+				}
+			})
+		})
 	}
 }

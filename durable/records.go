@@ -239,6 +239,10 @@ type Held struct {
 
 	mu    sync.Mutex
 	wrote []byte // the record as this process last stored it
+	// maybe is what a store after it wrote that answered an error,
+	// which may have landed (a reply lost): this process's own too; nil
+	// when none is in doubt.
+	maybe []byte
 }
 
 // Key is the record's storage key.
@@ -273,12 +277,29 @@ func (h *Held) renew() {
 
 // storeOver stores entry (if any; an expiry entry, filed first) and
 // next as the record, if the record is still what this process last
-// wrote; a *lostLease if it is not.
+// wrote (or what a store since wrote that answered an error); a
+// *lostLease if it is not.
 func (h *Held) storeOver(ctx context.Context, entry *KeyValue, next []byte) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	err := h.storeOverFrom(ctx, h.wrote, entry, next)
+	if lost, ok := errors.AsType[*lostLease](err); ok && lost.takenOver && h.maybe != nil {
+		err = h.storeOverFrom(ctx, h.maybe, entry, next)
+	}
+	switch _, lost := errors.AsType[*lostLease](err); {
+	case err == nil:
+		h.wrote, h.maybe = next, nil
+	case !lost:
+		h.maybe = next
+	}
+	return err
+}
+
+// storeOverFrom is storeOver of next where the record holds was. h.mu is
+// held.
+func (h *Held) storeOverFrom(ctx context.Context, was []byte, entry *KeyValue, next []byte) error {
 	if gs, ok := h.keys.storage.(GuardedStorer); ok {
-		if done, err := h.storeOverAtOnce(ctx, gs, entry, next); done {
+		if done, err := h.storeOverAtOnce(ctx, gs, was, entry, next); done {
 			return err
 		}
 	}
@@ -293,14 +314,10 @@ func (h *Held) storeOver(ctx context.Context, entry *KeyValue, next []byte) erro
 		return &lostLease{why: "the key's record is gone from storage"}
 	case err != nil:
 		return err
-	case !bytes.Equal(b, h.wrote):
+	case !bytes.Equal(b, was):
 		return &lostLease{"another instance settled or claimed the key", true}
 	}
-	if err := h.keys.storage.Store(ctx, h.key, next); err != nil {
-		return err
-	}
-	h.wrote = next
-	return nil
+	return h.keys.storage.Store(ctx, h.key, next)
 }
 
 // Release stops renewing the claim, which lapses: the key is then
