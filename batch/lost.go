@@ -44,6 +44,20 @@ type LostKeeper interface {
 	AwaitEnd(ctx context.Context) (ended bool, outcome Outcome, leftBehind []string, orphaned bool)
 }
 
+// EndLoser is a Journal whose End may find the saga's lease lost (its
+// removal is guarded by the lease): LostAtEnd says so, nil otherwise.
+type EndLoser interface {
+	LostAtEnd() *LeaseLost
+}
+
+// lostAtEnd is what j's End found of the saga's lease: lost, or nil.
+func lostAtEnd(j Journal) *LeaseLost {
+	if el, ok := j.(EndLoser); ok {
+		return el.LostAtEnd()
+	}
+	return nil
+}
+
 // leaseWatch is what a run learnt of its saga's lease: lost, once a
 // fence said so.
 type leaseWatch struct {

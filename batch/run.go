@@ -287,6 +287,14 @@ func (run *batchRun) end(ctx, batchCtx context.Context, undo bool) *Result {
 		res = run.report(ctx, batchCtx)
 	}
 	run.endJournal(ctx, res)
+	if lost := lostAtEnd(run.rt.Journal); lost != nil && run.lease.loss() == nil {
+		// Its journal's end found the saga another instance's (a
+		// takeover between the last check and the removal): the answer,
+		// not yet written, is what endLost says, never the outcome that
+		// instance is about to undo.
+		run.lease.saw(lost)
+		res = run.endLost(ctx, batchCtx, lost)
+	}
 	return res
 }
 

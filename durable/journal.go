@@ -496,6 +496,10 @@ func (j *Journal) Also(h *Held) {
 // lostErr is the saga's lease's loss, if it is lost.
 func (j *Journal) lostErr() *batch.LeaseLost { return j.lease.lostErr() }
 
+// LostAtEnd is the saga's lease's loss, if End found it lost
+// (batch.EndLoser): its journal is then another instance's to finish.
+func (j *Journal) LostAtEnd() *batch.LeaseLost { return j.lostErr() }
+
 // flush stores what is kept as segment seq (the intent's, 0, while it
 // is not stored). j.mu is held, and let go while the storage works, so
 // that records keep coming meanwhile. The first segment, with the
@@ -835,4 +839,5 @@ func (st *storedSaga) add(sn segmentName, key string, b []byte) error {
 var (
 	_ batch.Journal     = (*Journal)(nil)
 	_ batch.LockWatcher = (*Journal)(nil)
+	_ batch.EndLoser    = (*Journal)(nil)
 )
