@@ -285,9 +285,16 @@ func (run *batchRun) alreadyUndone(ctx context.Context, i int) bool {
 // each attempt within compensation_timeout and all within ctx. c, if
 // given, counts the attempts and keeps the last one's status or error;
 // sp, if given, makes a span of each attempt.
+//
+// It never sends again sooner than a throttling answer's Retry-After
+// asks (a wait past the budget ends the tries), nor a POST not under
+// idempotent_upstream after an answer other than 429 (section 17's rule
+// for any POST): a POST answered 5xx, or not at all, may have been
+// carried out, and again could make twice what it restores.
 func (run *batchRun) retrying(ctx context.Context, i int, req *SubRequest, c *Compensation, sp *reqSpan) (*SubResponse, error) {
 	s := run.state[i].tgt.settings
 	budget := limit{"the compensation's budget", compensationBudget(s, run.backoff)}
+	began := time.Now()
 	for attempt := 1; ; attempt++ {
 		resp, err := run.send(i, req, sendOpts{wait: ctx, ctx: ctx, urgent: true, timeout: limit{"compensation_timeout", s.CompensationTimeout}, parent: budget, span: sp})
 		if resp == nil && (errors.Is(err, slots.ErrNoSlot) || errors.Is(err, ErrThrottleWait)) {
@@ -311,12 +318,31 @@ func (run *batchRun) retrying(ctx context.Context, i int, req *SubRequest, c *Co
 		if resp != nil && !retryable(resp.Status) || attempt > s.CompensationRetries || errors.Is(err, errFence) {
 			return resp, err
 		}
+		if req.Method == http.MethodPost && !s.IdempotentUpstream && (resp == nil || resp.Status != http.StatusTooManyRequests) {
+			return resp, err
+		}
+		wait := run.backoff(attempt)
+		if d, ok := askedWait(resp); ok {
+			if time.Since(began)+d > budget.d {
+				return resp, err
+			}
+			wait = max(wait, d)
+		}
 		select {
 		case <-ctx.Done():
 			return resp, err
-		case <-time.After(run.backoff(attempt)):
+		case <-time.After(wait):
 		}
 	}
+}
+
+// askedWait is the wait a throttling answer's Retry-After asks for, if
+// it names one.
+func askedWait(resp *SubResponse) (time.Duration, bool) {
+	if resp == nil || resp.Header.Get("Retry-After") == "" {
+		return 0, false
+	}
+	return throttled(resp, time.Now())
 }
 
 // notApplied settles an unknown write that turned out not to have taken
