@@ -39,15 +39,34 @@ func (run *batchRun) compensate(ctx context.Context) {
 		wg.Go(func() {
 			defer func() { <-slots }()
 			defer close(undone[i])
-			for _, j := range dependents[i] {
-				if undone[j] != nil {
-					<-undone[j]
-				}
-			}
+			waitUndone(dependents, undone, i)
 			run.undoItem(ctx, i)
 		})
 	}
 	wg.Wait()
+}
+
+// waitUndone waits until every item that depends on item i, directly or
+// through items with nothing to undo (a read between two writes of one
+// item), is undone: a write's undo must not come before a later write's
+// to the same item, whatever lies between them.
+func waitUndone(dependents [][]int, undone []chan struct{}, i int) {
+	seen := map[int]bool{}
+	var wait func(i int)
+	wait = func(i int) {
+		for _, j := range dependents[i] {
+			if seen[j] {
+				continue
+			}
+			seen[j] = true
+			if undone[j] != nil {
+				<-undone[j]
+			} else {
+				wait(j)
+			}
+		}
+	}
+	wait(i)
 }
 
 // undoItem undoes one item: it learns what an unknown write did, proves
@@ -71,7 +90,7 @@ func (run *batchRun) undoItem(ctx context.Context, i int) {
 		run.settle(ctx, i, RolledBack, "", nil)
 		return
 	}
-	if u.Proof != nil && !run.proved(ctx, i, u.Proof) {
+	if u.Proof != nil && !st.readProved && !run.proved(ctx, i, u.Proof) {
 		return
 	}
 	c := &Compensation{Method: u.Method, Path: u.Path, Found: run.items[i].Compensation.found()}
@@ -94,7 +113,7 @@ func (run *batchRun) undoItem(ctx context.Context, i int) {
 		run.settle(ctx, i, RolledBack, "", nil)
 	case resp.Status == http.StatusPreconditionFailed:
 		run.settle(ctx, i, RollbackFailed, "the item changed after the batch wrote it (the undo's precondition failed), so it was left as it is", nil)
-	case u.Method == http.MethodDelete && gone(resp.Status) && (u.Proof != nil || st.createdFrom != "element"):
+	case u.Method == http.MethodDelete && gone(resp.Status) && (u.Proof != nil || st.idNamedByAPI()):
 		run.settle(ctx, i, RolledBack, "", nil)
 	case is2xx(resp.Status) && u.WantID != "":
 		if id, _ := run.state[i].tgt.createdID(resp); id != u.WantID {
@@ -180,6 +199,18 @@ func (run *batchRun) resend(ctx context.Context, i int) (resolved, undo bool) {
 	return true, true
 }
 
+// readProof is the proof an undo that a read resolved keeps for later:
+// the read proved the item then, and an operator's retry or a recovery
+// that sends the undo again must prove it anew. None under
+// conditional_writes with a strong ETag: the undo's If-Match is the
+// proof, enforced by the upstream.
+func (st *itemState) readProof(p *Proof) *Proof {
+	if p.ETag != "" && st.tgt.settings.ConditionalWrites {
+		return nil
+	}
+	return p
+}
+
 // resolveByRead judges what an unknown write did from a read of its item
 // (resp, 2xx or gone), as resolve says. The read is what the item was
 // found to be, whatever it shows: it goes into the item's
@@ -201,6 +232,7 @@ func (run *batchRun) resolveByRead(ctx context.Context, i int, resp *SubResponse
 		case run.state[i].holds(resp.Body, expect):
 			st.undo = st.restore(run.items[i].ID)
 			st.undo.IfMatch = strongETag(resp.Header)
+			st.undo.Proof, st.readProved = st.readProof(&Proof{Expect: expect, Subset: true, ETag: st.undo.IfMatch}), true
 		default:
 			st.noUndo = run.state[i].changedReason(resp.Body, expect, true, neither)
 		}
@@ -219,15 +251,20 @@ func (run *batchRun) resolveByRead(ctx context.Context, i int, resp *SubResponse
 		}
 	case policy.OpCreate:
 		switch {
-		case gone(resp.Status) && st.createdFrom == "location":
+		case gone(resp.Status) && st.idNamedByAPI():
 			run.notApplied(ctx, i, "a read after it showed that nothing was created under its id")
 			return false
 		case gone(resp.Status):
-			// Only the element named this id: the upstream may have
-			// ignored it and created the item under an id of its own.
-			st.noUndo = fmt.Sprintf("nothing is at id %q, which only the element named: the upstream may have created the item under an id of its own, so whatever the create made, if anything, is left behind", id)
+			// Only the element or a redirect named this id: the upstream
+			// may have created the item under an id of its own.
+			st.noUndo = fmt.Sprintf("nothing is at id %q, which only the element or a redirect named: the upstream may have created the item under an id of its own, so whatever the create made, if anything, is left behind", id)
+		case st.createdFrom == "redirect":
+			// A redirect may name an item that was there before the
+			// batch, equivalent to what the create sent.
+			st.noUndo = fmt.Sprintf("the create was answered with a redirect to %q, which may be an item that was there before the batch (an API may point a create at an existing equivalent item), so it was left as it is", id)
 		case run.state[i].holds(resp.Body, st.body):
 			st.undo = &Undo{Method: http.MethodDelete, Path: run.state[i].tgt.paths.Path(id), IfMatch: strongETag(resp.Header)}
+			st.undo.Proof, st.readProved = st.readProof(&Proof{Expect: jsonvalue.WithoutMember(st.body, t.settings.IDField), Subset: true, ETag: st.undo.IfMatch, GoneIsUndone: st.idNamedByAPI()}), true
 		default:
 			st.noUndo = fmt.Sprintf("an item the batch may not have written is at id %q, so it was left as it is", id)
 		}
@@ -272,11 +309,13 @@ func (run *batchRun) alreadyUndone(ctx context.Context, i int) bool {
 	if resp == nil {
 		return false
 	}
-	switch run.state[i].tgt.kind {
+	switch st := &run.state[i]; st.tgt.kind {
 	case policy.OpCreate:
-		return gone(resp.Status)
+		// Nothing at an id only its element named proves nothing: the
+		// API may have made the item under an id of its own.
+		return gone(resp.Status) && st.idNamedByAPI()
 	default:
-		return is2xx(resp.Status) && run.state[i].same(resp.Body, run.state[i].preimage)
+		return is2xx(resp.Status) && st.same(resp.Body, st.preimage)
 	}
 }
 
@@ -433,7 +472,11 @@ func (run *batchRun) reopen(i int) {
 	if it.Outcome != RollbackFailed {
 		return
 	}
-	if c := it.Compensation; c != nil && c.CreatedID != "" {
+	if c := it.Compensation; c != nil && (c.CreatedID != "" || c.Method == http.MethodPost && c.Attempts > 0 && !st.tgt.settings.IdempotentUpstream) {
+		// A re-create by POST that went out may have made the item
+		// under an id its answer did not name: another would make a
+		// second (it is left to an operator, as one that named
+		// another id is).
 		return
 	}
 	switch {

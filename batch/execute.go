@@ -528,7 +528,7 @@ func (st *itemState) tookEffect(it *ItemResult, resp *SubResponse, saga bool) {
 // have made, from a Location that names an item of its resource.
 func (st *itemState) nameRedirected(it *ItemResult, resp *SubResponse) {
 	if id, ok := st.tgt.match.IDFromLocation(resp.Header.Get("Location")); ok && badID(id) == "" {
-		it.ID, st.createdFrom = id, "location"
+		it.ID, st.createdFrom = id, "redirect"
 	}
 }
 

@@ -19,8 +19,9 @@ import (
 // differing lists the members in which the object have is not the
 // object want, leaving out the members named in leaveOut: with subset,
 // only want's members count (want is what the batch sent, and the item
-// may hold more); otherwise a member either has. ok is false when either
-// is not a JSON object.
+// may hold more), a null one asking that have hold it null or not at
+// all (a merge patch's null removes a member); otherwise a member
+// either has. ok is false when either is not a JSON object.
 func differing(have, want []byte, subset bool, leaveOut []string) (names []string, ok bool) {
 	h, ok1 := jsonvalue.Decode(have)
 	w, ok2 := jsonvalue.Decode(want)
@@ -30,7 +31,11 @@ func differing(have, want []byte, subset bool, leaveOut []string) (names []strin
 		return nil, false
 	}
 	for k, v := range wm {
-		if hv, has := hm[k]; !slices.Contains(leaveOut, k) && (!has || !reflect.DeepEqual(hv, v)) {
+		hv, has := hm[k]
+		if subset && v == nil && (!has || hv == nil) {
+			continue
+		}
+		if !slices.Contains(leaveOut, k) && (!has || !reflect.DeepEqual(hv, v)) {
 			names = append(names, k)
 		}
 	}

@@ -165,8 +165,7 @@ type itemState struct {
 	// is about to be sent may go ahead of it (ahead.go).
 	request *SubRequest
 	// createdFrom says where a created item's id came from: "location",
-	// "body" or "element"; only an element's id can be wrong about
-	// where the upstream put the item.
+	// "body", "redirect" or "element" (idNamedByAPI).
 	createdFrom string
 	undo        *Undo  // how to undo the write, computed when it was answered
 	noUndo      string // why the write cannot be undone, when undo is nil
@@ -183,6 +182,11 @@ type itemState struct {
 	// inFlightUntil is when a write that a dead saga recorded as being
 	// sent, with no answer, is over for sure: it is resolved after.
 	inFlightUntil time.Time
+	// readProved marks an undo whose proof the read that resolved the
+	// item's unknown write was, a moment ago (resolveByRead): it is sent
+	// without reading again. Its Proof stays for a later send (an
+	// operator's retry, a recovery), which reads anew.
+	readProved bool
 	// resentWithKey marks a write a job's last owner sent with no answer
 	// recorded, which goes again with the same Idempotency-Key
 	// (resolveForward): it may have taken effect, so its pre-image is
@@ -193,6 +197,17 @@ type itemState struct {
 	// span names (batch.compensation.of); invalid when nothing was
 	// traced, or the write was another process's.
 	writeSpan trace.SpanID
+}
+
+// idNamedByAPI reports whether a create's id is the one the upstream
+// gave the item it made: its 2xx answer's Location or body. An
+// element's own id can be wrong about where the upstream put the item,
+// and a redirect's Location may name an item that was there before (a
+// 303 may point at an existing equivalent one, RFC 9110 §9.3.3): an
+// undo never deletes by those on a read's word alone, and nothing at
+// them proves nothing was made.
+func (st *itemState) idNamedByAPI() bool {
+	return st.createdFrom == "location" || st.createdFrom == "body"
 }
 
 func newBatchRun(p *Plan, rt Runtime, backoff func(int) time.Duration) *batchRun {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"reflect"
 	"slices"
 
 	"github.com/caddy-batch/caddy-batch/internal/jsonvalue"
@@ -101,7 +102,7 @@ func (st *itemState) undoOf(it *ItemResult, resp *SubResponse) (*Undo, string) {
 	// What a create made under an id the upstream named is undone if
 	// someone deleted it since; under the element's own id, a missing
 	// item proves nothing (the upstream may have put it elsewhere).
-	u.Proof.GoneIsUndone = t.kind == policy.OpCreate && st.createdFrom != "element"
+	u.Proof.GoneIsUndone = t.kind == policy.OpCreate && st.idNamedByAPI()
 	return u, ""
 }
 
@@ -118,18 +119,41 @@ func (st *itemState) namesItem(body []byte, id string) bool {
 func (st *itemState) restore(id string) *Undo {
 	path := st.tgt.paths.Path(id)
 	if st.tgt.settings.RestoreUpdated == policy.RestorePatch {
-		return &Undo{Method: http.MethodPatch, Path: path, Body: restorePatch(st.preimage, st.restoredFields())}
+		return &Undo{Method: http.MethodPatch, Path: path, Body: restorePatch(st.preimage, st.restoredFields(), st.body)}
 	}
 	return &Undo{Method: http.MethodPut, Path: path, Body: st.preimage}
 }
 
 // updated is the item as an update should have left it when its answer
 // does not say: the pre-image merged with the patch, or what a PUT sent.
+// A member the patch removed (null) stays in it as null, so that a proof
+// member by member (differing) asks that it be gone still, and a value
+// another writer gave it since fails the proof.
 func (st *itemState) updated() []byte {
 	if st.tgt.replaces() {
 		return st.body
 	}
-	return jsonvalue.MergePatch(st.preimage, st.body)
+	merged := jsonvalue.MergePatch(st.preimage, st.body)
+	patch, ok := jsonvalue.Decode(st.body)
+	pm, isObject := patch.(map[string]any)
+	if !ok || !isObject {
+		return merged
+	}
+	m, ok := jsonvalue.Decode(merged)
+	mm, isMap := m.(map[string]any)
+	if !ok || !isMap {
+		return merged
+	}
+	for k, v := range pm {
+		if v == nil {
+			mm[k] = nil
+		}
+	}
+	b, err := json.Marshal(mm)
+	if err != nil {
+		return merged
+	}
+	return b
 }
 
 // restoredFields are the members a PATCH restore puts back: those the
@@ -169,20 +193,67 @@ func (st *itemState) recreate(id string) *Undo {
 }
 
 // restorePatch is the merge patch that puts back the fields an update
-// changed: each field's old value, or null where the field did not exist.
-func restorePatch(preimage json.RawMessage, fields []string) []byte {
+// changed: each field's old value, or null where the field did not
+// exist; and where the update sent an object into an object, the patch
+// that turns the two merged back into the old one (a member it added
+// inside removed), since the upstream merges a patch's objects into
+// what it holds (RFC 7396) and the old object alone would leave it.
+func restorePatch(preimage json.RawMessage, fields []string, sent []byte) []byte {
 	var before map[string]json.RawMessage
 	_ = json.Unmarshal(preimage, &before) // the preflight checked it is an object
+	var patched map[string]json.RawMessage
+	_ = json.Unmarshal(sent, &patched)
 	patch := make(map[string]json.RawMessage, len(fields))
 	for _, f := range fields {
-		if v, ok := before[f]; ok {
-			patch[f] = v
-		} else {
+		v, ok := before[f]
+		if !ok {
 			patch[f] = json.RawMessage("null")
+			continue
+		}
+		patch[f] = v
+		old, oldIsObject := decodeObject(v)
+		if _, setIsObject := decodeObject(patched[f]); oldIsObject && setIsObject {
+			merged, _ := decodeObject(jsonvalue.MergePatch(v, patched[f]))
+			if b, err := json.Marshal(mergeDiff(merged, old)); err == nil {
+				patch[f] = b
+			}
 		}
 	}
 	b, _ := json.Marshal(patch)
 	return b
+}
+
+// decodeObject is raw as a JSON object, numbers kept as written.
+func decodeObject(raw []byte) (map[string]any, bool) {
+	v, ok := jsonvalue.Decode(raw)
+	m, isObject := v.(map[string]any)
+	return m, ok && isObject
+}
+
+// mergeDiff is the merge patch (RFC 7396) that turns the object from
+// into the object to.
+func mergeDiff(from, to map[string]any) map[string]any {
+	out := map[string]any{}
+	for k := range from {
+		if _, ok := to[k]; !ok {
+			out[k] = nil
+		}
+	}
+	for k, tv := range to {
+		fv, has := from[k]
+		switch fm, fromObject := fv.(map[string]any); {
+		case has && reflect.DeepEqual(fv, tv):
+		case fromObject:
+			if tm, toObject := tv.(map[string]any); toObject {
+				out[k] = mergeDiff(fm, tm)
+				continue
+			}
+			out[k] = tv
+		default:
+			out[k] = tv
+		}
+	}
+	return out
 }
 
 // proves tells whether a read of the item (resp) proves what proof asks,
