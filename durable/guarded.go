@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/caddy-batch/caddy-batch/internal/itemlock"
@@ -67,6 +68,8 @@ func (k *Keys) claimAtOnce(ctx context.Context, gs GuardedStorer, c Claim) (d De
 				continue
 			case <-waitCtx.Done():
 			}
+		case errors.Is(err, ErrKeyChanged) && newerRecord(held):
+			return Decision{Verdict: Unavailable, Err: fmt.Errorf("%s: %w", c.Record, errNewerRecord)}, true, nil
 		case errors.Is(err, ErrKeyGone), errors.Is(err, ErrKeyChanged):
 			if rec := decodeRecord(held); rec != nil && !rec.expired(at) {
 				return Decision{Verdict: verdictOf(rec, c.Fingerprint, at), Record: rec}, true, nil

@@ -425,20 +425,26 @@ func (k *Keys) SettleRecovered(ctx context.Context, key string, a *Answer, outco
 	return storeIndexed(ctx, k.storage, key, k.answered(claimed, a, outcome, ttl, limit), ttl)
 }
 
-// loadRecord reads a record for a claim: one it cannot read is treated
-// as absent, and claimed over, rather than blocking its key until
-// someone deletes it.
+// loadRecord reads a record for a claim: a garbled one is treated as
+// absent, and claimed over, rather than blocking its key until someone
+// deletes it; a newer build's is an error (errNewerRecord), never
+// claimed over: its batch may be running on an instance already
+// upgraded, and a claim here would run it twice.
 func loadRecord(ctx context.Context, s Storage, key string) (*Record, error) {
 	rec, err := readRecord(ctx, s, key)
-	if errors.Is(err, errUnreadable) {
+	if errors.Is(err, errUnreadable) && !errors.Is(err, errNewerRecord) {
 		return nil, nil
 	}
 	return rec, err
 }
 
 // errUnreadable marks a record this build cannot read: garbled, or of
-// another version (a newer build's, in a cluster being upgraded).
+// another version (a newer build's, in a cluster being upgraded:
+// errNewerRecord too).
 var errUnreadable = errors.New("not a record this gateway reads")
+
+// errNewerRecord marks a record of a version newer than this build's.
+var errNewerRecord = fmt.Errorf("%w: a newer gateway's (every instance of the cluster must be upgraded before this key can be used here)", errUnreadable)
 
 func readRecord(ctx context.Context, s Storage, key string) (*Record, error) {
 	raw, err := s.Load(ctx, key)
@@ -446,10 +452,20 @@ func readRecord(ctx context.Context, s Storage, key string) (*Record, error) {
 		return nil, err
 	}
 	var rec Record
-	if err := json.Unmarshal(raw, &rec); err != nil || rec.Version != 1 {
+	switch err := json.Unmarshal(raw, &rec); {
+	case err == nil && rec.Version > 1:
+		return nil, fmt.Errorf("%s: %w", key, errNewerRecord)
+	case err != nil || rec.Version != 1:
 		return nil, fmt.Errorf("%s: %w", key, errUnreadable)
 	}
 	return &rec, nil
+}
+
+// newerRecord reports whether raw is a record of a version newer than
+// this build's.
+func newerRecord(raw []byte) bool {
+	var rec Record
+	return json.Unmarshal(raw, &rec) == nil && rec.Version > 1
 }
 
 // storeIndexed writes a record whose expiry is new, filed under it
