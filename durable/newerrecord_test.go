@@ -52,4 +52,3 @@ func newerRecordNotClaimedOver(t *testing.T, guarded bool) {
 		t.Errorf("the newer record was overwritten: %s", b)
 	}
 }
-
