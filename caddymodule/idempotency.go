@@ -233,7 +233,7 @@ func nothingSent(res *batch.Result) bool {
 // finished (durable.Keys.SettleRecovered). The record is found as the
 // batch claimed it: by the client's key, credentials, resource and
 // operation, all in the saga's snapshot.
-func (i *idempotency) settleRecovered(ctx context.Context, sc scope, snap *batch.Snapshot, res *batch.Result) {
+func (i *idempotency) settleRecovered(ctx context.Context, sc scope, snap *batch.Snapshot, began time.Time, res *batch.Result) {
 	if i == nil {
 		return
 	}
@@ -247,7 +247,7 @@ func (i *idempotency) settleRecovered(ctx context.Context, sc scope, snap *batch
 	if err := res.Write(rec); err != nil {
 		return
 	}
-	if err := i.keys.SettleRecovered(ctx, recordKey, rec.Answer(), string(res.Outcome), sc.gateway.IdempotencyTTL, sc.settings.MaxResponseSize+answerSlack); err != nil {
+	if err := i.keys.SettleRecovered(ctx, recordKey, began, rec.Answer(), string(res.Outcome), sc.gateway.IdempotencyTTL, sc.settings.MaxResponseSize+answerSlack); err != nil {
 		i.logger.Error("storing a recovered batch's answer for replay", zap.String("record", recordKey), zap.Error(err))
 	}
 }

@@ -2,11 +2,13 @@ package caddymodule
 
 import (
 	"net/http"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/batchapp"
+	"github.com/caddy-batch/caddy-batch/durable"
 	"github.com/caddy-batch/caddy-batch/policy"
 )
 
@@ -46,7 +48,11 @@ func (h *Handler) finish(r *http.Request, next caddyhttp.Handler, sc scope, job 
 		res, err = batch.Resume(ctx, job.Snap, h.policy.Lookup, h.envelope, rt)
 	}
 	if err == nil && job.Prev == nil && !res.LeaseLost {
-		h.idem.settleRecovered(ctx, sc, job.Snap, res)
+		var began time.Time
+		if dj, ok := job.Journal.(*durable.Journal); ok {
+			began = dj.Began()
+		}
+		h.idem.settleRecovered(ctx, sc, job.Snap, began, res)
 	}
 	return res, err
 }

@@ -200,7 +200,7 @@ func TestClaimAtOnceFenced(t *testing.T) {
 			t.Fatalf("the claim was not renewed: %+v", rec)
 		}
 		other := NewKeys(mem, NewLeases(time.Minute), zap.NewNop())
-		if err := other.SettleRecovered(ctx, c.Record, &Answer{Status: 503}, "rolled_back", time.Hour, 1<<20); err != nil {
+		if err := other.SettleRecovered(ctx, c.Record, now(), &Answer{Status: 503}, "rolled_back", time.Hour, 1<<20); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(40 * time.Millisecond)

@@ -317,6 +317,10 @@ func (js *Journals) New(origin Origin) *Journal {
 // Saga names the journal's saga.
 func (j *Journal) Saga() string { return j.saga }
 
+// Began is when the saga began, as its intent says (zero where the
+// journal holds none).
+func (j *Journal) Began() time.Time { return j.began }
+
 func newJournalOf(j *Journal) *Journal {
 	j.at, j.lastIn, j.ahead, j.out = map[int]int{}, map[int]uint64{}, map[int]bool{}, map[int]bool{}
 	j.groupCommit = newGroupCommit(&j.mu, j.js.maxStores, j.flush, func() bool { return j.intent != nil })

@@ -409,17 +409,19 @@ func (k *Keys) answered(claimed *Record, a *Answer, outcome string, ttl time.Dur
 	return &done
 }
 
-// SettleRecovered keeps, for replay, the answer of a saga that a recovery
-// finished, when its record (key) is still in flight: the client whose
-// gateway died never got an answer, and its retry with the same
-// Idempotency-Key must get this one (rolled_back, or rollback_failed),
-// not run the batch again. A key with no in-flight record (the saga's
-// client sent none, or it is settled) is left alone.
-func (k *Keys) SettleRecovered(ctx context.Context, key string, a *Answer, outcome string, ttl time.Duration, limit int64) error {
+// SettleRecovered keeps, for replay, the answer of a saga that began at
+// began and that a recovery finished, when its record (key) is still in
+// flight: the client whose gateway died never got an answer, and its
+// retry with the same Idempotency-Key must get this one (rolled_back,
+// or rollback_failed), not run the batch again. A key with no in-flight
+// record (the saga's client sent none, or it is settled) is left alone,
+// and so is one claimed after the saga began: the key expired and
+// another batch claimed it anew, whose answer this is not.
+func (k *Keys) SettleRecovered(ctx context.Context, key string, began time.Time, a *Answer, outcome string, ttl time.Duration, limit int64) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StorageTimeout)
 	defer cancel()
 	claimed, err := loadRecord(ctx, k.storage, key)
-	if err != nil || claimed == nil || claimed.State != StateInFlight {
+	if err != nil || claimed == nil || claimed.State != StateInFlight || !began.IsZero() && claimed.Created.After(began) {
 		return nil
 	}
 	return storeIndexed(ctx, k.storage, key, k.answered(claimed, a, outcome, ttl, limit), ttl)

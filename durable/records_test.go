@@ -130,13 +130,13 @@ func TestSettleRecovered(t *testing.T) {
 	d, _ := keys.Claim(ctx, c)
 	d.Held.Release()
 	answer := &Answer{Status: 200, Body: []byte(`{"outcome":"rolled_back"}`)}
-	if err := keys.SettleRecovered(ctx, c.Record, answer, "rolled_back", time.Hour, 1<<10); err != nil {
+	if err := keys.SettleRecovered(ctx, c.Record, now(), answer, "rolled_back", time.Hour, 1<<10); err != nil {
 		t.Fatal(err)
 	}
 	if rec := stored(t, s, c.Record); rec.State != StateDone || rec.Outcome != "rolled_back" || rec.Owner != "" {
 		t.Errorf("settled %+v", rec)
 	}
-	if err := keys.SettleRecovered(ctx, "batch/v1/idem/none", answer, "rolled_back", time.Hour, 1<<10); err != nil {
+	if err := keys.SettleRecovered(ctx, "batch/v1/idem/none", now(), answer, "rolled_back", time.Hour, 1<<10); err != nil {
 		t.Errorf("no record: %v", err)
 	}
 	if _, err := s.Load(ctx, "batch/v1/idem/none"); err == nil {
@@ -158,7 +158,7 @@ func TestClaimFenced(t *testing.T) {
 		c := claimOf("fp")
 		d := proceeds(t, keys, c)
 		other := NewKeys(s, NewLeases(time.Minute), zap.NewNop())
-		if err := other.SettleRecovered(ctx, c.Record, &Answer{Status: 503}, "rolled_back", time.Hour, 1<<20); err != nil {
+		if err := other.SettleRecovered(ctx, c.Record, now(), &Answer{Status: 503}, "rolled_back", time.Hour, 1<<20); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(40 * time.Millisecond) // a renewal finds the record settled
@@ -189,4 +189,26 @@ func TestClaimFenced(t *testing.T) {
 			t.Errorf("the answer stored later: %v, want Replay", d.Verdict)
 		}
 	})
+}
+
+// A recovery that settles its saga's key after the key expired and
+// another batch claimed it anew leaves that batch's claim alone: the
+// answer is the old saga's, not the new batch's (it was stored over the
+// live claim, and a retry of the new batch was replayed it).
+func TestSettleRecoveredLeavesANewerClaim(t *testing.T) {
+	t.Parallel()
+	s := newMemStorage()
+	keys := NewKeys(s, NewLeases(time.Minute), zap.NewNop())
+	ctx := context.Background()
+	began := now().Add(-time.Hour) // the old saga, long before
+	c := claimOf("new request")
+	d := proceeds(t, keys, c)
+	defer d.Held.Release()
+	old := &Answer{Status: 200, Body: []byte(`{"outcome":"rolled_back"}`)}
+	if err := keys.SettleRecovered(ctx, c.Record, began, old, "rolled_back", time.Hour, 1<<10); err != nil {
+		t.Fatal(err)
+	}
+	if rec := stored(t, s, c.Record); rec.State != StateInFlight {
+		t.Errorf("the new batch's live claim was settled with the old saga's answer: %+v", rec.Outcome)
+	}
 }
