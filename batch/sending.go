@@ -228,9 +228,13 @@ type Observer interface {
 	Observe(latency time.Duration, overloaded bool)
 }
 
-// observe tells the run's observer what one attempt showed.
+// observe tells the run's observer what one attempt showed. A refusal
+// of the request's credentials (401, 403, 407) tells nothing of the
+// legacy API's pace: it is most often an authenticating handler's after
+// batch, in microseconds, and a batch of them read as the API's unloaded
+// latency would hold every client's limit at its least.
 func (s *sender) observe(latency time.Duration, resp *SubResponse, err error) {
-	if s.observer == nil {
+	if s.observer == nil || resp != nil && CredentialsRefused(resp.Status) {
 		return
 	}
 	_, throttledAnswer := throttled(resp, time.Now())

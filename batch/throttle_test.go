@@ -360,6 +360,20 @@ func (o *observations) Observe(_ time.Duration, overloaded bool) {
 	o.overloaded = append(o.overloaded, overloaded)
 }
 
+// A refusal of the request's credentials is not told to the Runtime's
+// Observer: it says nothing of the API's pace (an authenticating handler
+// after batch answers it in microseconds, and such answers held the
+// adaptive limit at its least for every client).
+func TestObserverNotToldCredentialRefusals(t *testing.T) {
+	t.Parallel()
+	f := newFake().seed("1")
+	f.on("GET", "/widgets/1", reply(401, `{}`))
+	o := &observations{}
+	res := runWith(context.Background(), t, newRequest("GET", "/widgets?ids=1", ""), Runtime{Send: f, Observer: o})
+	equal(t, "item 0 status", write(t, res).Items[0].Status, 401)
+	equal(t, "attempts observed", len(o.overloaded), 0)
+}
+
 // The Runtime's Observer is told every attempt, a throttled one as the
 // upstream pushing back, and the one sent again after it as not.
 func TestObserverToldEveryAttempt(t *testing.T) {

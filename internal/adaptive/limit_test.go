@@ -132,3 +132,21 @@ func TestLimitToleratesJitter(t *testing.T) {
 		t.Errorf("in front of 8 jittery workers the limit is %d, want 7 to 10", got)
 	}
 }
+
+// A window the server pushed back in (fast 429s, say) does not become
+// the unloaded latency the limit measures queueing against: once the
+// push-back is over, the limit climbs back as the server's pace allows,
+// not held at its least for the windows that remember such a floor.
+func TestPushBackIsNoFloor(t *testing.T) {
+	t.Parallel()
+	l := New(4, 32)
+	fast := server{workers: 8, service: 10 * time.Millisecond}
+	drive(l, fast, 2000)
+	for range 100 {
+		l.Observe(50*time.Microsecond, l.Current(), true)
+	}
+	after := drive(l, fast, 60)
+	if got := last(after); got < 8 {
+		t.Errorf("60 rounds after a burst of fast push-backs the limit is %d, want it back at 8 or more", got)
+	}
+}
