@@ -212,7 +212,10 @@ func TestIdempotencyStoredStates(t *testing.T) {
 			return mustJSON(t, durable.Record{Version: 1, State: durable.StateDone, Fingerprint: fp, Created: now, Expires: now.Add(time.Hour),
 				Outcome: "succeeded", Answer: &durable.Answer{Status: 200}, AnswerSize: 20 << 20})
 		}, 409, "idempotency-answer-not-kept"},
-		{"unreadable", func(string) []byte { return []byte(`{"v": 99}`) }, 200, ""},
+		{"unreadable", func(string) []byte { return []byte(`{"v": 1, "state": `) }, 200, ""},
+		// A newer build's (a cluster being upgraded): its batch may be
+		// running on an upgraded instance, so this one runs nothing.
+		{"newer", func(string) []byte { return []byte(`{"v": 99}`) }, 503, "idempotency-unavailable"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -255,7 +258,7 @@ func TestIdempotencyStoredStates(t *testing.T) {
 				return
 			}
 			checkIdemProblem(t, r, c.status, c.kind)
-			if r.Header.Get("Retry-After") != "" {
+			if r.Header.Get("Retry-After") != "" && c.status != 503 {
 				t.Errorf("Retry-After %q on a key that will never run", r.Header.Get("Retry-After"))
 			}
 			if reqs := api.Requests(); len(reqs) > 0 {
