@@ -68,10 +68,12 @@ func (k *Keys) claimAtOnce(ctx context.Context, gs GuardedStorer, c Claim) (d De
 				continue
 			case <-waitCtx.Done():
 			}
-		case errors.Is(err, ErrKeyChanged) && newerRecord(held):
-			return Decision{Verdict: Unavailable, Err: fmt.Errorf("%s: %w", c.Record, errNewerRecord)}, true, nil
 		case errors.Is(err, ErrKeyGone), errors.Is(err, ErrKeyChanged):
-			if rec := decodeRecord(held); rec != nil && !rec.expired(at) {
+			rec, perr := parseRecord(held)
+			if errors.Is(perr, errNewerRecord) {
+				return Decision{Verdict: Unavailable, Err: fmt.Errorf("%s: %w", c.Record, perr)}, true, nil
+			}
+			if rec != nil && !rec.expired(at) {
 				return Decision{Verdict: verdictOf(rec, c.Fingerprint, at), Record: rec}, true, nil
 			}
 			want = held // absent, expired or unreadable: claimed over
@@ -86,16 +88,6 @@ func (k *Keys) claimAtOnce(ctx context.Context, gs GuardedStorer, c Claim) (d De
 		}
 		return Decision{Verdict: InFlight}, true, nil
 	}
-}
-
-// decodeRecord is the record raw holds: nil where raw is nil, or not a
-// record this build reads (claimed over, as loadRecord treats it).
-func decodeRecord(raw []byte) *Record {
-	var rec Record
-	if raw == nil || json.Unmarshal(raw, &rec) != nil || rec.Version != 1 {
-		return nil
-	}
-	return &rec
 }
 
 // storeOverAtOnce is storeOverFrom on a GuardedStorer: entry (if any)

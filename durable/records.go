@@ -453,21 +453,25 @@ func readRecord(ctx context.Context, s Storage, key string) (*Record, error) {
 	if err != nil {
 		return nil, err
 	}
+	rec, err := parseRecord(raw)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", key, err)
+	}
+	return rec, nil
+}
+
+// parseRecord is the record raw holds, if this build reads it:
+// errUnreadable where it is garbled (or nil), errNewerRecord where it
+// is of a newer version.
+func parseRecord(raw []byte) (*Record, error) {
 	var rec Record
 	switch err := json.Unmarshal(raw, &rec); {
 	case err == nil && rec.Version > 1:
-		return nil, fmt.Errorf("%s: %w", key, errNewerRecord)
+		return nil, errNewerRecord
 	case err != nil || rec.Version != 1:
-		return nil, fmt.Errorf("%s: %w", key, errUnreadable)
+		return nil, errUnreadable
 	}
 	return &rec, nil
-}
-
-// newerRecord reports whether raw is a record of a version newer than
-// this build's.
-func newerRecord(raw []byte) bool {
-	var rec Record
-	return json.Unmarshal(raw, &rec) == nil && rec.Version > 1
 }
 
 // storeIndexed writes a record whose expiry is new, filed under it
