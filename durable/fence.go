@@ -261,17 +261,29 @@ func (js *Journals) renewLease(ctx context.Context, saga string, epoch int, prev
 	return err
 }
 
-// renewFolderLeaseOver is renewFolderLease after a renewal that answered
-// an error may have landed all the same (a reply lost, a timeout after
-// the write): maybe is what that renewal wrote, nil when none is in
-// doubt. The key holding it holds this process's own lease, not another
-// instance's.
-func renewFolderLeaseOver(ctx context.Context, s Storage, f leaseFolder, epoch int, prev, maybe, next []byte) ([]string, error) {
-	names, err := renewFolderLease(ctx, s, f, epoch, prev, next)
-	if lost, ok := errors.AsType[*lostLease](err); ok && lost.takenOver && maybe != nil {
-		return renewFolderLease(ctx, s, f, epoch, maybe, next)
-	}
+// renewFolderLeaseOver is renewFolderLease over what this process last
+// stored (prev), or what a renewal after it that answered an error may
+// have stored (maybe): overOwn.
+func renewFolderLeaseOver(ctx context.Context, s Storage, f leaseFolder, epoch int, prev, maybe, next []byte) (names []string, err error) {
+	err = overOwn(prev, maybe, func(was []byte) (err error) {
+		names, err = renewFolderLease(ctx, s, f, epoch, was, next)
+		return err
+	})
 	return names, err
+}
+
+// overOwn runs write, a store guarded by what a key holds, over prev,
+// what this process last stored there; and where the key holds another
+// value and maybe is set, over maybe: what a later store of this
+// process's wrote although it answered an error (a reply lost, a
+// timeout after the write). A key holding that holds this process's
+// own, not another instance's.
+func overOwn(prev, maybe []byte, write func(was []byte) error) error {
+	err := write(prev)
+	if lost, ok := errors.AsType[*lostLease](err); ok && lost.takenOver && maybe != nil {
+		return write(maybe)
+	}
+	return err
 }
 
 // renewFolderLease is renewLease in the lease folder f (the release of a

@@ -282,10 +282,7 @@ func (h *Held) renew() {
 func (h *Held) storeOver(ctx context.Context, entry *KeyValue, next []byte) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	err := h.storeOverFrom(ctx, h.wrote, entry, next)
-	if lost, ok := errors.AsType[*lostLease](err); ok && lost.takenOver && h.maybe != nil {
-		err = h.storeOverFrom(ctx, h.maybe, entry, next)
-	}
+	err := overOwn(h.wrote, h.maybe, func(was []byte) error { return h.storeOverFrom(ctx, was, entry, next) })
 	switch _, lost := errors.AsType[*lostLease](err); {
 	case err == nil:
 		h.wrote, h.maybe = next, nil

@@ -42,13 +42,10 @@ func (j *Journal) removeJournal(ctx context.Context) error {
 				stored = append(stored, path.Base(segmentKey(j.saga, seq)))
 			}
 		}
-		err := j.js.removeAtOnce(ctx, ar, g, j.saga, stored, written)
-		if lost, ok := errors.AsType[*lostLease](err); ok && lost.takenOver && maybe != nil {
-			// The lease holds what a renewal that answered an error
-			// wrote: this process's own.
-			g.Holds = maybe
-			err = j.js.removeAtOnce(ctx, ar, g, j.saga, stored, written)
-		}
+		err := overOwn(g.Holds, maybe, func(was []byte) error {
+			g.Holds = was
+			return j.js.removeAtOnce(ctx, ar, g, j.saga, stored, written)
+		})
 		if lost, ok := errors.AsType[*lostLease](err); ok {
 			j.lease.lose(lost.why)
 			j.takenOver.Store(lost.takenOver)
