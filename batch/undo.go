@@ -134,14 +134,9 @@ func (st *itemState) updated() []byte {
 		return st.body
 	}
 	merged := jsonvalue.MergePatch(st.preimage, st.body)
-	patch, ok := jsonvalue.Decode(st.body)
-	pm, isObject := patch.(map[string]any)
+	pm, ok := decodeObject(st.body)
+	mm, isObject := decodeObject(merged)
 	if !ok || !isObject {
-		return merged
-	}
-	m, ok := jsonvalue.Decode(merged)
-	mm, isMap := m.(map[string]any)
-	if !ok || !isMap {
 		return merged
 	}
 	for k, v := range pm {
