@@ -405,11 +405,17 @@ func (run *batchRun) answered(ctx context.Context, i int, req *SubRequest, resp 
 
 // fail settles item i as failed by the gateway, with nothing sent.
 func (run *batchRun) fail(ctx context.Context, i, status int, reason string, cause error) {
-	_ = run.transition(ctx, i, PhaseSettled, nil, func(it *ItemResult, st *itemState) {
+	_ = run.transition(ctx, i, PhaseSettled, nil, failed(status, reason, cause))
+}
+
+// failed is the change that makes an item failed by the gateway, with
+// nothing sent.
+func failed(status int, reason string, cause error) func(*ItemResult, *itemState) {
+	return func(it *ItemResult, st *itemState) {
 		it.clearResponse()
 		it.Status, it.Error, it.cause = status, reason, cause
 		it.Outcome, st.failure = Failed, true
-	})
+	}
 }
 
 // failByGateway settles item i as failed by the gateway's own storage
@@ -423,9 +429,8 @@ func (run *batchRun) fail(ctx context.Context, i, status int, reason string, cau
 // whoever runs the window next.
 func (run *batchRun) failByGateway(ctx context.Context, i int, reason string, cause error) {
 	settle := func(it *ItemResult, st *itemState) {
-		it.clearResponse()
-		it.Status, it.Error, it.cause = http.StatusServiceUnavailable, reason, cause
-		it.Outcome, st.failure, st.byGateway = Failed, true, true
+		failed(http.StatusServiceUnavailable, reason, cause)(it, st)
+		st.byGateway = true
 	}
 	if run.state[i].resentWithKey {
 		run.mu.Lock()
