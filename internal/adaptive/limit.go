@@ -104,16 +104,14 @@ func (l *Limit) adjust() {
 		l.limit, l.resume, l.windows = l.resume, 0, 0
 		return
 	}
-	if !w.overloaded {
+	if !w.overloaded || len(l.floors) == 0 {
 		// A window the server pushed back in says nothing of its
-		// unloaded latency: its answers may be refusals made in no time.
+		// unloaded latency (its answers may be refusals made in no
+		// time), unless there is no other yet.
 		l.floors = append(l.floors, median)
 	}
 	if len(l.floors) > recentWindows {
 		l.floors = l.floors[1:]
-	}
-	if len(l.floors) == 0 {
-		l.floors = append(l.floors, median)
 	}
 	if l.windows++; l.windows >= recentWindows && l.limit > float64(l.least) && !w.overloaded {
 		l.resume, l.limit = l.limit, float64(l.least)
