@@ -180,18 +180,29 @@ func (t heldThrough) Lock(ctx context.Context, key string) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
+	h.keep([]string{key}, []func(){unlock})
+	return func() {}, nil
+}
+
+// keep keeps the locks of keys, just taken (unlocks, in the same order),
+// until Release, letting go at once of one h holds already: taken twice
+// at once, one is enough.
+func (h *Held) keep(keys []string, unlocks []func()) {
+	var twice []func()
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if h.unlocks == nil {
 		h.unlocks = map[string]func(){}
 	}
-	if _, ok := h.unlocks[key]; ok {
-		unlock() // taken twice at once: one is enough
-	} else {
-		h.unlocks[key] = unlock
-		h.keys = append(h.keys, key)
+	for j, key := range keys {
+		if _, ok := h.unlocks[key]; ok {
+			twice = append(twice, unlocks[j])
+		} else {
+			h.unlocks[key] = unlocks[j]
+			h.keys = append(h.keys, key)
+		}
 	}
-	return func() {}, nil
+	h.mu.Unlock()
+	Release(twice)
 }
 
 // Lost says why the lock of one of the keys h holds is lost, where the
@@ -234,21 +245,7 @@ func (t heldThrough) LockAll(ctx context.Context, keys []string) ([]func(), int,
 	if err != nil {
 		return nil, missing[max(failed, 0)], err
 	}
-	h.mu.Lock()
-	if h.unlocks == nil {
-		h.unlocks = map[string]func(){}
-	}
-	var twice []func()
-	for j, key := range take {
-		if _, ok := h.unlocks[key]; ok {
-			twice = append(twice, unlocks[j]) // taken twice at once: one is enough
-		} else {
-			h.unlocks[key] = unlocks[j]
-			h.keys = append(h.keys, key)
-		}
-	}
-	h.mu.Unlock()
-	Release(twice)
+	h.keep(take, unlocks)
 	kept := make([]func(), len(keys))
 	for i := range kept {
 		kept[i] = func() {}
