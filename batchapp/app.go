@@ -217,8 +217,10 @@ func (a *App) Stop() error {
 	if a.stop == nil {
 		return nil
 	}
-	operated.CompareAndSwap(a, nil)
+	// Closed first: a job between two windows then hands over rather
+	// than finding no config to run its next window through.
 	close(a.stop)
+	operated.CompareAndSwap(a, nil)
 	<-a.stopped
 	a.handOver()
 	return nil

@@ -146,6 +146,8 @@ func (a *App) RunJob(held *durable.HeldJob, release func()) {
 			// record gone from storage, nobody does (the reason says).
 			a.logger.Warn("bulk job stopped: its lease is lost, and this instance sends nothing more for it",
 				zap.String("job", rec.ID), zap.String("why", lost.Why))
+		case err != nil && handedOver(err, a.stop):
+			a.logger.Info("bulk job handed over: the next scan of an instance with room carries it on", zap.String("job", rec.ID))
 		case err != nil:
 			a.logger.Warn("bulk job stopped before its end: the next scan of an instance with room carries it on",
 				zap.String("job", rec.ID), zap.Error(err))
@@ -155,6 +157,14 @@ func (a *App) RunJob(held *durable.HeldJob, release func()) {
 			a.logger.Info("bulk job handed over: the next scan of an instance with room carries it on", zap.String("job", rec.ID))
 		}
 	}()
+}
+
+// handedOver says whether a run that stopped with err was handed over:
+// its config stopped between two windows, after the run saw it had not
+// and before the next window found the config's routes (Run released
+// its lease, as a hand-over does, and sent nothing of that window).
+func handedOver(err error, stopped <-chan struct{}) bool {
+	return errors.Is(err, errNoConfig) && stop.Asked(stopped)
 }
 
 // NudgeJobs has the running config's jobs' scan look at once: a job
