@@ -13,6 +13,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/caddy-batch/caddy-batch/batch"
 	"github.com/caddy-batch/caddy-batch/internal/itemlock"
 )
 
@@ -322,12 +323,41 @@ func (h *Held) storeOverFrom(ctx context.Context, was []byte, entry *KeyValue, n
 func (h *Held) Release() { h.release() }
 
 // GiveBack deletes the claim: the batch sent nothing, and running it
-// again is what its client was told to do.
+// again is what its client was told to do. Only its own: a record a
+// recovery settled meanwhile, or another instance claimed once this
+// claim lapsed, is theirs, and stays (deleting it would let a retry run
+// a batch that has run, or runs). The lease is proven first, while it
+// is still renewed, so that the record cannot change hands between the
+// read that finds it this claim's and the delete.
 func (h *Held) GiveBack(ctx context.Context) error {
-	h.release()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StorageTimeout)
 	defer cancel()
-	return h.keys.storage.Delete(ctx, h.key)
+	err := h.lease.fence(ctx)
+	h.release()
+	if _, lost := errors.AsType[*batch.LeaseLost](err); lost {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	err = overOwn(h.wrote, h.maybe, func(was []byte) error {
+		b, err := h.keys.storage.Load(ctx, h.key)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			return nil
+		case err != nil:
+			return err
+		case !bytes.Equal(b, was):
+			return &lostLease{"another instance settled or claimed the key", true}
+		}
+		return h.keys.storage.Delete(ctx, h.key)
+	})
+	if _, lost := errors.AsType[*lostLease](err); lost {
+		return nil
+	}
+	return err
 }
 
 // Answered stores the batch's answer for replay, for ttl; an answer whose

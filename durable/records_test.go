@@ -212,3 +212,40 @@ func TestSettleRecoveredLeavesANewerClaim(t *testing.T) {
 		t.Errorf("the new batch's live claim was settled with the old saga's answer: %+v", rec.Outcome)
 	}
 }
+
+// A claim given back deletes only its own record: one a recovery
+// settled meanwhile (its saga's end, which a retry must be replayed)
+// stays, and so does a key whose claim lapsed by this process's clock,
+// which another instance may hold for a retry it runs.
+func TestGiveBackLeavesAnotherInstancesRecord(t *testing.T) {
+	t.Parallel()
+	bubble(t, func(t *testing.T) {
+		s := newMemStorage()
+		keys := NewKeys(s, NewLeases(time.Minute), zap.NewNop())
+		ctx := context.Background()
+		c := claimOf("fp")
+		d := proceeds(t, keys, c)
+		other := NewKeys(s, NewLeases(time.Minute), zap.NewNop())
+		if err := other.SettleRecovered(ctx, c.Record, now(), &Answer{Status: 503}, "rolled_back", time.Hour, 1<<20); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Held.GiveBack(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if d, _ := keys.Claim(ctx, c); d.Verdict != Replay {
+			t.Errorf("a key a recovery settled, given back: %v, want Replay of the saga's end", d.Verdict)
+		}
+
+		lapsed := claimOf("fp")
+		lapsed.Record, lapsed.Lock = IdempotencyRecord("lapsed", "", "/widgets", "/widgets", "update")
+		lapsed.MaxRun = time.Millisecond // renewed no more
+		d = proceeds(t, keys, lapsed)
+		time.Sleep(2 * time.Minute)
+		if err := d.Held.GiveBack(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if rec := stored(t, s, lapsed.Record); rec.State == StateDone {
+			t.Errorf("the lapsed claim's record: %+v", rec)
+		}
+	})
+}
