@@ -26,6 +26,12 @@ const (
 	// lockTTL and refreshEvery are the module's.
 	lockTTL      = 5 * time.Second
 	refreshEvery = 3 * time.Second
+	// lockProven is how long a call that took or refreshed a lock
+	// proves it: its life but a sixth, the margin a lease's fence keeps,
+	// so that a write checked at the end of it still lands before
+	// another holder can take the lock (a refresh every refreshEvery
+	// keeps every lock well inside it).
+	lockProven = lockTTL - lockTTL/6
 	// maxKeys bounds the keys of one script.
 	maxKeys = 500
 	// callTimeout bounds one script, whoever waits for it.
@@ -98,7 +104,7 @@ func (s *Store) Unlock(ctx context.Context, name string) error {
 func (s *Store) NoneLost() bool {
 	s.locks.mu.Lock()
 	defer s.locks.mu.Unlock()
-	return len(s.locks.lost) == 0 && time.Since(s.locks.provenAll) <= lockTTL
+	return len(s.locks.lost) == 0 && time.Since(s.locks.provenAll) <= lockProven
 }
 
 // LockLost says why the lock name, held by this Store, is lost: another
@@ -110,8 +116,8 @@ func (s *Store) LockLost(name string) error {
 	if err := s.locks.lost[name]; err != nil {
 		return err
 	}
-	if proven, ok := s.locks.held[name]; ok && time.Since(proven) > lockTTL {
-		return fmt.Errorf("no refresh of the lock %s succeeded for %s: it may have lapsed", name, lockTTL)
+	if proven, ok := s.locks.held[name]; ok && time.Since(proven) > lockProven {
+		return fmt.Errorf("no refresh of the lock %s succeeded for %s of its %s: it may lapse before a write lands", name, lockProven, lockTTL)
 	}
 	return nil
 }
