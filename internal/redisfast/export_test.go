@@ -15,3 +15,18 @@ func Age(s *Store, d time.Duration) {
 	}
 	s.locks.provenAll = s.locks.provenAll.Add(-d)
 }
+
+// RefreshAround refreshes every lock s holds as its refresh loop does,
+// with before run once it listed them and after once Redis answered:
+// what an Unlock and a TryLock of the process do meanwhile.
+func RefreshAround(s *Store, before, after func()) {
+	t := s.locks
+	names, proven, _ := t.heldNow()
+	before()
+	began := time.Now()
+	lost, ok := t.extend(names)
+	after()
+	if ok {
+		t.proved(names, proven, lost, began)
+	}
+}

@@ -190,26 +190,38 @@ func (t *lockTable) refreshLoop() {
 // refreshAll refreshes every lock held, and reports whether any was:
 // with none, the refresh loop ends.
 func (t *lockTable) refreshAll() bool {
-	t.mu.Lock()
-	if len(t.held) == 0 {
-		t.refreshing = false
-		t.mu.Unlock()
+	names, proven, ok := t.heldNow()
+	if !ok {
 		return false
 	}
-	names := make([]string, 0, len(t.held))
-	for n := range t.held {
-		names = append(names, n)
-	}
-	t.mu.Unlock()
 	for len(names) > 0 {
 		n := min(len(names), maxKeys)
-		t.refresh(names[:n])
-		names = names[n:]
+		began := time.Now()
+		if lost, ok := t.extend(names[:n]); ok {
+			t.proved(names[:n], proven[:n], lost, began)
+		}
+		names, proven = names[n:], proven[n:]
 	}
 	t.mu.Lock()
 	t.provenAll = oldest(t.held)
 	t.mu.Unlock()
 	return true
+}
+
+// heldNow is every lock held, each with its proof, or false (the
+// refresh loop then ends) when none is.
+func (t *lockTable) heldNow() ([]string, []time.Time, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.held) == 0 {
+		t.refreshing = false
+		return nil, nil, false
+	}
+	names, proven := make([]string, 0, len(t.held)), make([]time.Time, 0, len(t.held))
+	for n, p := range t.held {
+		names, proven = append(names, n), append(proven, p)
+	}
+	return names, proven, true
 }
 
 // oldest is the earliest of held's proofs; now when none is held.
@@ -223,10 +235,10 @@ func oldest(held map[string]time.Time) time.Time {
 	return first
 }
 
-// refresh extends names' locks, and marks those no longer this Store's
-// lost; a call that fails proves nothing and loses nothing.
-func (t *lockTable) refresh(names []string) {
-	began := time.Now()
+// extend extends names' locks, and answers the indexes of those no
+// longer this Store's; false when the call failed, which proves nothing
+// and loses nothing.
+func (t *lockTable) extend(names []string) (map[int]bool, bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), refreshEvery)
 	defer cancel()
 	keys := make([]string, len(names))
@@ -235,7 +247,7 @@ func (t *lockTable) refresh(names []string) {
 	}
 	res, err := t.s.eval(ctx, refreshScript, keys, t.token, lockTTL.Milliseconds())
 	if err != nil && !errors.Is(err, redis.Nil) {
-		return
+		return nil, false
 	}
 	lost := map[int]bool{}
 	if idx, ok := res.([]any); ok {
@@ -245,11 +257,19 @@ func (t *lockTable) refresh(names []string) {
 			}
 		}
 	}
+	return lost, true
+}
+
+// proved records what an extend that began at began found of names, each
+// held with the proof proven when it was asked: a lock let go meanwhile,
+// or let go and taken again (its own take proved it, and the extend may
+// have looked between the two), is left as it is now.
+func (t *lockTable) proved(names []string, proven []time.Time, lost map[int]bool, began time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for i, n := range names {
-		if _, still := t.held[n]; !still {
-			continue // released meanwhile
+		if p, still := t.held[n]; !still || !p.Equal(proven[i]) {
+			continue
 		}
 		if lost[i] {
 			t.lost[n] = fmt.Errorf("the lock %s in Redis is no longer this instance's (it lapsed, or was deleted)", n)

@@ -251,6 +251,35 @@ func TestLockLost(t *testing.T) {
 	}
 }
 
+// TestLockTakenAgainDuringARefresh: a lock let go and taken again by
+// the process while a refresh was out is not marked lost by what that
+// refresh found (the lock absent, between the two): the new lock is
+// this instance's, and the saga holding it goes on.
+func TestLockTakenAgainDuringARefresh(t *testing.T) {
+	ctx := context.Background()
+	mr := miniredis.RunT(t)
+	f := fast(t, module(t, mr, "caddy", nil))
+	if ok, err := f.TryLock(ctx, "item"); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	redisfast.RefreshAround(f, func() {
+		if err := f.Unlock(ctx, "item"); err != nil {
+			t.Fatal(err)
+		}
+	}, func() {
+		if ok, err := f.TryLock(ctx, "item"); !ok || err != nil {
+			t.Fatal(ok, err)
+		}
+	})
+	if err := f.LockLost("item"); err != nil || !f.NoneLost() {
+		t.Errorf("the lock taken again is lost: %v", err)
+	}
+	redisfast.Refresh(f)
+	if err := f.LockLost("item"); err != nil {
+		t.Errorf("the lock taken again, refreshed: %v", err)
+	}
+}
+
 // TestForRefuses: the fast path stays off wherever it could not store
 // what the module would, or reach every key through one connection.
 func TestForRefuses(t *testing.T) {
