@@ -34,8 +34,11 @@ import (
 //     those of 8 clients sending the same 50,000 elements as 100-item
 //     synchronous partial batches (sync-items/s), and their ratio
 //     (job/sync), and Caddy's CPU time per item of each
-//     (job-cpu-us/item, sync-cpu-us/item); with Caddy's storage the
-//     file system, or a redis-server of the benchmark's own.
+//     (job-cpu-us/item, sync-cpu-us/item), and, from Caddy's slot
+//     gauges, the sub-requests in flight, the limit, and the time a
+//     sub-request holds its slot (job-in-flight, job-limit, job-slot-us,
+//     and sync-…); with Caddy's storage the file system, or a
+//     redis-server of the benchmark's own.
 //     throughput/sync=all_or_nothing: the same, the synchronous batches
 //     all-or-nothing, as the demo's users are.
 //
@@ -86,13 +89,26 @@ func BenchmarkJobsProcess(b *testing.B) {
 		for range b.N {
 			const items = 50000
 			cpu := processCPUOf(b, c.pid)
+			slots := sampleSlots(b, client, c.admin)
 			job := startBenchJob(b, client, c.base, identity("throughput"), items)
 			status := waitBenchJob(b, client, c.base, job, 10*time.Minute)
 			jobRate := float64(items) / status.Ended.Sub(status.Created).Seconds()
 			jobCPU := processCPUOf(b, c.pid) - cpu
+			jobInFlight, jobLimit := slots()
 			cpu = processCPUOf(b, c.pid)
+			slots = sampleSlots(b, client, c.admin)
 			syncRate := syncBatchesRate(b, client, c.base, identity("sync"), syncPrefer, items, 8, 100)
 			syncCPU := processCPUOf(b, c.pid) - cpu
+			syncInFlight, syncLimit := slots()
+			// Little's law: the time a sub-request holds its slot is what
+			// is in flight over the rate; equal times mean the rates differ
+			// by the slots each had.
+			b.ReportMetric(jobInFlight, "job-in-flight")
+			b.ReportMetric(jobLimit, "job-limit")
+			b.ReportMetric(syncInFlight, "sync-in-flight")
+			b.ReportMetric(syncLimit, "sync-limit")
+			b.ReportMetric(1e6*jobInFlight/jobRate, "job-slot-us")
+			b.ReportMetric(1e6*syncInFlight/syncRate, "sync-slot-us")
 			b.ReportMetric(jobRate, "job-items/s")
 			b.ReportMetric(syncRate, "sync-items/s")
 			b.ReportMetric(jobRate/syncRate, "job/sync")
@@ -191,9 +207,54 @@ func BenchmarkJobsProcess(b *testing.B) {
 // jobsBenchCaddy is a Caddy process of the benchmark: where it serves,
 // its pid, and how to stop it.
 type jobsBenchCaddy struct {
-	base string
-	pid  int
-	stop func()
+	base, admin string
+	pid         int
+	stop        func()
+}
+
+// sampleSlots reads the gateway's slots from its admin endpoint's
+// metrics every 50ms until the returned function is called, which
+// answers their means: the sub-requests holding one, and the limit.
+func sampleSlots(b *testing.B, client *http.Client, admin string) func() (inFlight, limit float64) {
+	b.Helper()
+	done, ended := make(chan struct{}), make(chan struct{})
+	var sum [2]float64
+	var n int
+	go func() {
+		defer close(ended)
+		for tick := time.NewTicker(50 * time.Millisecond); ; {
+			select {
+			case <-done:
+				tick.Stop()
+				return
+			case <-tick.C:
+			}
+			resp, err := client.Get("http://" + admin + "/metrics")
+			if err != nil {
+				continue
+			}
+			raw, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			var got [2]float64
+			for line := range strings.Lines(string(raw)) {
+				for i, name := range []string{"caddy_http_batch_subrequests_in_flight ", "caddy_http_batch_in_flight_limit "} {
+					if v, ok := strings.CutPrefix(line, name); ok {
+						f, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
+						got[i] += f
+					}
+				}
+			}
+			sum[0], sum[1], n = sum[0]+got[0], sum[1]+got[1], n+1
+		}
+	}()
+	return func() (float64, float64) {
+		close(done)
+		<-ended
+		if n == 0 {
+			b.Fatal("no sample of the gateway's metrics")
+		}
+		return sum[0] / float64(n), sum[1] / float64(n)
+	}
 }
 
 // startJobsBenchCaddy starts cmd/caddy before a users API as the demo's
@@ -205,10 +266,11 @@ func startJobsBenchCaddy(b *testing.B, bin, storage, maxInFlight string) jobsBen
 	b.Helper()
 	api := legacyapi.New(legacyapi.Collection{Path: "/api/users", FilterParam: "id", Seed: records("user", 1, 3)})
 	upstream := httptest.NewServer(api)
-	addr := freeAddr(b)
-	global := quietGlobalOptions
+	addr, admin := freeAddr(b), freeAddr(b)
+	// Its admin endpoint serves the slots' metrics (sampleSlots).
+	global := strings.Replace(quietGlobalOptions, "\tadmin off\n", "\tadmin "+admin+"\n", 1)
 	if storage != "" {
-		global = strings.Replace(global, "\tadmin off\n", "\tadmin off\n\t"+storage+"\n", 1)
+		global = strings.Replace(global, "\tauto_https off\n", "\tauto_https off\n\t"+storage+"\n", 1)
 	}
 	config := global + fmt.Sprintf(`http://%s {
 	batch /api/* {
@@ -233,7 +295,7 @@ func startJobsBenchCaddy(b *testing.B, bin, storage, maxInFlight string) jobsBen
 		})
 	}
 	b.Cleanup(stop)
-	return jobsBenchCaddy{base: "http://" + addr, pid: p.cmd.Process.Pid, stop: stop}
+	return jobsBenchCaddy{base: "http://" + addr, admin: admin, pid: p.cmd.Process.Pid, stop: stop}
 }
 
 // benchJob is a started job: its id, token, and how long its 202 took
