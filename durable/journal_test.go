@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/http"
 	"net/http/httptest"
 	"path"
@@ -333,6 +334,36 @@ func TestScanTakesOverASagaWhoseLastSegmentIsListedOnly(t *testing.T) {
 		}
 		time.Sleep(time.Second)
 		checkEndMarkerCleared(t, js, s, j.Saga(), failed)
+	})
+}
+
+// A gateway killed as it stored its journal's first lease record (the
+// Redis module lists the key, then sets it) leaves the lease listed with
+// nothing under it. Watched so for a lease, its owner stopped there: the
+// saga is taken over and finished, not kept from a takeover forever by
+// a record that never changes.
+func TestScanTakesOverASagaWhoseLeaseIsListedOnly(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
+		s := newMemStorage()
+		p := widgets(t)
+		j, gone := dieMidWrite(t, s, p, 1)
+		defer close(gone)
+		if err := s.Delete(context.Background(), path.Join(journalDir(j.Saga()), leaseName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			t.Fatal(err)
+		}
+		s.listOnly(path.Join(journalDir(j.Saga()), leaseName))
+
+		js := NewJournals(s, NewLeases(time.Minute), zap.NewNop())
+		finish, finished, failed := resumeEach(t, p)
+		scanAfterLease(t, js, finish, failed)
+		select {
+		case r := <-finished:
+			if r.Saga != j.Saga() {
+				t.Errorf("recovered %+v", r)
+			}
+		case <-time.After(time.Minute):
+			t.Fatal("a saga whose lease is listed with nothing under it was not taken over")
+		}
 	})
 }
 

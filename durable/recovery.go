@@ -248,7 +248,9 @@ type LeaseClaimer interface {
 	// ClaimLease stores next under key, the lease key of epoch, if
 	// seenKey holds seen (ErrKeyGone, ErrKeyChanged if not), or, with
 	// seenKey "", if key's folder lists no epoch-0 lease key
-	// (ErrKeyChanged if it does); and if that folder lists no other lease
+	// (ErrKeyChanged if it does); with seen nil and seenKey set, if
+	// seenKey, listed with no value when watched, still has none
+	// (ErrKeyChanged if it has); and if that folder lists no other lease
 	// key of epoch or a higher one (ErrOutranked). ErrUndecidable: the
 	// storage cannot compare what seenKey holds.
 	ClaimLease(ctx context.Context, key string, epoch int, seenKey string, seen, next []byte) error
@@ -257,16 +259,20 @@ type LeaseClaimer interface {
 // unchanged reports whether the lease record seen is still there, by
 // names (the folder as listed after the claim was written): the old
 // owner's key holds what it held, or, where there was none, the
-// owner's first renewal has not written one since.
+// owner's first renewal has not written one since. A key seen listed
+// with no value (the Redis module lists a key before it sets it, and a
+// Store cut short there leaves it so) is unchanged while it still has
+// none: watched so for a lease, its owner stopped there, and would
+// otherwise keep its saga from ever being finished.
 func unchanged(ctx context.Context, s Storage, seen leaseView, names []string) (bool, error) {
 	if seen.key == "" {
 		return !slices.Contains(names, leaseName), nil
 	}
 	b, err := s.Load(ctx, seen.key)
 	if errors.Is(err, fs.ErrNotExist) {
-		return false, nil
+		return seen.raw == nil, nil
 	}
-	return bytes.Equal(b, seen.raw), err
+	return seen.raw != nil && bytes.Equal(b, seen.raw), err
 }
 
 // errOwned is the claim of a saga this process runs already.

@@ -27,32 +27,35 @@ func TestClaimLease(t *testing.T) {
 		name    string
 		stored  []string // key, value, ...
 		raw     string   // stored as is under lease, if set
+		unset   bool     // lease listed with no value, as a Store cut short leaves it
 		seenKey string
-		seen    string
+		seen    string // "" with seenKey: listed with no value when watched
 		want    error
 	}{
-		{"as watched", []string{lease, "old"}, "", lease, "old", nil},
-		{"none watched, none there", nil, "", "", "", nil},
-		{"renewed since", []string{lease, "renewed"}, "", lease, "old", durable.ErrKeyChanged},
-		{"gone since", nil, "", lease, "old", durable.ErrKeyGone},
-		{"first renewal since", []string{lease, "first"}, "", "", "", durable.ErrKeyChanged},
-		{"claimed by another", []string{lease, "old", other1, "theirs"}, "", lease, "old", durable.ErrOutranked},
-		{"a higher epoch", []string{lease, "old", other2, "theirs"}, "", lease, "old", durable.ErrOutranked},
-		{"compressed", nil, compressed, lease, "x", durable.ErrUndecidable},
+		{"as watched", []string{lease, "old"}, "", false, lease, "old", nil},
+		{"none watched, none there", nil, "", false, "", "", nil},
+		{"renewed since", []string{lease, "renewed"}, "", false, lease, "old", durable.ErrKeyChanged},
+		{"gone since", nil, "", false, lease, "old", durable.ErrKeyGone},
+		{"first renewal since", []string{lease, "first"}, "", false, "", "", durable.ErrKeyChanged},
+		{"claimed by another", []string{lease, "old", other1, "theirs"}, "", false, lease, "old", durable.ErrOutranked},
+		{"a higher epoch", []string{lease, "old", other2, "theirs"}, "", false, lease, "old", durable.ErrOutranked},
+		{"compressed", nil, compressed, false, lease, "x", durable.ErrUndecidable},
+		{"listed, never set", nil, "", true, lease, "", nil},
+		{"listed, set since", []string{lease, "late"}, "", false, lease, "", durable.ErrKeyChanged},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var seen []byte
-			if tc.seenKey != "" {
+			var seen []byte // nil: none watched, or seenKey watched with no value
+			if tc.seen != "" {
 				seen = []byte(tc.seen)
 			}
-			claimLease(t, append([]string{seg0, "intent"}, tc.stored...), tc.raw, tc.seenKey, seen, tc.want)
+			claimLease(t, append([]string{seg0, "intent"}, tc.stored...), tc.raw, tc.unset, tc.seenKey, seen, tc.want)
 		})
 	}
 }
 
 // claimLease stores stored (key, value, ...) and raw as is under the
 // old lease key, if set, and claims epoch 1 over seenKey seen as seen.
-func claimLease(t *testing.T, stored []string, raw, seenKey string, seen []byte, want error) {
+func claimLease(t *testing.T, stored []string, raw string, unset bool, seenKey string, seen []byte, want error) {
 	const lease, mine1 = "batch/v1/journal/s/lease", "batch/v1/journal/s/lease.00000001.aaaaaaaaaaaa"
 	ctx := context.Background()
 	byModule, byFast := miniredis.RunT(t), miniredis.RunT(t)
@@ -67,6 +70,13 @@ func claimLease(t *testing.T, stored []string, raw, seenKey string, seen []byte,
 			t.Fatal(err)
 		}
 		byFast.Set("caddy/"+lease, raw)
+	}
+	if unset {
+		if err := errors.Join(m.Store(ctx, lease, []byte("cut short")), f.Store(ctx, lease, []byte("cut short"))); err != nil {
+			t.Fatal(err)
+		}
+		byModule.Del("caddy/" + lease)
+		byFast.Del("caddy/" + lease)
 	}
 	before := fmt.Sprint(dump(t, byFast))
 	err := f.ClaimLease(ctx, mine1, 1, seenKey, seen, []byte("claim"))

@@ -110,9 +110,11 @@ end
 // higher one, the module's Store of the new lease key. It answers 0
 // once stored, 1 for the old key gone, 2 for another value or a "lease"
 // written since, 3 for a lease key that outranks the claim, 4 for an
-// old value compressed, encrypted or not the module's envelope.
+// old value compressed, encrypted or not the module's envelope. With
+// "unset", the old key was listed with no value (a Store cut short
+// between its folder entry and its value) and must still have none.
 // KEYS = {new lease key, its folder, the folder's parent, ..., old key
-// (or the new one again)}; ARGV = {"equals" or "nolease", the value seen
+// (or the new one again)}; ARGV = {"equals", "unset" or "nolease", the value seen
 // in base64, epoch, the new key's name in its folder, its envelope,
 // score, its name in its folder, the folder's name in its parent, ...}.
 var claimScript = redis.NewScript(outrankedFn + plainValueFn + storeFn + `
@@ -123,6 +125,8 @@ if ARGV[1] == 'equals' then
   local val = plainValue(v)
   if val == nil then return 4 end
   if val ~= ARGV[2] then return 2 end
+elseif ARGV[1] == 'unset' then
+  if redis.call('EXISTS', KEYS[last]) == 1 then return 2 end
 elseif redis.call('ZSCORE', KEYS[2], 'lease') then
   return 2
 end

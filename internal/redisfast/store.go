@@ -144,6 +144,9 @@ func (s *Store) ClaimLease(ctx context.Context, key string, epoch int, seenKey s
 	mode := "nolease"
 	if seenKey != "" {
 		mode = "equals"
+		if seen == nil {
+			mode = "unset" // listed with no value: a Store cut short
+		}
 		keys = append(keys, path.Join(s.prefix, seenKey))
 	} else {
 		// The old key's place: the script reads its keys' count.
