@@ -99,9 +99,18 @@ func (l *Limit) adjust() {
 	slices.Sort(w.latencies)
 	median := w.latencies[len(w.latencies)/2]
 	if l.resume > 0 {
-		// The probe's window tells only the unloaded latency.
+		// The probe's window tells only the unloaded latency; one the
+		// server pushed back in tells not even that (its answers may be
+		// refusals made in no time), and the limit goes back to a quarter
+		// below where it was, as after any push-back.
+		resume := l.resume
+		l.resume, l.windows = 0, 0
+		if w.overloaded {
+			l.limit = max(resume*decrease, float64(l.least))
+			return
+		}
 		l.floors = append(l.floors[:0], median)
-		l.limit, l.resume, l.windows = l.resume, 0, 0
+		l.limit = resume
 		return
 	}
 	if !w.overloaded || len(l.floors) == 0 {

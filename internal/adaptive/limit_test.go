@@ -1,6 +1,7 @@
 package adaptive
 
 import (
+	"slices"
 	"testing"
 	"time"
 )
@@ -148,5 +149,32 @@ func TestPushBackIsNoFloor(t *testing.T) {
 	after := drive(l, fast, 60)
 	if got := last(after); got < 8 {
 		t.Errorf("60 rounds after a burst of fast push-backs the limit is %d, want it back at 8 or more", got)
+	}
+}
+
+// A probe window (the limit at its least for one window, to measure the
+// unloaded latency) in which the server pushes back: the limit does not
+// go back to where it was as if nothing happened, but a quarter below,
+// and the refusals' latency does not become the floor.
+func TestPushBackDuringAProbe(t *testing.T) {
+	t.Parallel()
+	l := New(4, 32)
+	s := server{workers: 16, service: 10 * time.Millisecond}
+	for l.resume == 0 {
+		n := l.Current()
+		l.Observe(s.latency(n), n, false)
+	}
+	was, floors := l.resume, len(l.floors)
+	for range max(2*l.Current(), 16) {
+		l.Observe(50*time.Microsecond, l.Current(), true)
+	}
+	if l.resume != 0 {
+		t.Fatal("the probe did not end with its window")
+	}
+	if got, want := float64(l.Current()), was*decrease; got > want {
+		t.Errorf("after a probe the server pushed back in, the limit is %v, want at most %v (it was %v)", got, want, was)
+	}
+	if slices.Min(l.floors) < s.service || len(l.floors) != floors {
+		t.Errorf("the probe's refusals became a floor: %v", l.floors)
 	}
 }
