@@ -11,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strconv"
 
 	"github.com/caddyserver/caddy/v2"
@@ -373,7 +374,7 @@ func (h *Handler) serveBatch(w http.ResponseWriter, r *http.Request, a admission
 		dj.Also(keyed.held)
 	}
 	obs.saga = sagaOf(journal)
-	result := batch.Run(r.Context(), plan, h.runtime(r.Context(), send, obs.locks(sc.locks), journal, r.Header, sc))
+	result := batch.Run(r.Context(), plan, h.runtime(r.Context(), send, obs.locks(sc.locks), journal, r.Header, r.URL.Query(), sc))
 	markSaga(r.Context(), obs.saga, result)
 	obs.finished(r.Context(), plan, result)
 	return keyed.write(w, result)
@@ -381,14 +382,15 @@ func (h *Handler) serveBatch(w http.ResponseWriter, r *http.Request, a admission
 
 // runtime is what a batch of this handler runs on: its requests sent by
 // send, its items locked by locks and journaled by journal, for the
-// client whose request header is header under sc; the handler's slots,
-// their observer and the upstream's throttles (undos and jobs wait out
-// a throttle of their client as its batches do), and the route's
-// tracing.
-func (h *Handler) runtime(ctx context.Context, send batch.Sender, locks itemlock.Locker, journal batch.Journal, header http.Header, sc scope) batch.Runtime {
+// client whose request had header and query under sc (clientOf); the
+// handler's slots, their observer and the upstream's throttles (undos
+// and jobs wait out a throttle of their client as its batches do), and
+// the route's tracing.
+func (h *Handler) runtime(ctx context.Context, send batch.Sender, locks itemlock.Locker, journal batch.Journal, header http.Header, query url.Values, sc scope) batch.Runtime {
+	client, _ := clientOf(header, query, sc)
 	return batch.Runtime{
 		Send: send, Locks: locks, Journal: journal, Slots: h.slots, Observer: h.slots.observer(),
-		Throttles: h.slots.throttles, Client: durable.Credentials(header, sc.gateway.ScopeHeaders),
+		Throttles: h.slots.throttles, Client: client,
 		Trace: h.tracing(ctx),
 	}
 }

@@ -126,30 +126,41 @@ func TestCreateAnswered503IsNotSentAgainE2E(t *testing.T) {
 // While one item of a client waits out a throttle, that client's other
 // batches to the resource wait too — the API receives none of their
 // requests before the moment — and another client's batches do not. A
-// client is its Authorization, or a header named in scope_headers.
+// client is its Authorization, a header named in scope_headers, or a
+// query parameter named in scope_query (an API keyed by ?api_key=).
 func TestThrottleHoldsTheClientE2E(t *testing.T) {
 	keyed := strings.Replace(throttleSite, "concurrency 1", "concurrency 1\n\t\tscope_headers X-API-Key", 1)
+	queried := strings.Replace(throttleSite, "concurrency 1", "concurrency 1\n\t\tscope_query api_key", 1)
 	for _, tt := range []struct {
-		name, site, header, ada, bob string
+		name, site string
+		ada, bob   throttledClient
 	}{
-		{"Authorization", throttleSite, "Authorization", "Bearer ada", "Bearer bob"},
-		{"scope_headers", keyed, "X-API-Key", "ada", "bob"},
+		{"Authorization", throttleSite, throttledClient{header: []string{"Authorization", "Bearer ada"}}, throttledClient{header: []string{"Authorization", "Bearer bob"}}},
+		{"scope_headers", keyed, throttledClient{header: []string{"X-API-Key", "ada"}}, throttledClient{header: []string{"X-API-Key", "bob"}}},
+		{"scope_query", queried, throttledClient{query: "&api_key=ada"}, throttledClient{query: "&api_key=bob"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			holdsTheClient(t, tt.site, []string{tt.header, tt.ada}, []string{tt.header, tt.bob})
+			holdsTheClient(t, tt.site, tt.ada, tt.bob)
 		})
 	}
 }
 
+// throttledClient is how a client of holdsTheClient says who it is: a
+// header (name, value), or a query to add to its batches' URIs.
+type throttledClient struct {
+	header []string
+	query  string
+}
+
 // holdsTheClient throttles ada's first GET, and shows ada's next batch
 // held until the moment and bob's not.
-func holdsTheClient(t *testing.T, site string, ada, bob []string) {
+func holdsTheClient(t *testing.T, site string, ada, bob throttledClient) {
 	g := startGateway(t, seededAPI(), site)
 	g.API.Inject(throttled("GET", "/api/widgets/1", "1"))
 	waits := throttledWaits(t, "/api/widgets")
 	first := make(chan response, 1)
 	go func() {
-		r, err := g.try("GET", "/api/widgets?ids=1", nil, ada...)
+		r, err := g.try("GET", "/api/widgets?ids=1"+ada.query, nil, ada.header...)
 		if err != nil {
 			r = response{Status: -1, Body: []byte(err.Error())}
 		}
@@ -162,10 +173,10 @@ func holdsTheClient(t *testing.T, site string, ada, bob []string) {
 		}
 	}
 	throttledAt := sentAt(g.API, "GET", "/api/widgets/1")[0]
-	if resp := g.do(t, "GET", "/api/widgets?ids=3", nil, bob...); resp.Status != 200 {
+	if resp := g.do(t, "GET", "/api/widgets?ids=3"+bob.query, nil, bob.header...); resp.Status != 200 {
 		t.Errorf("another client's batch: %s", resp)
 	}
-	if resp := g.do(t, "GET", "/api/widgets?ids=2", nil, ada...); resp.Status != 200 {
+	if resp := g.do(t, "GET", "/api/widgets?ids=2"+ada.query, nil, ada.header...); resp.Status != 200 {
 		t.Errorf("the same client's other batch: %s", resp)
 	}
 	if resp := <-first; resp.Status != 200 {
