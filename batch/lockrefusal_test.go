@@ -3,6 +3,7 @@ package batch
 import (
 	"context"
 	"errors"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -216,4 +217,23 @@ func TestEnvelopeLateLockRefused(t *testing.T) {
 			}
 		})
 	}
+}
+
+// failingBegin is a journal whose storage is down: Begin fails.
+type failingBegin struct{ NoJournal }
+
+func (failingBegin) Begin(context.Context, *Plan) error { return errors.New("storage down") }
+
+// A saga whose journal cannot be begun sends nothing and answers 503
+// with the Retry-After of every answer the gateway's own storage failed
+// (docs/wire-format.md), as a storage lock that fails does: the client
+// is told when to try again.
+func TestJournalBeginFailureAnswers503WithRetryAfter(t *testing.T) {
+	t.Parallel()
+	api := newFake().seed("1", "2")
+	p := mustPlan(t, newRequest(http.MethodDelete, "/widgets?ids=1,2", ""))
+	w := write(t, Run(context.Background(), p, Runtime{Send: api, Locks: &recordingLocks{}, Journal: failingBegin{}}))
+	equal(t, "status", w.Code, http.StatusServiceUnavailable)
+	equal(t, "writes sent", len(api.writes()), 0)
+	equal(t, "Retry-After", w.Header.Get("Retry-After"), gatewayRetryAfter)
 }

@@ -274,7 +274,7 @@ func (run *batchRun) do(ctx context.Context) *Result {
 	run.trace.journalStored(start, err)
 	if err != nil {
 		// Nothing was written, and nothing may be.
-		run.refusal = &refusal{status: http.StatusServiceUnavailable, cause: err,
+		run.refusal = &refusal{status: http.StatusServiceUnavailable, cause: err, retryAfter: gatewayRetryAfter,
 			detail: "the saga's journal could not be written, so the batch was not started; nothing was changed"}
 		return run.report(ctx, batchCtx)
 	}
