@@ -278,6 +278,8 @@ type Journal struct {
 	// removing is set once a removal of the journal began: a later one
 	// lists what is left, where the first knows what was stored.
 	removing bool
+	// ended is set once the saga's end is recorded (endRecordedIf).
+	ended bool
 	// stored is set once anything may be in storage (a store that failed
 	// may have written it all the same), and landed once a store
 	// returned without an error.
@@ -609,11 +611,26 @@ func (j *Journal) End(ctx context.Context, res *batch.Result) {
 		owned.forget(j.saga)
 		return
 	}
+	if err != nil && landed && !j.endRecorded() {
+		// The batch has not succeeded until its end is recorded: a
+		// journal left in storage past the lease is taken for a saga
+		// cut short, and undone. So the answer waits, trying again under
+		// the lease (a blip costs a moment), until the end is recorded or
+		// the lease is lost; then the saga is another instance's to end,
+		// and its client is told so (batch.EndLoser), never succeeded.
+		j.js.logger.Warn("the saga's end could not be recorded in storage; its answer waits while it is tried again under the lease",
+			zap.String("saga", j.saga), zap.Error(err))
+		if !j.endLater(removals.hurry, j.removeJournal, endRetryWait, j.endRecorded) {
+			removals.retry(j, j.removeJournal)
+		}
+		return
+	}
 	if err != nil {
 		// A journal left in storage would be taken for a saga cut
-		// short, and undone, once its lease lapsed: keep the lease and
-		// try again. One whose every store failed may never have been
-		// stored: there is nothing to tell an operator yet.
+		// short, and undone, once its lease lapsed, but for its end
+		// marker: keep the lease and try again. One whose every store
+		// failed may never have been stored: there is nothing to tell an
+		// operator yet.
 		log := j.js.logger.Error
 		if !landed {
 			log = j.js.logger.Info
@@ -625,6 +642,10 @@ func (j *Journal) End(ctx context.Context, res *batch.Result) {
 	}
 	owned.forget(j.saga)
 }
+
+// endRetryWait is the first wait of a removal tried again as its
+// client waits: a blip passes in a moment.
+const endRetryWait = 250 * time.Millisecond
 
 // fenceEnd waits, within a lease, for the saga's lease to be proven
 // before its journal is removed: a saga whose lease another instance

@@ -62,22 +62,30 @@ const exitRemovalGrace = 3 * StorageTimeout
 // retry tries end (what is left of ending j: keeping its saga, removing
 // its journal) again until it succeeds.
 func (p *pendingRemovals) retry(j *Journal, end func(context.Context) error) {
-	p.running.Go(func() { j.endLater(p.hurry, end) })
+	p.running.Go(func() { j.endLater(p.hurry, end, j.js.leases.Length/2, nil) })
 }
 
-// endLater tries end again, holding the lease meanwhile and letting it
-// go for each try, so that no renewal writes the lease again once the
-// journal is removed. It holds the lease for half its length between
-// tries: the loop renews at most a third of the length after the hold,
-// so every wait holds a renewal (a third would be a race with the
-// loop's tick).
-func (j *Journal) endLater(hurry <-chan struct{}, end func(context.Context) error) {
-	defer owned.forget(j.saga)
-	for try := 2; ; try++ {
-		wait := j.js.leases.Length / 2
+// endLater tries end again until it succeeds or the lease is lost,
+// holding the lease meanwhile and letting it go for each try, so that
+// no renewal writes the lease again once the journal is removed. It
+// waits first before the first try, twice as long before each next,
+// up to half the lease: once the waits reach a third of it, the loop
+// renews at most a third of the length after the hold, so every wait
+// holds a renewal (a third would be a race with the loop's tick); the
+// fence before each try waits for one where they do not. With enough
+// set, it stops once a try that failed leaves enough done, and returns
+// false: the rest is the caller's to hand on.
+func (j *Journal) endLater(hurry <-chan struct{}, end func(context.Context) error, first time.Duration, enough func() bool) (finished bool) {
+	defer func() {
+		if finished {
+			owned.forget(j.saga)
+		}
+	}()
+	for try, next := 2, first; ; try, next = try+1, min(2*next, j.js.leases.Length/2) {
+		wait := next
 		select {
 		case <-hurry:
-			wait = time.Second
+			wait = min(wait, time.Second)
 		default:
 		}
 		j.mu.Lock()
@@ -97,7 +105,7 @@ func (j *Journal) endLater(hurry <-chan struct{}, end func(context.Context) erro
 		j.stopRenewal()
 		if j.lostErr() != nil {
 			j.js.logger.Warn("the saga's journal is left to the instance that took it over: this one's lease was lost before it could remove it", zap.String("saga", j.saga))
-			return
+			return true
 		}
 		if ferr != nil {
 			j.js.logger.Warn("the saga's lease could not be proven to remove its journal; retrying", zap.String("saga", j.saga), zap.Int("tries", try), zap.Error(ferr))
@@ -105,11 +113,14 @@ func (j *Journal) endLater(hurry <-chan struct{}, end func(context.Context) erro
 		}
 		err := end(context.Background())
 		if _, lost := errors.AsType[*lostLease](err); lost {
-			return // the journal is the new owner's: nothing to retry
+			return true // the journal is the new owner's: nothing to retry
 		}
 		if err == nil {
 			j.js.logger.Info("removed the saga's journal from storage after it failed", zap.String("saga", j.saga), zap.Int("tries", try))
-			return
+			return true
+		}
+		if enough != nil && enough() {
+			return false
 		}
 		j.js.logger.Warn("the saga's journal could not be removed from storage; retrying", zap.String("saga", j.saga), zap.Int("tries", try), zap.Error(err))
 	}

@@ -51,9 +51,12 @@ func (j *Journal) removeJournal(ctx context.Context) error {
 			j.takenOver.Store(lost.takenOver)
 			j.logLost(lost.why)
 		}
+		j.endRecordedIf(err == nil)
 		return err
 	}
-	if err := j.js.removeKeys(ctx, j.saga, landed, written); err != nil {
+	err := j.js.removeKeys(ctx, j.saga, landed, written)
+	j.endRecordedIf(landed && !errors.Is(err, errUnmarked))
+	if err != nil {
 		return err
 	}
 	if j.epoch > 0 {
@@ -64,6 +67,10 @@ func (j *Journal) removeJournal(ctx context.Context) error {
 	}
 	return j.js.deleteEnd(ctx, j.saga)
 }
+
+// errUnmarked is a removal whose end marker could not be stored: the
+// journal is as it was, a saga cut short to whoever finds it.
+var errUnmarked = errors.New("the end marker was not stored")
 
 // removeKeys deletes every key of saga's journal but its end marker,
 // each by its own name (a storage's Delete of a folder may leave the
@@ -80,7 +87,7 @@ func (j *Journal) removeJournal(ctx context.Context) error {
 func (js *Journals) removeKeys(ctx context.Context, saga string, marked bool, unlisted []string) error {
 	if marked {
 		if err := js.storage.Store(ctx, endKey(saga), []byte("{}")); err != nil {
-			return fmt.Errorf("storing %s: %w", endKey(saga), err)
+			return fmt.Errorf("storing %s: %w: %w", endKey(saga), errUnmarked, err)
 		}
 	}
 	names, err := listNames(ctx, js.storage, journalDir(saga))
@@ -223,4 +230,22 @@ func removalOrder(saga string, names, unlisted []string) []string {
 // after deleting it.
 func mayBeUnlisted(saga string) []string {
 	return []string{segmentKey(saga, 0), leaseKey(saga)}
+}
+
+// endRecordedIf notes, if recorded, that the saga's end is recorded:
+// its journal is gone, or its end marker stored, so that no recovery
+// takes it for a saga cut short.
+func (j *Journal) endRecordedIf(recorded bool) {
+	if recorded {
+		j.mu.Lock()
+		j.ended = true
+		j.mu.Unlock()
+	}
+}
+
+// endRecorded says whether the saga's end is recorded (endRecordedIf).
+func (j *Journal) endRecorded() bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.ended
 }

@@ -1,9 +1,12 @@
 package durable
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"net/http"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -58,8 +61,8 @@ func TestRemovalTriedAgainAfterTheLeaseIsLost(t *testing.T) {
 		j := js.New(Origin{})
 		up := &upstream{check: func(*batch.SubRequest) { s.cut.Store(true) }}
 		res := batch.Run(context.Background(), updatePlan(t, widgets(t), 1), batch.Runtime{Send: up, Journal: j})
-		if res.Outcome != batch.Succeeded {
-			t.Fatalf("outcome %s: %s", res.Outcome, res.Detail)
+		if res.Outcome == batch.Succeeded {
+			t.Fatalf("told %s with its journal left in storage past the lease: %s", res.Outcome, res.Detail)
 		}
 		time.Sleep(90 * time.Second) // the lease lapsed by this process's clock
 		if j.lostErr() == nil {
@@ -81,4 +84,69 @@ func TestRemovalTriedAgainAfterTheLeaseIsLost(t *testing.T) {
 			}
 		}
 	})
+}
+
+// nameOf is widget id's name as u keeps it ("old" until written).
+func nameOf(u *namedWidgets, id string) string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return cmp.Or(u.names[id], "old")
+}
+
+// A saga succeeds, and the storage becomes unreachable for this
+// instance as its last write leaves. Its journal cannot be removed, and
+// a journal left in storage past the lease is taken for a saga cut
+// short, and undone: so its client is never told succeeded before the
+// removal lands. A blip at the end costs the answer a moment, and the
+// batch stands; an outage past the lease loses the lease, the client is
+// told 503 with every item unknown, and the instance that takes the
+// saga over undoes it, as the client was told it might.
+func TestSagaIsNeverToldSucceededBeforeItsEndIsRecorded(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		outage    time.Duration
+		succeeded bool
+	}{
+		{"a blip", time.Second, true},
+		{"an outage past the lease", 3 * time.Minute, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			inBubble(t, func(t *testing.T) {
+				s := &partitioned{memStorage: newMemStorage()}
+				a := NewJournals(s, NewLeases(time.Minute), zap.NewNop())
+				j := a.New(Origin{})
+				up := newNamedWidgets()
+				var once sync.Once
+				up.before = func(*batch.SubRequest) {
+					once.Do(func() {
+						s.cut.Store(true)
+						time.AfterFunc(tc.outage, func() { s.cut.Store(false) })
+					})
+				}
+				res := batch.Run(context.Background(), updatePlan(t, widgets(t), 1), batch.Runtime{Send: up, Journal: j})
+				if tc.succeeded != (res.Outcome == batch.Succeeded) {
+					t.Fatalf("told %s (%d): %s", res.Outcome, res.Status, res.Detail)
+				}
+				if !tc.succeeded && (res.Status != http.StatusServiceUnavailable || res.Items[0].Outcome != batch.Unknown) {
+					t.Errorf("told %s (%d), item %s; want 503 and the item unknown", res.Outcome, res.Status, res.Items[0].Outcome)
+				}
+				time.Sleep(tc.outage)
+				b := NewJournals(s.memStorage, NewLeases(time.Minute), zap.NewNop())
+				var recovered *batch.Result
+				finish := func(r *Recovered) error {
+					var err error
+					recovered, err = batch.Resume(context.Background(), r.Snapshot, widgets(t).Lookup, nil, batch.Runtime{Send: up, Journal: r.Journal})
+					return err
+				}
+				scanAfterLease(t, b, finish, func(saga, doing string, err error) { t.Errorf("%s: %s: %v", saga, doing, err) })
+				time.Sleep(time.Minute)
+				switch {
+				case tc.succeeded && (recovered != nil || nameOf(up, "1") != "new"):
+					t.Errorf("told succeeded, then taken over (%v) and the widget is %q", recovered != nil, nameOf(up, "1"))
+				case !tc.succeeded && (recovered == nil || nameOf(up, "1") != "old"):
+					t.Errorf("the saga whose end was not recorded: taken over %v, the widget %q; want taken over and undone", recovered != nil, nameOf(up, "1"))
+				}
+			})
+		})
+	}
 }
