@@ -286,3 +286,65 @@ func TestEnvelopeAnswersTheURLAsSent(t *testing.T) {
 		t.Errorf("calls %v: the PATCH did not go to /users/7", calls)
 	}
 }
+
+// TestEnvelopeOperationMethodOverrideNeverForwarded: an operation's url
+// may not tell the upstream another method with _method (Rails, Laravel
+// and Symfony would obey it and turn a GET into a DELETE). One that names
+// another method than the operation's is refused before anything is
+// sent; one that names the same method is dropped, as are the envelope's
+// own _method and override headers.
+func TestEnvelopeOperationMethodOverrideNeverForwarded(t *testing.T) {
+	t.Parallel()
+	partial := func(s *policy.Settings) { s.ScopeQuery = []string{"tenant"} }
+	for name, op := range map[string]string{
+		"GET named DELETE":             `{"id": "g", "method": "GET", "url": "/users/7?_method=DELETE"}`,
+		"POST named DELETE":            `{"id": "g", "method": "POST", "url": "/users?_method=DELETE", "body": {"name": "x"}}`,
+		"lower case":                   `{"id": "g", "method": "GET", "url": "/users/7?_method=delete"}`,
+		"percent-encoded name":         `{"id": "g", "method": "GET", "url": "/users/7?%5Fmethod=DELETE"}`,
+		"two that disagree":            `{"id": "g", "method": "GET", "url": "/users/7?_method=GET&_method=DELETE"}`,
+		"with a reference in its path": `{"id": "g", "method": "DELETE", "url": "/users/$u?_method=PUT"}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			api := newShopAPI("/users").put("/users/7", map[string]any{"id": 7, "name": "grace"})
+			before := api.state()
+			body := `{"operations": [{"id": "u", "method": "GET", "url": "/users/7"}, ` + op + `]}`
+			_, prob := admitEnvelope(t, shop(t, partial), body)
+			if prob == nil {
+				t.Fatal("admitted an operation whose url names another method")
+			}
+			equal(t, "status", prob.Status, 400)
+			if !strings.HasSuffix(prob.Type, "#problem-invalid-method-override") {
+				t.Errorf("type %q, want invalid-method-override", prob.Type)
+			}
+			if !strings.Contains(prob.Detail, `operation "g"`) {
+				t.Errorf("detail %q does not name the operation", prob.Detail)
+			}
+			equal(t, "requests sent", len(api.log()), 0)
+			api.checkUnchanged(t, before)
+		})
+	}
+	t.Run("the same method, dropped", func(t *testing.T) {
+		api := newShopAPI("/users").put("/users/7", map[string]any{"id": 7, "name": "grace"})
+		w := runEnvelope(t, shop(t, partial), `{"operations": [
+			{"id": "g", "method": "GET", "url": "/users/7?_method=get&tenant=a"},
+			{"id": "m", "method": "PATCH", "url": "/users/7?_method=PATCH&tenant=a", "body": {"name": "Grace"}, "depends_on": ["g"]}
+		]}`, api, "X-HTTP-Method-Override", "POST", "X-HTTP-Method", "POST", "X-Method-Override", "POST")
+		equal(t, "outcome", w.Outcome, "succeeded")
+		for i := range w.Items {
+			equal(t, fmt.Sprintf("item %d's url", i), w.Items[i].URL, "/users/7?tenant=a")
+		}
+		calls := api.log()
+		equal(t, "requests sent", strings.Join(api.sent(), ", "), "GET /users/7, GET /users/7, PATCH /users/7")
+		for _, c := range calls {
+			if policy.HasParam(c.RawQuery, policy.MethodParam) {
+				t.Errorf("%s?%s reached the upstream with a method override", c, c.RawQuery)
+			}
+			for _, h := range []string{"X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override"} {
+				if v := c.Header.Get(h); v != "" {
+					t.Errorf("%s reached the upstream with %s: %s", c, h, v)
+				}
+			}
+		}
+		equal(t, "the item", api.state()["/users/7"], `{"id":7,"name":"Grace"}`)
+	})
+}

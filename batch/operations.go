@@ -249,6 +249,9 @@ func parseOperation(i int, raw json.RawMessage, names map[string]int, e *Envelop
 	if prob := eo.parseURL(names); prob != nil {
 		return bad("%s", prob)
 	}
+	if prob := eo.dropMethodOverride(); prob != nil {
+		return Item{}, prob
+	}
 	m, ok := e.Lookup(eo.path())
 	eo.query = joinNonEmpty("&", envQuery, eo.query)
 	if prob := eo.fits(m, ok, a); prob != nil {
@@ -353,6 +356,31 @@ func (eo *envelopeOperation) parseURL(names map[string]int) error {
 		}
 	}
 	return nil
+}
+
+// dropMethodOverride takes the _method parameter out of the operation's
+// query: an upstream that reads it (Rails, Laravel, Symfony) would turn
+// the request into another, and an operation's method is its "method"
+// member, the gateway's to send. One that names that same method is
+// dropped, as a single request's is; one that names another is refused,
+// since the client asked for something the gateway will not send.
+func (eo *envelopeOperation) dropMethodOverride() *problem.Details {
+	o, ok, err := policy.FindQueryMethodOverride(eo.query)
+	switch {
+	case err != nil:
+		return methodOverrideRefused(fmt.Sprintf("operation %q: its url's %s parameters name different methods; an operation is sent as its \"method\" alone: drop %s from its url",
+			eo.id, policy.MethodParam, policy.MethodParam))
+	case ok && o.Method != eo.method:
+		return methodOverrideRefused(fmt.Sprintf("operation %q: its url's %s parameter names %s, but its method is %s; an operation is sent as its \"method\" alone: put %s in \"method\", or drop %s from its url",
+			eo.id, policy.MethodParam, o.Method, eo.method, o.Method, policy.MethodParam))
+	}
+	eo.query = policy.WithoutParam(eo.query, policy.MethodParam)
+	return nil
+}
+
+func methodOverrideRefused(detail string) *problem.Details {
+	d := problem.New(http.StatusBadRequest, "invalid-method-override", detail)
+	return &d
 }
 
 // path is the operation's path, with each reference left as the client

@@ -38,39 +38,62 @@ type MethodOverride struct {
 // different methods are an error: which one an upstream would honour is
 // anyone's guess.
 func FindMethodOverride(r *http.Request) (o MethodOverride, ok bool, err error) {
-	consider := func(from, value string) error {
-		value = strings.ToUpper(strings.TrimSpace(value))
-		switch {
-		case value == "":
-		case !ok:
-			o, ok = MethodOverride{Method: value, From: from}, true
-		case value != o.Method:
-			return fmt.Errorf("%s names %s but %s names %s: send one method override, or none", o.From, o.Method, from, value)
-		}
-		return nil
-	}
+	var f overrideFinder
 	for _, h := range methodOverrideHeaders {
 		for _, v := range r.Header[h.key] {
-			if err := consider(h.name, v); err != nil {
+			if err := f.consider(h.name, v); err != nil {
 				return MethodOverride{}, false, err
 			}
 		}
 	}
 	if r.URL != nil {
-		err = EachParam(r.URL.RawQuery, func(_, key, value string) error {
-			if key != MethodParam {
-				return nil
-			}
-			if v, err := url.QueryUnescape(value); err == nil {
-				value = v
-			}
-			return consider("the "+MethodParam+" parameter", value)
-		})
-		if err != nil {
+		if err := f.query(r.URL.RawQuery); err != nil {
 			return MethodOverride{}, false, err
 		}
 	}
-	return o, ok, nil
+	return f.o, f.ok, nil
+}
+
+// FindQueryMethodOverride returns the method the _method parameters of
+// rawQuery name, as FindMethodOverride reads them: for a url that has no
+// headers of its own, an envelope operation's.
+func FindQueryMethodOverride(rawQuery string) (o MethodOverride, ok bool, err error) {
+	var f overrideFinder
+	if err := f.query(rawQuery); err != nil {
+		return MethodOverride{}, false, err
+	}
+	return f.o, f.ok, nil
+}
+
+// overrideFinder gathers the overrides of one request, so that two that
+// disagree are caught wherever each was found.
+type overrideFinder struct {
+	o  MethodOverride
+	ok bool
+}
+
+func (f *overrideFinder) consider(from, value string) error {
+	value = strings.ToUpper(strings.TrimSpace(value))
+	switch {
+	case value == "":
+	case !f.ok:
+		f.o, f.ok = MethodOverride{Method: value, From: from}, true
+	case value != f.o.Method:
+		return fmt.Errorf("%s names %s but %s names %s: send one method override, or none", f.o.From, f.o.Method, from, value)
+	}
+	return nil
+}
+
+func (f *overrideFinder) query(rawQuery string) error {
+	return EachParam(rawQuery, func(_, key, value string) error {
+		if key != MethodParam {
+			return nil
+		}
+		if v, err := url.QueryUnescape(value); err == nil {
+			value = v
+		}
+		return f.consider("the "+MethodParam+" parameter", value)
+	})
 }
 
 // RemoveMethodOverride deletes every method override from r, so that the
