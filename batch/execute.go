@@ -29,10 +29,16 @@ func (run *batchRun) execute(clientCtx, batchCtx context.Context) {
 	}
 	pending := pending(run.plan, run.state)
 	if run.plan.Op == policy.OpGet && run.plan.Match.Resource.List != nil && len(pending) > 0 {
-		pending = run.lists.read(batchCtx, run.state[pending[0]].tgt, pending, idsOf(run.items, pending), stop, func(ctx context.Context, i int, elem json.RawMessage) {
-			if !run.answered(ctx, i, nil, &SubResponse{Status: http.StatusOK, Body: elem}, nil) && run.allOrNothing {
-				halt() // an answer too large to keep
+		answer := func(ctx context.Context, i int, resp *SubResponse, err error) {
+			if !run.answered(ctx, i, nil, resp, err) && run.allOrNothing {
+				halt() // a throttled LIST, or an answer too large to keep
 			}
+		}
+		pending = run.lists.read(batchCtx, run.state[pending[0]].tgt, pending, idsOf(run.items, pending), stop, listed{
+			found: func(ctx context.Context, i int, elem json.RawMessage) {
+				answer(ctx, i, &SubResponse{Status: http.StatusOK, Body: elem}, nil)
+			},
+			throttled: answer,
 		})
 	}
 	ahead := run.ahead
@@ -547,8 +553,11 @@ func mayHaveTakenEffect(it *ItemResult, st *itemState, why string) {
 // answerError says what is wrong with an answer that came with an
 // error: its body, or that it stands for a request never sent.
 func answerError(err error) string {
+	var list *listThrottled
 	var held *HeldBack
 	switch {
+	case errors.As(err, &list):
+		return list.Error()
 	case errors.As(err, &held):
 		return held.Error()
 	case errors.Is(err, ErrBodyTooLarge):

@@ -3,9 +3,11 @@ package batch
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"sync"
+	"time"
 
 	"github.com/caddy-batch/caddy-batch/internal/jsonvalue"
 )
@@ -39,15 +41,25 @@ type listReads struct {
 	failures  []ListFailure
 }
 
+// listed is what a batch does with the items its LISTs settle.
+type listed struct {
+	// found gets every item a LIST answer holds, with its element.
+	found func(ctx context.Context, i int, elem json.RawMessage)
+	// throttled gets every item of a LIST that the upstream throttled
+	// for longer than the batch could wait, with that answer and a
+	// *listThrottled: the item fails with it, as its own GET would have.
+	throttled func(ctx context.Context, i int, resp *SubResponse, err error)
+}
+
 // read reads the items at indices, whose ids are ids, through the resource's list
 // filter (docs/list-filter.md): one LIST per group
 // of ids, at most concurrency at once, each a sub-request like any other
 // (a slot of max_in_flight, item_timeout), and none started once stop is
-// closed. found gets every item a LIST answer holds, with its element.
+// closed. to gets the items the LISTs settle.
 // read returns the indices no LIST answer held: a LIST answers only
 // what the caller may see, a page may be cut short, and a LIST may fail,
 // so only each item's own GET can tell what became of those.
-func (l *listReads) read(ctx context.Context, t *target, indices []int, ids []string, stop <-chan struct{}, found func(ctx context.Context, i int, elem json.RawMessage)) []int {
+func (l *listReads) read(ctx context.Context, t *target, indices []int, ids []string, stop <-chan struct{}, to listed) []int {
 	if len(indices) == 0 {
 		return nil
 	}
@@ -66,23 +78,7 @@ func (l *listReads) read(ctx context.Context, t *target, indices []int, ids []st
 	sent := fanOut(ctx, l.concurrency, upTo(len(groups)), stop, func(ctx context.Context, g int) {
 		req := newSubRequest(l.header, t, http.MethodGet, t.collectionPath, nil, "")
 		req.RawQuery = query + f.Query(groups[g])
-		sp := l.trace.listSpan(len(groups[g]))
-		elems, failure := l.list(ctx, t, req, sp)
-		sp.endList(failure)
-		if failure != nil {
-			failure.IDs = len(groups[g])
-			l.mu.Lock()
-			l.failures = append(l.failures, *failure)
-			l.mu.Unlock()
-			return
-		}
-		for _, elem := range elems {
-			// An element that names no id of the batch is ignored: an
-			// API that does not know the filter answers everything.
-			if i, ok := index[t.idOf(elem)]; ok && claims.take(i) {
-				found(ctx, i, elem)
-			}
-		}
+		l.readGroup(ctx, t, req, groups[g], index, claims, to)
 	})
 	var rest []int
 	for _, i := range indices {
@@ -114,10 +110,70 @@ func (c *listClaims) take(i int) bool {
 	return true
 }
 
-// list sends one LIST, traced by sp, and returns the elements of its
-// answer's array, or why there are none to use.
-func (l *listReads) list(ctx context.Context, t *target, req *SubRequest, sp *reqSpan) ([]json.RawMessage, *ListFailure) {
+// readGroup sends req, the LIST of ids (the items at index[id]), and
+// hands to the items its answer settles.
+func (l *listReads) readGroup(ctx context.Context, t *target, req *SubRequest, ids []string, index map[string]int, claims *listClaims, to listed) {
+	sp := l.trace.listSpan(len(ids))
 	resp, err := l.sender.read(ctx, t, req, sp)
+	if _, ok := throttled(resp, time.Now()); ok {
+		// The API asked for fewer requests: one GET per id would be many
+		// more. The sender waited out every pause it could, so this one
+		// fails the items at once.
+		sp.endList(&ListFailure{Reason: "throttled"})
+		var held *HeldBack
+		errors.As(err, &held)
+		cause := &listThrottled{status: resp.Status, held: held}
+		for _, id := range ids {
+			if i := index[id]; claims.take(i) {
+				to.throttled(ctx, i, resp, cause)
+			}
+		}
+		return
+	}
+	elems, failure := listElements(t, resp, err)
+	sp.endList(failure)
+	if failure != nil {
+		failure.IDs = len(ids)
+		l.mu.Lock()
+		l.failures = append(l.failures, *failure)
+		l.mu.Unlock()
+		return
+	}
+	for _, elem := range elems {
+		// An element that names no id of the batch is ignored: an API
+		// that does not know the filter answers everything.
+		if i, ok := index[t.idOf(elem)]; ok && claims.take(i) {
+			to.found(ctx, i, elem)
+		}
+	}
+}
+
+// listThrottled is the error of an item whose LIST the upstream
+// throttled for longer than max_throttle_wait or the batch's deadline
+// allows; held is set when the LIST was not sent at all.
+type listThrottled struct {
+	status int
+	held   *HeldBack
+}
+
+func (e *listThrottled) Error() string {
+	if e.held != nil {
+		return "the LIST that reads it (list_filter) was " + e.held.Error()
+	}
+	return fmt.Sprintf("the upstream throttled the LIST that reads it (list_filter), answering %d, for longer than max_throttle_wait or the batch's deadline allows: send the batch again later, after the answer's Retry-After when it has one",
+		e.status)
+}
+
+func (e *listThrottled) Unwrap() error {
+	if e.held == nil {
+		return nil
+	}
+	return e.held
+}
+
+// listElements returns the elements of a LIST answer's array, or why
+// there are none to use.
+func listElements(t *target, resp *SubResponse, err error) ([]json.RawMessage, *ListFailure) {
 	switch {
 	case resp == nil:
 		return nil, &ListFailure{Reason: "no_answer", Detail: asNoAnswer(err).reason}

@@ -70,11 +70,12 @@ func TestListReadBatchGET(t *testing.T) {
 	})
 	t.Run("a LIST that fails sends its ids to their own GETs", func(t *testing.T) {
 		for name, a := range map[string]answer{
-			"500":         reply(500, `<h1>oops</h1>`),
-			"not JSON":    reply(200, `<html>`),
-			"no array":    reply(200, `{"results":{}}`),
-			"no answer":   {err: errLost},
-			"wrong place": reply(200, `{"data":[]}`),
+			"500":                                  reply(500, `<h1>oops</h1>`),
+			"503 without Retry-After, no throttle": reply(503, ``),
+			"not JSON":                             reply(200, `<html>`),
+			"no array":                             reply(200, `{"results":{}}`),
+			"no answer":                            {err: errLost},
+			"wrong place":                          reply(200, `{"data":[]}`),
 		} {
 			f := newFake().seed("1", "2").on("GET", "/widgets", a)
 			// One at a time: the fallback GETs' order is checked.

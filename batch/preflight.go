@@ -38,7 +38,13 @@ func (run *batchRun) preflight(ctx context.Context) bool {
 	halt := sync.OnceFunc(func() { close(stop) })
 	if !run.plan.envelope() && run.plan.Op != policy.OpCreate {
 		if f := run.plan.Match.Resource.List; f != nil && f.Preflight && len(targets) > 0 {
-			targets = run.lists.read(ctx, run.state[targets[0]].tgt, targets, idsOf(run.items, targets), stop, run.listedPreimage)
+			targets = run.lists.read(ctx, run.state[targets[0]].tgt, targets, idsOf(run.items, targets), stop, listed{
+				found: run.listedPreimage,
+				throttled: func(ctx context.Context, i int, resp *SubResponse, err error) {
+					run.preimageThrottled(ctx, i, resp, err)
+					halt()
+				},
+			})
 		}
 	}
 	fanOut(ctx, run.batchSettings.Concurrency, targets, stop, func(ctx context.Context, i int) {
@@ -121,6 +127,17 @@ func (run *batchRun) readPreimage(ctx context.Context, i int) bool {
 func (run *batchRun) listedPreimage(ctx context.Context, i int, elem json.RawMessage) {
 	_ = run.transition(ctx, i, PhaseRead, nil, func(_ *ItemResult, st *itemState) {
 		st.preimage, st.preETag = elem, ""
+	})
+}
+
+// preimageThrottled fails item i, whose LIST the upstream throttled
+// (err says how), with that answer: its status and Retry-After become
+// the batch's, as a throttled GET's would.
+func (run *batchRun) preimageThrottled(ctx context.Context, i int, resp *SubResponse, err error) {
+	_ = run.transition(ctx, i, PhaseRead, nil, func(it *ItemResult, st *itemState) {
+		it.setResponse(resp)
+		it.Outcome, st.failure = Failed, true
+		it.Error = "the item could not be read before the write: " + err.Error()
 	})
 }
 

@@ -283,6 +283,75 @@ func TestThrottledListIsSentAgain(t *testing.T) {
 	})
 }
 
+// A throttled LIST whose pause the batch cannot wait out fails the items
+// it would have read at once, with its status and Retry-After, as
+// throttled GETs do: one GET per id is the very load the API asked to
+// be spared.
+func TestThrottledListIsNeverReplacedByGets(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name       string
+		answer     answer
+		mods       []specMod
+		status     int // each item's: the LIST's
+		batch      int // the batch's: a 5xx of the upstream's is a 502
+		retryAfter string
+	}{
+		{"a pause longer than max_throttle_wait", reply(429, `{"error":"slow down"}`, "Retry-After", "30"), nil, 429, 429, "30"},
+		{"a 429 without Retry-After past the deadline", reply(429, `{}`), []specMod{batchTimeout(500 * time.Millisecond)}, 429, 429, ""},
+		{"a 503 whose Retry-After is longer than max_throttle_wait", reply(503, ``, "Retry-After", "30"), nil, 503, 502, "30"},
+		{"max_throttle_wait 0", throttle(), []specMod{maxThrottleWait(0)}, 429, 429, "1"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := newFake().seed("1", "2", "3")
+				before := f.state()
+				f.on("GET", "/widgets", tt.answer)
+				res := run1(t, "GET", "/widgets?ids=1,2,3", "", f, append(tt.mods, listFilter(policy.ListFilterSpec{}))...)
+				w := write(t, res)
+				equal(t, "batch status", w.Code, tt.batch)
+				equal(t, "Retry-After", w.Header.Get("Retry-After"), tt.retryAfter)
+				equalSlices(t, "statuses", w.Statuses(), []int{tt.status, tt.status, tt.status})
+				equalSlices(t, "sent", f.sent(), []string{"GET /widgets"})
+				equal(t, "fallbacks", res.ListFallbacks, 0)
+				equal(t, "LISTs counted as failed (read one by one)", len(res.ListFailures), 0)
+				if !strings.Contains(w.Items[0].Error, "throttled the LIST") {
+					t.Errorf("item error %q does not say the LIST was throttled", w.Items[0].Error)
+				}
+				f.checkUnchanged(t, before)
+			})
+		})
+	}
+	t.Run("held past the deadline, the LIST is not sent", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newFake().seed("1", "2")
+			throttles := NewThrottles(nil)
+			throttles.hold("ada", "/widgets", throttleHold{until: time.Now().Add(3 * time.Second), delay: 3 * time.Second, status: 429, retryAfter: "3"}, time.Now())
+			rt := Runtime{Send: f, Throttles: throttles, Client: "ada"}
+			w := write(t, runWith(context.Background(), t, newRequest("GET", "/widgets?ids=1,2", ""), rt, batchTimeout(time.Second), listFilter(policy.ListFilterSpec{})))
+			equal(t, "batch status", w.Code, 429)
+			equal(t, "Retry-After", w.Header.Get("Retry-After"), "3")
+			equalSlices(t, "sent", f.sent(), nil)
+			if !strings.Contains(w.Items[0].Error, "LIST") || !strings.Contains(w.Items[0].Error, "not sent") {
+				t.Errorf("item error %q does not say the LIST was not sent", w.Items[0].Error)
+			}
+		})
+	})
+	t.Run("a preflight LIST fails the batch before anything is written", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newFake().seed("1", "2", "3")
+			before := f.state()
+			f.on("GET", "/widgets", reply(429, `{}`, "Retry-After", "30"))
+			w := write(t, run1(t, "PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":2},{"id":"3","v":3}]`, f,
+				listFilter(policy.ListFilterSpec{Preflight: true})))
+			equal(t, "batch status", w.Code, 429)
+			equal(t, "Retry-After", w.Header.Get("Retry-After"), "30")
+			equalSlices(t, "sent", f.sent(), []string{"GET /widgets"})
+			f.checkUnchanged(t, before)
+		})
+	})
+}
+
 // Held requests are released spread over up to a quarter of the pause
 // (at most a second), never before the moment.
 func TestThrottleReleaseIsJittered(t *testing.T) {
