@@ -150,6 +150,60 @@ func (it *ItemResult) describeLeft() string {
 	return it.describe() + ": " + reason
 }
 
+// LeftItem is one entry of a result's LeftBehind told apart: the item it
+// names and why. Index is -1 for an entry no item of the result wrote
+// (another instance's words, when this gateway lost the saga's lease and
+// that instance ended it).
+type LeftItem struct {
+	Index           int
+	ID, OperationID string
+	Reason          string
+}
+
+// LeftItems is the first max entries of r.LeftBehind, each with the item
+// it names. LeftBehind is what the answer and the log line list, so
+// whatever else reports the items left behind reads them from here, not
+// from the items' outcomes: a saga that lost its lease leaves its
+// unknown items behind too.
+func (r *Result) LeftItems(max int) []LeftItem {
+	n := min(max, len(r.LeftBehind))
+	if n <= 0 {
+		return nil
+	}
+	named := make(map[string]*ItemResult, len(r.Items))
+	for i := range r.Items {
+		named[r.Items[i].describe()] = &r.Items[i]
+	}
+	out := make([]LeftItem, n)
+	for k, entry := range r.LeftBehind[:n] {
+		out[k] = LeftItem{Index: -1, Reason: entry}
+		if it, reason := leftNamed(named, entry); it != nil {
+			out[k] = LeftItem{Index: it.Index, ID: it.ID, OperationID: it.OperationID, Reason: reason}
+		}
+	}
+	return out
+}
+
+// leftNamed finds the item whose description (describeLeft) begins entry,
+// and the reason that follows it. A description can hold ": " itself
+// (an operation's quoted id, its URL), so each place it occurs is tried.
+func leftNamed(named map[string]*ItemResult, entry string) (*ItemResult, string) {
+	if it := named[entry]; it != nil {
+		return it, ""
+	}
+	for at := 0; ; {
+		i := strings.Index(entry[at:], ": ")
+		if i < 0 {
+			return nil, ""
+		}
+		at += i
+		if it := named[entry[:at]]; it != nil {
+			return it, entry[at+2:]
+		}
+		at += 2
+	}
+}
+
 // LeftReason is why a rollback left the item behind: its undo's error,
 // else its own; it quotes what the legacy API answered, never a body.
 func (it *ItemResult) LeftReason() string {

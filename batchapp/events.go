@@ -103,19 +103,15 @@ type LeftBehind struct {
 // behind (at most 100, with their count) and why, never a pre-image or
 // a body.
 func EmitLeftBehind(lb LeftBehind) {
+	count := len(lb.Result.LeftBehind)
 	var items []map[string]any
-	count := 0
-	for _, it := range lb.Result.Items {
-		if it.Outcome != batch.RollbackFailed {
-			continue
+	for _, left := range lb.Result.LeftItems(maxEventItems) {
+		item := map[string]any{"reason": left.Reason}
+		if left.Index >= 0 {
+			item["index"], item["id"] = left.Index, left.ID
 		}
-		count++
-		if len(items) == maxEventItems {
-			continue
-		}
-		item := map[string]any{"index": it.Index, "id": it.ID, "reason": it.LeftReason()}
-		if it.OperationID != "" {
-			item["op"] = it.OperationID
+		if left.OperationID != "" {
+			item["op"] = left.OperationID
 		}
 		items = append(items, item)
 	}

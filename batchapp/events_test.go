@@ -1,6 +1,7 @@
 package batchapp
 
 import (
+	"fmt"
 	"maps"
 	"testing"
 	"time"
@@ -33,6 +34,9 @@ func TestLeftBehindEventIsBounded(t *testing.T) {
 			Compensation: &batch.Compensation{Error: "answered 404", Found: []byte(`{"secret":"PREIMAGE"}`)}})
 	}
 	res.Items = append(res.Items, batch.ItemResult{Index: 150, Outcome: batch.RolledBack})
+	for i := range 150 {
+		res.LeftBehind = append(res.LeftBehind, fmt.Sprintf("item %d (id %q): answered 404", i, "w"))
+	}
 	EmitLeftBehind(LeftBehind{Saga: "s1", Source: "batch", Result: res})
 	q := <-got
 	items := q.data["items"].([]map[string]any)
@@ -47,6 +51,47 @@ func TestLeftBehindEventIsBounded(t *testing.T) {
 			if k != "index" && k != "id" && k != "reason" {
 				t.Errorf("item member %q", k)
 			}
+		}
+	}
+}
+
+// A left_behind event lists the items the result's LeftBehind names, as
+// the answer and the log line do: a saga that lost its lease and was
+// orphaned leaves its unknown items behind too, not only those whose
+// undo failed. An entry no item of the result wrote (another instance's)
+// is carried with its reason alone.
+func TestLeftBehindEventListsTheResultsLeftBehind(t *testing.T) {
+	got := recordEvents(t)
+	res := &batch.Result{
+		Outcome: batch.RollbackFailed,
+		Items: []batch.ItemResult{
+			{Index: 0, ID: "1", Outcome: batch.RollbackFailed, Error: "undo answered 500"},
+			{Index: 1, ID: "2", Outcome: batch.Unknown, Error: "sent, no answer"},
+			{Index: 2, ID: "3", Outcome: batch.RolledBack},
+			{Index: 3, OperationID: "p: q", Method: "POST", URL: "/w", Outcome: batch.Unknown, Error: "timeout: 5s"},
+		},
+		LeftBehind: []string{
+			`item 0 (id "1"): undo answered 500`,
+			`item 1 (id "2"): sent, no answer`,
+			`operation "p: q" (POST /w): timeout: 5s`,
+			`item 9: written by the batch`,
+		},
+	}
+	EmitLeftBehind(LeftBehind{Saga: "kept1", Source: "batch", Result: res})
+	q := <-got
+	items := q.data["items"].([]map[string]any)
+	if q.data["count"] != 4 || len(items) != 4 || q.data["truncated"] != false {
+		t.Fatalf("left_behind event count %v, items %v; want the result's 4 LeftBehind entries", q.data["count"], items)
+	}
+	want := []map[string]any{
+		{"index": 0, "id": "1", "reason": "undo answered 500"},
+		{"index": 1, "id": "2", "reason": "sent, no answer"},
+		{"index": 3, "id": "", "op": "p: q", "reason": "timeout: 5s"},
+		{"reason": "item 9: written by the batch"},
+	}
+	for i := range want {
+		if !maps.Equal(items[i], want[i]) {
+			t.Errorf("item %d = %v, want %v", i, items[i], want[i])
 		}
 	}
 }
