@@ -211,7 +211,9 @@ func (l sizeLimit) tooLarge() *problem.Details {
 // idsFromQuery takes the ids out of the query, and returns the rest of it
 // for the sub-requests. Ids are split on literal commas before they are
 // unescaped, so an id may hold a comma as %2C; repeated ids parameters
-// add up. More than most ids are refused.
+// add up. More than most ids are refused. A '+' is a plus, as RFC 3986
+// reads a query, not a form's space: under id_format integer +3 is the
+// id 3, and an id holding a '+' reaches the API as one; a space is %20.
 func idsFromQuery(rawQuery string, s policy.Settings, most countLimit) ([]string, string, *problem.Details) {
 	var ids, rest []string
 	err := policy.EachParam(rawQuery, func(pair, key, value string) error {
@@ -223,7 +225,7 @@ func idsFromQuery(rawQuery string, s policy.Settings, most countLimit) ([]string
 			return nil
 		}
 		for _, raw := range strings.Split(value, ",") {
-			id, err := url.QueryUnescape(raw)
+			id, err := url.PathUnescape(raw)
 			if err != nil {
 				return fmt.Errorf("id %q: %w", raw, err)
 			}

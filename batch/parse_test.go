@@ -300,8 +300,8 @@ func TestIDsAreEscapedIntoOneSegment(t *testing.T) {
 		{
 			name: "batch GET", method: "GET",
 			target: "/widgets?ids=a%20b,%C3%A9,a:b,1%2C2,x+y,%3Fq%23f,semi%3B",
-			ids:    []string{"a b", "é", "a:b", "1,2", "x y", "?q#f", "semi;"},
-			paths:  []string{"/widgets/a%20b", "/widgets/%C3%A9", "/widgets/a:b", "/widgets/1%2C2", "/widgets/x%20y", "/widgets/%3Fq%23f", "/widgets/semi%3B"},
+			ids:    []string{"a b", "é", "a:b", "1,2", "x+y", "?q#f", "semi;"},
+			paths:  []string{"/widgets/a%20b", "/widgets/%C3%A9", "/widgets/a:b", "/widgets/1%2C2", "/widgets/x+y", "/widgets/%3Fq%23f", "/widgets/semi%3B"},
 		},
 		{
 			name: "batch DELETE", method: "DELETE",
@@ -395,6 +395,36 @@ func TestIDsFromQuery(t *testing.T) {
 			}
 			equalSlices(t, "ids", got, tt.ids)
 			equal(t, "query kept", p.Items[0].tgt.query, tt.rest)
+		})
+	}
+}
+
+// A '+' in the ids parameter is a plus, not a form's space: under
+// id_format integer +3 is the id 3 (one item with 03), and under any an
+// id holding a '+' is sent as it is; a space comes as %20.
+func TestIDsParameterReadsPlusAsPlus(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		format policy.IDFormat
+		target string
+		ids    []string
+		sent   []string
+	}{
+		{policy.IDInteger, "/widgets?ids=+3,03", []string{"3", "3"}, []string{"GET /widgets/3"}},
+		{policy.IDAny, "/widgets?ids=a+b,c%20d,e%2Bf", []string{"a+b", "c d", "e+f"},
+			[]string{"GET /widgets/a+b", "GET /widgets/c%20d", "GET /widgets/e+f"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.target, func(t *testing.T) {
+			p := mustPlan(t, newRequest(http.MethodGet, tt.target, ""), partial, concurrency(1), idFormat(tt.format))
+			var got []string
+			for _, it := range p.Items {
+				got = append(got, it.ID)
+			}
+			equalSlices(t, "ids", got, tt.ids)
+			f := newFake()
+			run(p, f)
+			equalSlices(t, "sent", f.sent(), tt.sent)
 		})
 	}
 }
