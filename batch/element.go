@@ -57,7 +57,13 @@ func (r *elementRules) item(n int, elem json.RawMessage) (Item, *problem.Details
 	idField := r.s.IDField
 	rawID, hasID := members[idField]
 	if hasID && string(rawID) == "null" {
-		hasID = false
+		// Refused rather than read as no id: the client may mean "let the
+		// API assign one" or have sent an id it failed to fill in, and
+		// only the latter is worth a write to find out.
+		if r.op == policy.OpUpdate {
+			return Item{}, invalid("%v: its %s is null; give the id of the item to update, a string or an integer", pos, idField)
+		}
+		return Item{}, invalid("%v: its %s is null; leave the %s out for the API to assign one, or give a string or an integer", pos, idField, idField)
 	}
 	if !hasID {
 		if r.op == policy.OpUpdate {

@@ -85,7 +85,7 @@ func TestInputRules(t *testing.T) {
 
 		// an update element without the id field → 400; an id that is not a string or number → 400
 		{name: "update element without id", method: "PATCH", target: "/widgets", body: `[{"id":1,"a":1},{"a":2}]`, status: 400, detail: []string{"item 1", `"id"`}},
-		{name: "update element with null id", method: "PATCH", target: "/widgets", body: `[{"id":null,"a":2}]`, status: 400, detail: []string{"item 0", `"id"`}},
+		{name: "update element with null id", method: "PATCH", target: "/widgets", body: `[{"id":null,"a":2}]`, status: 400, detail: []string{"item 0", "id is null"}},
 		{name: "update element with id under id_field's neighbour", method: "PATCH", target: "/widgets", body: `[{"ID":1,"a":2}]`, status: 400, detail: []string{"item 0"}},
 		{name: "update id is an object", method: "PATCH", target: "/widgets", body: `[{"id":{"x":1}}]`, status: 400, detail: []string{"item 0", "object"}},
 		{name: "update id is a bool", method: "PATCH", target: "/widgets", body: `[{"id":1},{"id":true}]`, status: 400, detail: []string{"item 1", "boolean"}},
@@ -395,6 +395,29 @@ func TestIDsFromQuery(t *testing.T) {
 			}
 			equalSlices(t, "ids", got, tt.ids)
 			equal(t, "query kept", p.Items[0].tgt.query, tt.rest)
+		})
+	}
+}
+
+// An element whose id is null is refused, a create's as an update's, in
+// a batch and in a job: null is neither a string nor an integer, and a
+// client that sent it may have meant an id it failed to fill in.
+func TestNullElementIDIsRefused(t *testing.T) {
+	t.Parallel()
+	for method, advice := range map[string]string{http.MethodPost: "leave the id out", http.MethodPatch: "the id of the item to update"} {
+		body := `[{"id":1,"name":"a"},{"id":null,"name":"b"}]`
+		want := []string{"item 1", "id is null", advice}
+		t.Run(method, func(t *testing.T) {
+			_, prob := parse(t, newRequest(method, "/widgets", body))
+			if prob == nil || prob.Status != http.StatusBadRequest {
+				t.Fatalf("%s with an element whose id is null: problem %v, want 400", method, prob)
+			}
+			for _, w := range want {
+				if !strings.Contains(prob.Detail, w) {
+					t.Errorf("detail %q does not say %q", prob.Detail, w)
+				}
+			}
+			refused(t, admitJob(t, newRequest(method, "/widgets", body), nil, partial), http.StatusBadRequest, want...)
 		})
 	}
 }
