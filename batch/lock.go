@@ -23,9 +23,13 @@ func (run *batchRun) lock(clientCtx, batchCtx context.Context) bool {
 		return true
 	}
 	var keys []string
+	first := map[string]int{} // the item each key is first written by
 	for i := range run.items {
 		if key := writeKey(run.state[i].tgt, run.items[i].ID); key != "" {
 			keys = append(keys, key)
+			if _, seen := first[key]; !seen {
+				first[key] = i
+			}
 		}
 	}
 	slices.Sort(keys)
@@ -35,7 +39,8 @@ func (run *batchRun) lock(clientCtx, batchCtx context.Context) bool {
 	unlocks, failed, err := itemlock.LockAll(batchCtx, run.rt.Locks, keys)
 	run.trace.lockWaited(start, err)
 	if err != nil {
-		ref := RefuseLock(keys[max(failed, 0)], err, LockWait{Client: clientCtx, Batch: batchCtx, BatchTimeout: run.batchSettings.BatchTimeout})
+		key := keys[max(failed, 0)]
+		ref := RefuseLock(key, err, LockWait{Client: clientCtx, Batch: batchCtx, BatchTimeout: run.batchSettings.BatchTimeout, Item: run.items[first[key]].describe()})
 		run.refusal = &refusal{status: ref.Status, detail: ref.Detail, retryAfter: ref.RetryAfter, cause: err}
 		return false
 	}
@@ -246,6 +251,12 @@ type LockWait struct {
 	BatchTimeout time.Duration
 	// ItemTimeout is item_timeout, when it bounded the wait too.
 	ItemTimeout time.Duration
+	// Item names the batch's item the lock is for (its index and id),
+	// when the refusal is the whole batch's answer: the client must learn
+	// which item to look at, where a path is the upstream's spelling. A
+	// single write's path is the client's own, and an item's refusal
+	// stands in that item's result, so both leave it empty.
+	Item string
 }
 
 // LockRefusal is the answer to a write whose item's lock could not be
@@ -270,6 +281,14 @@ type LockRefusal struct {
 // saga that could not lock its items, an envelope's operation locked
 // late, and a partial batch's write all are, the same way.
 func RefuseLock(key string, err error, w LockWait) LockRefusal {
+	ref := refuseLock(key, err, w)
+	if w.Item != "" {
+		ref.Detail = w.Item + ": " + ref.Detail
+	}
+	return ref
+}
+
+func refuseLock(key string, err error, w LockWait) LockRefusal {
 	switch {
 	case w.Client.Err() != nil:
 		return LockRefusal{Status: 499, Detail: fmt.Sprintf(

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/caddy-batch/caddy-batch/internal/itemlock"
@@ -38,6 +39,7 @@ func TestRefuseLock(t *testing.T) {
 		{"batch deadline", locked, LockWait{Client: live, Batch: expired, BatchTimeout: 3 * time.Second, ItemTimeout: time.Second}, 409, "item-locked", "1", "held /w/1 until batch_timeout (3s) ran out"},
 		{"item timeout", locked, LockWait{Client: live, Batch: live, BatchTimeout: time.Minute, ItemTimeout: 2 * time.Second}, 409, "item-locked", "1", "held /w/1 for item_timeout (2s)"},
 		{"single write", locked, LockWait{Client: live, ItemTimeout: 2 * time.Second}, 409, "item-locked", "1", "held /w/1 for item_timeout (2s)"},
+		{"a batch's item named", locked, LockWait{Client: live, Batch: expired, BatchTimeout: time.Second, Item: `item 3 (id "1")`}, 409, "item-locked", "1", `item 3 (id "1"): another write through the gateway held /w/1`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ref := RefuseLock("/w/1", c.err, c.wait)
@@ -49,6 +51,32 @@ func TestRefuseLock(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A batch refused because another writer holds one of its items names
+// that item by its index and id, as every problem about an item does,
+// besides the path the upstream knows it by; its status, type and
+// Retry-After are a lock refusal's.
+func TestSagaLockRefusalNamesTheItem(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		locks, release := heldBy(t, "/widgets/3")
+		defer release()
+		f := newFake().seed("1", "3", "5")
+		p := mustPlan(t, newRequest(http.MethodDelete, "/widgets?ids=1,03,5", ""), idFormat(policy.IDInteger), batchTimeout(30*time.Millisecond))
+		w := write(t, newBatchRun(p, Runtime{Send: f, Locks: locks}, noBackoff).do(context.Background()))
+		equal(t, "status", w.Code, http.StatusConflict)
+		if !strings.HasSuffix(w.Type, "#problem-batch-failed") {
+			t.Errorf("type %q, want a failed batch's", w.Type)
+		}
+		equal(t, "Retry-After", w.Header.Get("Retry-After"), "1")
+		equal(t, "sent", len(f.sent()), 0)
+		for _, want := range []string{`item 1 (id "3")`, "/widgets/3", "batch_timeout"} {
+			if !strings.Contains(w.Detail, want) {
+				t.Errorf("detail %q does not say %q", w.Detail, want)
+			}
+		}
+	})
 }
 
 // heldBy is a lock table in which another writer holds key until the
