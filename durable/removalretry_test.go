@@ -132,14 +132,19 @@ func TestSagaIsNeverToldSucceededBeforeItsEndIsRecorded(t *testing.T) {
 				}
 				time.Sleep(tc.outage)
 				b := NewJournals(s.memStorage, NewLeases(time.Minute), zap.NewNop())
-				var recovered *batch.Result
+				finished := make(chan *batch.Result, 1)
 				finish := func(r *Recovered) error {
-					var err error
-					recovered, err = batch.Resume(context.Background(), r.Snapshot, widgets(t).Lookup, nil, batch.Runtime{Send: up, Journal: r.Journal})
+					res, err := batch.Resume(context.Background(), r.Snapshot, widgets(t).Lookup, nil, batch.Runtime{Send: up, Journal: r.Journal})
+					finished <- res
 					return err
 				}
 				scanAfterLease(t, b, finish, func(saga, doing string, err error) { t.Errorf("%s: %s: %v", saga, doing, err) })
 				time.Sleep(time.Minute)
+				var recovered *batch.Result
+				select {
+				case recovered = <-finished:
+				default:
+				}
 				switch {
 				case tc.succeeded && (recovered != nil || nameOf(up, "1") != "new"):
 					t.Errorf("told succeeded, then taken over (%v) and the widget is %q", recovered != nil, nameOf(up, "1"))
