@@ -90,6 +90,14 @@ func (run *batchRun) undoItem(ctx context.Context, i int) {
 		run.settle(ctx, i, RolledBack, "", nil)
 		return
 	}
+	if st.resumed && u.Method == http.MethodPost && !st.tgt.settings.IdempotentUpstream {
+		// Its own id reads nothing, yet a re-create may have gone out
+		// already (from the gateway that ran the saga before, or from
+		// the instance that took it over) and made the item under an id
+		// the API assigned: a second would make a second copy.
+		run.settle(ctx, i, RollbackFailed, "its re-create (restore_deleted post) may have been sent already, its answer never recorded, and made the item under an id the API assigned: another could make a second copy, so none was sent; look for the item, and re-create it if it is not there (idempotent_upstream lets the gateway send it again with its Idempotency-Key)", nil)
+		return
+	}
 	if u.Proof != nil && !st.readProved && !run.proved(ctx, i, u.Proof) {
 		return
 	}

@@ -3,6 +3,7 @@ package batch
 import (
 	"context"
 	"net/http"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -43,4 +44,49 @@ func TestUndoNotSentAgainSoonerThanRetryAfter(t *testing.T) {
 			t.Errorf("batch %s, the undo sent at %v: want rolled_back, sent again 30s after the 429 that asked for it", w.Outcome, at)
 		}
 	})
+}
+
+// A saga that died with its restore_deleted post re-create in flight
+// (journaled as being undone, no answer) is resumed: the re-create may
+// have made the item under an id the API assigned, which a read of the
+// item's own id cannot find. It is not sent again (a second copy), but
+// left to an operator, rollback_failed saying why.
+func TestResumedRestoreByPostIsNotSentAgain(t *testing.T) {
+	t.Parallel()
+	f := newFake().seed("1", "2")
+	f.on("DELETE", "/widgets/2", reply(500, `{}`))
+	dead, undoing := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	posts := 0
+	var mu sync.Mutex
+	f.on("POST", "/widgets", answer{hook: func(_ context.Context, req *SubRequest) {
+		mu.Lock()
+		posts++
+		n := posts
+		mu.Unlock()
+		// The API assigns ids of its own.
+		f.put(widget("new"+string(rune('0'+n))), map[string]any{"id": "new", "name": "widget 1"})
+		if n == 1 {
+			once.Do(func() { close(undoing) })
+			<-dead // the gateway dies with the POST in flight
+		}
+	}, status: http.StatusNoContent})
+	j := &memJournal{}
+	p := mustPlan(t, newRequest("DELETE", "/widgets?ids=1,2", ""), concurrency(1), restoreByPost, compensationRetries(0))
+	go newBatchRun(p, Runtime{Send: f, Journal: j}, noBackoff).do(context.Background())
+	<-undoing
+	snap := j.stored(t)
+	equal(t, "item 0's phase", snap.Items[0].Phase, PhaseUndoing)
+	res, err := Resume(context.Background(), snap, widgets(t, restoreByPost, compensationRetries(0)).Lookup, nil, Runtime{Send: f, Journal: &memJournal{snap: snap}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	equal(t, "item 0", res.Items[0].Outcome, RollbackFailed)
+	mu.Lock()
+	n := posts
+	mu.Unlock()
+	if n > 1 {
+		t.Errorf("the restore POST was sent %d times: the resumed saga made a second copy of the deleted item (%v)", n, f.state())
+	}
+	close(dead)
 }
