@@ -332,7 +332,9 @@ var errJournal = errors.New("the saga's journal could not record the write")
 // that lost its lease (endLost).
 func (run *batchRun) send(i int, req *SubRequest, o sendOpts) (*SubResponse, error) {
 	fence := func() error {
-		if !run.journaled() || req.Method == http.MethodGet || req.Method == http.MethodHead || run.selfUndo.Load() {
+		// A run that journals nothing may still stand on a lease: a
+		// keyed batch's claim on its Idempotency-Key.
+		if req.Method == http.MethodGet || req.Method == http.MethodHead || run.selfUndo.Load() {
 			return nil
 		}
 		if err := run.rt.Journal.Fence(o.wait); err != nil {
@@ -452,7 +454,12 @@ func (run *batchRun) failByGateway(ctx context.Context, i int, reason string, ca
 func (run *batchRun) fenced(ctx context.Context, i int, err error) {
 	of := run.journalOf()
 	reason := "the " + of + "'s lease in storage could not be proven in time (the storage did not answer), so the write was not sent"
-	if run.lease.saw(err) {
+	switch {
+	case !run.journaled() && run.lease.saw(err):
+		reason = "the batch's claim on its Idempotency-Key was lost (" + run.lease.loss().Why + "): a retry of it may be running, so the write was not sent"
+	case !run.journaled():
+		reason = "the batch's claim on its Idempotency-Key could not be proven in time (the storage did not answer), so the write was not sent"
+	case run.lease.saw(err):
 		reason = "the " + of + "'s lease was lost (" + run.lease.loss().Why + "): another instance finishes the " + of + ", so the write was not sent"
 	}
 	run.failByGateway(ctx, i, reason, err)

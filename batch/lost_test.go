@@ -239,3 +239,24 @@ func TestUndoFindsTheItemPutBack(t *testing.T) {
 	equal(t, "item 0", w.Items[0].Outcome, string(RolledBack))
 	equal(t, "outcome", w.Outcome, string(RolledBack))
 }
+
+// A partial batch journals nothing, but a keyed one stands on its
+// Idempotency-Key claim: once the claim is lost (a retry of the batch
+// may be running), it sends no further write; the items left fail with
+// 503, saying why, and those done stand.
+func TestPartialBatchSendsNothingOnceItsClaimIsLost(t *testing.T) {
+	t.Parallel()
+	f := newFake().seed("1", "2", "3", "4")
+	j := &fencingJournal{lease: lostAfter(3, time.Now())}
+	p := mustPlan(t, newRequest("PATCH", "/widgets", `[{"id":1,"name":"a"},{"id":2,"name":"b"},{"id":3,"name":"c"},{"id":4,"name":"d"}]`), partial, concurrency(1))
+	w := write(t, Run(context.Background(), p, Runtime{Send: f, Journal: j}))
+	equal(t, "PATCHes sent", len(f.sentWith("PATCH")), 2)
+	equal(t, "status", w.Code, http.StatusMultiStatus)
+	for i, want := range []string{"succeeded", "succeeded", "failed", "failed"} {
+		equal(t, fmt.Sprintf("item %d", i), w.Items[i].Outcome, want)
+	}
+	if e := w.Items[2].Error; !strings.Contains(e, "Idempotency-Key was lost") {
+		t.Errorf("item 2's error %q does not say its claim was lost", e)
+	}
+	equal(t, "item 2's status", w.Items[2].Status, http.StatusServiceUnavailable)
+}

@@ -369,9 +369,13 @@ func (h *Handler) serveBatch(w http.ResponseWriter, r *http.Request, a admission
 	}
 	send := newSubrequests(r, obs.chain(next), sc.settings.MaxBodySize)
 	journal := h.journalFor(r, sc, plan)
-	if dj, ok := journal.(*durable.Journal); ok && keyed != nil {
-		// A claim lost is the saga's lease lost: its writes stand on both.
-		dj.Also(keyed.held)
+	if keyed != nil {
+		if dj, ok := journal.(*durable.Journal); ok {
+			// A claim lost is the saga's lease lost: its writes stand on both.
+			dj.Also(keyed.held)
+		} else if !plan.Saga() {
+			journal = durable.FencedByClaim(journal, keyed.held)
+		}
 	}
 	obs.saga = sagaOf(journal)
 	result := batch.Run(r.Context(), plan, h.runtime(r.Context(), send, obs.locks(sc.locks), journal, r.Header, r.URL.Query(), sc))

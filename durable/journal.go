@@ -463,8 +463,13 @@ func (j *Journal) Fence(ctx context.Context) error {
 		return nil
 	}
 	for _, h := range j.also {
-		if lost := h.lostErr(); lost != nil {
+		// Proven as the saga's own lease is, with a sixth to spare: a
+		// claim whose renewals fail is no more a proof than a lease.
+		err := h.fence(ctx)
+		if lost, ok := errors.AsType[*batch.LeaseLost](err); ok {
 			j.lease.lose(lost.Why)
+		} else if err != nil {
+			return err
 		}
 	}
 	if err := j.lockLoss(); err != nil {

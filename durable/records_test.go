@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-batch/caddy-batch/batch"
 	"go.uber.org/zap"
 )
 
@@ -246,6 +247,32 @@ func TestGiveBackLeavesAnotherInstancesRecord(t *testing.T) {
 		}
 		if rec := stored(t, s, lapsed.Record); rec.State == StateDone {
 			t.Errorf("the lapsed claim's record: %+v", rec)
+		}
+	})
+}
+
+// A batch that is no saga stands on its claim (FencedByClaim): its
+// writes go while the claim is proven, and none once a renewal found
+// the key settled by another instance.
+func TestWritesFencedByTheClaim(t *testing.T) {
+	t.Parallel()
+	bubble(t, func(t *testing.T) {
+		s := newMemStorage()
+		keys := NewKeys(s, NewLeases(30*time.Millisecond), zap.NewNop())
+		ctx := context.Background()
+		c := claimOf("fp")
+		d := proceeds(t, keys, c)
+		j := FencedByClaim(batch.NoJournal{}, d.Held)
+		if err := j.Fence(ctx); err != nil {
+			t.Fatalf("a claim just made: %v", err)
+		}
+		other := NewKeys(s, NewLeases(time.Minute), zap.NewNop())
+		if err := other.SettleRecovered(ctx, c.Record, now(), &Answer{Status: 503}, "rolled_back", time.Hour, 1<<20); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(40 * time.Millisecond) // a renewal finds the record settled
+		if err := j.Fence(ctx); !errors.As(err, new(*batch.LeaseLost)) {
+			t.Errorf("a claim lost: Fence %v, want the claim's loss", err)
 		}
 	})
 }
