@@ -215,7 +215,9 @@ func TestOrphanedSagaUndoesEverythingKeepingItFirst(t *testing.T) {
 	before := f.state()
 	j := &fencingJournal{lease: lostAfter(3, time.Now().Add(time.Hour)), orphaned: true, f: f}
 	p := mustPlan(t, newRequest("PATCH", "/widgets", `[{"id":"1","v":1},{"id":"2","v":1},{"id":"3","v":1}]`), concurrency(1))
-	w := write(t, newBatchRun(p, Runtime{Send: f, Journal: j}, noBackoff).do(context.Background()))
+	res := newBatchRun(p, Runtime{Send: f, Journal: j}, noBackoff).do(context.Background())
+	w := write(t, res)
+	equal(t, "orphaned: the answer is the saga's end, which settles its key", res.Orphaned, true)
 	equal(t, "PATCHes sent", len(f.sentWith("PATCH")), 2)
 	equalSlices(t, "keeps", j.keeps, []string{"2 left after 0 PUTs", "0 left after 2 PUTs"})
 	f.checkUnchanged(t, before)

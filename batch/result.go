@@ -144,6 +144,10 @@ type Result struct {
 	LeaseLost bool
 	Saga      string
 	Kept      string
+	// Orphaned marks, with LeaseLost, a saga nobody else will end (its
+	// journal gone, no other instance's lease shown): this answer is its
+	// end, and settles its Idempotency-Key.
+	Orphaned bool
 }
 
 // Preimage is an item as it was before the batch.

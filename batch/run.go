@@ -363,7 +363,7 @@ func (run *batchRun) endLost(ctx, batchCtx context.Context, lost *LeaseLost) *Re
 	}
 	run.undoOwnSince(detached, since)
 	res := run.report(ctx, batchCtx)
-	res.LeaseLost = true
+	res.LeaseLost, res.Orphaned = true, end.orphaned
 	if lk == nil {
 		answerLost(res, lost, end)
 		return res
@@ -378,7 +378,7 @@ func (run *batchRun) endLost(ctx, batchCtx context.Context, lost *LeaseLost) *Re
 	if len(end.own) > 0 || end.kept != "" {
 		end.kept = keepLost(detached, lk, end.kept, run.snapshot(), end.own, res)
 	}
-	res.Kept = end.kept
+	res.Kept, res.Orphaned = end.kept, end.orphaned
 	answerLost(res, lost, end)
 	return res
 }

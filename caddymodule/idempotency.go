@@ -199,9 +199,10 @@ func (k *keyedBatch) write(w http.ResponseWriter, res *batch.Result) error {
 		}
 		return rec.Answer().Write(w)
 	}
-	if res.LeaseLost {
+	if res.LeaseLost && !res.Orphaned {
 		// Whoever ends the saga settles the key (docs/durability.md, "A saga never writes after it lost its lease"):
 		// this answer is not the saga's end, and must not replay as it.
+		// An orphaned saga's is: nobody else will end it.
 		k.held.Release()
 		return rec.Answer().Write(w)
 	}
