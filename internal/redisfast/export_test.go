@@ -30,3 +30,11 @@ func RefreshAround(s *Store, before, after func()) {
 		t.proved(names, proven, lost, began)
 	}
 }
+
+// Suspend makes the wall clock run d ahead of the monotonic one, as a
+// VM suspended for d leaves them; the returned function puts it back.
+func Suspend(d time.Duration) (resume func()) {
+	was := wallNow
+	wallNow = func() time.Time { return was().Add(d) }
+	return func() { wallNow = was }
+}

@@ -104,7 +104,7 @@ func (s *Store) Unlock(ctx context.Context, name string) error {
 func (s *Store) NoneLost() bool {
 	s.locks.mu.Lock()
 	defer s.locks.mu.Unlock()
-	return len(s.locks.lost) == 0 && time.Since(s.locks.provenAll) <= lockProven
+	return len(s.locks.lost) == 0 && ageOf(s.locks.provenAll) <= lockProven
 }
 
 // LockLost says why the lock name, held by this Store, is lost: another
@@ -116,7 +116,7 @@ func (s *Store) LockLost(name string) error {
 	if err := s.locks.lost[name]; err != nil {
 		return err
 	}
-	if proven, ok := s.locks.held[name]; ok && time.Since(proven) > lockProven {
+	if proven, ok := s.locks.held[name]; ok && ageOf(proven) > lockProven {
 		return fmt.Errorf("no refresh of the lock %s succeeded for %s of its %s: it may lapse before a write lands", name, lockProven, lockTTL)
 	}
 	return nil
@@ -222,6 +222,16 @@ func (t *lockTable) heldNow() ([]string, []time.Time, bool) {
 		names, proven = append(names, n), append(proven, p)
 	}
 	return names, proven, true
+}
+
+// wallNow is the wall clock: a suspended VM stops the monotonic clock
+// that time.Since reads, not this one, nor Redis's, which lets a lock
+// lapse meanwhile.
+var wallNow = func() time.Time { return time.Now().Round(0) }
+
+// ageOf is how long ago proven was, on whichever clock says longer.
+func ageOf(proven time.Time) time.Duration {
+	return max(time.Since(proven), wallNow().Sub(proven.Round(0)))
 }
 
 // oldest is the earliest of held's proofs; now when none is held.

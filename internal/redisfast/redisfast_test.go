@@ -251,6 +251,24 @@ func TestLockLost(t *testing.T) {
 	}
 }
 
+// TestLockLostAcrossASuspend: a VM suspended for longer than a lock
+// lives stops the monotonic clock, not the wall clock nor Redis's,
+// which let the lock lapse: the lock is lost on waking, though the
+// monotonic clock says it was proven a moment ago.
+func TestLockLostAcrossASuspend(t *testing.T) {
+	ctx := context.Background()
+	mr := miniredis.RunT(t)
+	f := fast(t, module(t, mr, "caddy", nil))
+	if ok, err := f.TryLock(ctx, "item"); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	resume := redisfast.Suspend(10 * time.Second)
+	defer resume()
+	if f.NoneLost() || f.LockLost("item") == nil {
+		t.Error("a lock held across a 10 s suspend is not lost")
+	}
+}
+
 // TestLockTakenAgainDuringARefresh: a lock let go and taken again by
 // the process while a refresh was out is not marked lost by what that
 // refresh found (the lock absent, between the two): the new lock is
