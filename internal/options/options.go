@@ -140,8 +140,10 @@ type Options struct {
 	// sent, locked, compared for duplicates and reported), and an id that
 	// is not a decimal integer is refused; under `uuid`, ids are compared
 	// and sent in lower case with hyphens, and one that is not a UUID is
-	// refused; under `any` an id is its text
-	// ([details](docs/configuration.md#id_format)). Default: any.
+	// refused; under `any` an id is its text, so `3` and `03` of an API
+	// that reads both as item 3 are two items to the gateway: two writes
+	// under two locks, which neither exclude each other nor count as a
+	// duplicate ([details](docs/configuration.md#id_format)). Default: any.
 	IDFormat string `json:"id_format,omitempty"`
 
 	// The members the upstream stamps on every save, e.g. `["updated_at"]`
