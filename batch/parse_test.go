@@ -267,11 +267,7 @@ func TestIDFormatCanonicalIDs(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p := mustPlan(t, newRequest(tt.method, tt.target, tt.body), partial, concurrency(1), idFormat(tt.format))
-			var got []string
-			for _, it := range p.Items {
-				got = append(got, it.ID)
-			}
-			equalSlices(t, "ids", got, tt.ids)
+			equalSlices(t, "ids", itemIDs(p), tt.ids)
 			f := newFake()
 			w := write(t, run(p, f))
 			equalSlices(t, "sent", f.sent(), tt.sent)
@@ -319,11 +315,7 @@ func TestIDsAreEscapedIntoOneSegment(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p := mustPlan(t, newRequest(tt.method, tt.target, tt.body), partial, concurrency(1))
-			var got []string
-			for _, it := range p.Items {
-				got = append(got, it.ID)
-			}
-			equalSlices(t, "ids", got, tt.ids)
+			equalSlices(t, "ids", itemIDs(p), tt.ids)
 			f := newFake()
 			run(p, f)
 			equalSlices(t, "escaped paths sent", pathsOf(f.log()), tt.paths)
@@ -389,11 +381,7 @@ func TestIDsFromQuery(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.query, func(t *testing.T) {
 			p := mustPlan(t, newRequest("GET", "/widgets?"+tt.query, ""))
-			var got []string
-			for _, it := range p.Items {
-				got = append(got, it.ID)
-			}
-			equalSlices(t, "ids", got, tt.ids)
+			equalSlices(t, "ids", itemIDs(p), tt.ids)
 			equal(t, "query kept", p.Items[0].tgt.query, tt.rest)
 		})
 	}
@@ -440,11 +428,7 @@ func TestIDsParameterReadsPlusAsPlus(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.target, func(t *testing.T) {
 			p := mustPlan(t, newRequest(http.MethodGet, tt.target, ""), partial, concurrency(1), idFormat(tt.format))
-			var got []string
-			for _, it := range p.Items {
-				got = append(got, it.ID)
-			}
-			equalSlices(t, "ids", got, tt.ids)
+			equalSlices(t, "ids", itemIDs(p), tt.ids)
 			f := newFake()
 			run(p, f)
 			equalSlices(t, "sent", f.sent(), tt.sent)
@@ -482,4 +466,13 @@ func TestItemPathEscapes(t *testing.T) {
 			t.Errorf("ItemPath(%q) = %q, which unescapes to %q, %v", id, p, u, err)
 		}
 	}
+}
+
+// itemIDs are the ids of p's items, in order.
+func itemIDs(p *Plan) []string {
+	var ids []string
+	for _, it := range p.Items {
+		ids = append(ids, it.ID)
+	}
+	return ids
 }

@@ -147,7 +147,8 @@ func TestSettleRecovered(t *testing.T) {
 
 // A claim's renewal writes only over the record this process last wrote:
 // a key that another instance settled meanwhile (a recovery that ended
-// the saga) stays settled, the claim is lost, and its answer is not
+// the saga) stays settled, the claim is lost (a batch that is no saga,
+// fenced by its claim alone, sends no write then), and its answer is not
 // written over the settled one. An answer the storage refused is stored
 // once it is back, and replayed.
 func TestClaimFenced(t *testing.T) {
@@ -158,6 +159,11 @@ func TestClaimFenced(t *testing.T) {
 		ctx := context.Background()
 		c := claimOf("fp")
 		d := proceeds(t, keys, c)
+		// The writes of a batch that is no saga stand on its claim.
+		fenced := FencedByClaim(batch.NoJournal{}, d.Held)
+		if err := fenced.Fence(ctx); err != nil {
+			t.Fatalf("a claim just made fences its writes: %v", err)
+		}
 		other := NewKeys(s, NewLeases(time.Minute), zap.NewNop())
 		if err := other.SettleRecovered(ctx, c.Record, now(), &Answer{Status: 503}, "rolled_back", time.Hour, 1<<20); err != nil {
 			t.Fatal(err)
@@ -168,6 +174,9 @@ func TestClaimFenced(t *testing.T) {
 		}
 		if !d.Held.Lost() {
 			t.Error("the claim is not lost")
+		}
+		if err := fenced.Fence(ctx); !errors.As(err, new(*batch.LeaseLost)) {
+			t.Errorf("a write of a batch whose claim is lost: Fence %v, want the claim's loss", err)
 		}
 		if err := d.Held.Answered(ctx, &Answer{Status: 200}, "succeeded", time.Hour, 1<<20); !errors.Is(err, ErrClaimLost) {
 			t.Errorf("answering a lost claim: %v, want ErrClaimLost", err)
@@ -247,32 +256,6 @@ func TestGiveBackLeavesAnotherInstancesRecord(t *testing.T) {
 		}
 		if rec := stored(t, s, lapsed.Record); rec.State == StateDone {
 			t.Errorf("the lapsed claim's record: %+v", rec)
-		}
-	})
-}
-
-// A batch that is no saga stands on its claim (FencedByClaim): its
-// writes go while the claim is proven, and none once a renewal found
-// the key settled by another instance.
-func TestWritesFencedByTheClaim(t *testing.T) {
-	t.Parallel()
-	bubble(t, func(t *testing.T) {
-		s := newMemStorage()
-		keys := NewKeys(s, NewLeases(30*time.Millisecond), zap.NewNop())
-		ctx := context.Background()
-		c := claimOf("fp")
-		d := proceeds(t, keys, c)
-		j := FencedByClaim(batch.NoJournal{}, d.Held)
-		if err := j.Fence(ctx); err != nil {
-			t.Fatalf("a claim just made: %v", err)
-		}
-		other := NewKeys(s, NewLeases(time.Minute), zap.NewNop())
-		if err := other.SettleRecovered(ctx, c.Record, now(), &Answer{Status: 503}, "rolled_back", time.Hour, 1<<20); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(40 * time.Millisecond) // a renewal finds the record settled
-		if err := j.Fence(ctx); !errors.As(err, new(*batch.LeaseLost)) {
-			t.Errorf("a claim lost: Fence %v, want the claim's loss", err)
 		}
 	})
 }
