@@ -318,13 +318,16 @@ func (h *Held) storeOverFrom(ctx context.Context, was []byte, entry *KeyValue, n
 	return h.keys.storage.Store(ctx, h.key, next)
 }
 
-// FencedByClaim is journal, a batch's that is no saga (partial: it
-// journals nothing), whose writes stand on the claim held as a saga's
+// FencedByClaim is journal (nil: none), a batch's that is no saga
+// (partial: it journals nothing), whose writes stand on the claim held as a saga's
 // stand on its lease (docs/durability.md, "A saga never writes after it
 // lost its lease"): none leaves once the claim is lost, or while it is
 // not proven with a sixth of it to spare, since a retry of the batch may
 // be running it by then.
 func FencedByClaim(journal batch.Journal, held *Held) batch.Journal {
+	if journal == nil {
+		journal = batch.NoJournal{}
+	}
 	return claimFenced{Journal: journal, claim: held.lease}
 }
 
