@@ -211,9 +211,10 @@ func (l sizeLimit) tooLarge() *problem.Details {
 // idsFromQuery takes the ids out of the query, and returns the rest of it
 // for the sub-requests. Ids are split on literal commas before they are
 // unescaped, so an id may hold a comma as %2C; repeated ids parameters
-// add up. More than most ids are refused. A '+' is a plus, as RFC 3986
-// reads a query, not a form's space: under id_format integer +3 is the
-// id 3, and an id holding a '+' reaches the API as one; a space is %20.
+// add up. More than most ids are refused. They are read as form
+// encoders write them (a '+' is a space, a plus is %2B), but under
+// id_format integer a leading '+', which no integer's form encoding
+// holds, is the sign written by hand: +3 is the id 3.
 func idsFromQuery(rawQuery string, s policy.Settings, most countLimit) ([]string, string, *problem.Details) {
 	var ids, rest []string
 	err := policy.EachParam(rawQuery, func(pair, key, value string) error {
@@ -225,11 +226,16 @@ func idsFromQuery(rawQuery string, s policy.Settings, most countLimit) ([]string
 			return nil
 		}
 		for _, raw := range strings.Split(value, ",") {
-			id, err := url.PathUnescape(raw)
+			sign, rest := "", raw
+			if s.IDFormat == policy.IDInteger {
+				rest = strings.TrimPrefix(raw, "+")
+				sign = raw[:len(raw)-len(rest)]
+			}
+			id, err := url.QueryUnescape(rest)
 			if err != nil {
 				return fmt.Errorf("id %q: %w", raw, err)
 			}
-			ids = append(ids, id)
+			ids = append(ids, sign+id)
 		}
 		return nil
 	})

@@ -296,8 +296,8 @@ func TestIDsAreEscapedIntoOneSegment(t *testing.T) {
 		{
 			name: "batch GET", method: "GET",
 			target: "/widgets?ids=a%20b,%C3%A9,a:b,1%2C2,x+y,%3Fq%23f,semi%3B",
-			ids:    []string{"a b", "é", "a:b", "1,2", "x+y", "?q#f", "semi;"},
-			paths:  []string{"/widgets/a%20b", "/widgets/%C3%A9", "/widgets/a:b", "/widgets/1%2C2", "/widgets/x+y", "/widgets/%3Fq%23f", "/widgets/semi%3B"},
+			ids:    []string{"a b", "é", "a:b", "1,2", "x y", "?q#f", "semi;"},
+			paths:  []string{"/widgets/a%20b", "/widgets/%C3%A9", "/widgets/a:b", "/widgets/1%2C2", "/widgets/x%20y", "/widgets/%3Fq%23f", "/widgets/semi%3B"},
 		},
 		{
 			name: "batch DELETE", method: "DELETE",
@@ -410,10 +410,11 @@ func TestNullElementIDIsRefused(t *testing.T) {
 	}
 }
 
-// A '+' in the ids parameter is a plus, not a form's space: under
-// id_format integer +3 is the id 3 (one item with 03), and under any an
-// id holding a '+' is sent as it is; a space comes as %20.
-func TestIDsParameterReadsPlusAsPlus(t *testing.T) {
+// The ids parameter is read as form encoders write it (a '+' is a
+// space, a plus is %2B: URLSearchParams, Go's url.Values, Python's
+// urlencode), but under id_format integer a leading '+' is the sign
+// written by hand: +3 is the id 3, one item with 03.
+func TestIDsParameterSignUnderInteger(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		format policy.IDFormat
@@ -422,8 +423,9 @@ func TestIDsParameterReadsPlusAsPlus(t *testing.T) {
 		sent   []string
 	}{
 		{policy.IDInteger, "/widgets?ids=+3,03", []string{"3", "3"}, []string{"GET /widgets/3"}},
-		{policy.IDAny, "/widgets?ids=a+b,c%20d,e%2Bf", []string{"a+b", "c d", "e+f"},
-			[]string{"GET /widgets/a+b", "GET /widgets/c%20d", "GET /widgets/e+f"}},
+		{policy.IDInteger, "/widgets?ids=%2B4,4", []string{"4", "4"}, []string{"GET /widgets/4"}},
+		{policy.IDAny, "/widgets?ids=a+b,c%20d,e%2Bf", []string{"a b", "c d", "e+f"},
+			[]string{"GET /widgets/a%20b", "GET /widgets/c%20d", "GET /widgets/e+f"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.target, func(t *testing.T) {
