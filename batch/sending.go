@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
+	"slices"
 	"time"
 
 	"github.com/caddy-batch/caddy-batch/internal/slots"
@@ -82,9 +84,10 @@ type sendOpts struct {
 // past the deadline returns the answer that throttled it and a *HeldBack.
 func (s *sender) send(to *target, req *SubRequest, o sendOpts, beforeSend func() error) (*SubResponse, error) {
 	resource := to.match.Resource.Collection.Plain()
+	client := s.clientOf(to, req)
 	var last *SubResponse // the last throttling answer, which a resend that cannot go stands on
 	for attempt := 0; ; attempt++ {
-		release, err := s.acquire(o.wait, resource, o.urgent)
+		release, err := s.acquire(o.wait, client, resource, o.urgent)
 		var held *HeldBack
 		switch {
 		case errors.As(err, &held):
@@ -121,7 +124,7 @@ func (s *sender) send(to *target, req *SubRequest, o sendOpts, beforeSend func()
 		now := time.Now()
 		h := throttleHold{until: now.Add(delay), delay: delay, status: resp.Status, retryAfter: resp.Header.Get("Retry-After")}
 		if h.retryAfter != "" {
-			s.throttles.hold(s.client, resource, h, now)
+			s.throttles.hold(client, resource, h, now)
 		}
 		release()
 		if !mayResend(to.settings.IdempotentUpstream, req, resp, now.Add(delay), o.wait) {
@@ -163,11 +166,28 @@ func (s *sender) read(ctx context.Context, to *target, req *SubRequest, sp *reqS
 	return resp, err
 }
 
+// clientOf is who req is sent for, as the upstream's throttles see it:
+// the run's client (its credentials), and the values req carries of
+// the query parameters that scope its resource (scope_query: an API
+// keyed by ?api_key=), wherever the client wrote them, in the batch's
+// URI or in an envelope operation's url.
+func (s *sender) clientOf(to *target, req *SubRequest) string {
+	if len(to.settings.ScopeQuery) == 0 {
+		return s.client
+	}
+	q, _ := url.ParseQuery(req.RawQuery)
+	key := s.client
+	for _, name := range slices.Sorted(slices.Values(to.settings.ScopeQuery)) {
+		key += "\x00" + url.Values{name: q[name]}.Encode()
+	}
+	return key
+}
+
 // acquire waits while the upstream holds this client off resource, then
 // for a slot, and again for a hold that came while it waited.
-func (s *sender) acquire(ctx context.Context, resource string, urgent bool) (func(), error) {
+func (s *sender) acquire(ctx context.Context, client, resource string, urgent bool) (func(), error) {
 	for {
-		waited, err := s.throttles.wait(ctx, s.client, resource)
+		waited, err := s.throttles.wait(ctx, client, resource)
 		s.tr.throttleHeld(waited)
 		if err != nil {
 			return nil, err
@@ -178,7 +198,7 @@ func (s *sender) acquire(ctx context.Context, resource string, urgent bool) (fun
 		}
 		// A hold recorded while this request waited for its slot holds
 		// it too: it gives the slot back and waits the hold out.
-		if _, held := s.throttles.current(s.client, resource, time.Now()); !held {
+		if _, held := s.throttles.current(client, resource, time.Now()); !held {
 			return release, nil
 		}
 		release()

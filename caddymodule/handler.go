@@ -11,7 +11,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"net/url"
 	"strconv"
 
 	"github.com/caddyserver/caddy/v2"
@@ -378,7 +377,7 @@ func (h *Handler) serveBatch(w http.ResponseWriter, r *http.Request, a admission
 		}
 	}
 	obs.saga = sagaOf(journal)
-	result := batch.Run(r.Context(), plan, h.runtime(r.Context(), send, obs.locks(sc.locks), journal, r.Header, r.URL.Query(), sc))
+	result := batch.Run(r.Context(), plan, h.runtime(r.Context(), send, obs.locks(sc.locks), journal, r.Header, sc))
 	markSaga(r.Context(), obs.saga, result)
 	obs.finished(r.Context(), plan, result)
 	return keyed.write(w, result)
@@ -386,15 +385,15 @@ func (h *Handler) serveBatch(w http.ResponseWriter, r *http.Request, a admission
 
 // runtime is what a batch of this handler runs on: its requests sent by
 // send, its items locked by locks and journaled by journal, for the
-// client whose request had header and query under sc (clientOf); the
-// handler's slots, their observer and the upstream's throttles (undos
-// and jobs wait out a throttle of their client as its batches do), and
-// the route's tracing.
-func (h *Handler) runtime(ctx context.Context, send batch.Sender, locks itemlock.Locker, journal batch.Journal, header http.Header, query url.Values, sc scope) batch.Runtime {
-	client, _ := clientOf(header, query, sc)
+// client whose credentials are in header under sc (the scope_query
+// values each sub-request carries complete who it is, in batch's
+// throttles); the handler's slots, their observer and the upstream's
+// throttles (undos and jobs wait out a throttle of their client as its
+// batches do), and the route's tracing.
+func (h *Handler) runtime(ctx context.Context, send batch.Sender, locks itemlock.Locker, journal batch.Journal, header http.Header, sc scope) batch.Runtime {
 	return batch.Runtime{
 		Send: send, Locks: locks, Journal: journal, Slots: h.slots, Observer: h.slots.observer(),
-		Throttles: h.slots.throttles, Client: client,
+		Throttles: h.slots.throttles, Client: durable.Credentials(header, sc.gateway.ScopeHeaders),
 		Trace: h.tracing(ctx),
 	}
 }

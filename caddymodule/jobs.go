@@ -240,7 +240,7 @@ func (jh jobHost) Site() batch.Site {
 	// route's tracing, if it traces, the batch app puts under the job's
 	// span (batchapp.ThroughRoutes).
 	send := h.sendStored(jh.r, jh.next, sc)
-	site := batch.Site{Runtime: h.runtime(jh.r.Context(), send, sc.locks, nil, jh.r.Header, jh.r.URL.Query(), sc), Lookup: h.jobLookup}
+	site := batch.Site{Runtime: h.runtime(jh.r.Context(), send, sc.locks, nil, jh.r.Header, sc), Lookup: h.jobLookup}
 	if e := h.envelope; e != nil {
 		// An envelope job's windows run as the envelope, with a job's
 		// bounds, each operation under its resource's (jobLookup).
@@ -249,22 +249,16 @@ func (jh jobHost) Site() batch.Site {
 	return site
 }
 
-// jobClient is the identity a job is counted and kept under
-// (clientOf); ok is false when the request has none.
+// jobClient is the identity a job is counted and kept under: the hash of
+// the request's Authorization, Cookie, scope_headers and scope_query
+// values; ok is false when the request has none of them.
 func jobClient(r *http.Request, sc scope) (string, bool) {
-	return clientOf(r.Header, r.URL.Query(), sc)
-}
-
-// clientOf is who a request with header and query is under sc: the hash
-// of its Authorization, Cookie, scope_headers and scope_query values,
-// what its jobs are counted under and its throttle holds are scoped by;
-// ok is false when it has none of them.
-func clientOf(header http.Header, query url.Values, sc scope) (string, bool) {
-	present := header.Get("Authorization") != "" || header.Get("Cookie") != ""
+	present := r.Header.Get("Authorization") != "" || r.Header.Get("Cookie") != ""
 	for _, name := range sc.gateway.ScopeHeaders {
-		present = present || header.Get(name) != ""
+		present = present || r.Header.Get(name) != ""
 	}
-	fields := []string{durable.Credentials(header, sc.gateway.ScopeHeaders)}
+	query := r.URL.Query()
+	fields := []string{durable.Credentials(r.Header, sc.gateway.ScopeHeaders)}
 	names := slices.Sorted(slices.Values(sc.settings.ScopeQuery))
 	for _, name := range names {
 		values := query[name]

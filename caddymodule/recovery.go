@@ -37,7 +37,7 @@ func (h *Handler) offer(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 func (h *Handler) finish(r *http.Request, next caddyhttp.Handler, sc scope, job batchapp.Job) (*batch.Result, error) {
 	ctx := r.Context()
 	h.linkFinish(ctx, job, sagaOf(job.Journal))
-	rt := h.runtime(ctx, h.sendStored(r, next, sc), sc.locks, job.Journal, job.Snap.Header, r.URL.Query(), sc)
+	rt := h.runtime(ctx, h.sendStored(r, next, sc), sc.locks, job.Journal, job.Snap.Header, sc)
 	var (
 		res *batch.Result
 		err error

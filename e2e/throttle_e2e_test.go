@@ -196,3 +196,41 @@ func throttledWaits(t testing.TB, resource string) float64 {
 	t.Helper()
 	return metricValue(t, "throttled_total", "resource", resource)
 }
+
+// Two clients told apart only by ?api_key= (scope_query), each sending
+// an envelope whose operation's url carries its key, are two clients to
+// the upstream's throttles: ada's 429 does not hold bob's envelope. The
+// key counts wherever the client wrote it, in the batch's URI or in an
+// operation's url.
+func TestThrottleHoldsTheClientOfAnEnvelopeOperationE2E(t *testing.T) {
+	site := strings.Replace(throttleSite, "concurrency 1", "concurrency 1\n\t\tscope_query api_key\n\t\tenvelope /api/batch", 1)
+	g := startGateway(t, seededAPI(), site)
+	g.API.Inject(throttled("GET", "/api/widgets/1", "1"))
+	waits := throttledWaits(t, "/api/widgets")
+	env := func(id, key string) string {
+		return `{"operations": [{"id": "g", "method": "GET", "url": "/api/widgets/` + id + `?api_key=` + key + `"}]}`
+	}
+	hdr := []string{"Content-Type", "application/json"}
+	first := make(chan response, 1)
+	go func() {
+		r, err := g.try("POST", "/api/batch", env("1", "ada"), hdr...)
+		if err != nil {
+			r = response{Status: -1, Body: []byte(err.Error())}
+		}
+		first <- r
+	}()
+	for deadline := time.Now().Add(5 * time.Second); throttledWaits(t, "/api/widgets") == waits; time.Sleep(2 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("ada's GET was never throttled")
+		}
+	}
+	throttledAt := sentAt(g.API, "GET", "/api/widgets/1")[0]
+	if resp := g.do(t, "POST", "/api/batch", env("3", "bob"), hdr...); resp.Status != 200 {
+		t.Errorf("bob's envelope: %s", resp)
+	}
+	<-first
+	moment := throttledAt.Add(time.Second)
+	if at := sentAt(g.API, "GET", "/api/widgets/3"); len(at) != 1 || !at[0].Before(moment) {
+		t.Errorf("bob's GET (api_key=bob) received at %v: it waited out ada's throttle (api_key=ada, moment %v)", at, moment)
+	}
+}
