@@ -348,3 +348,15 @@ func TestEnvelopeOperationMethodOverrideNeverForwarded(t *testing.T) {
 		equal(t, "the item", api.state()["/users/7"], `{"id":7,"name":"Grace"}`)
 	})
 }
+
+// An envelope create whose body's id is null is refused, as a batch
+// element's is: null is neither a string nor an integer, and the client
+// may have meant an id it failed to fill in.
+func TestEnvelopeCreateNullIDIsRefused(t *testing.T) {
+	t.Parallel()
+	body := `{"operations": [{"id": "u", "method": "POST", "url": "/users", "body": {"id": null, "name": "x"}}]}`
+	_, prob := admitEnvelope(t, shop(t), body)
+	if prob == nil || prob.Status != http.StatusBadRequest || !strings.Contains(prob.Detail, "is null") {
+		t.Fatalf("an envelope create whose body's id is null: %+v, want 400 saying the id is null", prob)
+	}
+}

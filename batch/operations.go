@@ -472,8 +472,13 @@ func elementID(t *target, body []byte, id string) (string, error) {
 	var members map[string]json.RawMessage
 	_ = json.Unmarshal(body, &members) // parseBody checked it is an object
 	raw, ok := members[s.IDField]
-	if !ok || string(raw) == "null" {
+	switch {
+	case !ok:
 		return id, nil
+	case string(raw) == "null":
+		// As a batch element's: the client may have meant an id it
+		// failed to fill in.
+		return "", fmt.Errorf("its body's %q is null; leave it out for the API to assign one, or give a string or an integer", s.IDField)
 	}
 	named, ok := jsonvalue.ID(raw)
 	if !ok {
