@@ -360,3 +360,24 @@ func TestEnvelopeCreateNullIDIsRefused(t *testing.T) {
 		t.Fatalf("an envelope create whose body's id is null: %+v, want 400 saying the id is null", prob)
 	}
 }
+
+// PHP, which Laravel and Symfony read the query through, drops a
+// parameter name's leading spaces and reads its spaces and dots as
+// underscores: ?.method=DELETE, ?%2Emethod=DELETE and ?+_method=DELETE
+// are ?_method=DELETE there, which turns a POST into a DELETE. An
+// operation's url carrying one is refused as one carrying _method is.
+func TestEnvelopeOperationMethodOverrideAsPHPSpellsIt(t *testing.T) {
+	t.Parallel()
+	for _, q := range []string{".method=DELETE", "%2Emethod=DELETE", "+_method=DELETE", "%20_method=DELETE", "_method=DELETE"} {
+		t.Run(q, func(t *testing.T) {
+			body := `{"operations": [{"id": "g", "method": "POST", "url": "/users?` + q + `", "body": {"name": "x"}}]}`
+			e := shop(t)
+			e.Atomicity = policy.Partial // a partial envelope: no scope_query check
+			p, prob := admitEnvelope(t, e, body)
+			if prob == nil {
+				t.Fatalf("admitted; the operation is sent as POST /users?%s", p.Items[0].tgt.query)
+			}
+			equal(t, "status", prob.Status, 400)
+		})
+	}
+}

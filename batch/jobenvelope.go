@@ -35,7 +35,7 @@ func AdmitEnvelopeJob(r *http.Request, e *Envelope, lim JobLimits, chunk func(fi
 	key := newIdempotencyKey(r.Header.Get("Idempotency-Key"))
 	plan.Spec.Key, plan.Spec.KeyQuoted = key.base, key.quoted
 	a := newAdmission(lim, plan.Atomicity, e.Settings.AllowOverride, chunk)
-	query := policy.WithoutParam(r.URL.RawQuery, policy.MethodParam)
+	query := policy.WithoutMethodParam(r.URL.RawQuery)
 	if a.atomic {
 		if prob := unscopedParam(query, e.Settings); prob != nil {
 			return nil, prob, nil

@@ -106,7 +106,7 @@ func AdmitEnvelope(r *http.Request, e *Envelope) (*Plan, *problem.Details) {
 	if prob := p.chooseAtomicity(env.Atomicity, r.Header, e); prob != nil {
 		return nil, prob
 	}
-	query := policy.WithoutParam(r.URL.RawQuery, policy.MethodParam)
+	query := policy.WithoutMethodParam(r.URL.RawQuery)
 	if p.Atomicity == policy.AllOrNothing {
 		if prob := unscopedParam(query, s); prob != nil {
 			return nil, prob
@@ -374,7 +374,7 @@ func (eo *envelopeOperation) dropMethodOverride() *problem.Details {
 		return methodOverrideRefused(fmt.Sprintf("operation %q: its url's %s parameter names %s, but its method is %s; an operation is sent as its \"method\" alone: put %s in \"method\", or drop %s from its url",
 			eo.id, policy.MethodParam, o.Method, eo.method, o.Method, policy.MethodParam))
 	}
-	eo.query = policy.WithoutParam(eo.query, policy.MethodParam)
+	eo.query = policy.WithoutMethodParam(eo.query)
 	return nil
 }
 

@@ -121,7 +121,7 @@ func parsePlan(r *http.Request, m policy.Match, op policy.Op) (*Plan, *problem.D
 			p.Items, prob = itemsFromIDs(ids, op, s.IDFormat)
 		}
 	default:
-		query = policy.WithoutParam(r.URL.RawQuery, policy.MethodParam)
+		query = policy.WithoutMethodParam(r.URL.RawQuery)
 		var elems []json.RawMessage
 		elems, p.bodyDigest, prob = readElements(r, s)
 		if prob == nil {
@@ -218,7 +218,7 @@ func (l sizeLimit) tooLarge() *problem.Details {
 func idsFromQuery(rawQuery string, s policy.Settings, most countLimit) ([]string, string, *problem.Details) {
 	var ids, rest []string
 	err := policy.EachParam(rawQuery, func(pair, key, value string) error {
-		if key == policy.MethodParam {
+		if policy.IsMethodParam(key) {
 			return nil // the sub-requests' methods are the gateway's
 		}
 		if key != s.IDsParam {

@@ -157,7 +157,7 @@ func (a *admission) admit(r *http.Request, op policy.Op, s policy.Settings) (str
 	if op == policy.OpGet || op == policy.OpDelete {
 		return a.ids(r.URL.RawQuery, op, s)
 	}
-	query := policy.WithoutParam(r.URL.RawQuery, policy.MethodParam)
+	query := policy.WithoutMethodParam(r.URL.RawQuery)
 	if a.atomic {
 		if prob := unscopedParam(query, s); prob != nil {
 			return "", prob

@@ -86,7 +86,7 @@ func (f *overrideFinder) consider(from, value string) error {
 
 func (f *overrideFinder) query(rawQuery string) error {
 	return EachParam(rawQuery, func(_, key, value string) error {
-		if key != MethodParam {
+		if !IsMethodParam(key) {
 			return nil
 		}
 		if v, err := url.QueryUnescape(value); err == nil {
@@ -102,7 +102,7 @@ func (f *overrideFinder) query(rawQuery string) error {
 func RemoveMethodOverride(r *http.Request) {
 	RemoveMethodOverrideHeaders(r.Header)
 	if r.URL != nil {
-		if q := WithoutParam(r.URL.RawQuery, MethodParam); q != r.URL.RawQuery {
+		if q := WithoutMethodParam(r.URL.RawQuery); q != r.URL.RawQuery {
 			r.URL.RawQuery = q
 			r.RequestURI = r.URL.RequestURI()
 		}

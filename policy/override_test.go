@@ -24,6 +24,11 @@ func TestFindMethodOverride(t *testing.T) {
 		{name: "_method", target: "/widgets?a=1&_method=DELETE", method: "DELETE", from: "the _method parameter"},
 		{name: "_method escaped", target: "/widgets?%5Fmethod=%44ELETE", method: "DELETE", from: "the _method parameter"},
 		{name: "lower case, as Rails forms send it", target: "/widgets?_method=delete", method: "DELETE"},
+		{name: "a dot, as PHP reads it", target: "/widgets?.method=DELETE", method: "DELETE"},
+		{name: "a dot escaped", target: "/widgets?%2Emethod=DELETE", method: "DELETE"},
+		{name: "a leading space PHP drops", target: "/widgets?+_method=DELETE", method: "DELETE"},
+		{name: "leading spaces, then a dot", target: "/widgets?%20%20.method=DELETE", method: "DELETE"},
+		{name: "a leading space alone is dropped, not read as _", target: "/widgets?%20method=DELETE"},
 		{name: "spaces around", target: "/widgets", header: []string{"X-HTTP-Method-Override", " patch "}, method: "PATCH"},
 		{name: "an unknown method is found, for the map to refuse", target: "/widgets", header: []string{"X-HTTP-Method", "BREW"}, method: "BREW"},
 		{name: "an empty value is none", target: "/widgets?_method=", header: []string{"X-HTTP-Method-Override", ""}},
@@ -70,7 +75,7 @@ func TestFindNoMethodOverrideDoesNotAllocate(t *testing.T) {
 
 func TestRemoveMethodOverride(t *testing.T) {
 	t.Parallel()
-	r := newRequest("POST", "/widgets?a=1&_method=DELETE&b=%20&%5Fmethod=x",
+	r := newRequest("POST", "/widgets?a=1&_method=DELETE&b=%20&%5Fmethod=x&.method=x&+_method=x",
 		"X-HTTP-Method-Override", "DELETE", "X-HTTP-Method", "DELETE", "X-Method-Override", "DELETE", "X-Other", "kept")
 	RemoveMethodOverride(r)
 	equal(t, "query", r.URL.RawQuery, "a=1&b=%20")

@@ -41,18 +41,36 @@ func HasParam(rawQuery, name string) bool {
 	}) == found
 }
 
-// WithoutParam returns the raw query without the parameter name, the
-// other pairs as they were sent.
-func WithoutParam(rawQuery, name string) string {
-	if !HasParam(rawQuery, name) {
-		return rawQuery
-	}
+// IsMethodParam reports whether a query parameter named key is the
+// method override parameter, as the frameworks that read one see its
+// name: PHP (under Laravel and Symfony) drops a name's leading spaces
+// and reads its spaces and dots as underscores, so " _method", ".method"
+// and "%2Emethod" are "_method" there.
+func IsMethodParam(key string) bool {
+	name := strings.Map(func(r rune) rune {
+		if r == ' ' || r == '.' {
+			return '_'
+		}
+		return r
+	}, strings.TrimLeft(key, " "))
+	return name == MethodParam
+}
+
+// WithoutMethodParam is rawQuery without any parameter IsMethodParam
+// names.
+func WithoutMethodParam(rawQuery string) string {
 	var rest []string
+	found := false
 	_ = EachParam(rawQuery, func(pair, key, _ string) error {
-		if key != name {
+		if IsMethodParam(key) {
+			found = true
+		} else {
 			rest = append(rest, pair)
 		}
 		return nil
 	})
+	if !found {
+		return rawQuery
+	}
 	return strings.Join(rest, "&")
 }
