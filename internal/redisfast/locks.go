@@ -23,15 +23,19 @@ import (
 // itself (the module refreshes only its own Lock's): every
 // refreshEvery, one script for all of them.
 const (
-	// lockTTL and refreshEvery are the module's.
-	lockTTL      = 5 * time.Second
-	refreshEvery = 3 * time.Second
+	// lockTTL is the module's.
+	lockTTL = 5 * time.Second
 	// lockProven is how long a call that took or refreshed a lock
 	// proves it: its life but a sixth, the margin a lease's fence keeps,
 	// so that a write checked at the end of it still lands before
-	// another holder can take the lock (a refresh every refreshEvery
-	// keeps every lock well inside it).
+	// another holder can take the lock.
 	lockProven = lockTTL - lockTTL/6
+	// refreshEvery is the wait between two refreshes: a third of the
+	// lock's life, not the module's 3 s, so that a proof, dated from
+	// when its refresh began, is at most refreshEvery plus two refresh
+	// calls old when the next lands, within lockProven while a refresh
+	// takes up to 1.25 s.
+	refreshEvery = lockTTL / 3
 	// maxKeys bounds the keys of one script.
 	maxKeys = 500
 	// callTimeout bounds one script, whoever waits for it.

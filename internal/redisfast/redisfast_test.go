@@ -18,6 +18,7 @@ import (
 	"github.com/caddy-batch/caddy-batch/batchapp"
 	"github.com/caddy-batch/caddy-batch/durable"
 	"github.com/caddy-batch/caddy-batch/internal/redisfast"
+	"github.com/caddy-batch/caddy-batch/internal/tcprelay"
 )
 
 // module is the Redis module's storage on mr, as Caddy provisions it.
@@ -368,5 +369,39 @@ func TestRenewLease(t *testing.T) {
 	}
 	if _, err := f.RenewLease(ctx, lease, []byte(`{"renewal":2}`), "", []byte(`{"renewal":3}`)); !errors.Is(err, durable.ErrKeyGone) {
 		t.Errorf("a lease gone: %v, want ErrKeyGone", err)
+	}
+}
+
+// TestLockNotLostWhileSlowRefreshesSucceed: a lock the fast path holds,
+// refreshed by its own loop on a Redis a second away (each refresh
+// succeeds, and Redis keeps the lock the whole time), is never reported
+// lost: a proof dates from when its refresh began, and the loop waits
+// between refreshes, so the refreshes come often enough for a proof to
+// stay within lockProven while each takes that long.
+func TestLockNotLostWhileSlowRefreshesSucceed(t *testing.T) {
+	ctx := context.Background()
+	mr := miniredis.RunT(t)
+	relay, err := tcprelay.New(mr.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = relay.Close() })
+	host, port, _ := strings.Cut(relay.Addr(), ":")
+	f := fast(t, module(t, mr, "caddy", func(rs *storageredis.RedisStorage) { rs.Host, rs.Port = []string{host}, []string{port} }))
+	if ok, err := f.TryLock(ctx, "item"); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	redisfast.Refresh(f) // the refresh script loaded: each refresh is one round trip
+	relay.SetDelay(time.Second)
+	deadline := time.Now().Add(8 * time.Second)
+	for time.Now().Before(deadline) {
+		if err := f.LockLost("item"); err != nil {
+			var held []string
+			for _, k := range mr.Keys() {
+				held = append(held, k+" ttl "+mr.TTL(k).String())
+			}
+			t.Fatalf("a lock every refresh of which succeeded is lost while Redis holds %v: %v", held, err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
