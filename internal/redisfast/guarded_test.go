@@ -15,7 +15,6 @@ import (
 
 	"github.com/caddy-batch/caddy-batch/durable"
 	"github.com/caddy-batch/caddy-batch/internal/itemlock"
-	"github.com/caddy-batch/caddy-batch/internal/tcprelay"
 )
 
 // TestStoreIfIsTheModules: StoreIf's writes are byte for byte the
@@ -124,15 +123,9 @@ func TestStoreIfChecks(t *testing.T) {
 func TestClaimOnTheFastPath(t *testing.T) {
 	ctx := context.Background()
 	mr := miniredis.RunT(t)
-	relay, err := tcprelay.New(mr.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = relay.Close() })
+	f, relay := fastThroughRelay(t, mr)
 	var sent atomic.Int64 // requests: a client waits for each answer
 	relay.Observe(func([]byte) { sent.Add(1) })
-	host, port, _ := strings.Cut(relay.Addr(), ":")
-	f := fast(t, module(t, mr, "caddy", func(rs *storageredis.RedisStorage) { rs.Host, rs.Port = []string{host}, []string{port} }))
 	keys := durable.NewKeys(f, durable.NewLeases(time.Minute), zap.NewNop())
 	claimAnswer := func(name string) (claim, answer int64) {
 		record, lock := durable.IdempotencyRecord(name, "", "/widgets", "/widgets", "update")

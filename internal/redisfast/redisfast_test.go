@@ -39,6 +39,19 @@ func module(t *testing.T, mr *miniredis.Miniredis, prefix string, set func(*stor
 }
 
 // fast is the fast path over rs.
+// fastThroughRelay is the fast path on mr through a relay of the test's
+// own, which can delay and count what goes by.
+func fastThroughRelay(t *testing.T, mr *miniredis.Miniredis) (*redisfast.Store, *tcprelay.Relay) {
+	t.Helper()
+	relay, err := tcprelay.New(mr.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = relay.Close() })
+	host, port, _ := strings.Cut(relay.Addr(), ":")
+	return fast(t, module(t, mr, "caddy", func(rs *storageredis.RedisStorage) { rs.Host, rs.Port = []string{host}, []string{port} })), relay
+}
+
 func fast(t *testing.T, rs *storageredis.RedisStorage) *redisfast.Store {
 	t.Helper()
 	s, ok := batchapp.DurableStorage(rs).(*redisfast.Store)
@@ -381,13 +394,7 @@ func TestRenewLease(t *testing.T) {
 func TestLockNotLostWhileSlowRefreshesSucceed(t *testing.T) {
 	ctx := context.Background()
 	mr := miniredis.RunT(t)
-	relay, err := tcprelay.New(mr.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = relay.Close() })
-	host, port, _ := strings.Cut(relay.Addr(), ":")
-	f := fast(t, module(t, mr, "caddy", func(rs *storageredis.RedisStorage) { rs.Host, rs.Port = []string{host}, []string{port} }))
+	f, relay := fastThroughRelay(t, mr)
 	if ok, err := f.TryLock(ctx, "item"); !ok || err != nil {
 		t.Fatal(ok, err)
 	}
