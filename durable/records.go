@@ -306,6 +306,15 @@ func (h *Held) storeOverFrom(ctx context.Context, was []byte, entry *KeyValue, n
 			return fmt.Errorf("indexing %s under its expiry: %w", h.key, err)
 		}
 	}
+	if err := h.holdsOwn(ctx, was); err != nil {
+		return err
+	}
+	return h.keys.storage.Store(ctx, h.key, next)
+}
+
+// holdsOwn returns nil while the record still holds was, this process's
+// own; a *lostLease once it is gone or another instance's.
+func (h *Held) holdsOwn(ctx context.Context, was []byte) error {
 	b, err := h.keys.storage.Load(ctx, h.key)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -315,7 +324,7 @@ func (h *Held) storeOverFrom(ctx context.Context, was []byte, entry *KeyValue, n
 	case !bytes.Equal(b, was):
 		return &lostLease{"another instance settled or claimed the key", true}
 	}
-	return h.keys.storage.Store(ctx, h.key, next)
+	return nil
 }
 
 // FencedByClaim is journal (nil: none), a batch's that is no saga
@@ -368,19 +377,13 @@ func (h *Held) GiveBack(ctx context.Context) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	err = overOwn(h.wrote, h.maybe, func(was []byte) error {
-		b, err := h.keys.storage.Load(ctx, h.key)
-		switch {
-		case errors.Is(err, fs.ErrNotExist):
-			return nil
-		case err != nil:
+		if err := h.holdsOwn(ctx, was); err != nil {
 			return err
-		case !bytes.Equal(b, was):
-			return &lostLease{"another instance settled or claimed the key", true}
 		}
 		return h.keys.storage.Delete(ctx, h.key)
 	})
 	if _, lost := errors.AsType[*lostLease](err); lost {
-		return nil
+		return nil // gone, or another's: nothing of this claim's to give back
 	}
 	return err
 }
