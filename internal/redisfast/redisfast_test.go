@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"slices"
 	"strings"
 	"testing"
@@ -48,8 +49,15 @@ func fastThroughRelay(t *testing.T, mr *miniredis.Miniredis) (*redisfast.Store, 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = relay.Close() })
-	host, port, _ := strings.Cut(relay.Addr(), ":")
-	return fast(t, module(t, mr, "caddy", func(rs *storageredis.RedisStorage) { rs.Host, rs.Port = []string{host}, []string{port} })), relay
+	return fastAt(t, mr, relay.Addr()), relay
+}
+
+// fastAt is the fast path on mr, its module reaching Redis at addr (a
+// relay, or a listener of the test's own in front of mr).
+func fastAt(t *testing.T, mr *miniredis.Miniredis, addr string) *redisfast.Store {
+	t.Helper()
+	host, port, _ := net.SplitHostPort(addr)
+	return fast(t, module(t, mr, "caddy", func(rs *storageredis.RedisStorage) { rs.Host, rs.Port = []string{host}, []string{port} }))
 }
 
 func fast(t *testing.T, rs *storageredis.RedisStorage) *redisfast.Store {

@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/alicebob/miniredis/v2"
-	storageredis "github.com/pberkel/caddy-storage-redis"
 
 	"github.com/caddy-batch/caddy-batch/durable"
 )
@@ -76,10 +75,7 @@ func TestRenewalRunAgainByTheClient(t *testing.T) {
 	ctx := context.Background()
 	mr := miniredis.RunT(t)
 	d := newReplyDropper(t, mr.Addr())
-	host, port, _ := net.SplitHostPort(d.ln.Addr().String())
-	f := fast(t, module(t, mr, "caddy", func(rs *storageredis.RedisStorage) {
-		rs.Host, rs.Port = []string{host}, []string{port}
-	}))
+	f := fastAt(t, mr, d.ln.Addr().String())
 	const key = "batch/v1/journal/s/lease"
 	if err := f.Store(ctx, "batch/v1/journal/s/seg.00000000", []byte("intent")); err != nil {
 		t.Fatal(err)
@@ -107,10 +103,7 @@ func TestClaimRunAgainByTheClient(t *testing.T) {
 	ctx := context.Background()
 	mr := miniredis.RunT(t)
 	d := newReplyDropper(t, mr.Addr())
-	host, port, _ := net.SplitHostPort(d.ln.Addr().String())
-	f := fast(t, module(t, mr, "caddy", func(rs *storageredis.RedisStorage) {
-		rs.Host, rs.Port = []string{host}, []string{port}
-	}))
+	f := fastAt(t, mr, d.ln.Addr().String())
 	// Load the script.
 	if _, err := f.StoreIf(ctx, "batch_idem_x", "batch/v1/idem/x", nil, []durable.KeyValue{{Key: "batch/v1/idem/x", Value: []byte("warm")}}); err != nil {
 		t.Fatal(err)
