@@ -127,6 +127,19 @@ func TestEnvelopeUndoOrderThroughARead(t *testing.T) {
 	}
 }
 
+// createsUnnamed makes answers of an upstream that creates each item
+// under an id of its own (901, 902, … across the answers it makes) and
+// answers 201 naming none: neither Location nor id.
+func createsUnnamed(f *fakeAPI) func() answer {
+	n := 0
+	return func() answer {
+		return answer{hook: func(context.Context, *SubRequest) {
+			n++
+			f.put(widget(fmt.Sprint(900+n)), map[string]any{"id": fmt.Sprint(900 + n), "v": 1})
+		}, status: http.StatusCreated, body: `{"ok":true}`}
+	}
+}
+
 // A saga that lost its lease, orphaned, undoes its own writes, each
 // first read to see whether it is undone already: for a create whose id
 // only the element named (201 with neither Location nor id), nothing at
@@ -136,11 +149,7 @@ func TestEnvelopeUndoOrderThroughARead(t *testing.T) {
 func TestOrphanedElementIDCreateIsNotRolledBack(t *testing.T) {
 	t.Parallel()
 	f := newFake()
-	n := 0
-	f.on("POST", "/widgets", answer{hook: func(_ context.Context, req *SubRequest) {
-		n++
-		f.put(widget(fmt.Sprint(900+n)), map[string]any{"id": fmt.Sprint(900 + n), "v": 1})
-	}, status: http.StatusCreated, body: `{"ok":true}`})
+	f.on("POST", "/widgets", createsUnnamed(f)())
 	j := &fencingJournal{lease: lostAfter(3, time.Now().Add(time.Hour)), orphaned: true, f: f}
 	p := mustPlan(t, newRequest("POST", "/widgets", `[{"id":"a","v":1},{"id":"b","v":1},{"id":"c","v":1}]`), concurrency(1))
 	w := write(t, newBatchRun(p, Runtime{Send: f, Journal: j}, noBackoff).do(context.Background()))
@@ -154,14 +163,8 @@ func TestOrphanedElementIDCreateIsNotRolledBack(t *testing.T) {
 func TestElementIDCreateIsRollbackFailed(t *testing.T) {
 	t.Parallel()
 	f := newFake()
-	n := 0
-	f.on("POST", "/widgets", answer{hook: func(_ context.Context, req *SubRequest) {
-		n++
-		f.put(widget(fmt.Sprint(900+n)), map[string]any{"id": fmt.Sprint(900 + n), "v": 1})
-	}, status: http.StatusCreated, body: `{"ok":true}`}, answer{hook: func(_ context.Context, req *SubRequest) {
-		n++
-		f.put(widget(fmt.Sprint(900+n)), map[string]any{"id": fmt.Sprint(900 + n), "v": 1})
-	}, status: http.StatusCreated, body: `{"ok":true}`}, reply(500, `{}`))
+	created := createsUnnamed(f)
+	f.on("POST", "/widgets", created(), created(), reply(500, `{}`))
 	p := mustPlan(t, newRequest("POST", "/widgets", `[{"id":"a","v":1},{"id":"b","v":1},{"id":"c","v":1}]`), concurrency(1))
 	w := write(t, newBatchRun(p, Runtime{Send: f, Journal: &memJournal{}}, noBackoff).do(context.Background()))
 	equal(t, "outcome", w.Outcome, string(RollbackFailed))
