@@ -2,6 +2,7 @@ package batch
 
 import (
 	"context"
+	"sync"
 
 	"github.com/caddy-batch/caddy-batch/policy"
 )
@@ -29,18 +30,27 @@ import (
 // never left. Those keep a store per wave.
 
 // aheadRecords records writes ahead of their turn; a nil one records
-// nothing ahead.
+// nothing ahead. Records go a wave (concurrency writes) at a time: a
+// store each, not one per write, and never more than four waves beyond
+// the writes in flight.
 type aheadRecords struct {
 	run     *batchRun
 	ctx     context.Context
 	journal AheadJournal
 	pending []int
-	// first are the writes whose records go before the batch's first
-	// write: as the preflight reads their pre-images, or as the execute
-	// starts. after maps an item to the one whose record goes ahead when
-	// its worker takes it: the item four waves later.
-	first map[int]bool
-	after map[int]int
+
+	mu sync.Mutex
+	// first are the first four waves, whose records go before the
+	// batch's first write: each once the preflight read its
+	// pre-images, or as the execute starts. unread counts what the
+	// preflight has still to read of each, and waveOf maps an item to
+	// its wave.
+	first  [][]int
+	unread []int
+	waveOf map[int]int
+	// after maps the first write of a wave to the wave four after it,
+	// whose records go ahead as that write's worker takes it.
+	after map[int][]int
 }
 
 // recordsAhead returns what records the writes of pending ahead of their
@@ -50,44 +60,58 @@ func (run *batchRun) recordsAhead(ctx context.Context, pending []int) *aheadReco
 	if !ok || !run.saga || run.plan.Op != policy.OpUpdate || run.batchSettings.IdempotentUpstream {
 		return nil
 	}
-	ahead := 4 * run.batchSettings.Concurrency
+	wave := max(run.batchSettings.Concurrency, 1)
 	a := &aheadRecords{run: run, ctx: ctx, journal: aj, pending: pending,
-		first: make(map[int]bool, ahead), after: make(map[int]int, len(pending))}
-	for p, i := range pending {
-		if p < ahead {
-			a.first[i] = true
-		}
-		if p+ahead < len(pending) {
-			a.after[i] = pending[p+ahead]
+		waveOf: make(map[int]int, 4*wave), after: make(map[int][]int, len(pending)/wave)}
+	for p := 0; p < len(pending); p += wave {
+		w := pending[p:min(p+wave, len(pending))]
+		if p < 4*wave {
+			for _, i := range w {
+				a.waveOf[i] = len(a.first)
+			}
+			a.first = append(a.first, w)
+			a.unread = append(a.unread, len(w))
+		} else {
+			a.after[pending[p-4*wave]] = w
 		}
 	}
 	return a
 }
 
-// read records item i ahead once the preflight read its pre-image, if
-// it is among the first writes.
+// read records, once the preflight read item i's pre-image, the wave of
+// the first four whose pre-images are now all read.
 func (a *aheadRecords) read(i int) {
-	if a != nil && a.first[i] {
-		a.record(i)
+	if a == nil {
+		return
+	}
+	w, ok := a.waveOf[i]
+	if !ok {
+		return
+	}
+	a.mu.Lock()
+	a.unread[w]--
+	read := a.unread[w] == 0
+	a.mu.Unlock()
+	if read {
+		a.record(a.first[w]...)
 	}
 }
 
-// start records the first writes (the first of pending) the preflight
-// did not.
+// start records the first four waves the preflight did not.
 func (a *aheadRecords) start() {
 	if a != nil {
-		a.record(a.pending[:len(a.first)]...)
+		a.record(a.pending[:len(a.waveOf)]...)
 	}
 }
 
-// next records ahead the write four waves after item i, whose worker
-// is about to send it.
+// next records ahead the wave four after item i's, when i is the first
+// write of its wave and its worker is about to send it.
 func (a *aheadRecords) next(i int) {
 	if a == nil {
 		return
 	}
-	if j, ok := a.after[i]; ok {
-		a.record(j)
+	if w, ok := a.after[i]; ok {
+		a.record(w...)
 	}
 }
 

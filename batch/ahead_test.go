@@ -3,6 +3,7 @@ package batch
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +19,7 @@ type aheadJournal struct {
 	ahead   map[int]*SubRequest // the request each record ahead names
 	sending map[int]*SubRequest // the request each write's own record names
 	early   []int               // items whose own record came before the one ahead
+	calls   [][]int             // the items of each RecordAhead
 }
 
 func newAheadJournal() *aheadJournal {
@@ -27,11 +29,16 @@ func newAheadJournal() *aheadJournal {
 func (j *aheadJournal) RecordAhead(_ context.Context, ts ...Transition) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	var call []int
 	for _, t := range ts {
+		call = append(call, t.Index)
 		if _, sent := j.sending[t.Index]; sent {
 			j.early = append(j.early, t.Index)
 		}
 		j.ahead[t.Index] = t.Item.Sent
+	}
+	if len(call) > 0 {
+		j.calls = append(j.calls, call)
 	}
 }
 
@@ -96,5 +103,39 @@ func TestRecordsAheadOnlyWhereAReadDecides(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRecordsAheadGoAWaveAtATime: records go ahead a wave (concurrency
+// writes) at a time, a store each, not one write at a time: the first
+// four waves each once the preflight read all of its pre-images, and
+// each later wave as the first write four waves before it starts.
+func TestRecordsAheadGoAWaveAtATime(t *testing.T) {
+	f := newFake()
+	var updates []string
+	for i := range 100 {
+		f.seed(fmt.Sprint(i))
+		updates = append(updates, fmt.Sprintf(`{"id":"%d","name":"n%d"}`, i, i))
+	}
+	j := newAheadJournal()
+	p := mustPlan(t, newRequest("PATCH", "/widgets", "["+strings.Join(updates, ",")+"]"), concurrency(8))
+	res := newBatchRun(p, Runtime{Send: f, Journal: j}, noBackoff).do(context.Background())
+	if res.Outcome != Succeeded {
+		t.Fatalf("outcome %s: %s", res.Outcome, res.Detail)
+	}
+	// A write whose worker took it before the worker four waves back
+	// recorded its wave ahead (a goroutine not scheduled) stores its own
+	// record, as it would have: its wave goes ahead without it.
+	waves := map[int]bool{}
+	for _, call := range j.calls {
+		w := call[0] / 8
+		slices.Sort(call)
+		if call[len(call)-1]/8 != w || waves[w] {
+			t.Errorf("a record ahead of %v: want one wave's writes, once", call)
+		}
+		waves[w] = true
+	}
+	if len(waves) < 10 || len(j.early) > 0 {
+		t.Errorf("%d of 13 waves went ahead; %v came after their write's own", len(waves), j.early)
 	}
 }
