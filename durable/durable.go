@@ -35,6 +35,18 @@ type TryLocker interface {
 	TryLock(ctx context.Context, name string) (bool, error)
 }
 
+// GroupTryLocker is a TryLocker that tries several locks in one round
+// trip (the Redis fast path): a batch's item locks, all or none.
+type GroupTryLocker interface {
+	TryLocker
+	// TryLockAll takes each of names' locks that is free, and answers,
+	// for each, whether it did. On an error it may have taken some,
+	// which then lapse as a lock whose holder died does.
+	TryLockAll(ctx context.Context, names []string) ([]bool, error)
+	// UnlockAll lets go of names' locks, in one round trip.
+	UnlockAll(ctx context.Context, names []string) error
+}
+
 // Owner names this process among the instances sharing a storage: the
 // owner of the sagas it runs and of the Idempotency-Key records it
 // claims. It is kept in memory only, so a process that restarts is a new

@@ -63,6 +63,9 @@ func (l *ItemLocks) LockAll(ctx context.Context, keys []string) ([]func(), int, 
 // held one (what it took is let go), and the first key's error when the
 // storage failed.
 func (l *ItemLocks) allOrNone(ctx context.Context, keys []string) ([]func(), int, error) {
+	if gl, ok := l.storage.(GroupTryLocker); ok {
+		return l.allOrNoneAtOnce(ctx, gl, keys)
+	}
 	unlocks := make([]func(), len(keys))
 	errs := make([]error, len(keys))
 	var g errgroup.Group
@@ -90,6 +93,99 @@ func (l *ItemLocks) allOrNone(ctx context.Context, keys []string) ([]func(), int
 		return nil, -1, nil
 	}
 	return unlocks, -1, nil
+}
+
+// allOrNoneAtOnce is allOrNone on a storage that tries them all in one
+// call.
+func (l *ItemLocks) allOrNoneAtOnce(ctx context.Context, gl GroupTryLocker, keys []string) ([]func(), int, error) {
+	names := make([]string, len(keys))
+	for i, key := range keys {
+		names[i] = ItemLockName(key)
+	}
+	got, err := gl.TryLockAll(ctx, names)
+	if err != nil {
+		return nil, 0, lockError(ctx, keys[0], err)
+	}
+	g := &lockGroup{storage: gl, failedFor: l.failedFor, round: &unlockRound{done: make(chan struct{})}}
+	unlocks := make([]func(), len(keys))
+	held := false
+	for i, name := range names {
+		if got[i] {
+			g.left++
+			unlocks[i] = sync.OnceFunc(func() { g.unlock(name) })
+		} else {
+			held = true
+		}
+	}
+	if held {
+		releaseTaken(unlocks)
+		return nil, -1, nil
+	}
+	return unlocks, -1, nil
+}
+
+// groupUnlockWait is how long the unlock of a lock taken with others
+// waits for theirs, to share a call, when not all of them come (one
+// dropped early): those let go together (itemlock.Release) all come
+// at once, and the last sends the call.
+const groupUnlockWait = 2 * time.Millisecond
+
+// lockGroup is the storage locks one TryLockAll took: let go in one call
+// when all of them are (a batch's release, which lets every lock go at
+// once), without waiting for a window to close; a lock let go alone
+// (one dropped early) waits groupUnlockWait for others to join it.
+type lockGroup struct {
+	storage   GroupTryLocker
+	failedFor func(name string) func(error)
+
+	mu    sync.Mutex
+	left  int // the locks not yet asked to be let go
+	round *unlockRound
+}
+
+// unlockRound is the unlocks that go in one call.
+type unlockRound struct {
+	names []string
+	timer bool
+	done  chan struct{}
+	err   error
+}
+
+// unlock lets go of name's lock, in the call of the round it joins, and
+// returns once that call is done.
+func (g *lockGroup) unlock(name string) {
+	g.mu.Lock()
+	r := g.round
+	r.names = append(r.names, name)
+	g.left--
+	last := g.left == 0
+	if !last && !r.timer {
+		r.timer = true
+		time.AfterFunc(groupUnlockWait, func() { g.send(r) })
+	}
+	g.mu.Unlock()
+	if last {
+		g.send(r)
+	}
+	<-r.done
+	if r.err != nil {
+		g.failedFor(name)(r.err)
+	}
+}
+
+// send makes r's call, unless another did.
+func (g *lockGroup) send(r *unlockRound) {
+	g.mu.Lock()
+	if g.round != r {
+		g.mu.Unlock()
+		return
+	}
+	g.round = &unlockRound{done: make(chan struct{})}
+	g.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), UnlockTimeout)
+	defer cancel()
+	r.err = g.storage.UnlockAll(ctx, r.names)
+	close(r.done)
 }
 
 // tryStorage takes key's storage lock if it is free: at once where the

@@ -28,6 +28,7 @@ func TestLockAll(t *testing.T) {
 	}{
 		{"try", func(m *memLocks) Locker { return m }},
 		{"wait only", func(m *memLocks) Locker { return lockOnly{m} }},
+		{"together", func(m *memLocks) Locker { return &groupLocks{memLocks: m} }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -93,9 +94,16 @@ func lockAll(t *testing.T, storage func(*memLocks) Locker) {
 // nothing held.
 func TestLockAllStorageFails(t *testing.T) {
 	t.Parallel()
+	t.Run("one at a time", func(t *testing.T) { lockAllStorageFails(t, func(m *memLocks) Locker { return m }) })
+	t.Run("together", func(t *testing.T) {
+		lockAllStorageFails(t, func(m *memLocks) Locker { return &groupLocks{memLocks: m} })
+	})
+}
+
+func lockAllStorageFails(t *testing.T, storage func(*memLocks) Locker) {
 	m := newMemLocks()
 	m.failTry = errors.New("the storage is down")
-	l := NewItemLocks(new(itemlock.Local), m, nil)
+	l := NewItemLocks(new(itemlock.Local), storage(m), nil)
 	_, failed, err := l.LockAll(context.Background(), []string{"/w/1", "/w/2"})
 	if err == nil || errors.Is(err, itemlock.ErrLocked) || failed < 0 {
 		t.Fatalf("failed %d, %v; want a storage error naming the key", failed, err)
@@ -113,6 +121,60 @@ func TestLockAllStorageFails(t *testing.T) {
 	} else {
 		u()
 	}
+}
+
+// TestLocksTakenTogetherGoInOneCall: on a storage that tries several
+// locks in one call (the Redis fast path), a batch's locks are taken in
+// one call and let go in one, however many (more than a goroutine bound
+// once split them); one let go alone goes in a call of its own, once
+// the others had their moment to join it; and a batch that found one
+// held lets go of the others it took in one call, then takes them in
+// order.
+func TestLocksTakenTogetherGoInOneCall(t *testing.T) {
+	t.Parallel()
+	bubble(t, func(t *testing.T) {
+		g := &groupLocks{memLocks: newMemLocks(), freed: make(chan []string, 10)}
+		l := NewItemLocks(new(itemlock.Local), g, nil)
+		keys := make([]string, 300)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("/w/%03d", i)
+		}
+		unlocks, _, err := l.LockAll(context.Background(), keys)
+		if err != nil || g.tries.Load() != 1 {
+			t.Fatalf("%d calls to take 300 locks, %v; want 1", g.tries.Load(), err)
+		}
+		start := time.Now()
+		unlocks[0]()
+		if names := <-g.freed; len(names) != 1 || time.Since(start) != groupUnlockWait {
+			t.Errorf("a lock let go alone went with %v after %s, want alone after %s", names, time.Since(start), groupUnlockWait)
+		}
+		itemlock.Release(unlocks[1:])
+		if names := <-g.freed; len(names) != 299 || g.unlocks.Load() != 2 {
+			t.Errorf("the other 299 went in a call of %d, %d calls in all; want one call", len(names), g.unlocks.Load())
+		}
+		if n := g.heldNow(); n != 0 {
+			t.Errorf("locks left held: %d", n)
+		}
+
+		held, _ := NewItemLocks(new(itemlock.Local), g, nil).Lock(context.Background(), keys[150])
+		got := make(chan error)
+		go func() {
+			unlocks, _, err := l.LockAll(context.Background(), keys)
+			itemlock.Release(unlocks)
+			got <- err
+		}()
+		if names := <-g.freed; len(names) != 299 {
+			t.Errorf("with one held, %d of the 299 taken were let go in one call", len(names))
+		}
+		time.Sleep(time.Second)
+		if n := g.heldNow(); n != 151 {
+			t.Errorf("%d locks held, want the 150 before the held one and it", n)
+		}
+		held()
+		if err := <-got; err != nil {
+			t.Fatal(err)
+		}
+	})
 }
 
 // losingLocks is a storage whose locks are all lost once lose is set,

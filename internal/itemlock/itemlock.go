@@ -9,8 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-
-	"golang.org/x/sync/errgroup"
 )
 
 // Locker holds exclusive locks on items, each named by a key (the item's
@@ -108,12 +106,10 @@ func LockAll(ctx context.Context, l Locker, keys []string) ([]func(), int, error
 	return unlocks, -1, nil
 }
 
-// releaseWidth bounds the unlocks Release runs at once.
-const releaseWidth = 128
-
-// Release calls every unlock, several at once (a storage lock's unlock
-// is a round trip; a batch's locks go in a few, not one per item), and
-// returns once all are done.
+// Release calls every unlock at once, and returns once all are done: a
+// storage lock's unlock is a round trip, and the unlocks of locks taken
+// together wait for each other to share one (durable.ItemLocks), so none
+// may wait for another to start.
 func Release(unlocks []func()) {
 	if len(unlocks) <= 1 {
 		for _, u := range unlocks {
@@ -121,15 +117,11 @@ func Release(unlocks []func()) {
 		}
 		return
 	}
-	var g errgroup.Group
-	g.SetLimit(releaseWidth)
+	var wg sync.WaitGroup
 	for _, u := range unlocks {
-		g.Go(func() error {
-			u()
-			return nil
-		})
+		wg.Go(u)
 	}
-	_ = g.Wait()
+	wg.Wait()
 }
 
 // LossReporter is a Locker whose locks may be lost while held (storage

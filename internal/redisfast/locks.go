@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -126,49 +127,112 @@ func (s *Store) LockLost(name string) error {
 	return nil
 }
 
-// tryAll runs lockScript for reqs.
+// TryLockAll takes each of names' locks that is free, in one round trip
+// (durable.GroupTryLocker), and answers, for each, whether it did.
+func (s *Store) TryLockAll(ctx context.Context, names []string) ([]bool, error) {
+	return s.locks.take(ctx, names)
+}
+
+// tryAll takes the locks of reqs.
 func (t *lockTable) tryAll(ctx context.Context, reqs []*request) {
-	began := time.Now()
-	keys := make([]string, len(reqs))
+	names := make([]string, len(reqs))
 	for i, r := range reqs {
-		keys[i] = t.s.lockKey(r.name)
+		names[i] = r.name
 	}
-	res, err := t.s.eval(ctx, lockScript, keys, t.token, lockTTL.Milliseconds())
-	got, _ := res.([]any)
-	if err == nil && len(got) != len(reqs) {
-		err = fmt.Errorf("the lock script answered %d results for %d locks", len(got), len(reqs))
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	got, err := t.take(ctx, names)
 	for i, r := range reqs {
 		if r.err = err; err == nil {
-			r.ok = got[i] == int64(1)
+			r.ok = got[i]
 		}
-		if r.ok {
+	}
+}
+
+// take takes each of names' locks that is free (lockScript), maxKeys
+// at a time.
+func (t *lockTable) take(ctx context.Context, names []string) ([]bool, error) {
+	got := make([]bool, 0, len(names))
+	for chunk := range slices.Chunk(names, maxKeys) {
+		began := time.Now()
+		keys := make([]string, len(chunk))
+		for i, n := range chunk {
+			keys[i] = t.s.lockKey(n)
+		}
+		res, err := t.s.eval(ctx, lockScript, keys, t.token, lockTTL.Milliseconds())
+		answers, _ := res.([]any)
+		if err == nil && len(answers) != len(chunk) {
+			err = fmt.Errorf("the lock script answered %d results for %d locks", len(answers), len(chunk))
+		}
+		if err != nil {
+			// Nobody will hold what the calls before took: let it go
+			// now rather than when it lapses.
+			t.letGo(ctx, names[:len(got)], got)
+			return nil, err
+		}
+		t.mu.Lock()
+		for i, n := range chunk {
+			ok := answers[i] == int64(1)
+			got = append(got, ok)
+			if !ok {
+				continue
+			}
 			if len(t.held) == 0 || began.Before(t.provenAll) {
 				t.provenAll = began
 			}
-			t.held[r.name] = began
-			delete(t.lost, r.name)
+			t.held[n] = began
+			delete(t.lost, n)
 		}
+		t.startRefresh()
+		t.mu.Unlock()
 	}
-	t.startRefresh()
+	return got, nil
 }
 
-// freeAll runs unlockScript for reqs.
-func (t *lockTable) freeAll(ctx context.Context, reqs []*request) {
-	keys := make([]string, len(reqs))
-	t.mu.Lock()
-	for i, r := range reqs {
-		keys[i] = t.s.lockKey(r.name)
-		delete(t.held, r.name)
-		delete(t.lost, r.name)
+// letGo lets go of those of names that got says were taken.
+func (t *lockTable) letGo(ctx context.Context, names []string, got []bool) {
+	var taken []string
+	for i, n := range names {
+		if got[i] {
+			taken = append(taken, n)
+		}
 	}
-	t.mu.Unlock()
-	err := t.s.run(ctx, unlockScript, keys, t.token)
+	if len(taken) > 0 {
+		_ = t.free(context.WithoutCancel(ctx), taken)
+	}
+}
+
+// UnlockAll lets go of each of names' locks that is still this Store's,
+// in one round trip (durable.GroupTryLocker).
+func (s *Store) UnlockAll(ctx context.Context, names []string) error {
+	return s.locks.free(ctx, names)
+}
+
+// freeAll lets go of the locks of reqs.
+func (t *lockTable) freeAll(ctx context.Context, reqs []*request) {
+	names := make([]string, len(reqs))
+	for i, r := range reqs {
+		names[i] = r.name
+	}
+	err := t.free(ctx, names)
 	for _, r := range reqs {
 		r.err = err
 	}
+}
+
+// free runs unlockScript for names, maxKeys at a time.
+func (t *lockTable) free(ctx context.Context, names []string) error {
+	keys := make([]string, len(names))
+	t.mu.Lock()
+	for i, n := range names {
+		keys[i] = t.s.lockKey(n)
+		delete(t.held, n)
+		delete(t.lost, n)
+	}
+	t.mu.Unlock()
+	var errs []error
+	for chunk := range slices.Chunk(keys, maxKeys) {
+		errs = append(errs, t.s.run(ctx, unlockScript, chunk, t.token))
+	}
+	return errors.Join(errs...)
 }
 
 // startRefresh starts the refresh loop, unless it runs. t.mu is held.
@@ -327,8 +391,8 @@ func (b *batcher) do(ctx context.Context, r *request) {
 }
 
 // joinWindow is how long a call waits, before it takes its requests,
-// for more to come: a batch's locks are asked for by many goroutines at
-// once, and should share a call, not trickle into several.
+// for more to come: locks asked for by many goroutines at once should
+// share a call, not trickle into several.
 const joinWindow = 50 * time.Microsecond
 
 // flush runs calls until no request waits.

@@ -220,6 +220,49 @@ func TestLockIsTheModules(t *testing.T) {
 	}
 }
 
+// TestLocksTakenTogetherAreTheModules: TryLockAll takes, in one script,
+// each free lock as the module's Lock would, and answers which; the
+// module then cannot take them, nor the fast path those the module
+// holds; UnlockAll lets go of this instance's, never the module's, and
+// forgets them (a lock let go is never lost).
+func TestLocksTakenTogetherAreTheModules(t *testing.T) {
+	ctx := context.Background()
+	mr := miniredis.RunT(t)
+	m, f := module(t, mr, "caddy", nil), fast(t, module(t, mr, "caddy", nil))
+	if err := m.Lock(ctx, "batch_item_b"); err != nil {
+		t.Fatal(err)
+	}
+	names := []string{"batch_item_a", "batch_item_b", "batch_item_c"}
+	got, err := f.TryLockAll(ctx, names)
+	if err != nil || !slices.Equal(got, []bool{true, false, true}) {
+		t.Fatalf("TryLockAll: %v, %v; want the free ones taken", got, err)
+	}
+	if ttl := mr.TTL("caddy/locks/batch_item_c"); ttl <= 0 || ttl > 5*time.Second {
+		t.Errorf("a lock lives %s, want the module's 5s", ttl)
+	}
+	short, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
+	defer cancel()
+	if err := m.Lock(short, "batch_item_a"); err == nil {
+		t.Fatal("the module took a lock the fast path holds")
+	}
+	mr.Del("caddy/locks/batch_item_c") // lapsed, and taken by the module
+	if err := m.Lock(ctx, "batch_item_c"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.UnlockAll(ctx, names); err != nil {
+		t.Fatal(err)
+	}
+	if mr.Exists("caddy/locks/batch_item_a") || !mr.Exists("caddy/locks/batch_item_b") || !mr.Exists("caddy/locks/batch_item_c") {
+		t.Errorf("UnlockAll left %v: want this instance's let go, the module's kept", mr.Keys())
+	}
+	redisfast.Refresh(f)
+	for _, n := range names {
+		if err := f.LockLost(n); err != nil {
+			t.Errorf("%s, let go, is lost: %v", n, err)
+		}
+	}
+}
+
 // TestLockLost: a lock the fast path holds is lost once Redis no longer
 // holds it for this instance (it lapsed, or was deleted), as a refresh
 // finds, or once no refresh proved it for all but a sixth of its life

@@ -144,12 +144,16 @@ for i = 1, #KEYS do
 end
 return got`)
 
-// unlockScript deletes each lock that is still this process's.
+// unlockScript deletes each lock that is still this process's: one
+// MGET and one DEL, not a GET and a DEL for each (a command in a script
+// costs Redis several times what it costs alone).
 // KEYS = lock keys; ARGV = {token}.
 var unlockScript = redis.NewScript(`
-for i = 1, #KEYS do
-  if redis.call('GET', KEYS[i]) == ARGV[1] then redis.call('DEL', KEYS[i]) end
+local mine = {}
+for i, v in ipairs(redis.call('MGET', unpack(KEYS))) do
+  if v == ARGV[1] then mine[#mine + 1] = KEYS[i] end
 end
+if #mine > 0 then redis.call('DEL', unpack(mine)) end
 return 1`)
 
 // refreshScript extends each lock still this process's, and answers the

@@ -216,11 +216,12 @@ func (s *Store) eval(ctx context.Context, script *redis.Script, keys []string, a
 
 // Interface guards
 var (
-	_ durable.Storage       = (*Store)(nil)
-	_ durable.TryLocker     = (*Store)(nil)
-	_ durable.LockLoser     = (*Store)(nil)
-	_ durable.AtomicRemover = (*Store)(nil)
-	_ durable.LeaseClaimer  = (*Store)(nil)
+	_ durable.Storage        = (*Store)(nil)
+	_ durable.TryLocker      = (*Store)(nil)
+	_ durable.GroupTryLocker = (*Store)(nil)
+	_ durable.LockLoser      = (*Store)(nil)
+	_ durable.AtomicRemover  = (*Store)(nil)
+	_ durable.LeaseClaimer   = (*Store)(nil)
 )
 
 // guardVerdict is what the answer of a script guarded by the lease
