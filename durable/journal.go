@@ -532,32 +532,46 @@ func (j *Journal) flush(ctx context.Context, n uint64) error {
 		seq = j.seq
 		j.seq++
 	} else {
-		in.Expires = at.Add(j.js.leases.Length)
+		// A copy, encoded with the mutex let go (below), its expiry
+		// this store's.
+		c := *in
+		c.Expires = at.Add(j.js.leases.Length)
+		in = &c
 	}
 	for _, it := range items {
 		j.lastIn[it.Index] = n
 	}
-	b, err := json.Marshal(segment{Version: journalVersion, Seq: seq, Intent: in, Items: items})
-	if err != nil {
-		j.keepAgain(items, n)
-		return fmt.Errorf("encoding the saga's journal: %w", err)
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StorageTimeout)
-	defer cancel()
 	j.stored = true
 	key := segmentKeyAt(j.saga, segmentName{j.epoch, seq})
+	// Encoded with the mutex let go, as the storage works: the saga's
+	// writers record their answers and their next writes meanwhile
+	// (measured: they waited for it about as long as for the stores).
 	j.mu.Unlock()
-	err = j.js.storage.Store(ctx, key, b)
+	err := j.storeSegment(ctx, key, segment{Version: journalVersion, Seq: seq, Intent: in, Items: items})
 	j.mu.Lock()
 	if err != nil {
 		j.keepAgain(items, n)
-		return fmt.Errorf("storing the saga's journal: %w", err)
+		return err
 	}
 	j.landed = true
 	if in != nil {
 		j.intent, j.seq = nil, max(j.seq, 1)
 		j.lease.prove(at)
 		j.startRenewal()
+	}
+	return nil
+}
+
+// storeSegment encodes seg and stores it under key.
+func (j *Journal) storeSegment(ctx context.Context, key string, seg segment) error {
+	b, err := json.Marshal(seg)
+	if err != nil {
+		return fmt.Errorf("encoding the saga's journal: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StorageTimeout)
+	defer cancel()
+	if err := j.js.storage.Store(ctx, key, b); err != nil {
+		return fmt.Errorf("storing the saga's journal: %w", err)
 	}
 	return nil
 }
