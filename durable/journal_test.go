@@ -135,6 +135,43 @@ func TestJournalWriteAhead(t *testing.T) {
 	}
 }
 
+// TestJournalStoresNoRead: a preflight's reads are not stored, only
+// the writes' records (each with the pre-image its read found): a
+// 40-item update, one write at a time, so that most reads come after
+// the first writes' records went ahead, finds no read in the journal
+// whenever one of its writes reaches the upstream.
+func TestJournalStoresNoRead(t *testing.T) {
+	pol, err := policy.New([]policy.ResourceSpec{{
+		Path: "/widgets", CollectionMethods: []string{"PATCH"}, ItemMethods: []string{"GET", "PUT", "PATCH"},
+		Settings: policy.Defaults(), Gateway: policy.GatewayDefaults(),
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := pol.Lookup("/widgets")
+	m.Resource.Settings.Concurrency = 1
+	s := newMemStorage()
+	js := NewJournals(s, NewLeases(time.Minute), zap.NewNop())
+	j := js.New(Origin{})
+	checked := 0
+	up := &upstream{check: func(sr *batch.SubRequest) {
+		st, err := js.load(context.Background(), j.Saga())
+		if err != nil {
+			t.Fatal(err)
+		}
+		checked++
+		for i, it := range st.snap.Items {
+			if it.Phase == batch.PhaseRead {
+				t.Errorf("as %s was sent, item %d's read was in the journal", sr.Path, i)
+			}
+		}
+	}}
+	plan := updatePlan(t, pol, 40)
+	if res := batch.Run(context.Background(), plan, batch.Runtime{Send: up, Journal: j}); res.Outcome != batch.Succeeded || checked != 40 {
+		t.Fatalf("outcome %s, %d writes: %s", res.Outcome, checked, res.Detail)
+	}
+}
+
 // TestJournalRefusesWhatItCannotRecord checks that a write whose record
 // cannot be stored is not sent: the batch fails with nothing changed,
 // 503 (the gateway's storage, not the legacy API), and no ERROR line
