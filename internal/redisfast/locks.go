@@ -128,7 +128,8 @@ func (s *Store) LockLost(name string) error {
 }
 
 // TryLockAll takes each of names' locks that is free, in one round trip
-// (durable.GroupTryLocker), and answers, for each, whether it did.
+// for up to maxKeys of them (durable.GroupTryLocker), and answers, for
+// each, whether it did.
 func (s *Store) TryLockAll(ctx context.Context, names []string) ([]bool, error) {
 	return s.locks.take(ctx, names)
 }
