@@ -147,6 +147,20 @@ func (g *groupCommit) commit(ctx context.Context) error {
 	return g.stores.failed[want]
 }
 
+// commitAll is commit, and returns once every store before that one
+// has ended too: a later, smaller store may land first, and what the
+// earlier ones carry (answers, the records of writes never sent) is
+// then not yet in storage. A store that failed leaves its records for
+// the next. The mutex is held.
+func (g *groupCommit) commitAll(ctx context.Context) error {
+	want := g.stores.taken + 1
+	err := g.commit(ctx)
+	for g.stores.low < want {
+		g.committed.Wait()
+	}
+	return err
+}
+
 // mayStart says whether a store may start now: fewer running than the
 // storage takes at once (maxStores), none gathering its records, and
 // one that must go alone, alone.

@@ -371,8 +371,19 @@ func (j *Journal) Record(ctx context.Context, t batch.Transition) error {
 		}
 	}
 	j.keep(t)
-	if (t.Phase == batch.PhaseSending || t.Phase == batch.PhaseUndoing) && j.lostErr() == nil {
+	if j.lostErr() != nil {
+		return nil
+	}
+	switch t.Phase {
+	case batch.PhaseSending:
 		return j.leaving(t, j.commit(ctx))
+	case batch.PhaseUndoing:
+		// An undo leaves once the stores before its own landed too:
+		// they carry the records of the writes that went ahead and were
+		// never sent, settled as the batch stopped, which a recovery
+		// must find once anything is undone (docs/durability.md,
+		// "Records stored ahead").
+		return j.commitAll(ctx)
 	}
 	return nil
 }
