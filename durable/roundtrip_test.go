@@ -58,8 +58,9 @@ func roundTripsPerBatch(t *testing.T, atomic bool) {
 		// waits for one, so the stores are the same.
 		slots int
 	}{
-		// Locks: 1 round per 128 items; stores: a create's, the intent,
-		// then one per wave of 8; an update's, at most: the intent and
+		// Locks: 1 round per 128 items; stores: a create's, one per wave
+		// of 8, the intent with the first (its writers record together,
+		// and the intent's store waits for them); an update's, at most: the intent and
 		// the first four waves' records, while the preflight reads (here,
 		// where the upstream answers at once, those stores overlap
 		// nothing: two rounds where a create has one), then the records
@@ -71,9 +72,9 @@ func roundTripsPerBatch(t *testing.T, atomic bool) {
 		// background, as its worker goes on.
 		{"PATCH 100", func(t *testing.T) *batch.Plan { return updatePlan(t, widgets(t), 100) }, 100, 1 + 4 + 5, 4, 0},
 		{"PATCH 20", func(t *testing.T) *batch.Plan { return updatePlan(t, widgets(t), 20) }, 20, 1 + 4 + 5, 4, 0},
-		{"CREATE 100", func(t *testing.T) *batch.Plan { return createPlan(t, 100) }, 100, 14 + 5, 1 + (100+7)/8, 0},
-		{"CREATE 20", func(t *testing.T) *batch.Plan { return createPlan(t, 20) }, 20, 4 + 5, 1 + (20+7)/8, 0},
-		{"CREATE 100, 4 slots", func(t *testing.T) *batch.Plan { return createPlan(t, 100) }, 100, 14 + 5, 1 + (100+7)/8, 4},
+		{"CREATE 100", func(t *testing.T) *batch.Plan { return createPlan(t, 100) }, 100, 13 + 5, (100 + 7) / 8, 0},
+		{"CREATE 20", func(t *testing.T) *batch.Plan { return createPlan(t, 20) }, 20, 3 + 5, (20 + 7) / 8, 0},
+		{"CREATE 100, 4 slots", func(t *testing.T) *batch.Plan { return createPlan(t, 100) }, 100, 13 + 5, (100 + 7) / 8, 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			inBubble(t, func(t *testing.T) {
