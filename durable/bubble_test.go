@@ -70,3 +70,14 @@ func scanAfterLease(t *testing.T, js *Journals, finish func(*Recovered) error, f
 		t.Fatal(err)
 	}
 }
+
+// removed waits, a few seconds at most, until what is left of saga's
+// journal once its client was answered is removed (removals.finish).
+func removed(t *testing.T, saga string) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); owned.has(saga); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the journal of saga %s is still being removed", saga)
+		}
+	}
+}

@@ -200,6 +200,7 @@ func testStoredV1JournalsStillRecover(t *testing.T) {
 		}
 	}
 	up.mu.Unlock()
+	removed(t, goldenDeadSaga)
 	for _, k := range keysUnder(s, "batch/v1/journal/") {
 		if strings.Contains(k, goldenDeadSaga) && k != endKey(goldenDeadSaga) {
 			t.Errorf("%s left in storage after the saga ended", k)

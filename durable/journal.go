@@ -644,6 +644,12 @@ func (j *Journal) End(ctx context.Context, res *batch.Result) {
 		})
 		return
 	}
+	if j.markedEnd(ctx, res) {
+		// Its end recorded, the saga is over to whoever looks: its
+		// client is answered now, and what is left goes after.
+		removals.finish(j, j.removeJournal)
+		return
+	}
 	err := j.removeJournal(ctx)
 	if _, lost := errors.AsType[*lostLease](err); lost {
 		// The journal is the new owner's (removeJournal said so).
@@ -659,7 +665,9 @@ func (j *Journal) End(ctx context.Context, res *batch.Result) {
 		// and its client is told so (batch.EndLoser), never succeeded.
 		j.js.logger.Warn("the saga's end could not be recorded in storage; its answer waits while it is tried again under the lease",
 			zap.String("saga", j.saga), zap.Error(err))
-		if !j.endLater(removals.hurry, j.removeJournal, endRetryWait, j.endRecorded) {
+		if j.endLater(removals.hurry, j.removeJournal, endRetryWait, j.endRecorded) {
+			owned.forget(j.saga)
+		} else {
 			removals.retry(j, j.removeJournal)
 		}
 		return

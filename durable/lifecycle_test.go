@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.uber.org/zap"
@@ -44,6 +45,7 @@ func TestJournalLeavesNoKey(t *testing.T) {
 				if res.Outcome != batch.RolledBack {
 					t.Fatalf("outcome %s: %s", res.Outcome, res.Detail)
 				}
+				removed(t, j.Saga())
 				if keys, stores := s.count(); keys != 0 || stores < 3 {
 					t.Errorf("%d keys left after %d stores: %v", keys, stores, s.keys)
 				}
@@ -68,6 +70,7 @@ func TestJournalRemovalRetried(t *testing.T) {
 		if res.Outcome != batch.Succeeded {
 			t.Fatalf("outcome %s: %s", res.Outcome, res.Detail)
 		}
+		synctest.Wait() // what is left after the end marker goes after the answer
 		if logs.FilterMessageSnippet("could not be removed").Len() == 0 {
 			t.Error("the failed removal was not logged")
 		}

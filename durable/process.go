@@ -62,7 +62,27 @@ const exitRemovalGrace = 3 * StorageTimeout
 // retry tries end (what is left of ending j: keeping its saga, removing
 // its journal) again until it succeeds.
 func (p *pendingRemovals) retry(j *Journal, end func(context.Context) error) {
-	p.running.Go(func() { j.endLater(p.hurry, end, j.js.leases.Length/2, nil) })
+	sagas := owned // the set the saga is in, read before the goroutine: tests change it
+	p.running.Go(func() {
+		j.endLater(p.hurry, end, j.js.leases.Length/2, nil)
+		sagas.forget(j.saga)
+	})
+}
+
+// finish runs end (what is left of a removal whose end is recorded)
+// at once, in the background, then as retry does until it succeeds.
+func (p *pendingRemovals) finish(j *Journal, end func(context.Context) error) {
+	sagas := owned
+	p.running.Go(func() {
+		defer sagas.forget(j.saga)
+		err := end(context.Background())
+		if err == nil {
+			return
+		}
+		j.js.logger.Warn("what is left of an ended saga's journal could not be removed from storage; retrying while this process runs (a recovery scan clears it too)",
+			zap.String("saga", j.saga), zap.Error(err))
+		j.endLater(p.hurry, end, j.js.leases.Length/2, nil)
+	})
 }
 
 // endLater tries end again until it succeeds or the lease is lost,
@@ -74,13 +94,9 @@ func (p *pendingRemovals) retry(j *Journal, end func(context.Context) error) {
 // holds a renewal (a third would be a race with the loop's tick); the
 // fence before each try waits for one where they do not. With enough
 // set, it stops once a try that failed leaves enough done, and returns
-// false: the rest is the caller's to hand on.
+// false: the rest is the caller's to hand on. Once it finished (true),
+// the caller lets the saga go (owned).
 func (j *Journal) endLater(hurry <-chan struct{}, end func(context.Context) error, first time.Duration, enough func() bool) (finished bool) {
-	defer func() {
-		if finished {
-			owned.forget(j.saga)
-		}
-	}()
 	for try, next := 2, first; ; try, next = try+1, min(2*next, j.js.leases.Length/2) {
 		wait := next
 		select {

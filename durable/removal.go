@@ -8,6 +8,8 @@ import (
 	"slices"
 
 	"golang.org/x/sync/errgroup"
+
+	"github.com/caddy-batch/caddy-batch/batch"
 )
 
 // Removing a journal when its saga ends: key by key, under an end marker
@@ -54,9 +56,13 @@ func (j *Journal) removeJournal(ctx context.Context) error {
 		j.endRecordedIf(err == nil)
 		return err
 	}
-	err := j.js.removeKeys(ctx, j.saga, landed, written)
-	j.endRecordedIf(landed && !errors.Is(err, errUnmarked))
-	if err != nil {
+	if landed && !j.endRecorded() {
+		if err := j.js.markEnd(ctx, j.saga); err != nil {
+			return err
+		}
+		j.endRecordedIf(true)
+	}
+	if err := j.js.removeKeys(ctx, j.saga, landed, written); err != nil {
 		return err
 	}
 	if j.epoch > 0 {
@@ -68,28 +74,54 @@ func (j *Journal) removeJournal(ctx context.Context) error {
 	return j.js.deleteEnd(ctx, j.saga)
 }
 
-// errUnmarked is a removal whose end marker could not be stored: the
-// journal is as it was, a saga cut short to whoever finds it.
-var errUnmarked = errors.New("the end marker was not stored")
+// markedEnd ends a saga that left nothing behind, on a storage whose
+// removal of a journal goes key by key, by storing its end marker
+// (markEnd), and reports whether it did: its client is then answered,
+// and the rest of the removal goes on after the answer (measured on the
+// file system: the marker is one synced file, the rest several deletes
+// in a row, docs/performance.md, "The saga journal"). A saga kept for an
+// operator, and an operator's retry of one, are removed before their
+// answer as before, so that no retry, which writes the saga's journal
+// again under the same name, meets a removal still going; nor is a
+// journal that one call removes, or that no store landed, marked here.
+func (j *Journal) markedEnd(ctx context.Context, res *batch.Result) bool {
+	j.mu.Lock()
+	landed, epoch := j.landed, j.epoch
+	j.mu.Unlock()
+	_, atOnce := j.js.storage.(AtomicRemover)
+	if !landed || res.Outcome == batch.RollbackFailed || j.revived || (atOnce && epoch == 0) {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StorageTimeout)
+	defer cancel()
+	if j.js.markEnd(ctx, j.saga) != nil {
+		return false // the removal tries again, and says why
+	}
+	j.endRecordedIf(true)
+	return true
+}
+
+// markEnd stores saga's end marker, so that a removal cut short
+// anywhere after it leaves either the whole journal or the marker: the
+// recovery scan clears what is left under a marker, and never takes it
+// for a journal whose beginning the storage lost, and a listing shows
+// no saga there (errEnded).
+func (js *Journals) markEnd(ctx context.Context, saga string) error {
+	if err := js.storage.Store(ctx, endKey(saga), []byte("{}")); err != nil {
+		return fmt.Errorf("storing %s: the end marker was not stored: %w", endKey(saga), err)
+	}
+	return nil
+}
 
 // removeKeys deletes every key of saga's journal but its end marker,
 // each by its own name (a storage's Delete of a folder may leave the
 // keys in it: Redis's does): what the folder lists, and the keys of
 // unlisted that it does not (names that may be there unlisted). With
-// marked, it stores the end marker first, so that a removal cut short
-// anywhere leaves either the whole journal or the marker: the recovery
-// scan clears what is left under a marker, and never takes it for a
-// journal whose beginning the storage lost. Segment 0 goes first after
-// the marker; the rest then goes together (the marker covers it, in
-// whatever order it goes), or, unmarked, one at a time with the lease
-// keys last. The caller deletes the marker (and so the folder) when it
-// is done with it.
+// marked, the end marker is stored (markEnd): segment 0 goes first; the
+// rest then goes together (the marker covers it, in whatever order it
+// goes), or, unmarked, one at a time with the lease keys last. The
+// caller deletes the marker (and so the folder) when it is done with it.
 func (js *Journals) removeKeys(ctx context.Context, saga string, marked bool, unlisted []string) error {
-	if marked {
-		if err := js.storage.Store(ctx, endKey(saga), []byte("{}")); err != nil {
-			return fmt.Errorf("storing %s: %w: %w", endKey(saga), errUnmarked, err)
-		}
-	}
 	names, err := listNames(ctx, js.storage, journalDir(saga))
 	if err != nil {
 		return fmt.Errorf("listing %s: %w", journalDir(saga), err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io/fs"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -108,5 +109,70 @@ func removalUnderTheLease(t *testing.T, land func(string) string, other []byte) 
 	}
 	if j.lostErr() == nil || !j.takenOver.Load() {
 		t.Errorf("lease lost %v, taken over %v; want lost to another instance", j.lostErr(), j.takenOver.Load())
+	}
+}
+
+// A saga that left nothing behind is answered once its end marker is
+// stored, and the rest of its journal goes after: its client does not
+// wait for the deletes. While they go, the journal is no saga to anyone
+// who looks (a listing, the metrics, a view), and an operator's retry
+// or resolve is refused as for a saga running, never writing the
+// journal again among keys being deleted. A kept saga's journal is gone
+// before its answer, as the keyed retry it may get needs.
+func TestAnsweredOnceTheEndIsRecorded(t *testing.T) {
+	s := newFaulty()
+	held := make(chan struct{})
+	s.setHook(func(_ context.Context, op, key string) error {
+		if op == "delete" && strings.HasPrefix(key, journalPrefix) {
+			<-held
+		}
+		return nil
+	})
+	js := NewJournals(s, NewLeases(time.Minute), zap.NewNop())
+	j := js.New(Origin{Server: "srv0"})
+	ended := make(chan *batch.Result, 1)
+	go func() {
+		ended <- batch.Run(context.Background(), updatePlan(t, widgets(t), 2), batch.Runtime{Send: &upstream{}, Journal: j})
+	}()
+	var res *batch.Result
+	select {
+	case res = <-ended:
+	case <-time.After(5 * time.Second):
+		close(held)
+		t.Fatal("the saga's answer waited for its journal's deletes")
+	}
+	if res.Outcome != batch.Succeeded {
+		t.Fatalf("outcome %s: %s", res.Outcome, res.Detail)
+	}
+	ctx := context.Background()
+	if keys, _ := s.count(); keys == 0 {
+		t.Fatal("nothing left to remove after the answer: the test shows nothing")
+	}
+	if list, err := js.ListSagas(ctx, SagaQuery{}); err != nil || len(list) != 0 {
+		t.Errorf("listed %+v, %v while an ended saga's journal is removed; want none", list, err)
+	}
+	if counts, err := js.CountSagas(ctx); err != nil || counts[StateRunning]+counts[StateOrphaned]+counts[StateStuck] != 0 {
+		t.Errorf("counted %v, %v; want no saga", counts, err)
+	}
+	if _, err := js.Saga(ctx, j.Saga()); !errors.Is(err, ErrUnknownSaga) {
+		t.Errorf("viewed: %v, want ErrUnknownSaga", err)
+	}
+	if _, err := js.Revive(ctx, j.Saga(), nil); !errors.Is(err, ErrSagaRunning) {
+		t.Errorf("retried: %v, want ErrSagaRunning", err)
+	}
+	if _, err := js.Resolve(ctx, j.Saga()); !errors.Is(err, ErrSagaRunning) {
+		t.Errorf("resolved: %v, want ErrSagaRunning", err)
+	}
+	close(held)
+	removed(t, j.Saga())
+	if keys, _ := s.count(); keys != 0 {
+		t.Errorf("%d keys left once the removal ended", keys)
+	}
+
+	kept := newFaulty()
+	ks := NewJournals(kept, NewLeases(time.Minute), zap.NewNop())
+	saga := leaveBehind(t, ks, newRailsAPI("1", "2"))
+	for _, k := range kept.keysUnder(journalPrefix) {
+		t.Errorf("%s of saga %s, kept, left after its answer", k, saga)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"net/url"
 	"slices"
 	"strings"
@@ -141,6 +142,10 @@ func (js *Journals) keptSummary(ctx context.Context, saga string) (Summary, erro
 	return s, err
 }
 
+// errEnded is a journal whose saga ended, being removed under its end
+// marker: no saga to list, as a journal without its intent is none.
+var errEnded = fmt.Errorf("the saga ended, and its journal is being removed: %w", errNoIntent)
+
 // journalState reads what a listing says of a journal: its intent, and
 // its state from its lease and stuck mark.
 func (js *Journals) journalState(ctx context.Context, saga string) (*intent, string, *stuck, error) {
@@ -151,6 +156,9 @@ func (js *Journals) journalState(ctx context.Context, saga string) (*intent, str
 	v, err := js.readLease(ctx, saga)
 	if err != nil {
 		return nil, "", nil, err
+	}
+	if slices.Contains(v.names, endName) {
+		return nil, "", nil, errEnded
 	}
 	l := v.lease(in)
 	st, err := js.stuckOf(ctx, saga, l)

@@ -165,7 +165,10 @@ func (js *Journals) hold(ctx context.Context, saga string) (unlock func(), err e
 	}
 	_, state, _, err := js.journalState(ctx, saga)
 	switch {
-	case err == nil && state == StateRunning:
+	case err == nil && state == StateRunning, errors.Is(err, errEnded):
+		// An ended journal is being removed (or its removal was cut
+		// short, and a scan clears it): a retry would write the saga's
+		// journal again among keys a removal is deleting.
 		err = ErrSagaRunning
 	case err == nil || errors.Is(err, errNoIntent):
 		return unlock, err
@@ -179,6 +182,9 @@ func (js *Journals) hold(ctx context.Context, saga string) (unlock func(), err e
 func (js *Journals) dropJournal(ctx context.Context, saga string) error {
 	ctx, cancel := context.WithTimeout(ctx, StorageTimeout)
 	defer cancel()
+	if err := js.markEnd(ctx, saga); err != nil {
+		return fmt.Errorf("removing the journal of saga %s: %w", saga, err)
+	}
 	if err := js.removeKeys(ctx, saga, true, mayBeUnlisted(saga)); err != nil {
 		return fmt.Errorf("removing the journal of saga %s: %w", saga, err)
 	}
