@@ -142,23 +142,28 @@ func (js *Journals) keptSummary(ctx context.Context, saga string) (Summary, erro
 	return s, err
 }
 
-// errEnded is a journal whose saga ended, being removed under its end
-// marker: no saga to list, as a journal without its intent is none.
+// errEnded is a journal folder under an end marker: a saga that ended,
+// its journal being removed (or its removal cut short, or a taken-over
+// saga's marker left for its old owner, until a scan clears it): no
+// saga to list, as a journal without its intent is none.
 var errEnded = fmt.Errorf("the saga ended, and its journal is being removed: %w", errNoIntent)
 
 // journalState reads what a listing says of a journal: its intent, and
-// its state from its lease and stuck mark.
+// its state from its lease and stuck mark. The marker is looked for
+// first, whatever else is left: an operator's action refuses a folder
+// that holds one (hold), so that no journal is ever written under it,
+// where every scan would take it for what is left of a removal.
 func (js *Journals) journalState(ctx context.Context, saga string) (*intent, string, *stuck, error) {
-	in, err := js.loadIntent(ctx, saga)
-	if err != nil {
-		return nil, "", nil, err
-	}
 	v, err := js.readLease(ctx, saga)
 	if err != nil {
 		return nil, "", nil, err
 	}
 	if slices.Contains(v.names, endName) {
 		return nil, "", nil, errEnded
+	}
+	in, err := js.loadIntent(ctx, saga)
+	if err != nil {
+		return nil, "", nil, err
 	}
 	l := v.lease(in)
 	st, err := js.stuckOf(ctx, saga, l)

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -471,4 +472,67 @@ func TestGoldenSagasListedShownRetried(t *testing.T) {
 	if _, err := js.Saga(ctx, goldenKeptSaga); !errors.Is(err, ErrUnknownSaga) {
 		t.Errorf("the golden kept saga after its retry: %v", err)
 	}
+}
+
+// A saga taken over (epoch 1) and left behind is kept, and its
+// journal's removal leaves the end marker for the old owner to learn
+// how it ended, until a scan clears it a lease later. An operator's
+// retry meanwhile is refused as for a saga running: a journal written
+// under the marker would be listed as no saga, and every scan would take
+// it for what is left of a removal, and clear it, were the retry's
+// process to die. Once the scan cleared the marker, the retry goes.
+func TestNoRetryUnderAnEndMarker(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
+		s := newMemStorage()
+		p := widgets(t)
+		j, gone := dieMidWrite(t, s, p, 2)
+		defer close(gone)
+		js := NewJournals(s, NewLeases(time.Minute), zap.NewNop())
+		ended := make(chan *batch.Result, 1)
+		finish := func(r *Recovered) error {
+			res, err := batch.Resume(context.Background(), r.Snapshot, p.Lookup, nil, batch.Runtime{Send: undoRefused{}, Journal: r.Journal})
+			ended <- res
+			return err
+		}
+		failed := func(saga, doing string, err error) { t.Errorf("%s: %s: %v", saga, doing, err) }
+		scanAfterLease(t, js, finish, failed)
+		if res := <-ended; res.Outcome != batch.RollbackFailed {
+			t.Fatalf("recovered: %s (%s), want rollback_failed", res.Outcome, res.Detail)
+		}
+		if left := s.keysUnder(journalPrefix); !slices.Equal(left, []string{endKey(j.Saga())}) {
+			t.Fatalf("left %v, want the end marker only", left)
+		}
+		ctx := context.Background()
+		if _, err := js.Revive(ctx, j.Saga(), nil); !errors.Is(err, ErrSagaRunning) {
+			t.Fatalf("a retry under the end marker: %v, want ErrSagaRunning", err)
+		}
+		if list, err := js.ListSagas(ctx, SagaQuery{}); err != nil || len(list) != 1 || list[0].State != StateLeftBehind {
+			t.Errorf("listed %+v, %v; want the kept saga, left behind", list, err)
+		}
+		time.Sleep(js.leases.Length)
+		if err := js.Scan(ctx, finish, failed); err != nil {
+			t.Fatal(err)
+		}
+		rv, err := js.Revive(ctx, j.Saga(), nil)
+		if err != nil {
+			t.Fatalf("a retry once the marker is cleared: %v", err)
+		}
+		rv.abandon()
+	})
+}
+
+// undoRefused is an upstream where every widget shows the dead saga's
+// write, and widget 1's undo is refused.
+type undoRefused struct{}
+
+func (undoRefused) Send(_ context.Context, sr *batch.SubRequest) (*batch.SubResponse, error) {
+	id := strings.TrimPrefix(sr.Path, "/widgets/")
+	json := http.Header{"Content-Type": {"application/json"}}
+	switch {
+	case sr.Method == http.MethodGet:
+		return &batch.SubResponse{Status: http.StatusOK, Header: json, Body: []byte(`{"id":` + id + `,"name":"new"}`)}, nil
+	case id == "1":
+		return &batch.SubResponse{Status: http.StatusInternalServerError, Header: http.Header{}}, nil
+	}
+	return &batch.SubResponse{Status: http.StatusOK, Header: json, Body: []byte(`{"id":` + id + `,"name":"old"}`)}, nil
 }
