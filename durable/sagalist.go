@@ -35,9 +35,13 @@ func (js *Journals) ListSagas(ctx context.Context, q SagaQuery) ([]Summary, erro
 	live := map[string]bool{} // the journals that are sagas
 	for _, saga := range journals {
 		s, err := js.journalSummary(ctx, saga)
+		if errors.Is(err, errEnded) {
+			continue // what is left of a removal: the saga ended
+		}
 		if errors.Is(err, errNoIntent) {
-			// What is left of a removed journal, or one whose beginning
-			// the storage lost (listed once it is marked stuck).
+			// A journal whose beginning the storage lost (listed once it
+			// is marked stuck), or what is left of a removal past its
+			// marker.
 			s, err = js.lostSummary(ctx, saga)
 			if errors.Is(err, ErrUnknownSaga) {
 				continue
@@ -108,7 +112,7 @@ func (js *Journals) CountSagas(ctx context.Context) (map[string]int, error) {
 	live := map[string]bool{}
 	for _, saga := range journals {
 		s, err := js.journalSummary(ctx, saga)
-		if errors.Is(err, errNoIntent) {
+		if errors.Is(err, errNoIntent) && !errors.Is(err, errEnded) {
 			s, err = js.lostSummary(ctx, saga)
 		}
 		if err == nil {

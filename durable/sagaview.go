@@ -103,8 +103,9 @@ func (js *Journals) Saga(ctx context.Context, saga string) (*SagaView, error) {
 	if !errors.Is(err, errNoIntent) {
 		return nil, err
 	}
+	ended := errors.Is(err, errEnded)
 	k, err := js.loadKept(ctx, saga)
-	if errors.Is(err, ErrUnknownSaga) {
+	if errors.Is(err, ErrUnknownSaga) && !ended {
 		if s, lerr := js.lostSummary(ctx, saga); lerr == nil {
 			return &SagaView{ID: saga, State: StateStuck, Started: s.Started, Reason: s.Reason, LeftBehind: []string{}, Items: []ItemView{}}, nil
 		}
