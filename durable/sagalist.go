@@ -40,8 +40,7 @@ func (js *Journals) ListSagas(ctx context.Context, q SagaQuery) ([]Summary, erro
 		}
 		if errors.Is(err, errNoIntent) {
 			// A journal whose beginning the storage lost (listed once it
-			// is marked stuck), or what is left of a removal past its
-			// marker.
+			// is marked stuck).
 			s, err = js.lostSummary(ctx, saga)
 			if errors.Is(err, ErrUnknownSaga) {
 				continue

@@ -166,9 +166,10 @@ func (js *Journals) hold(ctx context.Context, saga string) (unlock func(), err e
 	_, state, _, err := js.journalState(ctx, saga)
 	switch {
 	case err == nil && state == StateRunning, errors.Is(err, errEnded):
-		// An ended journal is being removed (or its removal was cut
-		// short, and a scan clears it): a retry would write the saga's
-		// journal again among keys a removal is deleting.
+		// A journal under its end marker ended: it is being removed,
+		// its removal was cut short, or a taken-over saga's marker waits
+		// for its old owner, until a scan clears it. A retry would write
+		// the saga's journal again under it.
 		err = ErrSagaRunning
 	case err == nil || errors.Is(err, errNoIntent):
 		return unlock, err
