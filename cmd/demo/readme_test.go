@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-batch/caddy-batch/durable"
 	"github.com/caddyserver/caddy/v2"
 )
 
@@ -85,6 +86,14 @@ func startDemo(t testing.TB) *demo {
 	// Caddy of the same user (another test run included) looks for
 	// journals to finish: this run's must be its own.
 	caddy.DefaultStorage.Path = t.TempDir()
+	t.Cleanup(func() {
+		// A saga answered once its end marker is stored deletes the rest
+		// of its journal after: let it end before the directory goes and
+		// the next test points the default storage elsewhere.
+		for deadline := time.Now().Add(10 * time.Second); durable.Pending() > 0 && time.Now().Before(deadline); {
+			time.Sleep(5 * time.Millisecond)
+		}
+	})
 	gateway := freeAddr(t)
 	_, port, _ := net.SplitHostPort(gateway)
 	if !bytes.Contains(raw, []byte("\n:8080 {")) {
