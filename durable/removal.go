@@ -35,7 +35,7 @@ func (j *Journal) removeJournal(ctx context.Context) error {
 	first, segments := !j.removing, max(j.seq, 1)
 	j.removing = true
 	j.mu.Unlock()
-	if ar, ok := j.js.storage.(AtomicRemover); ok && j.epoch == 0 {
+	if ar, ok := j.removedAtOnce(); ok {
 		var stored []string
 		if first {
 			// The first removal knows every key the journal stored, or
@@ -74,6 +74,14 @@ func (j *Journal) removeJournal(ctx context.Context) error {
 	return j.js.deleteEnd(ctx, j.saga)
 }
 
+// removedAtOnce is the storage that removes the saga's journal in one
+// call, where its own removal goes so: a journal taken over (epoch 1 and
+// on) goes key by key, keeping its end marker for an owner that lost it.
+func (j *Journal) removedAtOnce() (AtomicRemover, bool) {
+	ar, ok := j.js.storage.(AtomicRemover)
+	return ar, ok && j.epoch == 0
+}
+
 // markedEnd ends a saga that left nothing behind, on a storage whose
 // removal of a journal goes key by key, by storing its end marker
 // (markEnd), and reports whether it did: its client is then answered,
@@ -86,10 +94,10 @@ func (j *Journal) removeJournal(ctx context.Context) error {
 // journal that one call removes, or that no store landed, marked here.
 func (j *Journal) markedEnd(ctx context.Context, res *batch.Result) bool {
 	j.mu.Lock()
-	landed, epoch := j.landed, j.epoch
+	landed := j.landed
 	j.mu.Unlock()
-	_, atOnce := j.js.storage.(AtomicRemover)
-	if !landed || res.Outcome == batch.RollbackFailed || j.revived || (atOnce && epoch == 0) {
+	_, atOnce := j.removedAtOnce()
+	if !landed || res.Outcome == batch.RollbackFailed || j.revived || atOnce {
 		return false
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StorageTimeout)

@@ -34,17 +34,9 @@ func (js *Journals) ListSagas(ctx context.Context, q SagaQuery) ([]Summary, erro
 	out := []Summary{}
 	live := map[string]bool{} // the journals that are sagas
 	for _, saga := range journals {
-		s, err := js.journalSummary(ctx, saga)
-		if errors.Is(err, errEnded) {
-			continue // what is left of a removal: the saga ended
-		}
-		if errors.Is(err, errNoIntent) {
-			// A journal whose beginning the storage lost (listed once it
-			// is marked stuck).
-			s, err = js.lostSummary(ctx, saga)
-			if errors.Is(err, ErrUnknownSaga) {
-				continue
-			}
+		s, err := js.folderSummary(ctx, saga)
+		if errors.Is(err, ErrUnknownSaga) {
+			continue
 		}
 		if err != nil {
 			return nil, err
@@ -110,11 +102,7 @@ func (js *Journals) CountSagas(ctx context.Context) (map[string]int, error) {
 	}
 	live := map[string]bool{}
 	for _, saga := range journals {
-		s, err := js.journalSummary(ctx, saga)
-		if errors.Is(err, errNoIntent) && !errors.Is(err, errEnded) {
-			s, err = js.lostSummary(ctx, saga)
-		}
-		if err == nil {
+		if s, err := js.folderSummary(ctx, saga); err == nil {
 			counts[s.State]++
 			live[saga] = true
 		}
@@ -196,6 +184,21 @@ func (js *Journals) lostSummary(ctx context.Context, saga string) (Summary, erro
 		return Summary{}, ErrUnknownSaga
 	}
 	return Summary{ID: saga, State: StateStuck, Started: mark.At, Reason: mark.Reason}, nil
+}
+
+// folderSummary is what a listing shows of a journal folder: its
+// journal's summary; a journal whose beginning the storage lost, once it
+// is marked stuck; ErrUnknownSaga for one not marked yet, and for what
+// is left of a removal under its end marker (the saga ended).
+func (js *Journals) folderSummary(ctx context.Context, saga string) (Summary, error) {
+	s, err := js.journalSummary(ctx, saga)
+	switch {
+	case errors.Is(err, errEnded):
+		return Summary{}, ErrUnknownSaga
+	case errors.Is(err, errNoIntent):
+		return js.lostSummary(ctx, saga)
+	}
+	return s, err
 }
 
 func (js *Journals) journalSummary(ctx context.Context, saga string) (Summary, error) {
